@@ -1,0 +1,47 @@
+#include "tests/test_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace fs = std::filesystem;
+
+namespace loom::test {
+
+std::optional<std::string> fixtures_dir() {
+  if (const char* env = std::getenv("LOOM_FIXTURES"); env && *env) {
+    if (fs::is_directory(env)) return std::string(env);
+    return std::nullopt;
+  }
+  if (fs::is_directory(LOOM_FIXTURES_DEFAULT)) return std::string(LOOM_FIXTURES_DEFAULT);
+  return std::nullopt;
+}
+
+std::optional<std::string> fixture_path(const std::string& relative) {
+  auto dir = fixtures_dir();
+  if (!dir) return std::nullopt;
+  fs::path p = fs::path(*dir) / relative;
+  if (!fs::exists(p)) return std::nullopt;
+  return p.string();
+}
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::path(LOOM_BINARY_DIR) / "test-tmp" / name;
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace loom::test

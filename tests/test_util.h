@@ -1,0 +1,35 @@
+// Helpers shared by the test suites: fixture lookup and temporary files.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::test {
+
+/// Directory of ../shared/fixtures (or $LOOM_FIXTURES), or nullopt when absent.
+std::optional<std::string> fixtures_dir();
+
+/// Full path of a fixture file, or nullopt when the fixtures or the file are absent.
+std::optional<std::string> fixture_path(const std::string& relative);
+
+/// A fresh empty directory for one test (under the build tree), created on call.
+std::string temp_dir(const std::string& name);
+
+std::vector<uint8_t> read_file(const std::string& path);
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+}  // namespace loom::test
+
+/// Skips the current test, saying why, when a fixture file is not there.
+#define LOOM_FIXTURE_OR_SKIP(var, relative)                                          \
+  std::string var;                                                                   \
+  do {                                                                               \
+    auto loom_fx_ = ::loom::test::fixture_path(relative);                            \
+    if (!loom_fx_) GTEST_SKIP() << "fixture " << (relative)                          \
+                                << " not found (set LOOM_FIXTURES or provide ../shared/fixtures)"; \
+    var = *loom_fx_;                                                                 \
+  } while (0)

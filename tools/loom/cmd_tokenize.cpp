@@ -1,0 +1,5 @@
+#include "tools/loom/commands.h"
+#include <cstdio>
+namespace loom::cli {
+int cmd_tokenize(const TokenizeOptions&) { std::fprintf(stderr, "not built yet\n"); return 1; }
+}

@@ -1,0 +1,54 @@
+// loom: the command-line front end. Parses arguments and hands them to cmd_*.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "tools/loom/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace loom::cli;
+  CLI::App app{"loom: local LLM engine (hybrid CPU/GPU)"};
+  app.require_subcommand(1);
+
+  InfoOptions info;
+  auto* c_info = app.add_subcommand("info", "Describe a GGUF model: architecture, shapes, dtypes, tokenizer");
+  c_info->add_option("model", info.model, "GGUF file")->required();
+  c_info->add_option("-m,--model", info.model, "GGUF file");
+  c_info->add_flag("--tensors", info.list_tensors, "List every tensor");
+  c_info->add_flag("--metadata", info.list_metadata, "List every metadata key");
+
+  TokenizeOptions tok;
+  auto* c_tok = app.add_subcommand("tokenize", "Print the token ids of a text");
+  c_tok->add_option("-m,--model", tok.model, "GGUF file with a tokenizer")->required();
+  c_tok->add_option("-p,--prompt", tok.prompt, "Text to tokenize")->required();
+  c_tok->add_flag("--no-bos", tok.no_bos, "Do not add the BOS token");
+  c_tok->add_flag("--parse-special", tok.parse_special, "Recognise special tokens in the text");
+  c_tok->add_flag("--pieces", tok.pieces, "Print each token's piece next to its id");
+
+  SynthOptions syn;
+  auto* c_syn = app.add_subcommand("synth", "Write a synthetic model (random weights) as GGUF");
+  c_syn->add_option("--out,-o", syn.out, "Output .gguf")->required();
+  c_syn->add_option("--preset", syn.preset,
+                    "stories-like | tinyllama-1.1b | qwen2-0.5b | phi3-mini | llama3-8b");
+  auto opt = [&](const char* name, auto& v, bool& set, const char* help) {
+    c_syn->add_option(name, v, help)->each([&set](const std::string&) { set = true; });
+  };
+  opt("--arch", syn.arch, syn.set_arch, "llama | qwen2 | phi3");
+  opt("--layers", syn.layers, syn.set_layers, "Number of layers");
+  opt("--dim", syn.dim, syn.set_dim, "Embedding size");
+  opt("--ffn", syn.ffn, syn.set_ffn, "FFN hidden size");
+  opt("--heads", syn.heads, syn.set_heads, "Attention heads");
+  opt("--kv-heads", syn.kv_heads, syn.set_kv_heads, "KV heads (GQA)");
+  opt("--vocab", syn.vocab, syn.set_vocab, "Vocabulary size (default: the tokenizer's)");
+  opt("--ctx", syn.ctx, syn.set_ctx, "Context length");
+  c_syn->add_option("--dtype", syn.dtype, "Weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k..q6_k");
+  c_syn->add_option("--seed", syn.seed, "Random seed");
+  c_syn->add_option("--vocab-from", syn.vocab_from, "Copy the tokenizer from this GGUF");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (c_info->parsed()) return cmd_info(info);
+  if (c_tok->parsed()) return cmd_tokenize(tok);
+  if (c_syn->parsed()) return cmd_synth(syn);
+  return 2;
+}
