@@ -81,7 +81,7 @@ class Cursor {
     if (len > left()) {
       return make_error(ErrorCode::kFormat,
                         "%s: %s at offset %" PRIu64 " claims %" PRIu64
-                        " bytes but only %" PRIu64 " bytes are left in the file",
+                        " bytes but only %" PRIu64 " bytes are left in the file: truncated or corrupt",
                         name_.c_str(), what, at, len, left());
     }
     out->assign(reinterpret_cast<const char*>(base_ + pos_), static_cast<size_t>(len));
@@ -135,7 +135,7 @@ Status skip_array(Cursor& c, const std::string& file, const std::string& key, in
   if (n > c.left() / min_value_bytes(t)) {
     return make_error(ErrorCode::kFormat,
                       "%s: key '%s': array at offset %" PRIu64 " claims %" PRIu64
-                      " elements but only %" PRIu64 " bytes are left",
+                      " elements but only %" PRIu64 " bytes are left: truncated or corrupt",
                       file.c_str(), key.c_str(), at, n, c.left());
   }
   for (uint64_t k = 0; k < n; ++k) {
@@ -169,7 +169,7 @@ Status read_array(Cursor& c, const std::string& file, const std::string& key, Gg
   if (n > c.left() / min_value_bytes(t)) {
     return make_error(ErrorCode::kFormat,
                       "%s: key '%s': array at offset %" PRIu64 " claims %" PRIu64
-                      " elements of %s but only %" PRIu64 " bytes are left",
+                      " elements of %s but only %" PRIu64 " bytes are left: truncated or corrupt",
                       file.c_str(), key.c_str(), at, n, gguf_type_name(t), c.left());
   }
   if (t == GgufType::kArray) {
@@ -177,21 +177,20 @@ Status read_array(Cursor& c, const std::string& file, const std::string& key, Gg
     for (uint64_t k = 0; k < n; ++k) LOOM_TRY(skip_array(c, file, key, 1));
     return {};
   }
+  // No reserve(n): storage grows with what is actually read, so a corrupt
+  // count can never make us allocate more than the bytes behind it.
   GgufValue e;
   if (t == GgufType::kString) {
-    v->strings.reserve(static_cast<size_t>(n));
     for (uint64_t k = 0; k < n; ++k) {
       LOOM_TRY(c.read_string(&e.s, "array string"));
       v->strings.push_back(std::move(e.s));
     }
   } else if (t == GgufType::kF32 || t == GgufType::kF64) {
-    v->floats.reserve(static_cast<size_t>(n));
     for (uint64_t k = 0; k < n; ++k) {
       LOOM_TRY(read_scalar(c, t, &e, "array element"));
       v->floats.push_back(e.f);
     }
   } else {
-    v->ints.reserve(static_cast<size_t>(n));
     for (uint64_t k = 0; k < n; ++k) {
       LOOM_TRY(read_scalar(c, t, &e, "array element"));
       v->ints.push_back(e.i);
@@ -318,17 +317,16 @@ Status GgufFile::parse() {
   if (n_kv > c.left() / 13) {
     return make_error(ErrorCode::kFormat,
                       "%s: metadata count %" PRIu64 " at offset 16 cannot fit in the %" PRIu64
-                      " bytes left",
+                      " bytes left: truncated or corrupt",
                       name.c_str(), n_kv, c.left());
   }
   if (n_tensors > c.left() / 32) {
     return make_error(ErrorCode::kFormat,
                       "%s: tensor count %" PRIu64 " at offset 8 cannot fit in the %" PRIu64
-                      " bytes left",
+                      " bytes left: truncated or corrupt",
                       name.c_str(), n_tensors, c.left());
   }
 
-  kv_.reserve(static_cast<size_t>(n_kv));
   for (uint64_t k = 0; k < n_kv; ++k) {
     uint64_t at = c.pos();
     std::string key;
@@ -365,7 +363,6 @@ Status GgufFile::parse() {
     alignment_ = static_cast<uint32_t>(a->i);
   }
 
-  tensors_.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     uint64_t at = c.pos();
     GgufTensor t;

@@ -1,0 +1,31 @@
+// UTF-8 helpers shared by the tokenizers and the streaming detokenizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+/// U+FFFD REPLACEMENT CHARACTER in UTF-8.
+inline constexpr std::string_view kUtf8Replacement = "\xEF\xBF\xBD";
+
+/// Length of the UTF-8 sequence a lead byte announces (1 for ASCII, for a stray
+/// continuation byte and for bytes that never start a sequence), clamped to the
+/// bytes left in `s` after `pos`. Never 0 while pos < s.size().
+size_t utf8_sequence_length(std::string_view s, size_t pos);
+
+/// Appends the UTF-8 encoding of code point `cp` (must be <= 0x10FFFF).
+void append_utf8(std::string* out, uint32_t cp);
+
+/// Copies the valid UTF-8 of `in` to `out`, replacing each maximal invalid
+/// subpart (Unicode's "substitution of maximal subparts") by U+FFFD.
+/// With `final` false, an incomplete sequence at the very end that could still
+/// become valid is not consumed. Returns the number of bytes of `in` consumed.
+size_t utf8_sanitize(std::string_view in, bool final, std::string* out);
+
+/// True when `s` is entirely valid UTF-8.
+bool utf8_is_valid(std::string_view s);
+
+}  // namespace loom

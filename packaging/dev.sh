@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Loom's set-up script (Debian 12). Two entry points, the README's two commands:
+#   packaging/dev.sh run [MODEL.gguf]   install dependencies, build, start Loom
+#   packaging/dev.sh test               install dependencies, build and run every test
+# Environment: LOOM_JOBS (parallel jobs, default nproc), LOOM_SKIP_APT=1 (skip apt-get),
+# LOOM_FUZZ_SECONDS (fuzzing time in `test`, default 60).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+jobs="${LOOM_JOBS:-$(nproc)}"
+
+# Debian 12 packages. Build tools, then libraries (see docs/ARCHITECTURE.md).
+packages=(
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
+)
+
+install_deps() {
+  [ "${LOOM_SKIP_APT:-0}" = 1 ] && return 0
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  echo "==> installing: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+configure_build() {  # dir, extra cmake args...
+  local dir="$1"
+  shift
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+cmd_run() {
+  install_deps
+  configure_build build -DCMAKE_BUILD_TYPE=Release
+  local model="${1:-}"
+  if [ -z "$model" ]; then
+    # No model given: the built-in demo model (random weights, plainly labelled).
+    model="${XDG_CACHE_HOME:-$HOME/.cache}/loom/demo-stories-like.gguf"
+    if [ ! -f "$model" ]; then
+      mkdir -p "$(dirname "$model")"
+      ./build/tools/loom synth --preset stories-like --dtype q8_0 --seed 1 --out "$model"
+    fi
+    echo "==> demo model (random weights, not a trained model): $model"
+  fi
+  ./build/tools/loom info "$model"
+  echo "==> tokenizer check"
+  ./build/tools/loom tokenize -m "$model" --pieces -p "Hello from Loom!"
+}
+
+cmd_test() {
+  install_deps
+  # 1. Release build, warnings as errors, every test (fixture tests skip when ../shared is absent).
+  configure_build build-ci -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON
+  ctest --test-dir build-ci --output-on-failure -j "$jobs"
+
+  # 2. AddressSanitizer + UndefinedBehaviorSanitizer (clang) on the engine tests,
+  #    with libFuzzer coverage so the same objects serve the GGUF fuzzer.
+  CC=clang CXX=clang++ configure_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DLOOM_WERROR=ON -DLOOM_SANITIZE=ON -DLOOM_FUZZ=ON
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+  # 3. Fuzz the GGUF reader for a bounded time, seeded with synthetic and fixture files.
+  local corpus=build-asan/fuzz-corpus
+  mkdir -p "$corpus"
+  local tiny=(--layers 1 --dim 32 --ffn 32 --heads 2 --kv-heads 1)
+  ./build-ci/tools/loom synth "${tiny[@]}" --dtype q8_0 --out "$corpus/seed-llama.gguf" 2>/dev/null
+  ./build-ci/tools/loom synth "${tiny[@]}" --arch qwen2 --dtype f16 --out "$corpus/seed-qwen2.gguf" 2>/dev/null
+  [ -d ../shared/fixtures/llama.cpp-vocab ] && cp ../shared/fixtures/gguf/stories260K.gguf "$corpus/" 2>/dev/null || true
+  ASAN_OPTIONS=detect_leaks=1 ./build-asan/tests/loom_fuzz_gguf "$corpus" \
+    -max_total_time="${LOOM_FUZZ_SECONDS:-60}" -max_len=65536 -malloc_limit_mb=256 \
+    -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 15
+  echo "fuzz: no crash in ${LOOM_FUZZ_SECONDS:-60} s"
+}
+
+case "${1:-}" in
+  run) shift; cmd_run "$@" ;;
+  test) shift; cmd_test "$@" ;;
+  *) echo "usage: $0 run [MODEL.gguf] | test" >&2; exit 2 ;;
+esac

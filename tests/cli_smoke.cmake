@@ -1,0 +1,35 @@
+# End-to-end check of the loom CLI: synth -> info -> tokenize, and a bad file.
+# Invoked by ctest with -DLOOM=<path to loom> -DWORK=<scratch dir>.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+
+function(run_ok)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(LAST_OUT "${out}" PARENT_SCOPE)
+endfunction()
+
+run_ok(${LOOM} synth --preset stories-like --dtype q8_0 --seed 7 --out ${WORK}/tiny.gguf)
+run_ok(${LOOM} info ${WORK}/tiny.gguf)
+if(NOT LAST_OUT MATCHES "architecture: +llama" OR NOT LAST_OUT MATCHES "Q8_0")
+  message(FATAL_ERROR "unexpected info output:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} tokenize -m ${WORK}/tiny.gguf -p "Hello world")
+if(NOT LAST_OUT MATCHES "^[0-9]+( [0-9]+)*\n?$")
+  message(FATAL_ERROR "unexpected tokenize output:\n${LAST_OUT}")
+endif()
+
+# A truncated copy must fail with a message naming the cause, not crash.
+file(READ ${WORK}/tiny.gguf head LIMIT 2000 HEX)
+string(LENGTH "${head}" n)
+file(WRITE ${WORK}/cut.hex "${head}")
+execute_process(COMMAND ${CMAKE_COMMAND} -E true)
+file(SIZE ${WORK}/tiny.gguf full)
+execute_process(COMMAND head -c 1000 ${WORK}/tiny.gguf OUTPUT_FILE ${WORK}/cut.gguf)
+execute_process(COMMAND ${LOOM} info ${WORK}/cut.gguf RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "truncated")
+  message(FATAL_ERROR "truncated file: rc=${rc} stderr=${err}")
+endif()
+message(STATUS "cli smoke: ok")
