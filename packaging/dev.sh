@@ -13,7 +13,7 @@ jobs="${LOOM_JOBS:-$(nproc)}"
 # Debian 12 packages. Build tools, then libraries (see docs/ARCHITECTURE.md).
 packages=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
-  libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
+  libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
 )
 
 install_deps() {

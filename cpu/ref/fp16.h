@@ -12,6 +12,10 @@
 //   - fp16/bf16 -> fp32: exact. A signalling fp16 NaN comes back quiet, as
 //     the hardware conversion (F16C, or an fp32 multiply) returns it.
 // Table-free: plain integer arithmetic on the bit patterns, no FPU modes.
+//
+// Not for cpu/avx2 or cpu/avx512 sources: an inline function compiled there
+// with ISA flags could be the copy the linker keeps for every caller (see
+// cpu/CMakeLists.txt). Those folders convert with their own intrinsics.
 #pragma once
 
 #include <bit>

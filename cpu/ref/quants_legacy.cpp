@@ -13,6 +13,15 @@
 #include "cpu/ref/fp16.h"
 #include "cpu/ref/quants.h"
 
+// Matching ggml needs every a * b + c rounded twice, as written. Forbid
+// fusing them into FMAs, which a build with -march=native would otherwise do
+// (ggml's own reference quantizers are built without FMA).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace loom::ref {
 namespace {
 

@@ -36,7 +36,9 @@ const ByteLevelTables& byte_level_tables() {
 
 }  // namespace
 
-uint32_t byte_level_encode(uint8_t b) { return byte_level_tables().to_cp[b]; }
+uint32_t byte_level_encode(uint8_t b) {
+  return byte_level_tables().to_cp[b];
+}
 
 int byte_level_decode(uint32_t cp) {
   return cp < 512 ? byte_level_tables().to_byte[cp] : -1;
@@ -45,14 +47,14 @@ int byte_level_decode(uint32_t cp) {
 void byte_level_decode_text(std::string_view text, std::string* out) {
   size_t pos = 0;
   while (pos < text.size()) {
-    const size_t n = utf8_sequence_length(text, pos);
+    const size_t n = utf8_char_length(text, pos);
     const auto b0 = static_cast<uint8_t>(text[pos]);
     int byte = -1;
     if (n == 1 && b0 < 0x80) {
       byte = byte_level_decode(b0);
-    } else if (n == 2 && (b0 & 0xE0) == 0xC0) {
+    } else if (n == 2) {  // every mapped code point is below U+0800
       const auto b1 = static_cast<uint8_t>(text[pos + 1]);
-      if ((b1 & 0xC0) == 0x80) byte = byte_level_decode(((b0 & 0x1Fu) << 6) | (b1 & 0x3Fu));
+      byte = byte_level_decode(((b0 & 0x1Fu) << 6) | (b1 & 0x3Fu));
     }
     if (byte >= 0) {
       out->push_back(static_cast<char>(byte));

@@ -84,7 +84,9 @@ class ChatTemplate {
 
   /// The system prompt the template inserts when the conversation does not
   /// start with a system message (Qwen2.5: "You are Qwen, created by Alibaba
-  /// Cloud. You are a helpful assistant."); empty when it inserts none.
+  /// Cloud. You are a helpful assistant.", Qwen2: "You are a helpful
+  /// assistant."); empty when it inserts none. For the user to see what the
+  /// model is told; apply() already writes it.
   const std::string& default_system_prompt() const;
 
   /// "Today Date" written into the system header by Llama 3.1+ templates.

@@ -55,7 +55,8 @@ constexpr const char* kDeepseekLlmLetters =
 // CJK ideographs (U+4E00-U+9FA5), U+0800-U+4E00 and Hangul, as DeepSeek's tokenizer.json has them.
 constexpr const char* kDeepseekCjk = R"([\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
 
-constexpr const char* kBloom = R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{0964}\x{06D4}\x{060C})]+)";
+constexpr const char* kBloom =
+    R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{0964}\x{06D4}\x{060C})]+)";
 
 const std::vector<PreTokenizerSpec>& pre_tokenizer_specs() {
   static const std::vector<PreTokenizerSpec> specs = {
@@ -176,7 +177,7 @@ void split_piece(const pcre2_code* code, pcre2_match_data* match_data, std::stri
     const size_t end = ovector[1];
     if (end <= start) {
       // An empty match splits nothing; step over one character and search on.
-      pos = start + utf8_sequence_length(piece, start);
+      pos = start + utf8_char_length(piece, start);
       continue;
     }
     if (start > gap_start) out->push_back(piece.substr(gap_start, start - gap_start));

@@ -16,7 +16,9 @@ class SpmEncoder {
 
   void encode(const std::array<int32_t, 256>& byte_tokens, std::vector<int32_t>* out) {
     for (size_t pos = 0; pos < text_.size();) {
-      const size_t n = utf8_sequence_length(text_, pos);
+      // Invalid UTF-8 is split byte by byte, so that it cannot swallow the
+      // bytes of a following character (such as an escaped space).
+      const size_t n = utf8_char_length(text_, pos);
       const auto index = static_cast<int64_t>(symbols_.size());
       symbols_.push_back({pos, n, index - 1, pos + n < text_.size() ? index + 1 : -1});
       pos += n;
@@ -38,7 +40,8 @@ class SpmEncoder {
       try_add(p.left, left.next);
     }
 
-    for (int64_t i = symbols_.empty() ? -1 : 0; i != -1; i = symbols_[static_cast<size_t>(i)].next) {
+    for (int64_t i = symbols_.empty() ? -1 : 0; i != -1;
+         i = symbols_[static_cast<size_t>(i)].next) {
       const Symbol& s = symbols_[static_cast<size_t>(i)];
       const std::string_view piece = text_.substr(s.start, s.len);
       const int32_t id = vocab_.find(piece);

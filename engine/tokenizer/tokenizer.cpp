@@ -89,8 +89,9 @@ void Tokenizer::build_tables() {
     }
   }
   for (auto& bucket : special_by_first_byte_) {
-    std::stable_sort(bucket.begin(), bucket.end(), [this](int32_t a, int32_t b) {
-      return vocab_.text(a).size() > vocab_.text(b).size();
+    std::sort(bucket.begin(), bucket.end(), [this](int32_t a, int32_t b) {
+      const size_t la = vocab_.text(a).size(), lb = vocab_.text(b).size();
+      return la != lb ? la > lb : a < b;
     });
   }
 
@@ -141,8 +142,7 @@ void Tokenizer::build_tables() {
         }
         break;
       case TokenType::kUnused:
-      case TokenType::kUndefined:
-        break;  // never text
+      case TokenType::kUndefined: break;  // never text
     }
   }
 }

@@ -81,8 +81,8 @@ class Tokenizer {
   /// Special-token candidates (control, unknown, user-defined) by first byte,
   /// longest first.
   std::array<std::vector<int32_t>, 256> special_by_first_byte_;
-  std::vector<std::string> pieces_;  ///< token_to_piece with render_special, by id
-  std::vector<bool> hidden_;         ///< control/unknown: "" unless render_special
+  std::vector<std::string> pieces_;         ///< token_to_piece with render_special, by id
+  std::vector<bool> hidden_;                ///< control/unknown: "" unless render_special
   std::array<int32_t, 256> byte_tokens_{};  ///< SPM <0xXX> ids (-1 when absent)
   std::array<int32_t, 256> byte_chars_{};   ///< BPE ids of the single mapped byte characters
 };

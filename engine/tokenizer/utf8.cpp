@@ -4,19 +4,6 @@
 
 namespace loom {
 
-size_t utf8_sequence_length(std::string_view s, size_t pos) {
-  const auto lead = static_cast<uint8_t>(s[pos]);
-  size_t n = 1;
-  if (lead >= 0xF0 && lead <= 0xF7) {
-    n = 4;
-  } else if (lead >= 0xE0) {
-    n = lead <= 0xEF ? 3 : 1;
-  } else if (lead >= 0xC0) {
-    n = 2;
-  }
-  return std::min(n, s.size() - pos);
-}
-
 void append_utf8(std::string* out, uint32_t cp) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
@@ -75,6 +62,11 @@ SequenceCheck check_sequence(std::string_view s, size_t pos) {
 }
 
 }  // namespace
+
+size_t utf8_char_length(std::string_view s, size_t pos) {
+  const SequenceCheck c = check_sequence(s, pos);
+  return c.valid == c.need ? c.need : 1;
+}
 
 size_t utf8_sanitize(std::string_view in, bool final, std::string* out) {
   size_t pos = 0;

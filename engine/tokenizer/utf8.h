@@ -11,10 +11,9 @@ namespace loom {
 /// U+FFFD REPLACEMENT CHARACTER in UTF-8.
 inline constexpr std::string_view kUtf8Replacement = "\xEF\xBF\xBD";
 
-/// Length of the UTF-8 sequence a lead byte announces (1 for ASCII, for a stray
-/// continuation byte and for bytes that never start a sequence), clamped to the
-/// bytes left in `s` after `pos`. Never 0 while pos < s.size().
-size_t utf8_sequence_length(std::string_view s, size_t pos);
+/// Length of the well-formed character at `pos`, or 1 when the bytes there are
+/// not one (a stray or truncated sequence is taken byte by byte).
+size_t utf8_char_length(std::string_view s, size_t pos);
 
 /// Appends the UTF-8 encoding of code point `cp` (must be <= 0x10FFFF).
 void append_utf8(std::string* out, uint32_t cp);

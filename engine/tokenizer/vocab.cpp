@@ -10,10 +10,8 @@ namespace loom {
 
 const char* tokenizer_model_name(TokenizerModel model) {
   switch (model) {
-    case TokenizerModel::kSpm:
-      return "llama";
-    case TokenizerModel::kBpe:
-      return "gpt2";
+    case TokenizerModel::kSpm: return "llama";
+    case TokenizerModel::kBpe: return "gpt2";
   }
   return "?";
 }
@@ -56,9 +54,10 @@ Status Vocab::add_merge(std::string_view left, std::string_view right) {
   merged.append(left).append(right);
   m.result = find(merged);
   if (m.result < 0) {
-    return make_error(ErrorCode::kFormat, "merge %d '%.*s %.*s': the merged text '%s' is not a token",
-                      rank, static_cast<int>(left.size()), left.data(),
-                      static_cast<int>(right.size()), right.data(), merged.c_str());
+    return make_error(ErrorCode::kFormat,
+                      "merge %d '%.*s %.*s': the merged text '%s' is not a token", rank,
+                      static_cast<int>(left.size()), left.data(), static_cast<int>(right.size()),
+                      right.data(), merged.c_str());
   }
   // A pair listed twice keeps its first (lowest) rank, as in HF tokenizers.
   merge_ranks_.try_emplace(pair_key(m.left, m.right), rank);
@@ -141,10 +140,13 @@ Status read_flag(const GgufFile& gguf, const char* key, bool* flag) {
 
 // Chat models often lack an explicit eot id; these texts mark one (as llama.cpp does).
 int32_t find_eot_by_text(const Vocab& vocab) {
-  for (const char* text : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                           "<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"}) {
+  for (const char* text :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
+        "<\xEF\xBD\x9C"
+        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"}) {
     const int32_t id = vocab.find(text);
-    if (id >= 0 && (vocab.type(id) == TokenType::kControl || vocab.type(id) == TokenType::kUserDefined)) {
+    if (id >= 0 &&
+        (vocab.type(id) == TokenType::kControl || vocab.type(id) == TokenType::kUserDefined)) {
       return id;
     }
   }
@@ -155,21 +157,27 @@ int32_t find_eot_by_text(const Vocab& vocab) {
 
 Result<Vocab> load_vocab(const GgufFile& gguf) {
   const char* path = gguf.path().c_str();
-  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> model_name, gguf.get_string(kKeyModel));
-  if (!model_name) {
-    return make_error(ErrorCode::kFormat, "%s: no tokenizer in this file (%s is missing)", path,
-                      kKeyModel);
+  // The model name is read as a plain string: GCC 12 warns (falsely) about
+  // comparing a std::optional<std::string> in place.
+  std::string model_name;
+  {
+    LOOM_ASSIGN_OR_RETURN(std::optional<std::string> value, gguf.get_string(kKeyModel));
+    if (!value) {
+      return make_error(ErrorCode::kFormat, "%s: no tokenizer in this file (%s is missing)", path,
+                        kKeyModel);
+    }
+    model_name.swap(*value);
   }
   TokenizerModel model;
-  if (*model_name == "llama") {
+  if (model_name == "llama") {
     model = TokenizerModel::kSpm;
-  } else if (*model_name == "gpt2") {
+  } else if (model_name == "gpt2") {
     model = TokenizerModel::kBpe;
   } else {
     return make_error(ErrorCode::kUnsupported,
                       "%s: tokenizer model '%s' (%s) is not supported; supported: 'llama' "
                       "(SentencePiece BPE), 'gpt2' (byte-level BPE)",
-                      path, model_name->c_str(), kKeyModel);
+                      path, model_name.c_str(), kKeyModel);
   }
   Vocab vocab(model);
 
@@ -180,8 +188,8 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
   if (!tokens) return make_error(ErrorCode::kFormat, "%s: %s is missing", path, kKeyTokens);
   if (tokens->empty()) return make_error(ErrorCode::kFormat, "%s: %s is empty", path, kKeyTokens);
   if (tokens->size() > static_cast<size_t>(INT32_MAX)) {
-    return make_error(ErrorCode::kOutOfRange, "%s: %s has %zu tokens, more than ids can hold",
-                      path, kKeyTokens, tokens->size());
+    return make_error(ErrorCode::kOutOfRange, "%s: %s has %zu tokens, more than ids can hold", path,
+                      kKeyTokens, tokens->size());
   }
   const size_t n = tokens->size();
 
@@ -214,18 +222,20 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
   const auto n_tokens = static_cast<int32_t>(n);
 
   if (model == TokenizerModel::kBpe) {
-    LOOM_ASSIGN_OR_RETURN(const std::vector<std::string>* merges, gguf.get_string_array(kKeyMerges));
+    LOOM_ASSIGN_OR_RETURN(const std::vector<std::string>* merges,
+                          gguf.get_string_array(kKeyMerges));
     if (!merges) {
-      return make_error(ErrorCode::kFormat, "%s: %s is missing (needed by a 'gpt2' tokenizer)", path,
-                        kKeyMerges);
+      return make_error(ErrorCode::kFormat, "%s: %s is missing (needed by a 'gpt2' tokenizer)",
+                        path, kKeyMerges);
     }
     for (size_t i = 0; i < merges->size(); ++i) {
       const std::string& line = (*merges)[i];
       // Search from 1 so that a merge whose left part is a space itself still splits right.
       const size_t space = line.find(' ', 1);
       if (space == std::string::npos) {
-        return make_error(ErrorCode::kFormat, "%s: %s[%zu] '%s' is not two tokens separated by a space",
-                          path, kKeyMerges, i, line.c_str());
+        return make_error(ErrorCode::kFormat,
+                          "%s: %s[%zu] '%s' is not two tokens separated by a space", path,
+                          kKeyMerges, i, line.c_str());
       }
       Status s = vocab.add_merge(std::string_view(line).substr(0, space),
                                  std::string_view(line).substr(space + 1));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,7 +25,7 @@ enum class TokenType : int32_t {
   kControl = 3,      ///< bos/eos/chat markers: never produced from plain text
   kUserDefined = 4,  ///< added tokens, always matched as a whole in the text
   kUnused = 5,
-  kByte = 6,         ///< SentencePiece byte fallback `<0xXX>`
+  kByte = 6,  ///< SentencePiece byte fallback `<0xXX>`
 };
 
 /// The tokenization algorithm (`tokenizer.ggml.model`).
@@ -119,7 +120,8 @@ class Vocab {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   static uint64_t pair_key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
 
   TokenizerModel model_;

@@ -1,8 +1,7 @@
 // GPT-2 style vocabulary files: encoder.json + vocab.bpe.
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/tokenizer/vocab.h"
 
@@ -41,10 +40,9 @@ Result<Vocab> load_vocab_gpt2_files(const std::string& encoder_json_path,
     }
     const auto id = it.value().get<int64_t>();
     if (id < 0 || static_cast<uint64_t>(id) >= n || seen[static_cast<size_t>(id)]) {
-      return make_error(ErrorCode::kFormat,
-                        "%s: token '%s' has id %lld; ids must be 0..%zu, each used once",
-                        encoder_json_path.c_str(), it.key().c_str(), static_cast<long long>(id),
-                        n - 1);
+      return make_error(
+          ErrorCode::kFormat, "%s: token '%s' has id %lld; ids must be 0..%zu, each used once",
+          encoder_json_path.c_str(), it.key().c_str(), static_cast<long long>(id), n - 1);
     }
     seen[static_cast<size_t>(id)] = true;
     texts[static_cast<size_t>(id)] = it.key();
@@ -67,7 +65,8 @@ Result<Vocab> load_vocab_gpt2_files(const std::string& encoder_json_path,
     const size_t space = line.find(' ', 1);
     if (space == std::string_view::npos) {
       return make_error(ErrorCode::kFormat, "%s:%zu: '%.*s' is not two tokens separated by a space",
-                        vocab_bpe_path.c_str(), line_no, static_cast<int>(line.size()), line.data());
+                        vocab_bpe_path.c_str(), line_no, static_cast<int>(line.size()),
+                        line.data());
     }
     Status s = vocab.add_merge(line.substr(0, space), line.substr(space + 1));
     if (!s.ok()) {

@@ -43,4 +43,39 @@ struct SynthOptions {
 };
 int cmd_synth(const SynthOptions& o);
 
+/// Options shared by run and bench.
+struct EngineOptions {
+  std::string model;
+  int threads = 0;          ///< 0: all cores
+  int64_t ctx = 0;          ///< 0: the model's (capped at 4096)
+  std::string kv_type = "f16";
+  int64_t batch = 256;      ///< prefill chunk
+};
+
+struct RunOptions {
+  EngineOptions engine;
+  std::string prompt;
+  std::string system;
+  bool raw = false;         ///< no chat template
+  int64_t n_predict = 256;
+  float temp = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  uint64_t seed = 0xC0FFEE;
+  bool context_shift = false;
+  bool ignore_eos = false;
+};
+int cmd_run(const RunOptions& o);
+
+struct BenchOptions {
+  EngineOptions engine;
+  int64_t n_prompt = 128;
+  int64_t n_gen = 64;
+  int reps = 3;
+  bool json = false;
+};
+int cmd_bench(const BenchOptions& o);
+
 }  // namespace loom::cli

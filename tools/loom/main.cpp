@@ -45,7 +45,40 @@ int main(int argc, char** argv) {
   c_syn->add_option("--seed", syn.seed, "Random seed");
   c_syn->add_option("--vocab-from", syn.vocab_from, "Copy the tokenizer from this GGUF");
 
+  auto engine_opts = [](CLI::App* c, EngineOptions& e) {
+    c->add_option("-m,--model", e.model, "GGUF model file")->required();
+    c->add_option("-t,--threads", e.threads, "CPU threads (default: all cores)");
+    c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
+    c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
+    c->add_option("-b,--batch", e.batch, "Prefill chunk size in tokens");
+  };
+  RunOptions run;
+  auto* c_run = app.add_subcommand("run", "Generate text from a prompt (streams to stdout, timings to stderr)");
+  engine_opts(c_run, run.engine);
+  c_run->add_option("-p,--prompt", run.prompt, "Prompt (chat message, or raw text with --raw)");
+  c_run->add_option("--system", run.system, "System prompt (chat mode)");
+  c_run->add_flag("--raw", run.raw, "Feed the prompt as is, without the chat template");
+  c_run->add_option("-n,--n-predict", run.n_predict, "Tokens to generate (-1: until the context is full)");
+  c_run->add_option("--temp", run.temp, "Temperature (0: greedy)");
+  c_run->add_option("--top-k", run.top_k, "Top-k (0: off)");
+  c_run->add_option("--top-p", run.top_p, "Top-p (1: off)");
+  c_run->add_option("--min-p", run.min_p, "Min-p (0: off)");
+  c_run->add_option("--repeat-penalty", run.repeat_penalty, "Repetition penalty (1: off)");
+  c_run->add_option("-s,--seed", run.seed, "Random seed");
+  c_run->add_flag("--context-shift", run.context_shift, "When the context is full, drop its older half and go on");
+  c_run->add_flag("--ignore-eos", run.ignore_eos, "Do not stop at end-of-generation tokens");
+
+  BenchOptions bench;
+  auto* c_bench = app.add_subcommand("bench", "Measure prefill and decode speed");
+  engine_opts(c_bench, bench.engine);
+  c_bench->add_option("-p,--n-prompt", bench.n_prompt, "Prompt tokens");
+  c_bench->add_option("-n,--n-gen", bench.n_gen, "Generated tokens");
+  c_bench->add_option("-r,--reps", bench.reps, "Repetitions");
+  c_bench->add_flag("--json", bench.json, "Print one JSON object on stdout");
+
   CLI11_PARSE(app, argc, argv);
+  if (c_run->parsed()) return cmd_run(run);
+  if (c_bench->parsed()) return cmd_bench(bench);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);

@@ -1,0 +1,84 @@
+// Element-wise and attention kernels on the CPU (everything but the matmuls).
+// Each has a scalar reference in cpu/ref/ops_ref.h that tests compare against;
+// the fast versions dispatch on active_isa() (cpu/matmul.h).
+//
+// Shapes are given innermost last in comments: [T, n] means T rows of n
+// contiguous floats.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/core/dtype.h"
+
+namespace loom::cpu {
+
+/// y[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]   (one row; y may alias x)
+void rms_norm(const float* x, const float* w, float eps, float* y, int64_t n);
+
+/// out[n] = silu(gate[n]) * up[n], silu(g) = g / (1 + exp(-g))   (out may alias gate or up)
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+/// out[n] = a[n] + b[n]   (out may alias a or b)
+void add(const float* a, const float* b, float* out, int64_t n);
+
+/// In-place softmax over x[n] (max-subtracted).
+void softmax(float* x, int64_t n);
+
+/// Dequantizes row `row` of a [rows, n] weight of dtype `t` into out[n] (embedding lookup).
+void get_row(DType t, const void* w, size_t row_bytes, int64_t row, float* out, int64_t n);
+
+/// RoPE parameters, as GGUF metadata gives them.
+struct RopeParams {
+  int64_t n_rot = 0;          ///< rotated dimensions per head (<= head_dim, even)
+  bool neox = false;          ///< NeoX ordering: pairs (i, i + n_rot/2); else pairs (2i, 2i+1)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;    ///< linear scaling: 1 / factor
+  const float* freq_factors = nullptr;  ///< [n_rot/2] divisors of each frequency (llama3 rope_freqs), or null
+  // YaRN (ext_factor > 0 turns it on)
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;   ///< multiplies cos and sin (YaRN magnitude correction)
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int64_t n_ctx_orig = 0;     ///< original training context (YaRN)
+};
+
+/// Rotates x [T, n_heads, head_dim] in place; token t is at position pos[t].
+void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+          const RopeParams& p);
+
+/// One layer's KV cache as attention reads it: paged in blocks of `block_size`
+/// tokens. Block b holds, for each KV head h, `block_size` rows of head_dim
+/// keys at k_blocks[b] + h * head_stride_bytes (values likewise), in `dtype`
+/// (F16, or Q8_0 with head_dim a multiple of 32). Logical token i lives in
+/// block i / block_size, row i % block_size.
+struct KvView {
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int64_t block_size = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  size_t head_stride_bytes = 0;  ///< bytes between heads inside a block
+  DType dtype = DType::kF16;
+};
+
+/// Bytes of one head's rows in a block: block_size * row bytes of head_dim in `dtype`.
+size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim);
+
+/// Writes one token's K or V ([n_kv_heads, head_dim] floats) into row `row` of a block.
+void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads, int64_t head_dim,
+              int64_t row, const float* src);
+
+/// Causal grouped-query attention for query heads [h0, h1):
+///   q   [T, n_heads, head_dim], token t at position q_pos[t]
+///   out [T, n_heads, head_dim]
+/// Query t attends to cached tokens 0 .. q_pos[t] (inclusive), which must
+/// already be stored. Query head h uses KV head h / (n_heads / n_kv_heads).
+/// scores = q·k * scale, softmax online over blocks (running max and sum), so
+/// no [T, n_ctx] matrix is formed. `scratch` holds at least
+/// attention_scratch_floats(kv) floats for this thread.
+void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch);
+size_t attention_scratch_floats(const KvView& kv);
+
+}  // namespace loom::cpu

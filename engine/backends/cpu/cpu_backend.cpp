@@ -1,0 +1,107 @@
+#include "engine/backends/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "cpu/matmul.h"
+#include "engine/runtime/kv_cache.h"
+
+namespace loom {
+
+namespace {
+// Rows of a matmul handed to one thread come in multiples of this, so threads
+// never share a cache line of output and kernels can work on row groups.
+constexpr int64_t kRowAlign = 16;
+// Below this many floats of work a parallel section costs more than it saves.
+constexpr int64_t kMinParallelWork = 1 << 14;
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) { att_scratch_.resize(static_cast<size_t>(pool_.size())); }
+
+std::string CpuBackend::name() const {
+  return std::string("cpu (") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) + " threads)";
+}
+
+bool CpuBackend::supports(OpKind op, DType dtype) const {
+  switch (op) {
+    case OpKind::kMatmul:
+    case OpKind::kGetRows: return cpu::matmul_supported(dtype);
+    case OpKind::kKvStore:
+    case OpKind::kAttention: return dtype == DType::kF16 || dtype == DType::kQ8_0;
+    default: return dtype == DType::kF32;
+  }
+}
+
+void CpuBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
+  for (int64_t t = 0; t < out.rows; ++t) cpu::get_row(w.dtype, w.data, w.row_bytes, ids[t], out.row(t), w.n_in);
+}
+
+void CpuBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
+  const auto* wd = static_cast<const float*>(w.data);
+  if (x.rows * x.cols < kMinParallelWork) {
+    for (int64_t t = 0; t < x.rows; ++t) cpu::rms_norm(x.row(t), wd, eps, out.row(t), x.cols);
+    return;
+  }
+  pool_.parallel_for(x.rows, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) cpu::rms_norm(x.row(t), wd, eps, out.row(t), x.cols);
+  });
+}
+
+void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
+  const int64_t T = x.rows, n = w.n_in;
+  const size_t xrb = cpu::activation_row_bytes(w.dtype, n);
+  if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
+  uint8_t* xq = act_buf_.data();
+  if (T * n < kMinParallelWork) {
+    for (int64_t t = 0; t < T; ++t) cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+  } else {
+    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+    });
+  }
+  pool_.parallel_for(w.n_out, kRowAlign, [&](int64_t r0, int64_t r1, int) {
+    cpu::matmul_rows(w.dtype, w.data, w.row_bytes, xq, xrb, T, out.data, out.cols, n, r0, r1);
+    if (bias) {
+      const auto* b = static_cast<const float*>(bias->data);
+      for (int64_t t = 0; t < T; ++t) {
+        float* y = out.row(t);
+        for (int64_t r = r0; r < r1; ++r) y[r] += b[r];
+      }
+    }
+  });
+}
+
+void CpuBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) {
+  cpu::rope(x.data, x.rows, n_heads, head_dim, pos, p);
+}
+
+void CpuBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) {
+  for (int64_t t = 0; t < k.rows; ++t) kv.store(layer, pos[t], k.row(t), v.row(t));
+}
+
+void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
+                           Act out) {
+  const cpu::KvView view = kv.view(layer);
+  const size_t scratch = cpu::attention_scratch_floats(view);
+  for (auto& s : att_scratch_) {
+    if (s.size() < scratch) s.resize(scratch);
+  }
+  // Split by KV-head groups so the query heads sharing a KV head stay together.
+  const int64_t group = n_heads / view.n_kv_heads;
+  pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
+    cpu::attention(q.data, q.rows, pos, n_heads, view, scale, out.data, h0, h1,
+                   att_scratch_[static_cast<size_t>(ith)].data());
+  });
+}
+
+void CpuBackend::silu_mul(Act gate, Act up, Act out) {
+  const int64_t n = gate.rows * gate.cols;
+  if (n < kMinParallelWork) {
+    cpu::silu_mul(gate.data, up.data, out.data, n);
+    return;
+  }
+  pool_.parallel_for(n, 64, [&](int64_t b, int64_t e, int) { cpu::silu_mul(gate.data + b, up.data + b, out.data + b, e - b); });
+}
+
+void CpuBackend::add(Act a, Act b, Act out) { cpu::add(a.data, b.data, out.data, a.rows * a.cols); }
+
+}  // namespace loom

@@ -1,0 +1,37 @@
+// The CPU backend: ops on host memory through cpu/ kernels (run-time ISA
+// dispatch), parallel sections on one persistent thread pool.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "engine/backends/backend.h"
+
+namespace loom {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads);
+  std::string name() const override;
+  bool supports(OpKind op, DType dtype) const override;
+  int n_threads() const { return pool_.size(); }
+  cpu::ThreadPool& pool() { return pool_; }
+
+  void get_rows(const Weight& w, const int32_t* ids, Act out) override;
+  void rms_norm(Act x, const Weight& w, float eps, Act out) override;
+  void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
+  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
+  void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
+                 Act out) override;
+  void silu_mul(Act gate, Act up, Act out) override;
+  void add(Act a, Act b, Act out) override;
+
+ private:
+  cpu::ThreadPool pool_;
+  std::vector<uint8_t> act_buf_;                 ///< converted activations of the current matmul
+  std::vector<std::vector<float>> att_scratch_;  ///< per thread
+};
+
+}  // namespace loom

@@ -1,0 +1,199 @@
+#include "engine/model/model.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "engine/model/arch/arch.h"
+
+namespace loom {
+
+namespace {
+const std::string kEmptyName;
+}
+
+const std::string& Weight::name() const { return tensor ? tensor->name : kEmptyName; }
+
+Weight Weight::rows(int64_t r0, int64_t n) const {
+  Weight w = *this;
+  w.data = static_cast<const uint8_t*>(data) + static_cast<size_t>(r0) * row_bytes;
+  w.n_out = n;
+  return w;
+}
+
+uint64_t Model::weight_bytes() const {
+  uint64_t b = 0;
+  for (const auto& t : file->tensors()) b += t.n_bytes;
+  return b;
+}
+
+std::string Model::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, %" PRId64 " layers, dim %" PRId64 ", %" PRId64 "/%" PRId64
+                " heads, ffn %" PRId64 ", vocab %" PRId64 ", weights %s",
+                hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff, hp.n_vocab,
+                std::string(dtype_name(layers.empty() ? tok_embd.dtype : layers[0].w_down.dtype)).c_str());
+  return buf;
+}
+
+namespace detail {
+
+Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vector<int64_t> shape,
+                           bool required) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) {
+    if (!required) return Weight{};
+    return make_error(ErrorCode::kFormat, "%s: missing tensor '%s'", f.path().c_str(), name.c_str());
+  }
+  // Expected shape, innermost first; trailing 1s may be omitted in the file.
+  bool match = t->n_dims <= 4 && shape.size() <= 4;
+  for (size_t d = 0; d < 4 && match; ++d) {
+    int64_t want = d < shape.size() ? shape[d] : 1;
+    if (t->ne[d] != want) match = false;
+  }
+  if (!match) {
+    std::string want = "[";
+    for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
+    want += "]";
+    return make_error(ErrorCode::kFormat, "%s: tensor '%s' has shape %s, expected %s", f.path().c_str(),
+                      name.c_str(), t->shape_string().c_str(), want.c_str());
+  }
+  if (!traits(t->dtype).has_reference) {
+    return make_error(ErrorCode::kUnsupported, "%s: tensor '%s' has dtype %s, which Loom cannot compute with yet",
+                      f.path().c_str(), name.c_str(), std::string(dtype_name(t->dtype)).c_str());
+  }
+  Weight w;
+  w.data = t->data;
+  w.dtype = t->dtype;
+  w.n_in = t->ne[0];
+  w.n_out = t->ne[1] * t->ne[2] * t->ne[3];
+  w.row_bytes = *dtype_row_bytes(t->dtype, static_cast<uint64_t>(t->ne[0]));
+  w.tensor = t;
+  return w;
+}
+
+Status read_common_hparams(const GgufFile& f, HParams* hp) {
+  const std::string a = hp->arch + ".";
+  auto need_int = [&](const std::string& key, int64_t* out) -> Status {
+    auto v = f.get_int(a + key);
+    if (!v.ok()) return v.error();
+    if (!*v) return make_error(ErrorCode::kFormat, "%s: missing metadata key '%s%s'", f.path().c_str(), a.c_str(), key.c_str());
+    if (**v <= 0 || **v > (int64_t{1} << 40)) {
+      return make_error(ErrorCode::kFormat, "%s: '%s%s' = %" PRId64 " is out of range", f.path().c_str(), a.c_str(),
+                        key.c_str(), **v);
+    }
+    *out = **v;
+    return {};
+  };
+  auto opt_int = [&](const std::string& key, int64_t* out) -> Status {
+    auto v = f.get_int(a + key);
+    if (!v.ok()) return v.error();
+    if (*v) *out = **v;
+    return {};
+  };
+  auto opt_float = [&](const std::string& key, float* out) -> Status {
+    auto v = f.get_float(a + key);
+    if (!v.ok()) return v.error();
+    if (*v) *out = static_cast<float>(**v);
+    return {};
+  };
+  LOOM_TRY(need_int("block_count", &hp->n_layer));
+  LOOM_TRY(need_int("embedding_length", &hp->n_embd));
+  LOOM_TRY(need_int("feed_forward_length", &hp->n_ff));
+  LOOM_TRY(need_int("attention.head_count", &hp->n_head));
+  hp->n_head_kv = hp->n_head;
+  LOOM_TRY(opt_int("attention.head_count_kv", &hp->n_head_kv));
+  hp->n_ctx_train = 2048;
+  LOOM_TRY(opt_int("context_length", &hp->n_ctx_train));
+  LOOM_TRY(opt_float("attention.layer_norm_rms_epsilon", &hp->rms_eps));
+  if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0) {
+    return make_error(ErrorCode::kFormat, "%s: head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
+                      f.path().c_str(), hp->n_head, hp->n_head_kv);
+  }
+  hp->head_dim = hp->n_embd / hp->n_head;
+  LOOM_TRY(opt_int("attention.key_length", &hp->head_dim));
+  hp->n_rot = hp->head_dim;
+  LOOM_TRY(opt_int("rope.dimension_count", &hp->n_rot));
+  if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
+    return make_error(ErrorCode::kFormat, "%s: rope.dimension_count %" PRId64 " must be even and <= head size %" PRId64,
+                      f.path().c_str(), hp->n_rot, hp->head_dim);
+  }
+  LOOM_TRY(opt_float("rope.freq_base", &hp->rope_freq_base));
+
+  // Context extension: rope.scaling.type (linear | yarn | none), or the older rope.scale_linear.
+  auto type = f.get_string(a + "rope.scaling.type");
+  if (!type.ok()) return type.error();
+  float factor = 0.0f;
+  LOOM_TRY(opt_float("rope.scaling.factor", &factor));
+  float linear = 0.0f;
+  LOOM_TRY(opt_float("rope.scale_linear", &linear));
+  if (*type) {
+    const std::string& s = **type;
+    if (s == "linear") hp->rope_scaling = RopeScaling::kLinear;
+    else if (s == "yarn") hp->rope_scaling = RopeScaling::kYarn;
+    else if (s == "llama3") hp->rope_scaling = RopeScaling::kLlama3;
+    else if (s != "none") {
+      return make_error(ErrorCode::kUnsupported, "%s: rope scaling type '%s' is not supported (none, linear, yarn, llama3)",
+                        f.path().c_str(), s.c_str());
+    }
+  } else if (linear > 0.0f && linear != 1.0f) {
+    hp->rope_scaling = RopeScaling::kLinear;
+    factor = linear;
+  }
+  if (hp->rope_scaling == RopeScaling::kLinear || hp->rope_scaling == RopeScaling::kYarn) {
+    hp->rope_scale_factor = factor > 0.0f ? factor : 1.0f;
+  }
+  hp->rope_n_ctx_orig = hp->n_ctx_train;
+  LOOM_TRY(opt_int("rope.scaling.original_context_length", &hp->rope_n_ctx_orig));
+  LOOM_TRY(opt_float("rope.scaling.attn_factor", &hp->yarn_attn_factor));
+  LOOM_TRY(opt_float("rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast));
+  LOOM_TRY(opt_float("rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow));
+  return {};
+}
+
+}  // namespace detail
+
+Result<std::unique_ptr<Model>> load_model(const std::string& path) {
+  auto file = GgufFile::open(path);
+  if (!file.ok()) return file.error();
+  auto m = std::make_unique<Model>();
+  m->file = std::move(file).value();
+  const GgufFile& f = *m->file;
+  m->hp.arch = f.architecture();
+  if (m->hp.arch.empty()) {
+    return make_error(ErrorCode::kFormat, "%s: no general.architecture key: not a model file?", path.c_str());
+  }
+  const Architecture* arch = find_architecture(m->hp.arch);
+  if (!arch) {
+    return make_error(ErrorCode::kUnsupported, "%s: architecture '%s' is not supported (supported: %s)", path.c_str(),
+                      m->hp.arch.c_str(), supported_architectures().c_str());
+  }
+  LOOM_TRY(detail::read_common_hparams(f, &m->hp));
+
+  // Tokenizer first: the vocabulary size shapes the embedding.
+  auto vocab = load_vocab(f);
+  if (!vocab.ok()) return vocab.error();
+  auto tok = Tokenizer::create(std::move(vocab).value());
+  if (!tok.ok()) return tok.error();
+  m->tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  const GgufTensor* emb = f.find_tensor("token_embd.weight");
+  if (!emb) return make_error(ErrorCode::kFormat, "%s: missing tensor 'token_embd.weight'", path.c_str());
+  m->hp.n_vocab = emb->ne[1];
+  if (m->hp.n_vocab < m->tokenizer->vocab().n_tokens()) {
+    return make_error(ErrorCode::kFormat, "%s: token_embd.weight has %" PRId64 " rows but the tokenizer has %d tokens",
+                      path.c_str(), m->hp.n_vocab, m->tokenizer->vocab().n_tokens());
+  }
+
+  LOOM_TRY(arch->bind(f, m.get()));
+
+  // Chat template (absent: the ChatML-like fallback, with its warning).
+  auto tmpl = f.get_string("tokenizer.chat_template");
+  if (!tmpl.ok()) return tmpl.error();
+  const Vocab& v = m->tokenizer->vocab();
+  std::string bos = v.is_valid_id(v.special().bos) ? v.text(v.special().bos) : "";
+  std::string eos = v.is_valid_id(v.special().eos) ? v.text(v.special().eos) : "";
+  m->chat_template = make_chat_template(tmpl->value_or(""), bos, eos);
+  if (!m->chat_template.warning().empty()) m->warnings.push_back(m->chat_template.warning());
+  return m;
+}
+
+}  // namespace loom

@@ -1,0 +1,100 @@
+// A loaded model: hyper-parameters, the weights bound by name (still in the
+// memory-mapped GGUF), the tokenizer and the chat template. What differs
+// between architectures lives in engine/model/arch/<arch>.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+#include "engine/model/gguf.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+
+/// A weight matrix or vector as the ops see it: rows of `n_in` elements in
+/// `dtype`, `row_bytes` apart. For a matrix, y = W x maps n_in -> n_out.
+struct Weight {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t n_in = 0;   ///< ne[0]: elements per row
+  int64_t n_out = 1;  ///< ne[1]: rows
+  size_t row_bytes = 0;
+  const GgufTensor* tensor = nullptr;  ///< where it came from (name, file offset)
+
+  bool present() const { return data != nullptr; }
+  const std::string& name() const;
+  /// Rows [r0, r0 + n) as a Weight of their own (fused tensors are split this way).
+  Weight rows(int64_t r0, int64_t n) const;
+};
+
+enum class RopeScaling { kNone, kLinear, kYarn, kLlama3 };
+
+/// Hyper-parameters, from `<arch>.*` metadata.
+struct HParams {
+  std::string arch;
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_ff = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+  // RoPE
+  int64_t n_rot = 0;
+  bool rope_neox = false;
+  float rope_freq_base = 10000.0f;
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  float rope_scale_factor = 1.0f;  ///< context extension factor (linear, yarn)
+  int64_t rope_n_ctx_orig = 0;
+  float yarn_attn_factor = 1.0f;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+};
+
+/// One transformer block's weights. Unused ones stay empty.
+struct LayerWeights {
+  Weight attn_norm;
+  Weight wq, wk, wv;  ///< separate projections, or rows of a fused wqkv
+  Weight bq, bk, bv;  ///< qkv biases (qwen2)
+  Weight wo;
+  Weight ffn_norm;
+  Weight w_gate, w_up;  ///< separate, or rows of a fused gate_up (phi3)
+  Weight w_down;
+};
+
+struct Model {
+  std::unique_ptr<GgufFile> file;
+  HParams hp;
+  Weight tok_embd;
+  Weight output_norm;
+  Weight output;        ///< == tok_embd when tied
+  Weight rope_freqs;    ///< llama3 per-frequency divisors [n_rot / 2], optional
+  std::vector<LayerWeights> layers;
+  std::unique_ptr<Tokenizer> tokenizer;
+  ChatTemplate chat_template;
+  std::vector<std::string> warnings;  ///< things the user should see (template fallback...)
+
+  /// Bytes of all weights.
+  uint64_t weight_bytes() const;
+  /// General description: "llama, 22 layers, dim 2048, Q4_0".
+  std::string describe() const;
+};
+
+/// Loads and validates a model file (GGUF). Errors name the tensor and the
+/// expected and found shapes, the unknown architecture, or the bad key.
+Result<std::unique_ptr<Model>> load_model(const std::string& path);
+
+namespace detail {
+// Shared by the architecture files.
+Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vector<int64_t> shape,
+                           bool required = true);
+Status read_common_hparams(const GgufFile& f, HParams* hp);
+}  // namespace detail
+
+}  // namespace loom

@@ -1,0 +1,89 @@
+#include "engine/runtime/kv_cache.h"
+
+#include <cinttypes>
+#include <new>
+
+namespace loom {
+
+KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
+  head_bytes_ = cpu::kv_head_bytes(cfg.dtype, cfg.block_size, cfg.head_dim);
+  const auto L = static_cast<size_t>(cfg.n_layer);
+  k_store_.resize(L);
+  v_store_.resize(L);
+  k_ptrs_.resize(L);
+  v_ptrs_.resize(L);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
+  if (cfg.n_layer <= 0 || cfg.n_kv_heads <= 0 || cfg.head_dim <= 0 || cfg.n_ctx <= 0 || cfg.block_size <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: every size must be positive");
+  }
+  if (cfg.dtype != DType::kF16 && cfg.dtype != DType::kQ8_0) {
+    return make_error(ErrorCode::kUnsupported, "KV cache: dtype %s is not supported (F16, Q8_0)",
+                      std::string(dtype_name(cfg.dtype)).c_str());
+  }
+  if (cfg.dtype == DType::kQ8_0 && cfg.head_dim % 32 != 0) {
+    return make_error(ErrorCode::kUnsupported, "KV cache: Q8_0 needs a head size that is a multiple of 32 (got %" PRId64 ")",
+                      cfg.head_dim);
+  }
+  return std::unique_ptr<KvCache>(new KvCache(cfg));
+}
+
+uint64_t KvCache::allocated_bytes() const {
+  return 2ull * block_bytes() * k_store_[0].size() * static_cast<uint64_t>(cfg_.n_layer);
+}
+
+uint64_t KvCache::full_bytes() const {
+  const uint64_t blocks = static_cast<uint64_t>((cfg_.n_ctx + cfg_.block_size - 1) / cfg_.block_size);
+  return 2ull * block_bytes() * blocks * static_cast<uint64_t>(cfg_.n_layer);
+}
+
+Status KvCache::reserve(int64_t n) {
+  if (n > cfg_.n_ctx) {
+    return make_error(ErrorCode::kOutOfRange, "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64,
+                      n, cfg_.n_ctx);
+  }
+  const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
+  while (static_cast<int64_t>(block_table_.size()) < need) {
+    const auto phys = static_cast<int32_t>(k_store_[0].size());
+    for (size_t l = 0; l < k_store_.size(); ++l) {
+      std::unique_ptr<uint8_t[]> k(new (std::nothrow) uint8_t[block_bytes()]);
+      std::unique_ptr<uint8_t[]> v(new (std::nothrow) uint8_t[block_bytes()]);
+      if (!k || !v) {
+        return make_error(ErrorCode::kOutOfMemory, "KV cache: out of memory allocating block %d (%zu bytes per layer)",
+                          phys, 2 * block_bytes());
+      }
+      k_ptrs_[l].push_back(k.get());
+      v_ptrs_[l].push_back(v.get());
+      k_store_[l].push_back(std::move(k));
+      v_store_[l].push_back(std::move(v));
+    }
+    block_table_.push_back(phys);
+  }
+  return {};
+}
+
+void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) {
+  const auto l = static_cast<size_t>(layer);
+  const auto b = static_cast<size_t>(pos / cfg_.block_size);
+  const int64_t row = pos % cfg_.block_size;
+  const auto phys = static_cast<size_t>(block_table_[b]);
+  cpu::kv_store(cfg_.dtype, k_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row, k);
+  cpu::kv_store(cfg_.dtype, v_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row, v);
+}
+
+cpu::KvView KvCache::view(int64_t layer) const {
+  // Physical blocks are handed out in logical order for a single sequence, so
+  // the per-layer pointer arrays are already in block-table order.
+  cpu::KvView v;
+  v.k_blocks = k_ptrs_[static_cast<size_t>(layer)].data();
+  v.v_blocks = v_ptrs_[static_cast<size_t>(layer)].data();
+  v.block_size = cfg_.block_size;
+  v.n_kv_heads = cfg_.n_kv_heads;
+  v.head_dim = cfg_.head_dim;
+  v.head_stride_bytes = head_bytes_;
+  v.dtype = cfg_.dtype;
+  return v;
+}
+
+}  // namespace loom

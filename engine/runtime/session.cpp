@@ -1,0 +1,166 @@
+#include "engine/runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+
+namespace loom {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+const char* stop_reason_text(StopReason r) {
+  switch (r) {
+    case StopReason::kEndOfGeneration: return "end of generation token";
+    case StopReason::kMaxTokens: return "token limit reached";
+    case StopReason::kContextFull: return "context full";
+    case StopReason::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& backend, const SessionConfig& cfg) {
+  std::unique_ptr<Session> s(new Session(model, backend));
+  KvCacheConfig kc;
+  kc.n_layer = model.hp.n_layer;
+  kc.n_kv_heads = model.hp.n_head_kv;
+  kc.head_dim = model.hp.head_dim;
+  kc.n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
+  kc.dtype = cfg.kv_dtype;
+  if (!backend.supports(OpKind::kAttention, kc.dtype)) {
+    return make_error(ErrorCode::kUnsupported, "backend %s cannot run attention with a %s KV cache",
+                      backend.name().c_str(), std::string(dtype_name(kc.dtype)).c_str());
+  }
+  auto kv = KvCache::create(kc);
+  if (!kv.ok()) return kv.error();
+  s->kv_ = std::move(kv).value();
+  s->fwd_ = std::make_unique<ForwardPass>(model, backend, *s->kv_, cfg.max_chunk);
+  s->logits_.resize(static_cast<size_t>(model.hp.n_vocab));
+  return s;
+}
+
+std::vector<int32_t> Session::tokenize_raw(std::string_view text) const {
+  return m_.tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/false);
+}
+
+Result<std::vector<int32_t>> Session::tokenize_chat(const std::vector<ChatMessage>& messages) const {
+  auto text = m_.chat_template.apply(messages, /*add_generation_prompt=*/true);
+  if (!text.ok()) return text.error();
+  // The template may write the BOS text itself; then the tokenizer must not add another.
+  const bool add_special = !m_.chat_template.adds_bos_text();
+  return m_.tokenizer->encode(*text, add_special, /*parse_special=*/true);
+}
+
+void Session::reset() {
+  tokens_.clear();
+  kv_->clear();
+}
+
+Status Session::shift_context() {
+  // Keep the first token (BOS / system start) and the newer half; recompute
+  // their KV (positions change, so cached keys cannot be reused).
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int64_t keep_head = 1;
+  const int64_t drop = (n - keep_head) / 2;
+  std::vector<int32_t> kept(tokens_.begin(), tokens_.begin() + keep_head);
+  kept.insert(kept.end(), tokens_.begin() + keep_head + drop, tokens_.end());
+  kv_->clear();
+  tokens_.clear();
+  // The last token is fed by the decode loop; evaluate all but it.
+  std::span<const int32_t> pre(kept.data(), kept.size() - 1);
+  LOOM_TRY(fwd_->eval(pre, 0, logits_.data()));
+  tokens_.assign(pre.begin(), pre.end());
+  return {};
+}
+
+Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const GenerateParams& params,
+                                        const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
+  GenerateStats st;
+  if (prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  const int64_t n_ctx = kv_->capacity();
+  if (static_cast<int64_t>(prompt.size()) >= n_ctx) {
+    return make_error(ErrorCode::kOutOfRange,
+                      "the prompt is %zu tokens but the context holds %" PRId64
+                      " (one more is needed to answer): shorten it or raise the context size",
+                      prompt.size(), n_ctx);
+  }
+  const auto t0 = Clock::now();
+
+  // Reuse the cached prefix; at least the last prompt token is evaluated so
+  // there are logits to sample from.
+  size_t common = 0;
+  while (common < tokens_.size() && common < prompt.size() - 1 && tokens_[common] == prompt[common]) ++common;
+  tokens_.resize(common);
+  kv_->set_n_tokens(static_cast<int64_t>(common));
+  st.n_reused = static_cast<int64_t>(common);
+  std::span<const int32_t> todo = prompt.subspan(common);
+  st.n_prompt = static_cast<int64_t>(todo.size());
+  LOOM_TRY(fwd_->eval(todo, static_cast<int64_t>(common), logits_.data()));
+  tokens_.insert(tokens_.end(), todo.begin(), todo.end());
+  st.prefill_ms = ms_since(t0);
+
+  Sampler sampler(params.sampling, m_.hp.n_vocab);
+  StreamingDetokenizer detok(*m_.tokenizer);
+  const Vocab& vocab = m_.tokenizer->vocab();
+  auto last = Clock::now();
+  const auto decode_t0 = Clock::now();
+  for (;;) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      st.reason = StopReason::kCancelled;
+      break;
+    }
+    const int32_t id = sampler.sample(logits_.data(), tokens_);
+    const auto now = Clock::now();
+    if (st.n_generated == 0) {
+      st.ttft_ms = ms_since(t0);
+    } else {
+      st.itl_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    }
+    last = now;
+    if (params.stop_at_eog && vocab.is_end_of_generation(id)) {
+      st.reason = StopReason::kEndOfGeneration;
+      break;
+    }
+    ++st.n_generated;
+    std::string piece = detok.push(id);
+    if (!piece.empty() && on_piece && !on_piece(piece)) {
+      st.reason = StopReason::kCancelled;
+      tokens_.push_back(id);  // its text was delivered; its KV is not computed
+      break;
+    }
+    if (params.max_tokens >= 0 && st.n_generated >= params.max_tokens) {
+      st.reason = StopReason::kMaxTokens;
+      tokens_.push_back(id);
+      break;
+    }
+    if (static_cast<int64_t>(tokens_.size()) >= n_ctx) {
+      if (!params.context_shift) {
+        st.reason = StopReason::kContextFull;
+        tokens_.push_back(id);
+        break;
+      }
+      tokens_.push_back(id);
+      LOOM_TRY(shift_context());
+      ++st.n_shifts;
+      const int32_t last_tok = id;
+      LOOM_TRY(fwd_->eval(std::span<const int32_t>(&last_tok, 1), static_cast<int64_t>(tokens_.size()), logits_.data()));
+      tokens_.push_back(last_tok);
+      continue;
+    }
+    LOOM_TRY(fwd_->eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()), logits_.data()));
+    tokens_.push_back(id);
+  }
+  std::string rest = detok.flush();
+  if (!rest.empty() && on_piece) on_piece(rest);
+  st.decode_ms = ms_since(decode_t0);
+  // The KV cache covers the tokens whose forward ran; a sampled token that was
+  // never evaluated stays in tokens_ only until the next prompt recomputes it.
+  if (static_cast<int64_t>(tokens_.size()) > kv_->n_tokens()) tokens_.resize(static_cast<size_t>(kv_->n_tokens()));
+  return st;
+}
+
+}  // namespace loom

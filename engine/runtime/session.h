@@ -1,0 +1,93 @@
+// A generation session: one model, one backend, one KV cache, one sequence.
+// Messages -> chat template -> tokens -> prefill (in chunks) -> decode with a
+// sampler -> UTF-8 pieces through a callback. The KV cache of a previous
+// turn is reused when the new prompt starts with the same tokens.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/model/model.h"
+#include "engine/profile/op_stats.h"
+#include "engine/runtime/forward.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/sampler.h"
+
+namespace loom {
+
+struct SessionConfig {
+  int64_t n_ctx = 0;             ///< 0: the model's training context, capped at 4096
+  DType kv_dtype = DType::kF16;  ///< F16 or Q8_0
+  int64_t max_chunk = 256;       ///< prefill chunk (tokens per forward step)
+};
+
+struct GenerateParams {
+  SamplerParams sampling;
+  int64_t max_tokens = 256;    ///< < 0: until the context is full
+  bool context_shift = false;  ///< when full: drop the older half of the context and go on
+  bool stop_at_eog = true;     ///< stop at an end-of-generation token (EOS, EOT...)
+};
+
+enum class StopReason { kEndOfGeneration, kMaxTokens, kContextFull, kCancelled };
+const char* stop_reason_text(StopReason r);
+
+/// Timings and counts of one generate() call.
+struct GenerateStats {
+  StopReason reason = StopReason::kMaxTokens;
+  int64_t n_prompt = 0;      ///< prompt tokens evaluated (after reuse of the cache)
+  int64_t n_reused = 0;      ///< prompt tokens whose KV came from the cache
+  int64_t n_generated = 0;
+  double prefill_ms = 0;
+  double ttft_ms = 0;        ///< prompt evaluated and first token sampled
+  double decode_ms = 0;      ///< all decode steps
+  std::vector<double> itl_ms;  ///< time between consecutive generated tokens
+  int64_t n_shifts = 0;
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> create(const Model& model, Backend& backend, const SessionConfig& cfg);
+
+  const Model& model() const { return m_; }
+  int64_t n_ctx() const { return kv_->capacity(); }
+  const KvCache& kv() const { return *kv_; }
+  ForwardPass& forward() { return *fwd_; }
+
+  /// Prompt tokens for a raw text: BOS as the model's metadata says, no template.
+  std::vector<int32_t> tokenize_raw(std::string_view text) const;
+  /// Prompt tokens of a conversation through the model's chat template.
+  Result<std::vector<int32_t>> tokenize_chat(const std::vector<ChatMessage>& messages) const;
+
+  /// Called with each decoded UTF-8 piece (never a partial code point);
+  /// returning false stops generation (kCancelled).
+  using PieceCallback = std::function<bool(std::string_view piece)>;
+
+  /// Evaluates `prompt` (reusing the cache's common prefix) and generates.
+  /// Errors: an empty prompt, or one longer than the context.
+  Result<GenerateStats> generate(std::span<const int32_t> prompt, const GenerateParams& params,
+                                 const PieceCallback& on_piece, const std::atomic<bool>* cancel = nullptr);
+
+  /// Every token in the cache (prompt and generated).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  /// Forgets the conversation.
+  void reset();
+
+ private:
+  Session(const Model& m, Backend& b) : m_(m), be_(b) {}
+  Status shift_context();
+
+  const Model& m_;
+  Backend& be_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<ForwardPass> fwd_;
+  std::vector<int32_t> tokens_;  ///< tokens whose KV is in the cache, in order
+  std::vector<float> logits_;
+};
+
+}  // namespace loom

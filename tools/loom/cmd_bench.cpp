@@ -1,0 +1,146 @@
+// `loom bench`: prefill and decode speed, latency percentiles and where a
+// decode step's time goes. Figures are printed; nothing is asserted.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/loom/engine_setup.h"
+
+namespace loom::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct MeanSd {
+  double mean = 0, sd = 0;
+};
+MeanSd mean_sd(const std::vector<double>& v) {
+  MeanSd r;
+  if (v.empty()) return r;
+  for (double x : v) r.mean += x;
+  r.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    for (double x : v) r.sd += (x - r.mean) * (x - r.mean);
+    r.sd = std::sqrt(r.sd / static_cast<double>(v.size() - 1));
+  }
+  return r;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(idx));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+}  // namespace
+
+int cmd_bench(const BenchOptions& o) {
+  EngineOptions eo = o.engine;
+  if (eo.ctx == 0) eo.ctx = o.n_prompt + o.n_gen + 1;
+  if (eo.batch < o.n_prompt) eo.batch = std::max<int64_t>(eo.batch, std::min<int64_t>(o.n_prompt, 512));
+  auto e = open_engine(eo, "loom bench");
+  if (!e) return 1;
+  const Model& m = *e->model;
+  ForwardPass& fwd = e->session->forward();
+  KvCache& kv = const_cast<KvCache&>(e->session->kv());
+  const int64_t n_vocab = m.hp.n_vocab;
+
+  // Deterministic ordinary tokens (ids spread over the vocabulary).
+  std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(n_vocab));
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+
+  std::vector<double> prefill_tps, decode_tps, ttft, itl;
+  OpStats stats;
+  for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up (page-in of the weights)
+    kv.clear();
+    const auto t0 = Clock::now();
+    Status s = fwd.eval(prompt, 0, logits.data());
+    if (!s.ok()) {
+      std::fprintf(stderr, "loom bench: %s\n", s.message().c_str());
+      return 1;
+    }
+    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto t1 = Clock::now();
+    const double pre_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    if (rep == o.reps - 1) fwd.set_stats(&stats);
+    auto last = t1;
+    for (int64_t i = 0; i < o.n_gen; ++i) {
+      s = fwd.eval(std::span<const int32_t>(&next, 1), o.n_prompt + i, logits.data());
+      if (!s.ok()) {
+        std::fprintf(stderr, "loom bench: %s\n", s.message().c_str());
+        return 1;
+      }
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const auto now = Clock::now();
+      if (rep >= 0) itl.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+      last = now;
+    }
+    fwd.set_stats(nullptr);
+    const double dec_ms = std::chrono::duration<double, std::milli>(last - t1).count();
+    if (rep < 0) continue;
+    prefill_tps.push_back(1000.0 * static_cast<double>(o.n_prompt) / pre_ms);
+    decode_tps.push_back(1000.0 * static_cast<double>(o.n_gen) / dec_ms);
+    ttft.push_back(pre_ms);
+  }
+  const MeanSd pp = mean_sd(prefill_tps), tg = mean_sd(decode_tps), tt = mean_sd(ttft);
+  const double p50 = percentile(itl, 50), p99 = percentile(itl, 99);
+  const uint64_t rss = peak_rss_bytes();
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.engine.model;
+    j["description"] = m.describe();
+    j["backend"] = e->backend->name();
+    j["threads"] = e->backend->n_threads();
+    j["n_prompt"] = o.n_prompt;
+    j["n_gen"] = o.n_gen;
+    j["reps"] = o.reps;
+    j["prefill_tps"] = pp.mean;
+    j["prefill_tps_sd"] = pp.sd;
+    j["decode_tps"] = tg.mean;
+    j["decode_tps_sd"] = tg.sd;
+    j["ttft_ms"] = tt.mean;
+    j["itl_p50_ms"] = p50;
+    j["itl_p99_ms"] = p99;
+    j["peak_rss_bytes"] = rss;
+    j["weight_bytes"] = m.weight_bytes();
+    j["kv_bytes"] = kv.allocated_bytes();
+    nlohmann::json ops = nlohmann::json::object();
+    const double total = static_cast<double>(stats.total_ns());
+    for (int i = 0; i < static_cast<int>(OpLabel::kCount); ++i) {
+      if (stats.calls[static_cast<size_t>(i)] == 0) continue;
+      ops[op_label_name(static_cast<OpLabel>(i))] = total > 0 ? static_cast<double>(stats.ns[static_cast<size_t>(i)]) / total : 0.0;
+    }
+    j["decode_op_share"] = ops;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model:    %s\n          %s\n", o.engine.model.c_str(), m.describe().c_str());
+  std::printf("backend:  %s\n", e->backend->name().c_str());
+  std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps)\n", pp.mean, pp.sd, static_cast<long long>(o.n_prompt), o.reps);
+  std::printf("decode:   %8.1f ± %.1f tokens/s  (tg%lld)\n", tg.mean, tg.sd, static_cast<long long>(o.n_gen));
+  std::printf("ttft:     %8.2f ms\n", tt.mean);
+  std::printf("itl:      P50 %.2f ms, P99 %.2f ms\n", p50, p99);
+  std::printf("memory:   peak RSS %.1f MiB (weights %.1f MiB, KV %.1f MiB)\n", static_cast<double>(rss) / 1048576.0,
+              static_cast<double>(m.weight_bytes()) / 1048576.0, static_cast<double>(kv.allocated_bytes()) / 1048576.0);
+  std::printf("decode step, share of time per op (last rep):\n");
+  const double total = static_cast<double>(stats.total_ns());
+  for (int i = 0; i < static_cast<int>(OpLabel::kCount); ++i) {
+    const auto k = static_cast<size_t>(i);
+    if (stats.calls[k] == 0) continue;
+    std::printf("  %-24s %5.1f%%  %8.1f us/token\n", op_label_name(static_cast<OpLabel>(i)),
+                total > 0 ? 100.0 * static_cast<double>(stats.ns[k]) / total : 0.0,
+                static_cast<double>(stats.ns[k]) / 1000.0 / static_cast<double>(std::max<int64_t>(1, o.n_gen)));
+  }
+  return 0;
+}
+
+}  // namespace loom::cli
