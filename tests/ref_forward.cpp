@@ -1,5 +1,7 @@
 #include "tests/ref_forward.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 
 #include "cpu/ref/quants.h"

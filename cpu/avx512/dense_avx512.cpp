@@ -1,26 +1,23 @@
 // Dense (F32, F16, BF16) matrix products with AVX-512.
 //
 // Y[t, r] = dot(W row r, X row t) for t < T, r0 <= r < r1 (the contract of
-// detail::matmul_rows_dense). Everything is a dot product of two contiguous
-// rows, so the micro-kernel is a tile of 4 weight rows x TN activation rows
-// (TN <= 6): 4 + 1 vector registers of inputs and 4 * TN accumulators, each
-// weight vector loaded once per k step and used for TN tokens, each
-// activation vector used for 4 rows. The 4 accumulators of one token are
-// reduced together into the 4 consecutive outputs Y[t, r..r+3].
+// detail::matmul_rows_dense). Two paths:
 //
-//   T <= 6 (decode, GEMV): one pass over the weights, straight from memory;
-//     the run is bound by memory bandwidth, the tile only adds streams.
-//   T > 6 (prefill): blocked. Tokens in blocks of kTokenBlock, k in blocks of
-//     kKBlock elements: the weight tile [4, kKBlock] stays in L1 while all
-//     token tiles of the block go past it, the activation block stays in L2
-//     while all row groups of [r0, r1) go past it. Partial sums over k blocks
-//     are added into Y.
+//   T <= 6 (decode, GEMV): dot-product tiles. A tile is 4 weight rows x T
+//     activation rows: each weight vector is loaded once per k step and used
+//     for T tokens, the 4 accumulators of a token are reduced together into
+//     Y[t, r..r+3]. One pass over the weights, straight from memory: the run
+//     is bound by memory bandwidth.
+//   T > 6 (prefill): packed GEMM, see "Packed GEMM" below. Panels of 64
+//     weight rows are transposed k-major into scratch and a 6 x 64 register
+//     tile is computed with broadcast activations: no horizontal reductions,
+//     each panel load used for 6 tokens, each broadcast for 64 rows.
 //
 // Per dtype:
 //   F32   fp32 FMA.
-//   F16   F16C (vcvtph2ps, exact) then fp32 FMA. For T > 6 the activation
-//         block and each weight tile are converted once into fp32 scratch, so
-//         the inner loop is the F32 one and the conversions are amortised.
+//   F16   F16C (vcvtph2ps, exact) then fp32 FMA. For T > 6 weights are widened
+//         while packing and activations into fp32 scratch, one conversion
+//         per 64 multiply-adds.
 //   BF16  vdpbf16ps on the raw bf16 pairs: 32 products per instruction. Each
 //         product of two bf16 is exact in fp32 (8 x 8 significand bits), and
 //         each lane adds its two products into the accumulator with one
@@ -29,14 +26,16 @@
 //         Unlike vfmadd it treats subnormal inputs and results as zero
 //         (DAZ/FTZ regardless of MXCSR): an extra absolute error of at most
 //         2^-126 per term, nothing for real weights. tests/unit/cpu_dense_test
-//         checks this bound.
+//         checks this bound. On Intel cores up to Emerald Rapids vdpbf16ps
+//         issues at half the rate of vfmadd, so it only matches fp32 FMA per
+//         element there; on Zen 4/5 it doubles it.
 //
 // Rule of this folder (cpu/CMakeLists.txt): intrinsics, raw pointers and
 // functions of namespace loom::cpu::avx512 only; no std templates or header
 // inline functions are instantiated here. The templates below are our own,
 // in an anonymous namespace. dense_bf16 needs avx512_bf16, which the Isa
 // level kAvx512 does not imply: cpu/matmul_dense.cpp checks it and calls
-// dense_bf16_widen on CPUs without it.
+// dense_bf16_widen (widening, fp32 FMA) on CPUs without it.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -45,10 +44,8 @@
 namespace loom::cpu::avx512 {
 namespace {
 
-constexpr int kTileRows = 4;      // weight rows per micro-kernel tile
+constexpr int kTileRows = 4;       // weight rows per dot-product tile
 constexpr int kTileTokensMax = 6;  // activation rows per tile: 24 accumulators + 5 inputs of 32 zmm
-constexpr int64_t kKBlock = 512;   // elements: weight tile 4 x 2 KiB (fp32) in L1
-constexpr int64_t kTokenBlock = 96;  // tokens: activation block 96 x 2 KiB = 192 KiB (fp32) in L2
 
 // Sums each of a, b, c, d over its 16 lanes: returns [sum a, sum b, sum c, sum d].
 inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
@@ -200,25 +197,6 @@ void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X
   }
 }
 
-// T > kTileTokensMax: token blocks x k blocks, as in the header comment.
-template <class S>
-void run_blocked(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs, int64_t T, float* Y,
-                 int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
-  for (int64_t t0 = 0; t0 < T; t0 += kTokenBlock) {
-    const int64_t t1 = t0 + kTokenBlock < T ? t0 + kTokenBlock : T;
-    for (int64_t k0 = 0; k0 < n; k0 += kKBlock) {
-      const int64_t kb = n - k0 < kKBlock ? n - k0 : kKBlock;
-      for (int64_t r = r0; r < r1; r += kTileRows) {
-        const int m_rows = min_int(kTileRows, r1 - r);
-        for (int64_t t = t0; t < t1; t += kTileTokensMax) {
-          tile_n<S>(min_int(kTileTokensMax, t1 - t), W + r * ws + k0, ws, m_rows, X + t * xs + k0, xs, kb,
-                    Y + t * ldy + r, ldy, k0 > 0);
-        }
-      }
-    }
-  }
-}
-
 // Widens `rows` rows of k 16-bit values (`src_stride` elements apart, S is
 // SrcF16 or SrcBf16Widen) into fp32 rows `dst_stride` floats apart.
 template <class S>
@@ -232,26 +210,221 @@ void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t 
   }
 }
 
-// F16 (and BF16 without avx512_bf16), T > kTileTokensMax: each activation
-// block [tokens, kKBlock] is widened once into fp32 scratch, each weight tile
-// [4, kKBlock] once per token block, then the F32 micro-kernel runs on the
-// scratch. Scratch lives on the stack: 192 KiB + 8 KiB.
-template <class S>
-void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T, float* Y, int64_t ldy,
-                     int64_t n, int64_t r0, int64_t r1) {
-  alignas(64) float xbuf[kTokenBlock * kKBlock];
-  alignas(64) float wbuf[kTileRows * kKBlock];
-  for (int64_t t0 = 0; t0 < T; t0 += kTokenBlock) {
-    const int64_t t1 = t0 + kTokenBlock < T ? t0 + kTokenBlock : T;
-    for (int64_t k0 = 0; k0 < n; k0 += kKBlock) {
-      const int64_t kb = n - k0 < kKBlock ? n - k0 : kKBlock;
-      widen_block<S>(X + t0 * xs + k0, xs, t1 - t0, kb, xbuf, kKBlock);
-      for (int64_t r = r0; r < r1; r += kTileRows) {
-        const int m_rows = min_int(kTileRows, r1 - r);
-        widen_block<S>(W + r * ws + k0, ws, m_rows, kb, wbuf, kKBlock);
-        for (int64_t t = t0; t < t1; t += kTileTokensMax) {
-          tile_n<SrcF32>(min_int(kTileTokensMax, t1 - t), wbuf, kKBlock, m_rows, xbuf + (t - t0) * kKBlock,
-                         kKBlock, kb, Y + t * ldy + r, ldy, k0 > 0);
+// ---- Packed GEMM for T > kTileTokensMax -----------------------------------
+//
+// Prefill is compute-bound, and a dot-product tile pays a horizontal
+// reduction per output and k block. Here a panel of 64 weight rows x one k
+// block is transposed once into scratch, k-major: panel[u][64] holds unit u
+// (one fp32 element, or one bf16 pair) of each of the 64 rows. The
+// micro-kernel then computes 6 tokens x 64 rows with 24 accumulators that are
+// rows of Y: per unit, 4 panel loads, 6 broadcast activation units, 24
+// FMAs (vdpbf16ps for BF16: two elements per unit), no reduction at all.
+//
+//   for each panel of 64 rows in [r0, r1):
+//     for each k block of 128 units:           panel: 128 x 64 x 4 B = 32 KiB, in L1
+//       pack (transpose; widen F16)
+//       for each 6 tokens of T:                 Y panel [T, 64] stays in L2 over the k blocks
+//         Y[t, panel] (+)= X[t, k block] . panel
+//
+// Weights are packed exactly once per call. F16 activations are widened per
+// (panel, k block) into fp32 scratch, 256 tokens at a time, which costs one
+// conversion per 64 multiply-adds.
+
+constexpr int kPanelRows = 64;
+constexpr int64_t kPanelUnits = 256;
+constexpr int kGemmTokens = 6;
+constexpr int64_t kF16TokenBlock = 128;
+
+inline __mmask16 mask16(int64_t m) { return m >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << m) - 1u); }
+inline __mmask32 mask32(int64_t m) {
+  return m >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu) : static_cast<__mmask32>((1u << m) - 1u);
+}
+
+// In-register transpose of a 16 x 16 block of 32-bit units: v[i] lane j <- v[j] lane i.
+inline void transpose16(__m512 v[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);      // per 128-bit lane: [a0 b0 a1 b1]
+    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);  // [a2 b2 a3 b3]
+  }
+  for (int i = 0; i < 16; i += 4) {
+    // Rows i..i+3 of column 4L + c in lane L of u[i + c].
+    u[i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (int c = 0; c < 4; ++c) {
+    // Column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);       // u[c].L0 L2, u[4+c].L0 L2
+    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);       // L1 L3
+    const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    v[c] = _mm512_shuffle_f32x4(a, e, 0x88);       // column c
+    v[8 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);   // column 8 + c
+    v[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);   // column 4 + c
+    v[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);  // column 12 + c
+  }
+}
+
+// Weight loaders for packing: 16 units of one row starting at p, m elements
+// valid (the rest zero), as 32-bit units.
+struct PackF32 {
+  using Elem = float;
+  static constexpr int64_t kPerUnit = 1;
+  static __m512 load(const float* p, int64_t m) { return _mm512_maskz_loadu_ps(mask16(m), p); }
+};
+struct PackF16 {
+  using Elem = uint16_t;
+  static constexpr int64_t kPerUnit = 1;
+  static __m512 load(const uint16_t* p, int64_t m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(m), p)); }
+};
+struct PackBf16 {  // pairs of bf16 stay packed: the layout vdpbf16ps wants
+  using Elem = uint16_t;
+  static constexpr int64_t kPerUnit = 2;
+  static __m512 load(const uint16_t* p, int64_t m) { return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask32(m), p)); }
+};
+
+// panel[u * 64 + r] = unit u of weight row r, for rows < `rows` (<= 64,
+// `ws` elements apart) and the k elements of each; zero elsewhere.
+template <class P>
+void pack_panel(const typename P::Elem* w, int64_t ws, int rows, int64_t k, float* panel) {
+  constexpr int64_t kChunk = 16 * P::kPerUnit;  // elements in 16 units
+  const int64_t units = (k + P::kPerUnit - 1) / P::kPerUnit;
+  for (int g = 0; g < kPanelRows; g += 16) {
+    for (int64_t e0 = 0; e0 < k; e0 += kChunk) {
+      const int64_t m = k - e0;
+      __m512 v[16];
+      for (int i = 0; i < 16; ++i) v[i] = g + i < rows ? P::load(w + (g + i) * ws + e0, m) : _mm512_setzero_ps();
+      transpose16(v);
+      const int64_t u0 = e0 / P::kPerUnit;
+      const int64_t nu = units - u0 < 16 ? units - u0 : 16;
+      for (int64_t i = 0; i < nu; ++i) _mm512_store_ps(panel + (u0 + i) * kPanelRows + g, v[i]);
+    }
+  }
+}
+
+// Activation broadcasts: unit u of an activation row, in all 16 lanes.
+struct BcastF32 {
+  using Elem = float;
+  static __m512 unit(const float* x, int64_t u) { return _mm512_set1_ps(x[u]); }
+  static __m512 last_half(const float* x, int64_t u) { return unit(x, u); }  // never used: units are whole
+  static __m512 madd(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+struct BcastBf16 {
+  using Elem = uint16_t;
+  static __m512 unit(const uint16_t* x, int64_t u) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(_mm_cvtsi128_si32(_mm_loadu_si32(x + 2 * u))));
+  }
+  // The unpaired last element of an odd row: its partner must read as zero
+  // (the bytes after the row may hold anything, a NaN included).
+  static __m512 last_half(const uint16_t* x, int64_t u) { return _mm512_castsi512_ps(_mm512_set1_epi32(x[2 * u])); }
+  static __m512 madd(__m512 acc, __m512 w, __m512 x) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(w), reinterpret_cast<__m512bh>(x));
+  }
+};
+
+// Y[t * ldy + c] (+)= sum over units of x[t] . panel, t < MR, c < cols (<= 64).
+// `units` whole units, then (odd_tail) one unit whose activation is a lone element.
+template <class B, int MR>
+void gemm_micro(const float* panel, int64_t units, bool odd_tail, const typename B::Elem* x, int64_t xs, float* y,
+                int64_t ldy, int cols, bool accumulate) {
+  __mmask16 m[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) m[j] = mask16(cols - 16 * j < 0 ? 0 : cols - 16 * j);
+  __m512 acc[MR][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < MR; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      acc[t][j] = accumulate ? _mm512_maskz_loadu_ps(m[j], y + t * ldy + 16 * j) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t u = 0; u < units; ++u) {
+    const float* p = panel + u * kPanelRows;
+    const __m512 b0 = _mm512_load_ps(p), b1 = _mm512_load_ps(p + 16), b2 = _mm512_load_ps(p + 32),
+                 b3 = _mm512_load_ps(p + 48);
+#pragma GCC unroll 8
+    for (int t = 0; t < MR; ++t) {
+      const __m512 a = B::unit(x + t * xs, u);
+      acc[t][0] = B::madd(acc[t][0], b0, a);
+      acc[t][1] = B::madd(acc[t][1], b1, a);
+      acc[t][2] = B::madd(acc[t][2], b2, a);
+      acc[t][3] = B::madd(acc[t][3], b3, a);
+    }
+  }
+  if (odd_tail) {
+    const float* p = panel + units * kPanelRows;
+    const __m512 b0 = _mm512_load_ps(p), b1 = _mm512_load_ps(p + 16), b2 = _mm512_load_ps(p + 32),
+                 b3 = _mm512_load_ps(p + 48);
+#pragma GCC unroll 8
+    for (int t = 0; t < MR; ++t) {
+      const __m512 a = B::last_half(x + t * xs, units);
+      acc[t][0] = B::madd(acc[t][0], b0, a);
+      acc[t][1] = B::madd(acc[t][1], b1, a);
+      acc[t][2] = B::madd(acc[t][2], b2, a);
+      acc[t][3] = B::madd(acc[t][3], b3, a);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < MR; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(y + t * ldy + 16 * j, m[j], acc[t][j]);
+  }
+}
+
+template <class B>
+void gemm_micro_n(int mr, const float* panel, int64_t units, bool odd_tail, const typename B::Elem* x, int64_t xs,
+                  float* y, int64_t ldy, int cols, bool accumulate) {
+  switch (mr) {
+    case 1: gemm_micro<B, 1>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+    case 2: gemm_micro<B, 2>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+    case 3: gemm_micro<B, 3>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+    case 4: gemm_micro<B, 4>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+    case 5: gemm_micro<B, 5>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+    default: gemm_micro<B, 6>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
+  }
+}
+
+// F32 (P = PackF32, B = BcastF32) and BF16 (PackBf16, BcastBf16): activations
+// are used in place.
+template <class P, class B>
+void run_packed(const typename P::Elem* W, int64_t ws, const typename B::Elem* X, int64_t xs, int64_t T, float* Y,
+                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+  alignas(64) float panel[kPanelUnits * kPanelRows];
+  const int64_t kb = kPanelUnits * P::kPerUnit;  // elements per k block
+  for (int64_t r = r0; r < r1; r += kPanelRows) {
+    const int rows = min_int(kPanelRows, r1 - r);
+    for (int64_t k0 = 0; k0 < n; k0 += kb) {
+      const int64_t k = n - k0 < kb ? n - k0 : kb;
+      pack_panel<P>(W + r * ws + k0, ws, rows, k, panel);
+      const int64_t units = k / P::kPerUnit;
+      const bool odd_tail = units * P::kPerUnit < k;
+      for (int64_t t = 0; t < T; t += kGemmTokens) {
+        gemm_micro_n<B>(min_int(kGemmTokens, T - t), panel, units, odd_tail, X + t * xs + k0, xs, Y + t * ldy + r,
+                        ldy, rows, k0 > 0);
+      }
+    }
+  }
+}
+
+// F16: as run_packed, with the activations of each (panel, k block) widened
+// into fp32 scratch, kF16TokenBlock tokens at a time (160 KiB of stack in all).
+void run_packed_f16(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T, float* Y, int64_t ldy,
+                    int64_t n, int64_t r0, int64_t r1) {
+  alignas(64) float panel[kPanelUnits * kPanelRows];
+  alignas(64) float xbuf[kF16TokenBlock * kPanelUnits];
+  for (int64_t t0 = 0; t0 < T; t0 += kF16TokenBlock) {
+    const int64_t tb = T - t0 < kF16TokenBlock ? T - t0 : kF16TokenBlock;
+    for (int64_t r = r0; r < r1; r += kPanelRows) {
+      const int rows = min_int(kPanelRows, r1 - r);
+      for (int64_t k0 = 0; k0 < n; k0 += kPanelUnits) {
+        const int64_t k = n - k0 < kPanelUnits ? n - k0 : kPanelUnits;
+        pack_panel<PackF16>(W + r * ws + k0, ws, rows, k, panel);
+        widen_block<SrcF16>(X + t0 * xs + k0, xs, tb, k, xbuf, kPanelUnits);
+        for (int64_t t = 0; t < tb; t += kGemmTokens) {
+          gemm_micro_n<BcastF32>(min_int(kGemmTokens, tb - t), panel, k, false, xbuf + t * kPanelUnits, kPanelUnits,
+                                 Y + (t0 + t) * ldy + r, ldy, rows, k0 > 0);
         }
       }
     }
@@ -260,6 +433,8 @@ void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64
 
 }  // namespace
 
+#include <cstdlib>
+static int64_t dot_max() { static int64_t v = getenv("DOTMAX") ? atoll(getenv("DOTMAX")) : 6; return v; }
 // Row strides are in bytes, as in matmul_rows; dense rows are whole elements apart.
 
 void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
@@ -270,8 +445,10 @@ void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
   const auto xs = static_cast<int64_t>(x_row_bytes / sizeof(float));
   if (T <= kTileTokensMax) {
     run_direct<SrcF32>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
-  } else {
+  } else if (T <= dot_max()) {
     run_blocked<SrcF32>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
+  } else {
+    run_packed<PackF32, BcastF32>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
   }
 }
 
@@ -283,8 +460,10 @@ void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
   const auto xs = static_cast<int64_t>(x_row_bytes / sizeof(uint16_t));
   if (T <= kTileTokensMax) {
     run_direct<SrcF16>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
-  } else {
+  } else if (T <= dot_max()) {
     run_blocked_widened<SrcF16>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
+  } else {
+    run_packed_f16(w, ws, x, xs, T, Y, ldy, n, r0, r1);
   }
 }
 
@@ -296,8 +475,10 @@ void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_b
   const auto xs = static_cast<int64_t>(x_row_bytes / sizeof(uint16_t));
   if (T <= kTileTokensMax) {
     run_direct<SrcBf16>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
-  } else {
+  } else if (T <= dot_max()) {
     run_blocked<SrcBf16>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
+  } else {
+    run_packed<PackBf16, BcastBf16>(w, ws, x, xs, T, Y, ldy, n, r0, r1);
   }
 }
 

@@ -5,23 +5,68 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "cpu/ops.h"
 #include "engine/core/dtype.h"
+#include "engine/core/status.h"
 #include "engine/model/model.h"
 
 namespace loom {
 
 class KvCache;
+struct KvCacheConfig;
 
 /// A float activation matrix [rows, cols], row-major and contiguous, in memory
-/// the backend can address (host memory for the CPU backend).
+/// the backend can address. Host backends (the CPU) set `data`; device
+/// backends (Vulkan) leave it null and name their memory by `buffer` (an
+/// opaque handle only the owning backend reads) plus a byte `offset`.
 struct Act {
-  float* data = nullptr;
+  float* data = nullptr;   ///< host address, or null for device memory
   int64_t rows = 0;
   int64_t cols = 0;
+  void* buffer = nullptr;  ///< device memory handle of the owning backend (null: host)
+  uint64_t offset = 0;     ///< bytes from the start of `buffer`
   float* row(int64_t r) const { return data + r * cols; }
+  /// Rows [r0, r0 + n) as an Act of their own (host or device alike).
+  Act rows_view(int64_t r0, int64_t n) const {
+    Act a = *this;
+    if (a.data) a.data += r0 * cols;
+    a.offset += static_cast<uint64_t>(r0 * cols) * sizeof(float);
+    a.rows = n;
+    return a;
+  }
+};
+
+/// Memory for activations, allocated by a backend (Backend::alloc_act) and
+/// released when destroyed. Holds `capacity` floats; view() shapes a prefix.
+class ActBuffer {
+ public:
+  virtual ~ActBuffer() = default;
+  int64_t capacity() const { return base_.cols; }
+  /// The first rows * cols floats as a [rows, cols] matrix (rows * cols <= capacity()).
+  Act view(int64_t rows, int64_t cols) const {
+    Act a = base_;
+    a.rows = rows;
+    a.cols = cols;
+    return a;
+  }
+
+ protected:
+  Act base_;  ///< the whole buffer as one row of `capacity` floats
+};
+
+/// K/V storage a device backend keeps for a KvCache (Backend::create_kv_storage);
+/// the KvCache owns it and forwards reserve() to it. Host backends have none
+/// and read the KvCache's own blocks.
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+  /// Makes room for tokens [0, n) of every layer.
+  virtual Status reserve(int64_t n) = 0;
+  /// Bytes of device memory held.
+  virtual uint64_t allocated_bytes() const = 0;
 };
 
 enum class OpKind { kGetRows, kRmsNorm, kMatmul, kRope, kKvStore, kAttention, kSiluMul, kAdd };
@@ -32,6 +77,46 @@ class Backend {
   virtual std::string name() const = 0;
   /// Whether op `op` with weights (or KV) of dtype `dtype` can run here.
   virtual bool supports(OpKind op, DType dtype) const = 0;
+
+  /// @name Memory. The defaults are those of a host backend (plain host
+  /// memory, work done when the op returns); device backends override them.
+  /// Device backends may queue ops and run them later: results are only
+  /// guaranteed in host memory after download() or synchronize(), which also
+  /// report an error (device lost, out of memory) from any op queued before.
+  /// @{
+  /// True when Acts are host memory that callers may read, write and wrap
+  /// (Act{ptr, rows, cols}) themselves.
+  virtual bool host_memory() const { return true; }
+  /// A buffer of `n_floats` floats for activations.
+  virtual Result<std::unique_ptr<ActBuffer>> alloc_act(int64_t n_floats);
+  /// dst (rows * cols floats) = src.
+  virtual Status upload(const float* src, Act dst);
+  /// dst (rows * cols floats) = src, once every op queued before has run.
+  virtual Status download(Act src, float* dst);
+  /// Waits for every queued op.
+  virtual Status synchronize() { return {}; }
+  /// Makes weight `w` (or the whole tensor it is a row range of) resident on
+  /// this backend; ops on `w` need it first. Done once per tensor at load;
+  /// later calls are free. kOutOfMemory when it does not fit: the caller runs
+  /// the ops on that weight elsewhere. Host backends read the mapped file.
+  virtual Status upload_weight(const Weight& w) {
+    (void)w;
+    return {};
+  }
+  /// Whether ops on `w` can run here now: the dtype is supported and the
+  /// weight is resident (upload_weight succeeded).
+  virtual bool has_weight(OpKind op, const Weight& w) const { return supports(op, w.dtype); }
+  /// K/V storage of this backend for a cache of config `cfg`, or null when the
+  /// backend works on the KvCache's host blocks (the CPU).
+  virtual Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) {
+    (void)cfg;
+    return std::unique_ptr<KvStorage>();
+  }
+  /// @}
+
+  /// @name Ops. Acts come from this backend's alloc_act (or, for a host
+  /// backend, any host memory); `ids` and `pos` are host arrays of T entries.
+  /// @{
 
   /// out[t] = row ids[t] of the embedding w (dequantized).        out [T, n_in]
   virtual void get_rows(const Weight& w, const int32_t* ids, Act out) = 0;
@@ -51,6 +136,7 @@ class Backend {
   virtual void silu_mul(Act gate, Act up, Act out) = 0;
   /// out = a + b.                                                   [T, n]
   virtual void add(Act a, Act b, Act out) = 0;
+  /// @}
 };
 
 }  // namespace loom

@@ -2,6 +2,10 @@
 
 #include <cinttypes>
 #include <cmath>
+#include <thread>
+#include <utility>
+
+#include "engine/backends/cpu/cpu_backend.h"
 
 namespace loom {
 
@@ -23,18 +27,91 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
   rope_.n_ctx_orig = hp.rope_n_ctx_orig;
   if (m_.rope_freqs.present()) rope_.freq_factors = static_cast<const float*>(m_.rope_freqs.data);
 
-  const auto C = static_cast<size_t>(max_chunk_);
-  const auto q_dim = static_cast<size_t>(hp.n_head * hp.head_dim);
-  const auto kv_dim = static_cast<size_t>(hp.n_head_kv * hp.head_dim);
-  x_.resize(C * static_cast<size_t>(hp.n_embd));
-  xb_.resize(C * static_cast<size_t>(hp.n_embd));
-  q_.resize(C * q_dim);
-  att_.resize(C * q_dim);
-  k_.resize(C * kv_dim);
-  v_.resize(C * kv_dim);
-  hb_.resize(C * static_cast<size_t>(hp.n_ff));
-  hb2_.resize(C * static_cast<size_t>(hp.n_ff));
-  pos_.resize(C);
+  pos_.resize(static_cast<size_t>(max_chunk_));
+}
+
+Status ForwardPass::place_weight(const Weight& w, OpKind op) {
+  if (!w.present()) return {};
+  if (be_.supports(op, w.dtype)) {
+    Status st = be_.upload_weight(w);
+    if (st.ok()) return {};
+    if (st.error().code() != ErrorCode::kOutOfMemory || (op != OpKind::kMatmul && op != OpKind::kGetRows)) return st;
+    notes_.push_back("tensor '" + w.name() + "' runs on the CPU: " + st.message());
+  } else if (op == OpKind::kMatmul || op == OpKind::kGetRows) {
+    notes_.push_back("tensor '" + w.name() + "' (" + std::string(dtype_name(w.dtype)) + ") runs on the CPU: " +
+                     be_.name() + " has no kernel for that type");
+  } else {
+    return make_error(ErrorCode::kUnsupported, "backend %s cannot use tensor '%s' of type %s", be_.name().c_str(),
+                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str());
+  }
+  // Matmul or embedding on the fallback (host memory: it reads the mapped file).
+  if (!fallback_) {
+    own_fallback_ = std::make_unique<CpuBackend>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    fallback_ = own_fallback_.get();
+  }
+  if (!fallback_->supports(op, w.dtype)) {
+    return make_error(ErrorCode::kUnsupported, "no backend can run tensor '%s' of type %s", w.name().c_str(),
+                      std::string(dtype_name(w.dtype)).c_str());
+  }
+  fallback_weights_.insert(w.data);
+  return {};
+}
+
+Status ForwardPass::prepare() {
+  if (prepared_) return {};
+  const HParams& hp = m_.hp;
+  // K/V in the backend's own memory (device backends); the CPU uses the cache's blocks.
+  if (!kv_.storage()) {
+    auto st = be_.create_kv_storage(kv_.config());
+    if (!st.ok()) return st.error();
+    if (*st) LOOM_TRY(kv_.attach_storage(std::move(st).value()));
+  }
+  // Weights: once each, in file order of use. Fused tensors (phi3) are row
+  // ranges of one tensor; backends key residency by tensor, so it goes up once.
+  LOOM_TRY(place_weight(m_.tok_embd, OpKind::kGetRows));
+  for (const LayerWeights& w : m_.layers) {
+    LOOM_TRY(place_weight(w.attn_norm, OpKind::kRmsNorm));
+    for (const Weight* mw : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      LOOM_TRY(place_weight(*mw, OpKind::kMatmul));
+    }
+    for (const Weight* b : {&w.bq, &w.bk, &w.bv}) LOOM_TRY(place_weight(*b, OpKind::kAdd));
+    LOOM_TRY(place_weight(w.ffn_norm, OpKind::kRmsNorm));
+  }
+  LOOM_TRY(place_weight(m_.output_norm, OpKind::kRmsNorm));
+  LOOM_TRY(place_weight(m_.output, OpKind::kMatmul));
+  LOOM_TRY(place_weight(m_.rope_freqs, OpKind::kRope));
+
+  const int64_t C = max_chunk_;
+  const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
+  for (auto [buf, n] : {std::pair{&x_, hp.n_embd}, {&xb_, hp.n_embd}, {&q_, q_dim}, {&att_, q_dim}, {&k_, kv_dim},
+                        {&v_, kv_dim}, {&hb_, hp.n_ff}, {&hb2_, hp.n_ff}}) {
+    auto b = be_.alloc_act(C * n);
+    if (!b.ok()) return b.error();
+    *buf = std::move(b).value();
+  }
+  prepared_ = true;
+  return {};
+}
+
+void ForwardPass::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
+  if (!on_fallback(w)) return be_.matmul(w, x, out, bias);
+  // Device activations travel to the host and back around the CPU's matmul.
+  fb_in_.resize(static_cast<size_t>(x.rows * x.cols));
+  fb_out_.resize(static_cast<size_t>(out.rows * out.cols));
+  Status st = be_.download(x, fb_in_.data());
+  if (st.ok()) {
+    fallback_->matmul(w, Act{fb_in_.data(), x.rows, x.cols}, Act{fb_out_.data(), out.rows, out.cols}, bias);
+    st = be_.upload(fb_out_.data(), out);
+  }
+  if (!st.ok() && fb_status_.ok()) fb_status_ = st;
+}
+
+void ForwardPass::get_rows(const Weight& w, const int32_t* ids, Act out) {
+  if (!on_fallback(w)) return be_.get_rows(w, ids, out);
+  fb_out_.resize(static_cast<size_t>(out.rows * out.cols));
+  fallback_->get_rows(w, ids, Act{fb_out_.data(), out.rows, out.cols});
+  Status st = be_.upload(fb_out_.data(), out);
+  if (!st.ok() && fb_status_.ok()) fb_status_ = st;
 }
 
 Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits) {
@@ -50,6 +127,7 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
       return make_error(ErrorCode::kInvalidArgument, "token id %d is outside the vocabulary (0..%d)", id, n_vocab - 1);
     }
   }
+  LOOM_TRY(prepare());
   LOOM_TRY(kv_.reserve(pos0 + T));
   for (int64_t c = 0; c < T; c += max_chunk_) {
     const int64_t n = std::min(max_chunk_, T - c);
@@ -57,30 +135,45 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
     float* out = nullptr;
     if (all_logits) out = logits + c * m_.hp.n_vocab;
     else if (last) out = logits;
-    eval_chunk(tokens.data() + c, n, pos0 + c, out, all_logits);
+    LOOM_TRY(eval_chunk(tokens.data() + c, n, pos0 + c, out, all_logits));
     kv_.set_n_tokens(pos0 + c + n);
   }
-  return {};
+  // Device backends queue ops: wait for them, and report what went wrong on the way.
+  return be_.synchronize();
 }
 
-void ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits, bool all_logits) {
+Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits, bool all_logits) {
   const HParams& hp = m_.hp;
   for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
   {
     OpTimer timer(stats_, OpLabel::kEmbed);
-    be_.get_rows(m_.tok_embd, tokens, act(x_, T, hp.n_embd));
+    get_rows(m_.tok_embd, tokens, act(x_, T, hp.n_embd));
   }
   for (int64_t l = 0; l < hp.n_layer; ++l) layer(l, T);
-  if (!logits) return;
+  if (!fb_status_.ok()) return std::exchange(fb_status_, Status());
+  if (!logits) return {};
 
   OpTimer timer(stats_, OpLabel::kOutput);
   // Only the rows whose logits are wanted go through the output matrix.
   const int64_t first = all_logits ? 0 : T - 1;
   const int64_t rows = T - first;
-  Act x{x_.data() + first * hp.n_embd, rows, hp.n_embd};
-  Act xb{xb_.data(), rows, hp.n_embd};
+  Act x = act(x_, T, hp.n_embd).rows_view(first, rows);
+  Act xb = act(xb_, rows, hp.n_embd);
   be_.rms_norm(x, m_.output_norm, hp.rms_eps, xb);
-  be_.matmul(m_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
+  if (be_.host_memory()) {  // the CPU writes straight into the caller's array
+    matmul(m_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
+    return std::exchange(fb_status_, Status());
+  }
+  if (!logits_ || logits_->capacity() < rows * hp.n_vocab) {
+    logits_.reset();
+    auto b = be_.alloc_act(rows * hp.n_vocab);
+    if (!b.ok()) return b.error();
+    logits_ = std::move(b).value();
+  }
+  Act out = act(logits_, rows, hp.n_vocab);
+  matmul(m_.output, xb, out, nullptr);
+  LOOM_TRY(std::exchange(fb_status_, Status()));
+  return be_.download(out, logits);
 }
 
 void ForwardPass::layer(int64_t l, int64_t T) {
@@ -97,9 +190,9 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   {
     OpTimer timer(stats_, OpLabel::kQkv);
-    be_.matmul(w.wq, xb, q, w.bq.present() ? &w.bq : nullptr);
-    be_.matmul(w.wk, xb, k, w.bk.present() ? &w.bk : nullptr);
-    be_.matmul(w.wv, xb, v, w.bv.present() ? &w.bv : nullptr);
+    matmul(w.wq, xb, q, w.bq.present() ? &w.bq : nullptr);
+    matmul(w.wk, xb, k, w.bk.present() ? &w.bk : nullptr);
+    matmul(w.wv, xb, v, w.bv.present() ? &w.bv : nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kRope);
@@ -116,7 +209,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   {
     OpTimer timer(stats_, OpLabel::kAttnOut);
-    be_.matmul(w.wo, att, xb, nullptr);
+    matmul(w.wo, att, xb, nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kAdd);
@@ -128,8 +221,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   {
     OpTimer timer(stats_, OpLabel::kFfnUpGate);
-    be_.matmul(w.w_gate, xb, hb, nullptr);
-    be_.matmul(w.w_up, xb, hb2, nullptr);
+    matmul(w.w_gate, xb, hb, nullptr);
+    matmul(w.w_up, xb, hb2, nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kSiluMul);
@@ -137,7 +230,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   {
     OpTimer timer(stats_, OpLabel::kFfnDown);
-    be_.matmul(w.w_down, hb, xb, nullptr);
+    matmul(w.w_down, hb, xb, nullptr);
   }
   OpTimer timer(stats_, OpLabel::kAdd);
   be_.add(x, xb, x);

@@ -30,6 +30,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
 }
 
 uint64_t KvCache::allocated_bytes() const {
+  if (storage_) return storage_->allocated_bytes();
   return 2ull * block_bytes() * k_store_[0].size() * static_cast<uint64_t>(cfg_.n_layer);
 }
 
@@ -43,6 +44,7 @@ Status KvCache::reserve(int64_t n) {
     return make_error(ErrorCode::kOutOfRange, "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64,
                       n, cfg_.n_ctx);
   }
+  if (storage_) return storage_->reserve(n);  // K/V live on the device backend
   const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
   while (static_cast<int64_t>(block_table_.size()) < need) {
     const auto phys = static_cast<int32_t>(k_store_[0].size());
@@ -70,6 +72,14 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
   const auto phys = static_cast<size_t>(block_table_[b]);
   cpu::kv_store(cfg_.dtype, k_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row, k);
   cpu::kv_store(cfg_.dtype, v_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row, v);
+}
+
+Status KvCache::attach_storage(std::unique_ptr<KvStorage> storage) {
+  if (!block_table_.empty() || storage_) {
+    return make_error(ErrorCode::kInternal, "KV cache: device storage attached after host blocks were allocated");
+  }
+  storage_ = std::move(storage);
+  return {};
 }
 
 cpu::KvView KvCache::view(int64_t layer) const {

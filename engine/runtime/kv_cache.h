@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 
@@ -49,6 +50,14 @@ class KvCache {
   /// The view attention reads for a layer.
   cpu::KvView view(int64_t layer) const;
 
+  /// Hands K/V storage to a device backend (Backend::create_kv_storage): from
+  /// then on reserve() grows that storage instead of host blocks, and the
+  /// backend's kv_store/attention work on it (store()/view() are not used).
+  /// Only before the first reserve(); fails with kInternal after.
+  Status attach_storage(std::unique_ptr<KvStorage> storage);
+  /// The attached device storage, or null when K/V live in host blocks.
+  KvStorage* storage() const { return storage_.get(); }
+
  private:
   explicit KvCache(const KvCacheConfig& cfg);
   size_t block_bytes() const { return head_bytes_ * static_cast<size_t>(cfg_.n_kv_heads); }
@@ -60,6 +69,7 @@ class KvCache {
   // Per layer: physical block -> storage; k_ptrs_/v_ptrs_ follow the block table.
   std::vector<std::vector<std::unique_ptr<uint8_t[]>>> k_store_, v_store_;
   std::vector<std::vector<const void*>> k_ptrs_, v_ptrs_;
+  std::unique_ptr<KvStorage> storage_;  ///< device K/V (then no host blocks), or null
 };
 
 }  // namespace loom

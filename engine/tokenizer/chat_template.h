@@ -77,9 +77,9 @@ class ChatTemplate {
   /// BOS as the tokenizer's add-BOS setting says.
   bool adds_bos_text() const { return adds_bos_text_; }
 
-  /// False when the template rejects system messages (Mistral v0.1/v0.2:
-  /// apply() then fails on one), so a caller can fold its system prompt into the
-  /// first user message itself instead.
+  /// False when the template has no place for a system message: Mistral
+  /// v0.1/v0.2 reject one (apply() fails), early Phi-3 templates drop it. A
+  /// caller can then fold its system prompt into the first user message itself.
   bool supports_system_role() const { return supports_system_role_; }
 
   /// The system prompt the template inserts when the conversation does not

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -193,7 +194,9 @@ TEST_P(QuantMatmulTest, MatchesReference) {
       }
     }
   }
-  RecordProperty("worst_normalized_error", std::to_string(worst));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", worst);
+  RecordProperty("worst_normalized_error", buf);
 }
 
 TEST_P(QuantMatmulTest, ActivationMatchesRefQuantizer) {

@@ -14,6 +14,8 @@ int cmd_run(const RunOptions& o) {
   if (o.raw) {
     prompt = s.tokenize_raw(o.prompt);
   } else {
+    // The model's warnings are about its chat template: only chat mode uses it.
+    for (const auto& w : e->model->warnings) std::fprintf(stderr, "loom run: warning: %s\n", w.c_str());
     std::vector<ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({"system", o.system});
     msgs.push_back({"user", o.prompt});

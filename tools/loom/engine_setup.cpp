@@ -16,7 +16,6 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who) {
     return nullptr;
   }
   e->model = std::move(m).value();
-  for (const auto& w : e->model->warnings) std::fprintf(stderr, "%s: warning: %s\n", who, w.c_str());
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   e->backend = std::make_unique<CpuBackend>(threads);
   SessionConfig sc;

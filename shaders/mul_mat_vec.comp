@@ -1,0 +1,93 @@
+#version 450
+// y[c][r] = sum_k W[r][k] * x[c][k] (+ bias[r]) for a few columns c (decode):
+// matrix-vector products, memory bound on the weights.
+//
+// A workgroup owns NR consecutive rows; all its threads stride over the
+// 32-element units of those rows, so each x unit is loaded once per NR rows
+// and a warp reads consecutive units (coalesced). Partial sums are reduced
+// across the workgroup (subgroupAdd, then shared memory) at the end.
+// Grid: x (spilling into z) = ceil(M / NR) row groups, y = ceil(N / NC) column blocks.
+
+// NC: columns per workgroup, a variant define (1 for single-token decode, so
+// only 2 sums are reduced; 8 for small batches).
+#ifndef NC
+#define NC 8
+#endif
+#define NR_MAX 2
+layout(constant_id = 1) const uint NR = 2;  // rows per workgroup, 1..NR_MAX
+#define RED_N (NR_MAX * NC)
+#include "common.glsl"
+#include "dequant.glsl"
+
+layout(binding = 1) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
+layout(binding = 2) writeonly buffer Y { float y[]; };
+layout(binding = 3) readonly buffer B { float bias[]; };
+
+layout(push_constant) uniform PC {
+  uint w_off, w_off2;   // weight arrays (uint words)
+  uint row0;            // first row of the view inside the tensor
+  uint row_units;       // 32-element units per row of the tensor
+  uint K, M, N;         // elements per row, rows, columns
+  uint x_off, x_ld;     // floats
+  uint y_off, y_ld;     // floats
+  uint b_off;           // floats
+  uint flags;           // 1: add bias; 2: x rows 16-byte aligned (vec4 loads)
+} pc;
+
+void load_x(uint c, uint u, out vec4 xv[8]) {
+  const uint base = pc.x_off + c * pc.x_ld + 32 * u;
+  if ((pc.flags & 2u) != 0 && 32 * u + 32 <= pc.K) {
+    [[unroll]] for (uint i = 0; i < 8; ++i) xv[i] = x4[base / 4 + i];
+  } else {
+    // Tail of an F32/F16 row, or unaligned rows: weights past K are zero
+    // padding, but x past K belongs to the next row (maybe Inf), so mask it.
+    [[unroll]] for (uint i = 0; i < 8; ++i) {
+      vec4 v;
+      [[unroll]] for (uint e = 0; e < 4; ++e) {
+        const uint k = 32 * u + 4 * i + e;
+        v[e] = k < pc.K ? x[base + 4 * i + e] : 0.0;
+      }
+      xv[i] = v;
+    }
+  }
+}
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint r0 = linear_group() * NR;
+  const uint c0 = gl_WorkGroupID.y * NC;
+  const uint nc = min(NC, pc.N - c0);
+
+  float acc[RED_N];
+  [[unroll]] for (uint i = 0; i < RED_N; ++i) acc[i] = 0.0;
+
+  for (uint u = tid; u < pc.row_units; u += WG) {
+    vec4 w[NR_MAX][8];
+    [[unroll]] for (uint r = 0; r < NR; ++r) {
+      // Rows past M repeat the last row (their sums are dropped) so loads stay in bounds.
+      dq_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(r0 + r, pc.M - 1), u, w[r]);
+    }
+    [[unroll]] for (uint c = 0; c < NC; ++c) {
+      if (c < nc) {
+        vec4 xv[8];
+        load_x(c0 + c, u, xv);
+        [[unroll]] for (uint r = 0; r < NR; ++r) {
+          float s = 0.0;
+          [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(w[r][i], xv[i]);
+          acc[r * NC + c] += s;
+        }
+      }
+    }
+  }
+
+  wg_sum_n(acc);
+  if (tid < NR * NC) {
+    const uint r = tid / NC, c = tid % NC;
+    if (c < nc && r0 + r < pc.M) {
+      float v = acc[tid];
+      if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+      y[pc.y_off + (c0 + c) * pc.y_ld + r0 + r] = v;
+    }
+  }
+}

@@ -1,0 +1,66 @@
+// The thread pool: every thread runs each job once, ranges tile [0, n), and
+// back-to-back runs (as in a decode step) neither lose nor repeat work.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+
+namespace loom::cpu {
+namespace {
+
+TEST(ThreadPool, EveryThreadRunsOncePerJob) {
+  for (int n : {1, 2, 3, 8}) {
+    ThreadPool pool(n);
+    for (int rep = 0; rep < 200; ++rep) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.run([&](int ith, int nth) {
+        EXPECT_EQ(nth, n);
+        hits[static_cast<size_t>(ith)].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+  }
+}
+
+TEST(ThreadPool, ParallelForTilesTheRangeInAlignedChunks) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 15, 16, 17, 100, 1000}) {
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+    pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
+      EXPECT_EQ(b % 16, 0);
+      EXPECT_TRUE(e % 16 == 0 || e == n);
+      for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+    });
+    for (auto& s : seen) ASSERT_EQ(s.load(), 1) << "n=" << n;
+  }
+}
+
+TEST(ThreadPool, SleepingWorkersWakeUp) {
+  ThreadPool pool(2);
+  pool.set_spin_us(1);
+  std::atomic<int> sum{0};
+  for (int rep = 0; rep < 20; ++rep) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers go to sleep
+    pool.run([&](int ith, int) { sum += ith + 1; });
+  }
+  EXPECT_EQ(sum.load(), 20 * 3);
+}
+
+TEST(ThreadPool, SplitRange) {
+  int64_t b, e;
+  split_range(100, 1, 0, 3, &b, &e);
+  EXPECT_EQ(b, 0);
+  EXPECT_EQ(e, 34);
+  split_range(100, 1, 2, 3, &b, &e);
+  EXPECT_EQ(b, 67);
+  EXPECT_EQ(e, 100);
+  split_range(5, 16, 1, 2, &b, &e);
+  EXPECT_EQ(b, 5);
+  EXPECT_EQ(e, 5);
+}
+
+}  // namespace
+}  // namespace loom::cpu

@@ -1,0 +1,300 @@
+// loom_matmul_bench: speed of the quantized matmuls (cpu/matmul.h) on
+// TinyLlama-1.1B shapes, per dtype, ISA level and thread count.
+//
+//   GEMV (T = 1, decode): microseconds per matmul and GB/s of weights read.
+//     Weights stream from memory: each call uses the next copy of the matrix
+//     in a pool larger than the caches (--pool-mb), as decode does when it
+//     walks a model's layers.
+//   GEMM (T = --tokens, prefill): milliseconds per matmul and GFLOP/s
+//     (2 * rows * n * T), same matrix every call.
+//
+// Threads split the rows in contiguous ranges (multiples of 16); the caller
+// is thread 0 and the others spin between calls, as a decode loop would.
+//
+// Usage: loom_matmul_bench [--dtypes q4_0,q8_0,...] [--isa scalar,avx2,avx512]
+//          [--threads 1,2] [--tokens 128] [--pool-mb 1024] [--seconds 0.3]
+//          [--no-gemm] [--no-gemv] [--shapes 2048x2048,...]   (rows x n)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/matmul.h"
+#include "cpu/ref/quants.h"
+#include "engine/core/dtype.h"
+
+namespace {
+
+using loom::DType;
+using loom::cpu::Isa;
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  int64_t rows;  // output features
+  int64_t n;     // input features
+  const char* what;
+};
+
+struct Options {
+  std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                               DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K};
+  std::vector<Isa> isas;
+  std::vector<int> threads = {1, 2};
+  std::vector<Shape> shapes = {{2048, 2048, "attn q/o"},
+                               {5632, 2048, "ffn gate/up"},
+                               {2048, 5632, "ffn down"},
+                               {32000, 2048, "lm_head"}};
+  int64_t tokens = 128;
+  size_t pool_bytes = size_t{1024} << 20;
+  double seconds = 0.3;
+  bool gemm = true;
+  bool gemv = true;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const size_t end = comma == std::string::npos ? s.size() : comma;
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::optional<Options> parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    auto value = [&]() { return std::string(argv[++i]); };
+    if (a == "--dtypes" && has_value) {
+      o.dtypes.clear();
+      for (const auto& name : split(value())) {
+        const auto t = loom::dtype_from_name(name);
+        if (!t || !loom::cpu::matmul_supported(*t)) {
+          std::fprintf(stderr, "unknown or unsupported dtype '%s'\n", name.c_str());
+          return std::nullopt;
+        }
+        o.dtypes.push_back(*t);
+      }
+    } else if (a == "--isa" && has_value) {
+      for (const auto& name : split(value())) {
+        if (name == "scalar") o.isas.push_back(Isa::kScalar);
+        else if (name == "avx2") o.isas.push_back(Isa::kAvx2);
+        else if (name == "avx512") o.isas.push_back(Isa::kAvx512);
+        else {
+          std::fprintf(stderr, "unknown ISA '%s'\n", name.c_str());
+          return std::nullopt;
+        }
+      }
+    } else if (a == "--threads" && has_value) {
+      o.threads.clear();
+      for (const auto& v : split(value())) o.threads.push_back(std::max(1, std::atoi(v.c_str())));
+    } else if (a == "--shapes" && has_value) {
+      o.shapes.clear();
+      for (const auto& v : split(value())) {
+        const size_t x = v.find('x');
+        if (x == std::string::npos) {
+          std::fprintf(stderr, "shape '%s' is not ROWSxN\n", v.c_str());
+          return std::nullopt;
+        }
+        o.shapes.push_back({std::atoll(v.substr(0, x).c_str()), std::atoll(v.substr(x + 1).c_str()), ""});
+      }
+    } else if (a == "--tokens" && has_value) {
+      o.tokens = std::max<int64_t>(2, std::atoll(value().c_str()));
+    } else if (a == "--pool-mb" && has_value) {
+      o.pool_bytes = static_cast<size_t>(std::max(1, std::atoi(value().c_str()))) << 20;
+    } else if (a == "--seconds" && has_value) {
+      o.seconds = std::atof(value().c_str());
+    } else if (a == "--no-gemm") {
+      o.gemm = false;
+    } else if (a == "--no-gemv") {
+      o.gemv = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: loom_matmul_bench [--dtypes q4_0,...] [--isa scalar,avx2,avx512] [--threads 1,2]\n"
+                   "         [--tokens T] [--pool-mb MB] [--seconds S] [--no-gemm] [--no-gemv]\n"
+                   "         [--shapes ROWSxN,...]\n");
+      return std::nullopt;
+    }
+  }
+  if (o.isas.empty()) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (isa <= loom::cpu::detected_isa()) o.isas.push_back(isa);
+    }
+  }
+  return o;
+}
+
+// The caller plus n - 1 spinning workers; run(fn) calls fn(i, n) on each.
+class SpinTeam {
+ public:
+  explicit SpinTeam(int n) : n_(n) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  ~SpinTeam() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    for (auto& w : workers_) w.join();
+  }
+  void run(const std::function<void(int, int)>& fn) {
+    job_ = &fn;
+    pending_.store(n_ - 1);
+    generation_.fetch_add(1, std::memory_order_release);
+    fn(0, n_);
+    while (pending_.load(std::memory_order_acquire) != 0) {
+    }
+  }
+
+ private:
+  void loop(int i) {
+    uint32_t seen = 0;
+    for (;;) {
+      uint32_t g;
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+      }
+      seen = g;
+      if (stop_.load()) return;
+      (*job_)(i, n_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  int n_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+};
+
+void row_range(int64_t rows, int i, int n, int64_t* r0, int64_t* r1) {
+  const int64_t chunks = (rows + 15) / 16;
+  *r0 = std::min(rows, chunks * i / n * 16);
+  *r1 = std::min(rows, chunks * (i + 1) / n * 16);
+}
+
+// A 64-byte aligned byte buffer.
+struct Buffer {
+  explicit Buffer(size_t bytes) : size(bytes), data(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  ~Buffer() { std::free(data); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  size_t size;
+  uint8_t* data;
+};
+
+// `rows_total` rows of n elements quantized to t: 64 distinct random rows, repeated.
+void fill_weights(DType t, int64_t n, uint8_t* dst, int64_t rows_total) {
+  const size_t rb = *loom::dtype_row_bytes(t, static_cast<uint64_t>(n));
+  constexpr int kDistinct = 64;
+  std::vector<uint8_t> pool(rb * kDistinct);
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int r = 0; r < kDistinct; ++r) {
+    for (auto& v : row) v = normal(rng);
+    if (!loom::ref::quantize_row(t, row.data(), pool.data() + r * rb, n).ok()) std::abort();
+  }
+  for (int64_t r = 0; r < rows_total; ++r) std::memcpy(dst + r * rb, pool.data() + (r % kDistinct) * rb, rb);
+}
+
+// Runs body() repeatedly for about `seconds` (at least 3 times after one
+// warm-up) and returns the median seconds per call.
+double time_median(double seconds, const std::function<void()>& body) {
+  body();
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 3 || (std::chrono::duration<double>(Clock::now() - start).count() < seconds && times.size() < 100000)) {
+    const auto t0 = Clock::now();
+    body();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto opts = parse(argc, argv);
+  if (!opts) return 2;
+  const Options& o = *opts;
+  std::printf("detected ISA: %s; pool %zu MiB; GEMM tokens %lld\n", loom::cpu::isa_name(loom::cpu::detected_isa()),
+              o.pool_bytes >> 20, static_cast<long long>(o.tokens));
+  std::printf("%-5s %-6s %3s %-18s %10s %8s %10s %9s\n", "dtype", "isa", "thr", "rows x n", "GEMV us", "GB/s",
+              "GEMM ms", "GFLOP/s");
+
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  for (const DType t : o.dtypes) {
+    for (const Shape& s : o.shapes) {
+      const size_t rb = *loom::dtype_row_bytes(t, static_cast<uint64_t>(s.n));
+      const size_t matrix_bytes = rb * static_cast<size_t>(s.rows);
+      const size_t copies = std::max<size_t>(1, o.pool_bytes / matrix_bytes);
+      Buffer pool(copies * matrix_bytes);
+      fill_weights(t, s.n, pool.data, static_cast<int64_t>(copies * static_cast<size_t>(s.rows)));
+
+      const int64_t T = o.tokens;
+      std::vector<float> x(static_cast<size_t>(s.n * T));
+      for (auto& v : x) v = normal(rng);
+      const size_t x_rb = loom::cpu::activation_row_bytes(t, s.n);
+      Buffer act(x_rb * static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) loom::cpu::convert_activation(t, x.data() + i * s.n, act.data + i * x_rb, s.n);
+      std::vector<float> y(static_cast<size_t>(s.rows * T));
+
+      for (const Isa isa : o.isas) {
+        if (!loom::cpu::set_isa(isa)) continue;
+        for (const int nt : o.threads) {
+          SpinTeam team(nt);
+          double gemv_us = 0.0;
+          double gbs = 0.0;
+          if (o.gemv) {
+            size_t copy = 0;
+            const double sec = time_median(o.seconds, [&] {
+              const uint8_t* w = pool.data + (copy++ % copies) * matrix_bytes;
+              team.run([&](int i, int n_threads) {
+                int64_t r0, r1;
+                row_range(s.rows, i, n_threads, &r0, &r1);
+                loom::cpu::matmul_rows(t, w, rb, act.data, x_rb, 1, y.data(), s.rows, s.n, r0, r1);
+              });
+            });
+            gemv_us = sec * 1e6;
+            gbs = static_cast<double>(matrix_bytes) / sec * 1e-9;
+          }
+          double gemm_ms = 0.0;
+          double gflops = 0.0;
+          if (o.gemm) {
+            const double sec = time_median(o.seconds, [&] {
+              team.run([&](int i, int n_threads) {
+                int64_t r0, r1;
+                row_range(s.rows, i, n_threads, &r0, &r1);
+                loom::cpu::matmul_rows(t, pool.data, rb, act.data, x_rb, T, y.data(), s.rows, s.n, r0, r1);
+              });
+            });
+            gemm_ms = sec * 1e3;
+            gflops = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.n) * static_cast<double>(T) / sec * 1e-9;
+          }
+          char shape[32];
+          std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.n));
+          std::printf("%-5s %-6s %3d %-18s %10.1f %8.2f %10.3f %9.1f\n", std::string(loom::dtype_name(t)).c_str(),
+                      loom::cpu::isa_name(isa), nt, shape, gemv_us, gbs, gemm_ms, gflops);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  loom::cpu::set_isa(loom::cpu::detected_isa());
+  return 0;
+}
