@@ -1,6 +1,8 @@
 // Dense prefill matmuls through oneDNN or our own kernel; see gemm_onednn.h.
 #include "cpu/gemm_onednn.h"
 
+#include <cctype>
+#include <cstdlib>
 #include <string>
 
 #include "cpu/matmul.h"
@@ -289,13 +291,130 @@ bool onednn_available() { return false; }
 
 const char* dense_impl_name(DenseImpl impl) { return impl == DenseImpl::kOneDnn ? "onednn" : "loom"; }
 
+// ---- which implementation ---------------------------------------------------
+//
+// Measured with tools/bench/dense_bench.cpp on TinyLlama's shapes (n x rows =
+// 2048 x 2048, 2048 x 5632, 5632 x 2048), weights rotating through 1 GiB,
+// median of >= 300 ms, pinned to 1 and 2 cores of an idle 16-core Emerald
+// Rapids host (AVX-512 BF16 + AMX; the 2-core development VM, also an AMX
+// Xeon by its flags, was too loaded by parallel builds to give stable
+// figures). Ours / oneDNN:
+//
+//   GEMV (T = 1), GB/s of weights      1 thread              2 threads
+//     F32                              11.3-13.2 / 8.3-9.9   22.9-24.3 / 16.8-17.9
+//     F16                              9.4-11.7 / 4.0-6.6    20.6-22.8 / 4.1-4.6
+//     BF16                             10.4-11.2 / 6.7-9.9   16.3-18.1 / 6.9-14.8
+//   T = 16, GFLOP/s
+//     F32                              45-50 / 53-58         80-85 / 86-101
+//     F16                              63-78 / 40-48         81-110 / 32-34
+//     BF16                             44-69 / 79-122 (AMX)  72-94 / 101-225
+//   T = 128
+//     F32                              101-128 / 111-121     161-164 / 183-194
+//     F16                              115-128 / 103-107     166-169 / 92-103
+//     BF16                             94-117 / 284-426      157-165 / 400-491
+//   T = 512
+//     F32                              112-125 / 119-138     176-180 / 197-207
+//     F16                              108-121 / 125-131     167-171 / 151-169
+//     BF16                             80-114 / 246-644      140-162 / 515-564
+//
+// oneDNN 2.6 has no f16 matmul on CPU: its F16 figures include widening X and
+// W to f32 on the calling thread, which is why it loses below T = 512 and
+// does not scale with threads. BF16 goes to AMX; limited to AVX-512 BF16
+// (DNNL_MAX_CPU_ISA=AVX512_CORE_BF16, as on CPUs without AMX) it measured
+// the same as ours (43-78 GFLOP/s, 1 thread, both on vdpbf16ps; ours now
+// widens to fp32 FMA on Intel, see cpu/matmul_dense.cpp).
+//
+// One more cost decides the 2-thread cases: oneDNN runs on libgomp's
+// workers, which by default spin for milliseconds after each parallel region
+// (GOMP_SPINCOUNT 300000 pause loops) and then compete with ThreadPool's
+// workers for the same cores. Our kernel right after each oneDNN call took
+// +44% to +187% longer (F32, T = 16 and 128, 2 threads on 2 cores); with
+// OMP_WAIT_POLICY=passive (or GOMP_SPINCOUNT=1000) in the environment the
+// penalty was gone (-26% to +4%) and oneDNN was no slower. libgomp reads
+// these when it loads, before main, so only the launcher can set them.
+//
+// The same run on the 2-core development VM while other builds ran (load 5-9)
+// was noisy but said the same for one thread, and showed oneDNN's OpenMP team
+// collapsing under oversubscription with two: F16 GEMV 0.2 GB/s (ours 3-11),
+// F16 T = 16 2-4 GFLOP/s (ours 18-68), while ours degraded gracefully.
+//
+// Limited to AVX2 (--isa avx2, DNNL_MAX_CPU_ISA=AVX2, 1 thread, T = 128):
+// F32 ours 34-40 / oneDNN 50-56 GFLOP/s, F16 42-54 / 63-68; GEMV F32 13.7-14.8
+// / 13.9-14.8 GB/s, F16 10.2-11.0 / 3.9-6.4. oneDNN has no bf16 below AVX-512.
+//
+// Hence the rules below: oneDNN where it won, but with several threads only
+// when its workers sleep, unless the win is AMX's 2.5-5x. Shapes below 1M
+// weights were not measured and stay ours (oneDNN's fixed cost per call is
+// tens of microseconds).
+
+namespace {
+
+constexpr int64_t kMinTokensForOneDnn = 7;          // T <= 6 is the GEMV path: ours by 1.2-5x
+constexpr int64_t kMinWeightsForOneDnn = 1 << 20;   // n * rows
+constexpr int64_t kF16MinTokensForOneDnn = 256;     // T = 512: oneDNN 3-20% ahead on one thread
+
+// True when libgomp's workers were told to sleep at once after a region.
+bool omp_workers_sleep() {
+  static const bool sleep = [] {
+    if (const char* p = std::getenv("OMP_WAIT_POLICY")) {
+      std::string v(p);
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (v == "passive") return true;
+    }
+    if (const char* c = std::getenv("GOMP_SPINCOUNT")) {
+      char* end = nullptr;
+      const long long spins = std::strtoll(c, &end, 10);
+      if (end != c && *end == '\0' && spins <= 10000) return true;
+    }
+    return false;
+  }();
+  return sleep;
+}
+
+#if LOOM_HAVE_DNNL
+// True when oneDNN runs bf16 matmuls on AMX here (it picks the ISA itself;
+// the implementation name says which).
+bool onednn_bf16_uses_amx() {
+  static const bool amx = [] {
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      using dims = dnnl::memory::dims;
+      const auto bf16 = dnnl::memory::data_type::bf16;
+      const dnnl::memory::desc src({64, 256}, bf16, dims{256, 1});
+      const dnnl::memory::desc wei({256, 256}, bf16, dims{1, 256});
+      const dnnl::memory::desc dst({64, 256}, dnnl::memory::data_type::f32, dims{256, 1});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), engine);
+      return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return amx;
+}
+#else
+bool onednn_bf16_uses_amx() { return false; }
+#endif
+
+}  // namespace
+
 DenseImpl dense_prefill_choice(DType w, int64_t T, int64_t n, int64_t rows, int n_threads) {
-  (void)w;
-  (void)T;
-  (void)n;
-  (void)rows;
-  (void)n_threads;
-  return DenseImpl::kLoom;
+  if (T < kMinTokensForOneDnn || n * rows < kMinWeightsForOneDnn || !onednn_available()) return DenseImpl::kLoom;
+  const bool shared_cores_ok = n_threads <= 1 || omp_workers_sleep();
+  switch (w) {
+    case DType::kF32:
+      // oneDNN 7-20% ahead (one case -6%): less than the spin penalty when it is there.
+      return shared_cores_ok ? DenseImpl::kOneDnn : DenseImpl::kLoom;
+    case DType::kF16:
+      // Below AVX-512 our F16 GEMM is the dot-product tile of cpu/avx2: oneDNN's
+      // widen-then-AVX2 f32 matmul led at T = 128 on one thread (63-68 vs 42-54 GFLOP/s).
+      if (active_isa() < Isa::kAvx512 && n_threads <= 1) return DenseImpl::kOneDnn;
+      return T >= kF16MinTokensForOneDnn && n_threads <= 1 ? DenseImpl::kOneDnn : DenseImpl::kLoom;
+    case DType::kBF16:
+      // AMX: 2.5-5x, worth the penalty; without it oneDNN only ties ours.
+      return onednn_bf16_uses_amx() ? DenseImpl::kOneDnn : DenseImpl::kLoom;
+    default:
+      return DenseImpl::kLoom;
+  }
 }
 
 Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,

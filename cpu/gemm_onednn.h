@@ -9,8 +9,9 @@
 //
 // oneDNN (Debian's libdnnl 2.6) runs f32 x f32 and bf16 x bf16 (AVX-512 BF16,
 // or AMX where the CPU has it) but has no f16 matmul on CPU: F16 goes through
-// it by widening X and chunks of W rows to f32 first (exact). It brings its
-// own OpenMP thread pool, separate from ThreadPool; see OneDnnMatmul::run.
+// it by widening X and chunks of 128 W rows to f32 first (exact; scratch of
+// (T + 128) x n floats per calling thread, kept for the next call). It brings
+// its own OpenMP thread pool, separate from ThreadPool; see OneDnnMatmul::run.
 #pragma once
 
 #include <cstddef>
@@ -47,7 +48,11 @@ class OneDnnMatmul {
   /// `n_threads` (>= 1) is the OpenMP thread count oneDNN may use, the
   /// calling thread included; it is set for the calling thread only
   /// (omp_set_num_threads) and restored afterwards. oneDNN's OpenMP workers
-  /// are not ThreadPool's: do not call this from inside ThreadPool::run.
+  /// are not ThreadPool's: do not call this from inside ThreadPool::run (each
+  /// calling thread would get its own team). By default libgomp's workers
+  /// spin for milliseconds after each call and slow whatever ThreadPool runs
+  /// next on the same cores (measured +44% to +187%); OMP_WAIT_POLICY=passive
+  /// in the environment of the process removes that (see gemm_onednn.cpp).
   /// Errors: kUnsupported (no oneDNN, or not a dense dtype), kInvalidArgument
   /// (bad sizes or strides), kInternal (oneDNN refused the shape).
   Status run(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
@@ -66,7 +71,10 @@ enum class DenseImpl { kLoom, kOneDnn };
 const char* dense_impl_name(DenseImpl impl);
 
 /// The faster implementation for this shape class and thread count, from the
-/// measurements of tools/bench/dense_bench.cpp (table in gemm_onednn.cpp).
+/// measurements of tools/bench/dense_bench.cpp (table in gemm_onednn.cpp):
+/// ours for T <= 6 and for F16 (oneDNN only for T >= 256 on one thread);
+/// oneDNN for F32 when one thread or when OMP_WAIT_POLICY=passive (or
+/// GOMP_SPINCOUNT <= 10000) is set, and for BF16 where oneDNN uses AMX.
 /// Says kOneDnn only when oneDNN is available.
 DenseImpl dense_prefill_choice(DType w, int64_t T, int64_t n, int64_t rows, int n_threads);
 

@@ -6,10 +6,15 @@
 // formats); dense weights go to detail::matmul_rows_dense.
 #include "cpu/matmul.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "cpu/matmul_internal.h"
@@ -19,19 +24,53 @@
 namespace loom::cpu {
 namespace {
 
-// What the hardware (and OS, which must save the wide registers) supports.
-Isa hardware_isa() {
+// CPU features from cpuid, and whether the OS saves the wide registers
+// (XGETBV): both are needed before any AVX/AVX-512 instruction may run.
+struct CpuFeatures {
+  bool avx2 = false;    // avx2 + fma + f16c + bmi2, YMM state enabled
+  bool avx512 = false;  // avx512 f + bw + vl + dq + vnni, ZMM and opmask state enabled
+  bool vbmi = false;    // avx512_vbmi (with avx512)
+};
+
+CpuFeatures probe_cpu() {
+  CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vnni");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
-  if (avx512 && avx2) return Isa::kAvx512;
-  if (avx2) return Isa::kAvx2;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1;
+  const bool fma = (c >> 12) & 1;
+  const bool f16c = (c >> 29) & 1;
+  if (!osxsave) return f;
+  uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool ymm_state = (xcr0_lo & 0x6) == 0x6;     // SSE + AVX state
+  const bool zmm_state = (xcr0_lo & 0xE6) == 0xE6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = (b >> 5) & 1;
+  const bool bmi2 = (b >> 8) & 1;
+  const bool avx512f = (b >> 16) & 1;
+  const bool avx512dq = (b >> 17) & 1;
+  const bool avx512bw = (b >> 30) & 1;
+  const bool avx512vl = (b >> 31) & 1;
+  const bool avx512vbmi = (c >> 1) & 1;
+  const bool avx512vnni = (c >> 11) & 1;
+  f.avx2 = ymm_state && avx2 && fma && f16c && bmi2;
+  f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
+  f.vbmi = f.avx512 && avx512vbmi;
 #endif
-  return Isa::kScalar;
+  return f;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = probe_cpu();
+  return f;
+}
+
+// The best level the hardware supports.
+Isa hardware_isa() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512 ? Isa::kAvx512 : f.avx2 ? Isa::kAvx2 : Isa::kScalar;
 }
 
 // hardware_isa() lowered to $LOOM_CPU when that names a lower level. An
@@ -189,5 +228,24 @@ void matmul_rows(DType w, const void* W, size_t w_row_bytes, const void* X, size
   assert(k != nullptr && "matmul_rows: dtype without a matmul (check matmul_supported)");
   k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
 }
+
+namespace detail {
+bool cpu_has_avx512_vbmi() { return cpu_features().vbmi; }
+
+void* thread_scratch(size_t bytes) {
+  struct Scratch {
+    std::unique_ptr<uint8_t[]> data;
+    size_t size = 0;
+  };
+  thread_local Scratch scratch;
+  if (scratch.size < bytes) {
+    scratch.data.reset();  // release first: peak memory is the new size, not the sum
+    scratch.size = round_up_64(bytes + bytes / 4);
+    scratch.data = std::make_unique<uint8_t[]>(scratch.size + 64);
+  }
+  const auto base = reinterpret_cast<uintptr_t>(scratch.data.get());
+  return scratch.data.get() + ((64 - base % 64) % 64);
+}
+}  // namespace detail
 
 }  // namespace loom::cpu

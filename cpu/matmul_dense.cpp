@@ -76,6 +76,24 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
+// vdpbf16ps or widening for BF16 on AVX-512. Measured on one Emerald Rapids
+// core (tools/bench/dense_bench, T = 128): the packed GEMM reached 72-78
+// GFLOP/s with vdpbf16ps and 75-102 widening to fp32 FMA, since Intel issues
+// vdpbf16ps at half the rate of vfmadd. AMD (Zen 4/5) issues it at the FMA
+// rate, which doubles the products per cycle, so it keeps vdpbf16ps
+// (unmeasured here). GEMV (T <= 6, the avx512 file's kTileTokensMax) is bound
+// by memory either way and keeps vdpbf16ps everywhere.
+bool use_dpbf16(int64_t T) {
+  if (!cpu_has_avx512_bf16()) return false;
+  if (T <= 6) return true;
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = __builtin_cpu_is("intel") != 0;
+  return !intel;
+#else
+  return true;
+#endif
+}
+
 float widen_f32(float v) { return v; }
 float widen_f16(uint16_t v) { return ref::fp16_to_fp32(v); }
 float widen_bf16(uint16_t v) { return ref::bf16_to_fp32(v); }
@@ -98,7 +116,7 @@ void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, cons
       return dense_scalar<uint16_t, widen_f16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
     case DType::kBF16:
       if (isa == Isa::kAvx512) {
-        if (cpu_has_avx512_bf16()) return avx512::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+        if (use_dpbf16(T)) return avx512::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
         return avx512::dense_bf16_widen(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
       }
       if (isa == Isa::kAvx2) return avx2::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);

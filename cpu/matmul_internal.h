@@ -51,6 +51,15 @@ namespace loom::cpu::detail {
 void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
                        int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1);
 
+/// True when the CPU has AVX512_VBMI (on top of the AVX-512 level).
+bool cpu_has_avx512_vbmi();
+
+/// Scratch memory for the calling thread: at least `bytes`, 64-byte aligned,
+/// valid until the thread's next call. For the GEMM kernels (packed
+/// activation and weight tiles); grows as needed and is kept for the life of
+/// the thread, so steady-state matmuls allocate nothing.
+void* thread_scratch(size_t bytes);
+
 }  // namespace loom::cpu::detail
 
 // The quantized kernels: one function per weight dtype and ISA, all with the
@@ -83,4 +92,7 @@ LOOM_DECLARE_QUANT_KERNELS
 }  // namespace loom::cpu::avx2
 namespace loom::cpu::avx512 {
 LOOM_DECLARE_QUANT_KERNELS
+/// The AVX-512 kernels use AVX512_VBMI byte permutes where the CPU has them.
+/// Test hook: turns that off (or back on; false when the CPU lacks VBMI).
+bool set_vbmi(bool enable);
 }  // namespace loom::cpu::avx512

@@ -11,8 +11,9 @@
 //       K rows -> fp32 scratch (once for all query rows of the tile)
 //       S[i][r] = q_i . k_r * scale                            [rows, rc]
 //       causal mask, online softmax: running max/sum, P = exp(S - max)
-//       V rows -> fp32 scratch
 //       acc[i] = acc[i] * exp(old_max - new_max) + P[i] . V    [rows, head_dim]
+//         (AVX-512: V converted in registers straight from the cache; else
+//         V rows -> fp32 scratch first)
 //     out = acc / sum
 //   Each K/V row is read from the cache once per tile: once per decode step
 //   for all query heads of a GQA group, once per kTileRows query rows in
@@ -21,10 +22,12 @@
 //
 // Scratch layout (floats, every region 64-byte aligned):
 //   kf   [hdp / W][rc][W]  K rows, chunk-major: for a chunk of W dims, the rows
-//                          are W floats apart (the score kernels load 8 or 16
-//                          rows of one chunk at fixed offsets)
+//                          are W floats apart (the scalar and AVX2 score
+//                          kernels load 8 or 16 rows of one chunk at fixed
+//                          offsets); row-major [rc][hdp] for AVX-512
 //   vf   [rc][hdp]         V rows, row-major (the PV kernels walk rows)
 //   qt   [kTileRows][hdp]  the tile's query rows, zero-padded to hdp
+//   qx   [kTileRows][hdp]  the same in the layout the score kernel wants
 //   acc  [kTileRows][hdp]  unnormalized outputs
 //   s    [kTileRows][rc]   scores, then probabilities
 //   row_max, row_sum, alpha [kTileRows]
@@ -39,7 +42,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numbers>
 #include <vector>
 
 #include "cpu/matmul.h"
@@ -70,11 +72,18 @@
 namespace loom::cpu {
 namespace avx512 {
 LOOM_DECLARE_OPS_KERNELS
+void attn_prepare_q(const float* q, int64_t m, int64_t hdp, float* qx);
+void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
+                 float* acc);
+void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
+                  float* acc);
 inline constexpr int64_t kAttnLanes = 16;
+inline constexpr bool kAttnKRowMajor = true;
 }  // namespace avx512
 namespace avx2 {
 LOOM_DECLARE_OPS_KERNELS
 inline constexpr int64_t kAttnLanes = 8;
+inline constexpr bool kAttnKRowMajor = false;
 }  // namespace avx2
 
 namespace {
@@ -237,21 +246,35 @@ void scalar_attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, 
 // ---- attention kernel table --------------------------------------------------
 
 struct AttnKernels {
-  int64_t lanes;  // W: floats per vector chunk in the K layout
+  int64_t lanes;      // W: floats per vector chunk
+  bool k_row_major;   // K scratch [rows, hdp] like V; else chunk-major [hdp / W][rows][W]
+  void (*prepare_q)(const float*, int64_t, int64_t, float*);  // q tile -> the scores' layout; null: as is
   void (*load_f16)(const void*, int64_t, int64_t, float*, int64_t, int64_t, int64_t);
   void (*load_q8_0)(const void*, int64_t, int64_t, float*, int64_t, int64_t, int64_t);
   void (*scores)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float, float*, int64_t);
   void (*softmax)(float*, int64_t, int64_t, int64_t, const int32_t*, float*, float*, float*);
   void (*pv)(const float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, float*);
+  // PV straight from cached V rows (no fp32 copy), or null. The F16 one
+  // needs head_dim % 16 == 0. alpha may be null (no rescaling).
+  using PvRaw = void (*)(const float*, int64_t, const float*, int64_t, const void*, int64_t, int64_t, float*);
+  PvRaw pv_f16;
+  PvRaw pv_q8_0;
 };
 
 const AttnKernels& attn_kernels(Isa isa) {
-  static const AttnKernels kScalar{kLanes, scalar_attn_load_f16, scalar_attn_load_q8_0, scalar_attn_scores,
-                                   scalar_attn_softmax, scalar_attn_pv};
-  static const AttnKernels kAvx2{avx2::kAttnLanes, avx2::attn_load_f16, avx2::attn_load_q8_0,
-                                 avx2::attn_scores, avx2::attn_softmax, avx2::attn_pv};
-  static const AttnKernels kAvx512{avx512::kAttnLanes, avx512::attn_load_f16, avx512::attn_load_q8_0,
-                                   avx512::attn_scores, avx512::attn_softmax, avx512::attn_pv};
+  static const AttnKernels kScalar{kLanes,           false,
+                                   nullptr,          scalar_attn_load_f16,
+                                   scalar_attn_load_q8_0, scalar_attn_scores,
+                                   scalar_attn_softmax,   scalar_attn_pv,
+                                   nullptr,               nullptr};
+  static const AttnKernels kAvx2{avx2::kAttnLanes,   avx2::kAttnKRowMajor, nullptr,
+                                 avx2::attn_load_f16, avx2::attn_load_q8_0, avx2::attn_scores,
+                                 avx2::attn_softmax,  avx2::attn_pv,
+                                 nullptr,             nullptr};
+  static const AttnKernels kAvx512{avx512::kAttnLanes,   avx512::kAttnKRowMajor, avx512::attn_prepare_q,
+                                   avx512::attn_load_f16, avx512::attn_load_q8_0, avx512::attn_scores,
+                                   avx512::attn_softmax,  avx512::attn_pv,
+                                   avx512::attn_pv_f16,   avx512::attn_pv_q8_0};
   switch (isa) {
     case Isa::kAvx512: return kAvx512;
     case Isa::kAvx2: return kAvx2;
@@ -264,6 +287,7 @@ struct AttnScratch {
   float* kf;
   float* vf;
   float* qt;
+  float* qx;
   float* acc;
   float* s;
   float* row_max;
@@ -284,6 +308,7 @@ AttnScratch carve_scratch(float* scratch, int64_t hdp, int64_t rc) {
   sc.kf = take(hdp * rc);
   sc.vf = take(hdp * rc);
   sc.qt = take(kTileRows * hdp);
+  sc.qx = take(kTileRows * hdp);
   sc.acc = take(kTileRows * hdp);
   sc.s = take(kTileRows * rc);
   sc.row_max = take(kTileRows);
@@ -428,7 +453,7 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
 size_t attention_scratch_floats(const KvView& kv) {
   const int64_t hdp = round_up(kv.head_dim, kLanes);
   const int64_t rc = step_rows(hdp);
-  return static_cast<size_t>(2 * hdp * rc + 2 * kTileRows * hdp + kTileRows * rc + 3 * kTileRows + 16);
+  return static_cast<size_t>(2 * hdp * rc + 3 * kTileRows * hdp + kTileRows * rc + 3 * kTileRows + 16);
 }
 
 void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv, float scale,
@@ -444,10 +469,11 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
   const int64_t n_rep = n_heads / kv.n_kv_heads;
   const size_t row_bytes = kv_row_bytes(kv.dtype, hd);
   const auto load = kv.dtype == DType::kF16 ? K.load_f16 : K.load_q8_0;
+  AttnKernels::PvRaw pv_raw = kv.dtype == DType::kF16 ? (hd % 16 == 0 ? K.pv_f16 : nullptr) : K.pv_q8_0;
   const AttnScratch sc = carve_scratch(scratch, hdp, rc);
-  // K chunk-major (W-float chunks, rows W apart); V row-major.
-  const int64_t k_rs = K.lanes;
-  const int64_t k_cs = rc * K.lanes;
+  // K row-major or chunk-major (W-float chunks, rows W apart); V row-major.
+  const int64_t k_rs = K.k_row_major ? hdp : K.lanes;
+  const int64_t k_cs = K.k_row_major ? K.lanes : rc * K.lanes;
 
   int32_t row_pos[kTileRows];
   int32_t n_valid[kTileRows];
@@ -490,6 +516,11 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         sc.row_sum[i] = 0.0f;
       }
       std::fill(sc.acc, sc.acc + mt * hdp, 0.0f);
+      const float* q_tile = sc.qt;
+      if (K.prepare_q) {
+        K.prepare_q(sc.qt, mt, hdp, sc.qx);
+        q_tile = sc.qx;
+      }
 
       // Steps of rc cached rows, which may span several blocks or part of one.
       const int64_t n_ctx = max_pos + 1;
@@ -510,12 +541,19 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
           const int64_t pad = off + len == n ? n_pad - off : len;
           load(k, len, hd, sc.kf + off * k_rs, k_rs, k_cs, pad);
         });
-        K.scores(sc.qt, mt, hdp, sc.kf, rc, n, scale, sc.s, rc);
+        K.scores(q_tile, mt, hdp, sc.kf, rc, n, scale, sc.s, rc);
         K.softmax(sc.s, rc, mt, n, n_valid, sc.row_max, sc.row_sum, sc.alpha);
-        for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
-          load(v, len, hd, sc.vf + off * hdp, hdp, K.lanes, len);
-        });
-        K.pv(sc.s, rc, sc.alpha, mt, sc.vf, n, hdp, sc.acc);
+        if (pv_raw) {
+          // Run by run from the cache; the first run applies the rescaling.
+          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
+            pv_raw(sc.s + off, rc, off == 0 ? sc.alpha : nullptr, mt, v, len, hd, sc.acc);
+          });
+        } else {
+          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
+            load(v, len, hd, sc.vf + off * hdp, hdp, K.lanes, len);
+          });
+          K.pv(sc.s, rc, sc.alpha, mt, sc.vf, n, hdp, sc.acc);
+        }
       }
 
       for (int64_t i = 0; i < mt; ++i) {

@@ -55,7 +55,16 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) LOOM_CPU_RELAX();
+  // Spin while the workers finish; yield after a while, so that when more
+  // threads than cores are busy (other programs) a descheduled worker gets
+  // the core back instead of us burning it.
+  for (int k = 0; pending_.load(std::memory_order_acquire) != 0; ++k) {
+    if (k < 4096) {
+      LOOM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t align,

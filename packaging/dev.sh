@@ -14,6 +14,7 @@ jobs="${LOOM_JOBS:-$(nproc)}"
 packages=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
+  mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers
 )
 
 install_deps() {

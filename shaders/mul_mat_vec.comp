@@ -6,7 +6,8 @@
 // 32-element units of those rows, so each x unit is loaded once per NR rows
 // and a warp reads consecutive units (coalesced). Partial sums are reduced
 // across the workgroup (subgroupAdd, then shared memory) at the end.
-// Grid: x (spilling into z) = ceil(M / NR) row groups, y = ceil(N / NC) column blocks.
+// Grid: x (spilling into z) = row groups (NR rows, or NSG * NR with subgroups),
+// y = ceil(N / NC) column blocks.
 
 // NC: columns per workgroup, a variant define (1 for single-token decode, so
 // only 2 sums are reduced; 8 for small batches).
@@ -15,8 +16,12 @@
 #endif
 #define NR_MAX 2
 layout(constant_id = 1) const uint NR = 2;  // rows per workgroup, 1..NR_MAX
-#define RED_N (NR_MAX * NC)
+#define ACC_N (NR_MAX * NC)  // accumulators per thread
+#ifndef USE_SUBGROUP
+#define RED_N ACC_N  // common.glsl's shared-memory reductions
+#endif
 #include "common.glsl"
+#define WANT_DOT_UNIT
 #include "dequant.glsl"
 
 layout(binding = 1) readonly buffer X { float x[]; };
@@ -53,6 +58,66 @@ void load_x(uint c, uint u, out vec4 xv[8]) {
   }
 }
 
+#ifdef USE_SUBGROUP
+// Subgroup per row group: each subgroup owns NR consecutive rows at a time,
+// its lanes stride over the row's units, and subgroupAdd finishes the sums:
+// no shared memory and no barrier. A workgroup covers NSG * NR rows; NSG is
+// the host's guess of subgroups per workgroup (WG / subgroupSize), but the
+// loop below is correct for any actual subgroup count.
+layout(constant_id = 2) const uint NSG = 4;
+
+void main() {
+  const uint c0 = gl_WorkGroupID.y * NC;
+  const uint nc = min(NC, pc.N - c0);
+  const uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
+  for (uint chunk = gl_SubgroupID; chunk < NSG; chunk += gl_NumSubgroups) {
+    const uint r0 = (linear_group() * NSG + chunk) * NR;
+    if (r0 >= pc.M) break;  // uniform in the subgroup
+    float acc[ACC_N];
+    [[unroll]] for (uint i = 0; i < ACC_N; ++i) acc[i] = 0.0;
+    for (uint u = lane; u < pc.row_units; u += width) {
+#if NC == 1
+      // One column (decode): scales folded out of the inner loop (dot_unit).
+      vec4 xv[8];
+      load_x(c0, u, xv);
+      float xsum = 0.0;
+      [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
+      [[unroll]] for (uint r = 0; r < NR; ++r) {
+        acc[r] += dot_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(r0 + r, pc.M - 1), u, xv, xsum);
+      }
+#else
+      // Several columns: dequantize each unit once, dot it with every column.
+      vec4 w[NR_MAX][8];
+      [[unroll]] for (uint r = 0; r < NR; ++r) {
+        dq_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(r0 + r, pc.M - 1), u, w[r]);
+      }
+      [[unroll]] for (uint c = 0; c < NC; ++c) {
+        if (c < nc) {
+          vec4 xv[8];
+          load_x(c0 + c, u, xv);
+          [[unroll]] for (uint r = 0; r < NR; ++r) {
+            float s = 0.0;
+            [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(w[r][i], xv[i]);
+            acc[r * NC + c] += s;
+          }
+        }
+      }
+#endif
+    }
+    [[unroll]] for (uint i = 0; i < ACC_N; ++i) acc[i] = subgroupAdd(acc[i]);
+    [[unroll]] for (uint i = 0; i < ACC_N; ++i) {
+      const uint r = i / NC, c = i % NC;
+      if (lane == i % width && r < NR && c < nc && r0 + r < pc.M) {
+        float v = acc[i];
+        if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+        y[pc.y_off + (c0 + c) * pc.y_ld + r0 + r] = v;
+      }
+    }
+  }
+}
+#else
+// Without subgroups: the whole workgroup shares NR rows; partial sums meet in
+// a shared-memory tree (common.glsl).
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint r0 = linear_group() * NR;
@@ -91,3 +156,4 @@ void main() {
     }
   }
 }
+#endif

@@ -14,6 +14,12 @@
 // Tails (k not a multiple of 8) are copied into a zero-padded stack buffer:
 // AVX2 has no 16-bit masked loads.
 //
+// Not tuned for prefill: one Emerald Rapids core limited to AVX2 measured
+// 34-40 GFLOP/s (F32, T = 128) against oneDNN's 50-56; GEMV is at memory
+// bandwidth (13.7-14.8 GB/s F32, 10.2-11.0 F16). The packed GEMM of the
+// AVX-512 file (k-major weight panels, broadcast activations, no
+// reductions), with 8x8 transposes and a 4 x 24 tile, is the way up.
+//
 // Rule of this folder (cpu/CMakeLists.txt): intrinsics, raw pointers and
 // functions of namespace loom::cpu::avx2 only; no std templates or header
 // inline functions instantiated here.

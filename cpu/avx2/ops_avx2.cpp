@@ -8,6 +8,8 @@
 //     results underflow gradually, as vscalefps does on AVX-512.
 //   scores: 8 cached rows at a time, 8 accumulators summed lane-wise into one
 //     vector by 3 levels of (blend, permute, add), inputs in bit-reversed order.
+//   P . V: register tiles of 4 query rows x 2 chunks of 8 dims (2 x 4, 1 x 8)
+//     over the fp32 V scratch, each V chunk loaded once for all rows of the tile.
 //   K is stored chunk-major with 8-float chunks (the attention driver asks
 //   for kAttnLanes = 8); V row-major.
 // Tails (n not a multiple of 8) go through a small zero-padded buffer.
@@ -110,71 +112,61 @@ inline __m256 reduce8(const __m256* a) {
   return c3(c2(t0, t1), c2(t2, t3));
 }
 
-// PV over chunks [0, G) of 8 dims, for two query rows.
-template <int G>
-void pv_two_rows(const float* p0, const float* p1, float a0, float a1, const float* v, int64_t hdp, int64_t n,
-                 float* acc0, float* acc1) {
-  __m256 x[G];
-  __m256 y[G];
-  const __m256 va0 = _mm256_set1_ps(a0);
-  const __m256 va1 = _mm256_set1_ps(a1);
-  for (int c = 0; c < G; ++c) {
-    x[c] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + 8 * c), va0);
-    y[c] = _mm256_mul_ps(_mm256_loadu_ps(acc1 + 8 * c), va1);
+// acc[i][0..8G) = acc[i] * alpha[i] + sum_r p[i][r] * vf[r][0..8G) for R
+// query rows: R x G accumulators, each V chunk loaded once for R rows, each
+// probability broadcast once for G chunks.
+template <int R, int G>
+void pv_tile(const float* p, int64_t lds, const float* alpha, const float* v, int64_t hdp, int64_t n, float* acc) {
+  __m256 x[R][G];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const __m256 a = _mm256_set1_ps(alpha[i]);
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) x[i][c] = _mm256_mul_ps(_mm256_loadu_ps(acc + i * hdp + 8 * c), a);
   }
   for (int64_t r = 0; r < n; ++r) {
-    const __m256 b0 = _mm256_broadcast_ss(p0 + r);
-    const __m256 b1 = _mm256_broadcast_ss(p1 + r);
     const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) {
-      const __m256 vv = _mm256_loadu_ps(vr + 8 * c);
-      x[c] = _mm256_fmadd_ps(b0, vv, x[c]);
-      y[c] = _mm256_fmadd_ps(b1, vv, y[c]);
+    __m256 vv[G];
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) vv[c] = _mm256_loadu_ps(vr + 8 * c);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m256 b = _mm256_broadcast_ss(p + i * lds + r);
+#pragma GCC unroll 8
+      for (int c = 0; c < G; ++c) x[i][c] = _mm256_fmadd_ps(b, vv[c], x[i][c]);
     }
   }
-  for (int c = 0; c < G; ++c) {
-    _mm256_storeu_ps(acc0 + 8 * c, x[c]);
-    _mm256_storeu_ps(acc1 + 8 * c, y[c]);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) _mm256_storeu_ps(acc + i * hdp + 8 * c, x[i][c]);
   }
 }
 
-// One query row: even and odd cache rows in separate accumulators.
-template <int G>
-void pv_one_row(const float* p0, float a0, const float* v, int64_t hdp, int64_t n, float* acc0) {
-  __m256 x[G];
-  __m256 y[G];
-  const __m256 va0 = _mm256_set1_ps(a0);
-  for (int c = 0; c < G; ++c) {
-    x[c] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + 8 * c), va0);
-    y[c] = _mm256_setzero_ps();
+// Tiles of the 16 ymm registers: 4 rows x 2 chunks, 2 x 4, 1 x 8 (8 FMA chains each).
+template <int R>
+void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const float* v, int64_t hdp, int64_t n,
+               float* acc) {
+  switch (g) {
+    case 1: return pv_tile<R, 1>(p, lds, alpha, v, hdp, n, acc);
+    case 2: return pv_tile<R, 2>(p, lds, alpha, v, hdp, n, acc);
+    default: break;
   }
-  int64_t r = 0;
-  for (; r + 1 < n; r += 2) {
-    const __m256 b0 = _mm256_broadcast_ss(p0 + r);
-    const __m256 b1 = _mm256_broadcast_ss(p0 + r + 1);
-    const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) {
-      x[c] = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vr + 8 * c), x[c]);
-      y[c] = _mm256_fmadd_ps(b1, _mm256_loadu_ps(vr + hdp + 8 * c), y[c]);
+  if constexpr (R <= 2) {
+    switch (g) {
+      case 3: return pv_tile<R, 3>(p, lds, alpha, v, hdp, n, acc);
+      case 4: return pv_tile<R, 4>(p, lds, alpha, v, hdp, n, acc);
+      default: break;
     }
   }
-  if (r < n) {
-    const __m256 b0 = _mm256_broadcast_ss(p0 + r);
-    const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) x[c] = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vr + 8 * c), x[c]);
+  if constexpr (R == 1) {
+    switch (g) {
+      case 5: return pv_tile<R, 5>(p, lds, alpha, v, hdp, n, acc);
+      case 6: return pv_tile<R, 6>(p, lds, alpha, v, hdp, n, acc);
+      case 7: return pv_tile<R, 7>(p, lds, alpha, v, hdp, n, acc);
+      default: return pv_tile<R, 8>(p, lds, alpha, v, hdp, n, acc);
+    }
   }
-  for (int c = 0; c < G; ++c) _mm256_storeu_ps(acc0 + 8 * c, _mm256_add_ps(x[c], y[c]));
-}
-
-template <int G>
-void pv_group(const float* p, int64_t lds, const float* alpha, int64_t m, const float* v, int64_t n, int64_t hdp,
-              float* acc) {
-  int64_t i = 0;
-  for (; i + 1 < m; i += 2) {
-    pv_two_rows<G>(p + i * lds, p + (i + 1) * lds, alpha[i], alpha[i + 1], v, hdp, n, acc + i * hdp,
-                   acc + (i + 1) * hdp);
-  }
-  if (i < m) pv_one_row<G>(p + i * lds, alpha[i], v, hdp, n, acc + i * hdp);
 }
 
 }  // namespace
@@ -397,16 +389,21 @@ void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_
 
 void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n, int64_t hdp,
              float* acc) {
-  // Chunks of 8 dims in groups of up to 4: 2 rows x 4 accumulators at most.
-  for (int64_t c0 = 0; c0 < hdp / 8; c0 += 4) {
-    const int64_t g = hdp / 8 - c0 < 4 ? hdp / 8 - c0 : 4;
-    const float* v = vf + 8 * c0;
-    float* a = acc + 8 * c0;
-    switch (g) {
-      case 1: pv_group<1>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 2: pv_group<2>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 3: pv_group<3>(p, lds, alpha, m, v, n, hdp, a); break;
-      default: pv_group<4>(p, lds, alpha, m, v, n, hdp, a); break;
+  const int64_t n_chunks = hdp / 8;
+  for (int64_t i0 = 0; i0 < m; i0 += 4) {
+    const int64_t rows = m - i0 < 4 ? m - i0 : 4;
+    const int64_t g_max = rows >= 3 ? 2 : (rows == 2 ? 4 : 8);
+    for (int64_t c0 = 0; c0 < n_chunks; c0 += g_max) {
+      const int64_t g = n_chunks - c0 < g_max ? n_chunks - c0 : g_max;
+      const float* pi = p + i0 * lds;
+      const float* v = vf + 8 * c0;
+      float* a = acc + i0 * hdp + 8 * c0;
+      switch (rows) {
+        case 1: pv_tile_g<1>(g, pi, lds, alpha + i0, v, hdp, n, a); break;
+        case 2: pv_tile_g<2>(g, pi, lds, alpha + i0, v, hdp, n, a); break;
+        case 3: pv_tile_g<3>(g, pi, lds, alpha + i0, v, hdp, n, a); break;
+        default: pv_tile_g<4>(g, pi, lds, alpha + i0, v, hdp, n, a); break;
+      }
     }
   }
 }

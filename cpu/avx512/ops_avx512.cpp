@@ -1,21 +1,35 @@
 // AVX-512 kernels behind cpu/ops.h: rms_norm, silu_mul, add, softmax, the
-// F16 row store of kv_store, and the per-block steps of paged attention
-// (cpu/ops.cpp drives them; the scratch layouts are described there).
+// F16 row store of kv_store, and the steps of paged attention (cpu/ops.cpp
+// drives them; the scratch layouts are described there).
 //
 // exp: Cephes' expf scheme. x = n ln2 + r with n = round(x / ln2), |r| <=
 // ln2/2 (ln2 split in two so n * ln2_hi is exact), a degree-5 minimax
 // polynomial for (e^r - 1 - r) / r^2, then vscalefps multiplies by 2^n with
 // correct overflow to inf and gradual underflow to 0. Max relative error
-// about 2e-7 (1-2 ulp) over the whole float range; NaN in, NaN out.
+// 1.4e-7 measured over [-87, 0] (softmax) and for silu over [-100, 100];
+// NaN in, NaN out.
 //
-// Attention scores: q . k for 16 cached rows at a time, each row's dot
-// product in its own accumulator (16 accumulators, the K chunk of each row
-// loaded once per query row from the L1-resident fp32 block). The 16
-// accumulators are then summed lane-wise into one vector of 16 scores with 4
-// levels of (blend, two-source permute, add): 15 shuffles instead of the 30
-// of an unpack/shuffle tree. Each level pairs vectors and halves the lanes
-// that hold a given row, which leaves the rows in bit-reversed order; feeding
-// the accumulators in bit-reversed order puts them back in order.
+// Attention scores, K row-major in fp32 scratch ([rows, hdp]):
+//   3+ query rows (GQA decode, prefill): rows in quads, interleaved by 4 dims
+//     (attn_prepare_q); one FMA multiplies 4 dims of 4 query rows by the same
+//     4 dims of one cached row (a 16-byte broadcast), so a score ends as a sum
+//     of only 4 lanes: two levels of (blend, permute, add) for 16 scores.
+//   1-2 query rows: 16 cached rows at a time, one accumulator per row over
+//     16-dim chunks, then the 16 accumulators summed lane-wise into one
+//     vector of 16 scores by 4 levels of (blend, two-source permute, add).
+//     Each level pairs vectors and halves the lanes that hold a given row,
+//     which leaves rows in bit-reversed order; feeding the accumulators in
+//     bit-reversed order puts them back in order.
+// The quad scheme does the same number of FMAs as the row scheme but a
+// quarter of the lane-sum work per score, which made the row scheme's
+// reductions the largest cost of a GQA decode step.
+//
+// P . V: register tiles of up to 4 query rows x 4 chunks of 16 dims (1-2
+// rows x 8 chunks), each V chunk converted once (F16 vcvtph2ps, Q8_0
+// sign-extend, convert, scale) straight from the cached row and used for all
+// rows of the tile, each probability broadcast once for all chunks. Loading
+// each V chunk once per 2 rows, as a first version did, left the loop bound
+// by loads at half the FMA rate.
 //
 // Rule of this folder (cpu/CMakeLists.txt): intrinsics, raw pointers and
 // functions of namespace loom::cpu::avx512 only; no std templates or header
@@ -96,72 +110,186 @@ inline __m512 reduce16(const __m512* a) {
   return combine(v0, v1, 0xAAAA, i4);
 }
 
-// PV for two query rows over chunks [0, G) of 16 dims: x = acc * alpha + P . V.
-template <int G>
-void pv_two_rows(const float* p0, const float* p1, float a0, float a1, const float* v, int64_t hdp, int64_t n,
-                 float* acc0, float* acc1) {
-  __m512 x[G];
-  __m512 y[G];
-  const __m512 va0 = _mm512_set1_ps(a0);
-  const __m512 va1 = _mm512_set1_ps(a1);
-  for (int c = 0; c < G; ++c) {
-    x[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), va0);
-    y[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), va1);
+// Query rows from which the scores use the quad layout (attn_prepare_q).
+constexpr int64_t kQuadMinRows = 3;
+
+// Per 128-bit lane k (query row 4hq + k of a quad): the sums of the 4
+// partial lanes of a0..a3 (cached rows 0..3), in row order.
+inline __m512 reduce_quad(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512i i3 = _mm512_setr_epi32(2, 3, 16, 17, 6, 7, 20, 21, 10, 11, 24, 25, 14, 15, 28, 29);
+  const __m512i i4 = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
+  return combine(combine(a0, a2, 0xCCCC, i3), combine(a1, a3, 0xCCCC, i3), 0xAAAA, i4);
+}
+
+// Stores the scores of one quad for cached rows g..g+3: lane k to s[(4hq+k) * lds + g..g+3].
+inline void store_quad(__m512 u, float* s, int64_t lds, int64_t hq, int64_t g) {
+  float* base = s + 4 * hq * lds + g;
+  _mm_storeu_ps(base, _mm512_castps512_ps128(u));
+  _mm_storeu_ps(base + lds, _mm512_extractf32x4_ps(u, 1));
+  _mm_storeu_ps(base + 2 * lds, _mm512_extractf32x4_ps(u, 2));
+  _mm_storeu_ps(base + 3 * lds, _mm512_extractf32x4_ps(u, 3));
+}
+
+inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+
+// Scores with query rows in quads (qx from attn_prepare_q) and K row-major:
+// each FMA multiplies 4 dims of 4 query rows by the same 4 dims of one cached
+// row (a 16-byte broadcast), so a score is the sum of only 4 lanes. Four
+// cached rows at a time; two quads share each broadcast.
+void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int64_t n, float scale, float* s,
+                  int64_t lds) {
+  const int64_t n_steps = hdp / 4;
+  const int64_t n_quads = (m + 3) / 4;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t g = 0; g < n; g += 4) {
+    // Rows g..g+3; rows past n are zero (padded to 16).
+    const float* k0 = kf + g * hdp;
+    const float* k1 = k0 + hdp;
+    const float* k2 = k1 + hdp;
+    const float* k3 = k2 + hdp;
+    int64_t hq = 0;
+    for (; hq + 1 < n_quads; hq += 2) {
+      const float* qa = qx + hq * n_steps * 16;
+      const float* qb = qa + n_steps * 16;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      for (int64_t t = 0; t < n_steps; ++t) {
+        const __m512 x0 = bcast4(k0 + 4 * t), x1 = bcast4(k1 + 4 * t), x2 = bcast4(k2 + 4 * t), x3 = bcast4(k3 + 4 * t);
+        const __m512 qva = _mm512_loadu_ps(qa + 16 * t);
+        const __m512 qvb = _mm512_loadu_ps(qb + 16 * t);
+        a0 = _mm512_fmadd_ps(qva, x0, a0);
+        a1 = _mm512_fmadd_ps(qva, x1, a1);
+        a2 = _mm512_fmadd_ps(qva, x2, a2);
+        a3 = _mm512_fmadd_ps(qva, x3, a3);
+        b0 = _mm512_fmadd_ps(qvb, x0, b0);
+        b1 = _mm512_fmadd_ps(qvb, x1, b1);
+        b2 = _mm512_fmadd_ps(qvb, x2, b2);
+        b3 = _mm512_fmadd_ps(qvb, x3, b3);
+      }
+      store_quad(_mm512_mul_ps(reduce_quad(a0, a1, a2, a3), vscale), s, lds, hq, g);
+      store_quad(_mm512_mul_ps(reduce_quad(b0, b1, b2, b3), vscale), s, lds, hq + 1, g);
+    }
+    if (hq < n_quads) {
+      // One quad left: even and odd steps in separate accumulators (8 FMA chains).
+      const float* qa = qx + hq * n_steps * 16;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+      for (int64_t t = 0; t < n_steps; t += 2) {
+        const __m512 qv = _mm512_loadu_ps(qa + 16 * t);
+        const __m512 qw = _mm512_loadu_ps(qa + 16 * t + 16);
+        a0 = _mm512_fmadd_ps(qv, bcast4(k0 + 4 * t), a0);
+        a1 = _mm512_fmadd_ps(qv, bcast4(k1 + 4 * t), a1);
+        a2 = _mm512_fmadd_ps(qv, bcast4(k2 + 4 * t), a2);
+        a3 = _mm512_fmadd_ps(qv, bcast4(k3 + 4 * t), a3);
+        c0 = _mm512_fmadd_ps(qw, bcast4(k0 + 4 * t + 4), c0);
+        c1 = _mm512_fmadd_ps(qw, bcast4(k1 + 4 * t + 4), c1);
+        c2 = _mm512_fmadd_ps(qw, bcast4(k2 + 4 * t + 4), c2);
+        c3 = _mm512_fmadd_ps(qw, bcast4(k3 + 4 * t + 4), c3);
+      }
+      const __m512 u = reduce_quad(_mm512_add_ps(a0, c0), _mm512_add_ps(a1, c1), _mm512_add_ps(a2, c2),
+                                   _mm512_add_ps(a3, c3));
+      store_quad(_mm512_mul_ps(u, vscale), s, lds, hq, g);
+    }
+  }
+}
+
+// V rows as fp32 chunks of 16 dims. chunk(r, j) is chunk j of row r,
+// counted from the first chunk of the group the functor was made for.
+struct RowsF32 {  // converted scratch, rows `stride` floats apart
+  const float* base;
+  int64_t stride;
+  __m512 chunk(int64_t r, int j) const { return _mm512_loadu_ps(base + r * stride + 16 * j); }
+};
+struct RowsF16 {  // F16 cache rows, head_dim a multiple of 16
+  const char* base;
+  int64_t row_bytes;
+  __m512 chunk(int64_t r, int j) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * row_bytes + 32 * j)));
+  }
+};
+struct RowsQ8 {  // Q8_0 cache rows (first chunk of the group even): y = qs * d
+  const unsigned char* base;
+  int64_t row_bytes;
+  __m512 chunk(int64_t r, int j) const {
+    const unsigned char* blk = base + r * row_bytes + 34 * (j / 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8))));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * (j % 2)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+  }
+};
+
+// acc[i][0..16G) = acc[i] * alpha[i] + sum_r p[i][r] * V[r] for R query rows:
+// R x G accumulators; each V chunk is converted once and used for R rows,
+// each probability broadcast once and used for G chunks. alpha null: 1.
+template <int R, int G, typename Rows>
+void pv_tile(const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n, float* acc, int64_t hdp) {
+  __m512 x[R][G];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const __m512 a = _mm512_set1_ps(alpha ? alpha[i] : 1.0f);
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) x[i][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + i * hdp + 16 * c), a);
   }
   for (int64_t r = 0; r < n; ++r) {
-    const __m512 b0 = _mm512_set1_ps(p0[r]);
-    const __m512 b1 = _mm512_set1_ps(p1[r]);
-    const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) {
-      const __m512 vv = _mm512_loadu_ps(vr + 16 * c);
-      x[c] = _mm512_fmadd_ps(b0, vv, x[c]);
-      y[c] = _mm512_fmadd_ps(b1, vv, y[c]);
+    __m512 vv[G];
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) vv[c] = v.chunk(r, c);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m512 b = _mm512_set1_ps(p[i * lds + r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < G; ++c) x[i][c] = _mm512_fmadd_ps(b, vv[c], x[i][c]);
     }
   }
-  for (int c = 0; c < G; ++c) {
-    _mm512_storeu_ps(acc0 + 16 * c, x[c]);
-    _mm512_storeu_ps(acc1 + 16 * c, y[c]);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int c = 0; c < G; ++c) _mm512_storeu_ps(acc + i * hdp + 16 * c, x[i][c]);
   }
 }
 
-// PV for one query row: even and odd cache rows in separate accumulators so
-// that short rows (G < 8) still have enough independent FMA chains.
-template <int G>
-void pv_one_row(const float* p0, float a0, const float* v, int64_t hdp, int64_t n, float* acc0) {
-  __m512 x[G];
-  __m512 y[G];
-  const __m512 va0 = _mm512_set1_ps(a0);
-  for (int c = 0; c < G; ++c) {
-    x[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), va0);
-    y[c] = _mm512_setzero_ps();
+template <int R, typename Rows>
+void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n, float* acc,
+               int64_t hdp) {
+  switch (g) {
+    case 1: return pv_tile<R, 1>(p, lds, alpha, v, n, acc, hdp);
+    case 2: return pv_tile<R, 2>(p, lds, alpha, v, n, acc, hdp);
+    case 3: return pv_tile<R, 3>(p, lds, alpha, v, n, acc, hdp);
+    case 4: return pv_tile<R, 4>(p, lds, alpha, v, n, acc, hdp);
+    default: break;
   }
-  int64_t r = 0;
-  for (; r + 1 < n; r += 2) {
-    const __m512 b0 = _mm512_set1_ps(p0[r]);
-    const __m512 b1 = _mm512_set1_ps(p0[r + 1]);
-    const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) {
-      x[c] = _mm512_fmadd_ps(b0, _mm512_loadu_ps(vr + 16 * c), x[c]);
-      y[c] = _mm512_fmadd_ps(b1, _mm512_loadu_ps(vr + hdp + 16 * c), y[c]);
+  if constexpr (R <= 2) {
+    switch (g) {
+      case 5: return pv_tile<R, 5>(p, lds, alpha, v, n, acc, hdp);
+      case 6: return pv_tile<R, 6>(p, lds, alpha, v, n, acc, hdp);
+      case 7: return pv_tile<R, 7>(p, lds, alpha, v, n, acc, hdp);
+      default: return pv_tile<R, 8>(p, lds, alpha, v, n, acc, hdp);
     }
   }
-  if (r < n) {
-    const __m512 b0 = _mm512_set1_ps(p0[r]);
-    const float* vr = v + r * hdp;
-    for (int c = 0; c < G; ++c) x[c] = _mm512_fmadd_ps(b0, _mm512_loadu_ps(vr + 16 * c), x[c]);
-  }
-  for (int c = 0; c < G; ++c) _mm512_storeu_ps(acc0 + 16 * c, _mm512_add_ps(x[c], y[c]));
 }
 
-template <int G>
-void pv_group(const float* p, int64_t lds, const float* alpha, int64_t m, const float* v, int64_t n, int64_t hdp,
-              float* acc) {
-  int64_t i = 0;
-  for (; i + 1 < m; i += 2) {
-    pv_two_rows<G>(p + i * lds, p + (i + 1) * lds, alpha[i], alpha[i + 1], v, hdp, n, acc + i * hdp,
-                   acc + (i + 1) * hdp);
+// PV over all m query rows and hdp / 16 chunks: rows in groups of 4, chunks
+// in groups of 4 (8 when a group has 1-2 rows, for enough FMA chains).
+// make_rows(c0) gives the Rows functor of chunk group c0.
+template <typename MakeRows>
+void pv_all(const float* p, int64_t lds, const float* alpha, int64_t m, int64_t n, int64_t hdp, float* acc,
+            MakeRows make_rows) {
+  const int64_t n_chunks = hdp / 16;
+  for (int64_t i0 = 0; i0 < m; i0 += 4) {
+    const int64_t rows = m - i0 < 4 ? m - i0 : 4;
+    const int64_t g_max = rows <= 2 ? 8 : 4;
+    const float* pi = p + i0 * lds;
+    const float* ai = alpha ? alpha + i0 : nullptr;
+    for (int64_t c0 = 0; c0 < n_chunks; c0 += g_max) {
+      const int64_t g = n_chunks - c0 < g_max ? n_chunks - c0 : g_max;
+      const auto v = make_rows(c0);
+      float* a = acc + i0 * hdp + 16 * c0;
+      switch (rows) {
+        case 1: pv_tile_g<1>(g, pi, lds, ai, v, n, a, hdp); break;
+        case 2: pv_tile_g<2>(g, pi, lds, ai, v, n, a, hdp); break;
+        case 3: pv_tile_g<3>(g, pi, lds, ai, v, n, a, hdp); break;
+        default: pv_tile_g<4>(g, pi, lds, ai, v, n, a, hdp); break;
+      }
+    }
   }
-  if (i < m) pv_one_row<G>(p + i * lds, alpha[i], v, hdp, n, acc + i * hdp);
 }
 
 }  // namespace
@@ -282,23 +410,61 @@ void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t 
   }
 }
 
+void attn_prepare_q(const float* q, int64_t m, int64_t hdp, float* qx) {
+  if (m < kQuadMinRows) {
+    for (int64_t i = 0; i < m * hdp; i += 16) _mm512_storeu_ps(qx + i, _mm512_loadu_ps(q + i));
+    return;
+  }
+  // Quad layout: quad hq, step s (dims 4s..4s+3) -> 16 floats, 4 per row of
+  // the quad: qx[(hq * hdp/4 + s) * 16 + 4k + e] = q[4hq + k][4s + e]
+  // (rows past m are zero).
+  const int64_t n_steps = hdp / 4;
+  const __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  for (int64_t hq = 0; hq * 4 < m; ++hq) {
+    const float* rows[4];
+    for (int k = 0; k < 4; ++k) rows[k] = 4 * hq + k < m ? q + (4 * hq + k) * hdp : nullptr;
+    float* out = qx + hq * n_steps * 16;
+    for (int64_t d = 0; d < hdp; d += 16) {
+      // 16 dims of the 4 rows -> 4 steps of 16 floats.
+      __m512 r[4];
+      for (int k = 0; k < 4; ++k) r[k] = rows[k] ? _mm512_loadu_ps(rows[k] + d) : _mm512_setzero_ps();
+      const __m512 r01lo = _mm512_permutex2var_ps(r[0], idx, r[1]);  // steps 0,1 of rows 0,1 (interleaved by 4)
+      const __m512 r23lo = _mm512_permutex2var_ps(r[2], idx, r[3]);
+      const __m512i hi = _mm512_add_epi32(idx, _mm512_set1_epi32(8));
+      const __m512 r01hi = _mm512_permutex2var_ps(r[0], hi, r[1]);  // steps 2,3 of rows 0,1
+      const __m512 r23hi = _mm512_permutex2var_ps(r[2], hi, r[3]);
+      // r01lo = [r0 s0, r1 s0, r0 s1, r1 s1]; combine with rows 2,3 per step.
+      float* o = out + (d / 4) * 16;
+      _mm512_storeu_ps(o + 0, _mm512_shuffle_f32x4(r01lo, r23lo, 0x44));   // step 0: r0 r1 r2 r3
+      _mm512_storeu_ps(o + 16, _mm512_shuffle_f32x4(r01lo, r23lo, 0xEE));  // step 1
+      _mm512_storeu_ps(o + 32, _mm512_shuffle_f32x4(r01hi, r23hi, 0x44));  // step 2
+      _mm512_storeu_ps(o + 48, _mm512_shuffle_f32x4(r01hi, r23hi, 0xEE));  // step 3
+    }
+  }
+}
+
 void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n, float scale,
                  float* s, int64_t lds) {
+  (void)rc;  // K is row-major here: row r at kf + r * hdp
+  if (m >= kQuadMinRows) {
+    scores_quads(q, m, hdp, kf, n, scale, s, lds);
+    return;
+  }
   const int64_t n_chunks = hdp / 16;
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t g = 0; g < n; g += 16) {
-    // Rows g..g+15 (zero past n): chunk c of row g+j at kf + c*rc*16 + (g+j)*16.
-    const float* kg = kf + g * 16;
+    // Rows g..g+15 (zero past n).
+    const float* kg = kf + g * hdp;
     const __mmask16 store = tail_mask(n - g);
     for (int64_t i = 0; i < m; ++i) {
       const float* qi = q + i * hdp;
       __m512 a[16];
       for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
-      const float* kc = kg;
-      for (int64_t c = 0; c < n_chunks; ++c, kc += rc * 16) {
+      for (int64_t c = 0; c < n_chunks; ++c) {
         const __m512 qv = _mm512_loadu_ps(qi + 16 * c);
+        const float* kc = kg + 16 * c;
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + 16 * j), a[j]);
+        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + j * hdp), a[j]);
       }
       _mm512_mask_storeu_ps(s + i * lds + g, store, _mm512_mul_ps(reduce16(a), vscale));
     }
@@ -336,22 +502,22 @@ void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_
 
 void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n, int64_t hdp,
              float* acc) {
-  // Chunks of 16 dims in groups of up to 8: 2 rows x 8 accumulators at most.
-  for (int64_t c0 = 0; c0 < hdp / 16; c0 += 8) {
-    const int64_t g = hdp / 16 - c0 < 8 ? hdp / 16 - c0 : 8;
-    const float* v = vf + 16 * c0;
-    float* a = acc + 16 * c0;
-    switch (g) {
-      case 1: pv_group<1>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 2: pv_group<2>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 3: pv_group<3>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 4: pv_group<4>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 5: pv_group<5>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 6: pv_group<6>(p, lds, alpha, m, v, n, hdp, a); break;
-      case 7: pv_group<7>(p, lds, alpha, m, v, n, hdp, a); break;
-      default: pv_group<8>(p, lds, alpha, m, v, n, hdp, a); break;
-    }
-  }
+  pv_all(p, lds, alpha, m, n, hdp, acc, [vf, hdp](int64_t c0) { return RowsF32{vf + 16 * c0, hdp}; });
+}
+
+void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
+                 float* acc) {
+  const auto* base = static_cast<const char*>(v);
+  const int64_t row_bytes = 2 * hd;
+  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) { return RowsF16{base + 32 * c0, row_bytes}; });
+}
+
+void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
+                  float* acc) {
+  // Chunk groups start at even chunks (4 or 8 per group), so at block boundaries.
+  const auto* base = static_cast<const unsigned char*>(v);
+  const int64_t row_bytes = 34 * (hd / 32);
+  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) { return RowsQ8{base + 34 * (c0 / 2), row_bytes}; });
 }
 
 }  // namespace loom::cpu::avx512

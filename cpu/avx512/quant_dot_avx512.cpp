@@ -117,9 +117,93 @@ LOOM_INLINE void load_x_group_partial(const int8_t* q, int count, __m512i* lo, _
   *hi = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
+// ---- GEMM helpers: the transposed ("one sub-block per lane") layout --------------
+//
+// For the GEMM, a step of 16 sub-blocks is stored as M = L / 4 vectors
+// (L = 32 elements per sub-block for the legacy formats, 16 for the
+// K-quants): vector m holds, in lane j, the four quants 4m..4m+3 of sub-block
+// j. Weights and activations in this layout give, after M VPDPBUSD into one
+// accumulator, the 16 sub-block dot products in the 16 lanes: one float
+// update per 16 sub-blocks instead of one per 4.
+
+// Dwords at p + j * stride + offset for the lanes j set in m (others 0).
+LOOM_INLINE __m512i gather_lanes(const uint8_t* p, int stride, int offset, __mmask16 m) {
+  const __m512i idx = _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride)),
+      _mm512_set1_epi32(offset));
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, p, 1);
+}
+
+// Bits sh..sh+3 of each dword of qh as 16 added to bytes 0..3 of the dword
+// of q (the fifth bits of Q5_0/Q5_1 in the transposed layout): spreading 4
+// bits to 4 bytes with one multiply (the shifted copies cannot overlap).
+LOOM_INLINE __m512i add_fifth_bits_t(__m512i q, __m512i qh, int sh) {
+  const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(sh)), _mm512_set1_epi32(0xF));
+  const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(v, _mm512_set1_epi32(0x00204081)),
+                                          _mm512_set1_epi32(0x01010101));
+  return _mm512_add_epi32(q, _mm512_slli_epi32(spread, 4));
+}
+
+// 4x4 transpose of dwords inside each 128-bit lane across v[0..3]: afterwards
+// lane 4i + k of v[m] is dword m of lane i of the old v[k]. For K-quant
+// super-blocks (old v[k] = elements 64k.., 128-bit lane i = sub-block 4k + i)
+// this is the transposed layout with sub-block 4k + i in lane 4i + k.
+LOOM_INLINE void transpose_lanes_4x4(__m512i v[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+  const __m512i t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+  const __m512i t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+  v[0] = _mm512_unpacklo_epi64(t0, t2);
+  v[1] = _mm512_unpackhi_epi64(t0, t2);
+  v[2] = _mm512_unpacklo_epi64(t1, t3);
+  v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+// Sub-block order of transpose_lanes_4x4: lane p = 4i + k holds sub-block 4k + i.
+LOOM_INLINE __m512i k_lane_order() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
+
+// ---- VBMI: a group's pieces gathered with one byte permute ---------------------------
+// With AVX512_VBMI (Ice Lake and later, Zen 4 and later), the quants of four
+// consecutive blocks come from two plain loads and one VPERMT2B instead of
+// four 16-byte loads and three lane inserts. Operand a holds the group's
+// bytes 0..63, operand b the rest of the group from byte kBOff on, loaded
+// with its exact length so that nothing past the group is read.
+
+// Runtime switch (CPU support, and a test hook to take the other path).
+int g_vbmi_state = -1;  // -1: not probed yet, 0: off, 1: on (accessed with __atomic builtins)
+
+bool vbmi_enabled() {
+  int v = __atomic_load_n(&g_vbmi_state, __ATOMIC_RELAXED);
+  if (v < 0) {
+    v = detail::cpu_has_avx512_vbmi() ? 1 : 0;
+    __atomic_store_n(&g_vbmi_state, v, __ATOMIC_RELAXED);
+  }
+  return v == 1;
+}
+
+struct alignas(64) ByteIdx {
+  uint8_t v[64];
+};
+
+// Output byte 16k + j = group byte block_bytes * k + off + j (j < len; the
+// other bytes of each lane repeat byte 0 of the piece: don't care).
+constexpr ByteIdx make_piece_idx(int block_bytes, int off, int len, int b_off) {
+  ByteIdx t{};
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 16; ++j) {
+      const int src = block_bytes * k + off + (j < len ? j : 0);
+      t.v[16 * k + j] = static_cast<uint8_t>(src < 64 ? src : 64 + (src - b_off));
+    }
+  }
+  return t;
+}
+
+LOOM_INLINE __m512i permute_group(__m512i a, __m512i b, const ByteIdx& idx) {
+  return _mm512_permutex2var_epi8(a, _mm512_load_si512(idx.v), b);
+}
+
 // ---- weight formats of 32-element blocks ------------------------------------------
-// Each has: kBytes (block size), kBias (offset of the unsigned quants, or 0
-// with kHasMin for the formats with an explicit min), scales() for up to 16
+// Each has: kBytes (block size), kHasMin (an explicit min) or else kBias
+// (the offset of the unsigned quants, as a multiple of the scale), scales() for up to 16
 // blocks and group() giving 4 blocks' unsigned quants as (lo, hi) in the
 // layout of load_x_group.
 
@@ -162,11 +246,26 @@ struct FmtQ4_0 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 2, kBytes) : load_4x16_partial(p + 2, kBytes, count), lo, hi);
   }
+  // GEMM: 16 blocks in the transposed layout (8 vectors), scales, mins.
+  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i g = gather_lanes(p, kBytes, 2 + 4 * k, m);
+      q[k] = _mm512_and_si512(g, m4);
+      q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
+    }
+    scales(p, m, a, b);
+  }
+  // VBMI, full groups: bytes 0..63 and 64..71.
+  static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 2, 16, 64);
+  static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
+    const __m512i b = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+    split_nibbles(permute_group(load512(p), b, kQsIdx), lo, hi);
+  }
 };
 
 struct FmtQ4_1 {
   static constexpr int kBytes = 20;
-  static constexpr float kBias = 0.0f;
   static constexpr bool kHasMin = true;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* min) {
     const __m512i v = gather_dwords(p, kBytes, m);  // d | m << 16
@@ -175,6 +274,21 @@ struct FmtQ4_1 {
   }
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 4, kBytes) : load_4x16_partial(p + 4, kBytes, count), lo, hi);
+  }
+  // GEMM: 16 blocks in the transposed layout (8 vectors), scales, mins.
+  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i g = gather_lanes(p, kBytes, 4 + 4 * k, m);
+      q[k] = _mm512_and_si512(g, m4);
+      q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
+    }
+    scales(p, m, a, b);
+  }
+  // VBMI, full groups: bytes 0..63 and 64..79.
+  static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 4, 16, 64);
+  static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
+    split_nibbles(permute_group(load512(p), _mm512_castsi128_si512(load128(p + 64)), kQsIdx), lo, hi);
   }
 };
 
@@ -189,11 +303,29 @@ struct FmtQ5_0 {
     split_nibbles(count == 4 ? load_4x16(p + 6, kBytes) : load_4x16_partial(p + 6, kBytes, count), lo, hi);
     add_fifth_bits(load_qh4(p + 2, kBytes, count), lo, hi);
   }
+  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i qh = gather_lanes(p, kBytes, 2, m);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i g = gather_lanes(p, kBytes, 6 + 4 * k, m);
+      q[k] = add_fifth_bits_t(_mm512_and_si512(g, m4), qh, 4 * k);
+      q[k + 4] = add_fifth_bits_t(_mm512_and_si512(_mm512_srli_epi16(g, 4), m4), qh, 16 + 4 * k);
+    }
+    scales(p, m, a, b);
+  }
+  // VBMI, full groups: bytes 0..63 and 56..87.
+  static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 6, 16, 56);
+  static constexpr ByteIdx kQhIdx = make_piece_idx(kBytes, 2, 4, 56);
+  static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
+    const __m512i a = load512(p);
+    const __m512i b = _mm512_castsi256_si512(load256(p + 56));
+    split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
+    add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
+  }
 };
 
 struct FmtQ5_1 {
   static constexpr int kBytes = 24;
-  static constexpr float kBias = 0.0f;
   static constexpr bool kHasMin = true;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* min) {
     const __m512i v = gather_dwords(p, kBytes, m);
@@ -203,6 +335,25 @@ struct FmtQ5_1 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 8, kBytes) : load_4x16_partial(p + 8, kBytes, count), lo, hi);
     add_fifth_bits(load_qh4(p + 4, kBytes, count), lo, hi);
+  }
+  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i qh = gather_lanes(p, kBytes, 4, m);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i g = gather_lanes(p, kBytes, 8 + 4 * k, m);
+      q[k] = add_fifth_bits_t(_mm512_and_si512(g, m4), qh, 4 * k);
+      q[k + 4] = add_fifth_bits_t(_mm512_and_si512(_mm512_srli_epi16(g, 4), m4), qh, 16 + 4 * k);
+    }
+    scales(p, m, a, b);
+  }
+  // VBMI, full groups: bytes 0..63 and 64..95.
+  static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 8, 16, 64);
+  static constexpr ByteIdx kQhIdx = make_piece_idx(kBytes, 4, 4, 64);
+  static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
+    const __m512i a = load512(p);
+    const __m512i b = _mm512_castsi256_si512(load256(p + 64));
+    split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
+    add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
   }
 };
 
@@ -224,6 +375,29 @@ struct FmtQ8_0 {
       *hi = _mm512_xor_si512(load_4x16_partial(p + 18, kBytes, count), sign);
     }
   }
+  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(gather_lanes(p, kBytes, 2 + 4 * k, m), sign);
+    scales(p, m, a, b);
+  }
+  // VBMI, full groups: the first halves of the blocks from bytes 0..127,
+  // the second halves from bytes 8..71 and 72..135.
+  static constexpr ByteIdx kLoIdx = make_piece_idx(kBytes, 2, 16, 64);
+  static constexpr ByteIdx kHiIdx = []() {
+    ByteIdx t{};
+    for (int k = 0; k < 4; ++k) {
+      for (int j = 0; j < 16; ++j) {
+        const int src = kBytes * k + 18 + j;
+        t.v[16 * k + j] = static_cast<uint8_t>(src < 72 ? src - 8 : 64 + (src - 72));
+      }
+    }
+    return t;
+  }();
+  static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    *lo = _mm512_xor_si512(permute_group(load512(p), load512(p + 64), kLoIdx), sign);
+    *hi = _mm512_xor_si512(permute_group(load512(p + 8), load512(p + 72), kHiIdx), sign);
+  }
 };
 
 // ---- GEMV-like kernel for the 32-element formats ----------------------------------
@@ -236,95 +410,106 @@ struct FmtQ8_0 {
 //            (+ m_b * s_b for the formats with a min),
 // with I_b the integer dot of the unsigned weight quants and the activation
 // quants of block b.
-template <class F, int R, int C>
-LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb, float* const* y) {
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-
-  for (int64_t b = 0; b < nb; b += 16) {
-    const int64_t left = nb - b;
-    const bool full = left >= 16;
-    const __mmask16 m16 = mask16(left);
-    __m512 dx[C];
-    for (int c = 0; c < C; ++c) dx[c] = _mm512_maskz_loadu_ps(m16, x[c].d + b);
-    __m512 dw[R];
+template <class F, int R, int C, bool kFull, bool kVbmi>
+LOOM_INLINE void gemv32_step(const uint8_t* w, size_t wrb, const XRow* x, int64_t b, int64_t left,
+                             __m512 (&acc)[R][C]) {
+  // kFull: 16 blocks, no masks and no branches on counts.
+  const __mmask16 m16 = kFull ? static_cast<__mmask16>(0xFFFF) : mask16(left);
+  __m512 dx[C];
+  for (int c = 0; c < C; ++c) {
+    dx[c] = kFull ? _mm512_loadu_ps(x[c].d + b) : _mm512_maskz_loadu_ps(m16, x[c].d + b);
+  }
+  __m512 dw[R];
+  for (int r = 0; r < R; ++r) {
+    __m512 mn = _mm512_setzero_ps();
+    F::scales(w + r * wrb + b * F::kBytes, m16, &dw[r], &mn);
+    for (int c = 0; c < C; ++c) {
+      const __m512 s = kFull ? _mm512_loadu_ps(x[c].s + b) : _mm512_maskz_loadu_ps(m16, x[c].s + b);
+      if constexpr (F::kHasMin) {
+        acc[r][c] = _mm512_fmadd_ps(mn, s, acc[r][c]);
+      } else {
+        acc[r][c] = _mm512_fmadd_ps(dw[r], _mm512_mul_ps(s, _mm512_set1_ps(F::kBias)), acc[r][c]);
+      }
+    }
+  }
+  // GEMV: the per-block scale products dw * dx, spread per group below.
+  __m512 sc[R];
+  if constexpr (C == 1) {
+    for (int r = 0; r < R; ++r) sc[r] = _mm512_mul_ps(dw[r], dx[0]);
+  }
+  const int groups = kFull ? 4 : static_cast<int>((left + 3) / 4);
+#pragma GCC unroll 4
+  for (int g = 0; g < groups; ++g) {
+    const int count = kFull ? 4 : static_cast<int>(left - 4 * g < 4 ? left - 4 * g : 4);
+    const int64_t bg = b + 4 * g;
+    __m512i xlo[C], xhi[C];
+    for (int c = 0; c < C; ++c) {
+      if (kFull) {
+        load_x_group(x[c].q + 32 * bg, &xlo[c], &xhi[c]);
+      } else {
+        load_x_group_partial(x[c].q + 32 * bg, count, &xlo[c], &xhi[c]);
+      }
+    }
     for (int r = 0; r < R; ++r) {
-      __m512 mn = _mm512_setzero_ps();
-      F::scales(w + r * wrb + b * F::kBytes, m16, &dw[r], &mn);
-      for (int c = 0; c < C; ++c) {
-        const __m512 s = _mm512_maskz_loadu_ps(m16, x[c].s + b);
-        if constexpr (F::kHasMin) {
-          acc[r][c] = _mm512_fmadd_ps(mn, s, acc[r][c]);
-        } else {
-          acc[r][c] = _mm512_fmadd_ps(dw[r], _mm512_mul_ps(s, _mm512_set1_ps(F::kBias)), acc[r][c]);
-        }
-      }
-    }
-    // GEMV: the per-block scale products dw * dx, spread per group below.
-    __m512 sc[R];
-    if constexpr (C == 1) {
-      for (int r = 0; r < R; ++r) sc[r] = _mm512_mul_ps(dw[r], dx[0]);
-    }
-    const int groups = full ? 4 : static_cast<int>((left + 3) / 4);
-    for (int g = 0; g < groups; ++g) {
-      const int count = full ? 4 : static_cast<int>(left - 4 * g < 4 ? left - 4 * g : 4);
-      const int64_t bg = b + 4 * g;
-      __m512i xlo[C], xhi[C];
-      for (int c = 0; c < C; ++c) {
-        if (count == 4) {
-          load_x_group(x[c].q + 32 * bg, &xlo[c], &xhi[c]);
-        } else {
-          load_x_group_partial(x[c].q + 32 * bg, count, &xlo[c], &xhi[c]);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* p = w + r * wrb + bg * F::kBytes;
-        // The rows of the next tile follow this one in memory: fetch them
-        // while this tile computes (the hardware prefetchers lose too much
-        // time re-learning each short row stream).
-        _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + 64), _MM_HINT_T0);
-        __m512i lo, hi;
+      const uint8_t* p = w + r * wrb + bg * F::kBytes;
+      // The rows of the next tile follow this one in memory: fetch them
+      // while this tile computes (the hardware prefetchers lose too much
+      // time re-learning each short row stream).
+      _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + 64), _MM_HINT_T0);
+      __m512i lo, hi;
+      if constexpr (kFull && kVbmi) {
+        F::group_vbmi(p, &lo, &hi);
+      } else {
         F::group(p, count, &lo, &hi);
-        if constexpr (C == 1) {
-          __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo[0]);
-          i = _mm512_dpbusd_epi32(i, hi, xhi[0]);
-          acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), spread_group(sc[r], g), acc[r][0]);
-        } else {
-          const __m512 dwg = spread_group(dw[r], g);
-          for (int c = 0; c < C; ++c) {
-            __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo[c]);
-            i = _mm512_dpbusd_epi32(i, hi, xhi[c]);
-            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(i), dwg);
-            acc[r][c] = _mm512_fmadd_ps(t, spread_group(dx[c], g), acc[r][c]);
-          }
+      }
+      if constexpr (C == 1) {
+        __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo[0]);
+        i = _mm512_dpbusd_epi32(i, hi, xhi[0]);
+        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), spread_group(sc[r], g), acc[r][0]);
+      } else {
+        const __m512 dwg = spread_group(dw[r], g);
+        for (int c = 0; c < C; ++c) {
+          __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo[c]);
+          i = _mm512_dpbusd_epi32(i, hi, xhi[c]);
+          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(i), dwg);
+          acc[r][c] = _mm512_fmadd_ps(t, spread_group(dx[c], g), acc[r][c]);
         }
       }
     }
   }
+}
+
+template <class F, int R, int C, bool kVbmi>
+LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb, float* const* y) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 16 <= nb; b += 16) gemv32_step<F, R, C, true, kVbmi>(w, wrb, x, b, 16, acc);
+  if (b < nb) gemv32_step<F, R, C, false, kVbmi>(w, wrb, x, b, nb - b, acc);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[c][r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 // Rows [r0, r1) in tiles of R, for C activation rows.
-template <class F, int C>
+template <class F, int C, bool kVbmi>
 void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y, int64_t r0, int64_t r1) {
   constexpr int R = C <= 2 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
     for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
-    gemv32_tile<F, R, C>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
+    gemv32_tile<F, R, C, kVbmi>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
   }
   for (; r < r1; ++r) {
     for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
-    gemv32_tile<F, 1, C>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
+    gemv32_tile<F, 1, C, kVbmi>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
   }
 }
 
 template <class F>
-void matmul32(LOOM_QUANT_KERNEL_ARGS) {
+void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
   const auto* w = static_cast<const uint8_t*>(W);
   const int64_t nb = n / 32;
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -335,28 +520,664 @@ void matmul32(LOOM_QUANT_KERNEL_ARGS) {
       x[c] = x_row(X, x_row_bytes, t0 + c, n);
       y[c] = Y + (t0 + c) * ldy;
     }
-    switch (tc) {
-      case 1: gemv32_rows<F, 1>(w, w_row_bytes, x, nb, y, r0, r1); break;
-      case 2: gemv32_rows<F, 2>(w, w_row_bytes, x, nb, y, r0, r1); break;
-      case 3: gemv32_rows<F, 3>(w, w_row_bytes, x, nb, y, r0, r1); break;
-      default: gemv32_rows<F, 4>(w, w_row_bytes, x, nb, y, r0, r1); break;
+    if (vbmi_enabled()) {
+      switch (tc) {
+        case 1: gemv32_rows<F, 1, true>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        case 2: gemv32_rows<F, 2, true>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        case 3: gemv32_rows<F, 3, true>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        default: gemv32_rows<F, 4, true>(w, w_row_bytes, x, nb, y, r0, r1); break;
+      }
+    } else {
+      switch (tc) {
+        case 1: gemv32_rows<F, 1, false>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        case 2: gemv32_rows<F, 2, false>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        case 3: gemv32_rows<F, 3, false>(w, w_row_bytes, x, nb, y, r0, r1); break;
+        default: gemv32_rows<F, 4, false>(w, w_row_bytes, x, nb, y, r0, r1); break;
+      }
     }
   }
 }
 
+// ---- K-quants (256-element super-blocks, Q8_K activations) -----------------------
+//
+// Each weight super-block is unpacked into four vectors w[k] of unsigned
+// quants, w[k] = elements 64k..64k+63 in natural order (so they pair with
+// plain loads of the activation quants), plus two vectors over the 16
+// sub-blocks of 16 elements:
+//   scale16[j] = multiplier of sum(q x) over sub-block j (d * sc, as fp32),
+//   bias16[j]  = multiplier of sum(x) over sub-block j (the mins, or the
+//                quant offset times the scale).
+// After VPDPBUSD, lane i of the product with w[k] belongs to sub-block
+// 4k + i / 4, so each w[k] needs the four scales of its sub-blocks spread
+// over its lanes. Then for one activation block (scale dx, sums bsums):
+//   dot = dx * (sum_j scale16[j] * I_j  +  sum_j bias16[j] * bsums[j]).
+// Formats with 32-element sub-blocks (Q4_K, Q5_K) repeat each scale twice.
+
+// Lane i -> lane 4k + i / 4 of v.
+LOOM_INLINE __m512 spread_quarter(__m512 v, int k) { return spread_group(v, k); }
+
+// The activation block (Q8_K) as the dot products use it.
+struct XK {
+  __m512i q[4];  // quants, 64 per vector
+  __m512 dx;     // d, all lanes
+  __m512 bs;     // d * bsums[j] per lane j
+};
+
+LOOM_INLINE void load_xk(const uint8_t* blk, XK* x) {
+  float d;
+  __builtin_memcpy(&d, blk, 4);
+  x->dx = _mm512_set1_ps(d);
+  for (int k = 0; k < 4; ++k) x->q[k] = load512(blk + 4 + 64 * k);
+  const __m512i bsums = _mm512_cvtepi16_epi32(load256(blk + 4 + 256));
+  x->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(bsums), x->dx);
+}
+
+// Two fp16 values at p (p[0..1], p[2..3]) as fp32.
+LOOM_INLINE void load_two_halves(const uint8_t* p, float* a, float* b) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(v)));
+  *a = _mm_cvtss_f32(f);
+  *b = _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1));
+}
+LOOM_INLINE float load_half(const uint8_t* p) {
+  uint16_t v;
+  __builtin_memcpy(&v, p, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
+}
+
+// 32 bytes at p in both 256-bit halves.
+LOOM_INLINE __m512i load_dup32(const uint8_t* p) { return _mm512_broadcast_i64x4(load256(p)); }
+
+// Per-half 16-bit shift counts: a in the low 256 bits, b in the high.
+LOOM_INLINE __m512i halves_epi16(int a, int b) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
+}
+
+// 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K (12 packed bytes, see
+// ref::scale_min_k4) as bytes: returns sc in the low 8 bytes, mn in the high.
+LOOM_INLINE __m128i unpack_scales_k4(const uint8_t* p) {
+  uint32_t u[3];
+  __builtin_memcpy(u, p, 12);
+  const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu;
+  const uint32_t mn_lo = u[1] & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  return _mm_set_epi32(static_cast<int>(mn_hi), static_cast<int>(mn_lo), static_cast<int>(sc_hi),
+                       static_cast<int>(sc_lo));
+}
+
+struct FmtQ4_K {
+  static constexpr int kBytes = 144;
+  static constexpr bool kHasMin = true;
+  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
+    float d, dmin;
+    load_two_halves(b, &d, &dmin);
+    const __m128i sm = unpack_scales_k4(b + 4);
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))), _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))), _mm512_set1_ps(-dmin));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i shift = halves_epi16(0, 4);
+    for (int k = 0; k < 4; ++k) w[k] = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 16 + 32 * k), shift), m4);
+  }
+};
+
+struct FmtQ5_K {
+  static constexpr int kBytes = 176;
+  static constexpr bool kHasMin = true;
+  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
+    float d, dmin;
+    load_two_halves(b, &d, &dmin);
+    const __m128i sm = unpack_scales_k4(b + 4);
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))), _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))), _mm512_set1_ps(-dmin));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i shift = halves_epi16(0, 4);
+    const __m512i qh = load_dup32(b + 16);
+    const __m512i c16 = _mm512_set1_epi8(16);
+    for (int k = 0; k < 4; ++k) {
+      __m512i v = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 48 + 32 * k), shift), m4);
+      // Fifth bit: bit 2k of qh[l] for the low half, bit 2k + 1 for the high half.
+      const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
+                                             _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
+      w[k] = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh, bit), v, c16);
+    }
+  }
+};
+
+struct FmtQ6_K {
+  static constexpr int kBytes = 210;
+  static constexpr bool kHasMin = false;
+  static constexpr float kBeta = -32.0f;  // offset = kBeta * scale (formats without mins)
+  static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
+    const float d = load_half(b + 208);
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(b + 192)));
+    *scale16 = _mm512_mul_ps(sc, _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(*scale16, _mm512_set1_ps(-32.0f));  // quants stored as q + 32
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m2 = _mm512_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = load512(b + 64 * h);
+      const __m512i qh = load_dup32(b + 128 + 32 * h);
+      // Elements 128h + 0..63: low nibbles of ql, qh bits 0-1 (low half), 2-3 (high half).
+      const __m512i h0 = _mm512_and_si512(_mm512_sllv_epi16(qh, halves_epi16(4, 2)), m2);
+      // Elements 128h + 64..127: high nibbles, qh bits 4-5 and 6-7.
+      const __m512i h1 = _mm512_and_si512(_mm512_srlv_epi16(qh, halves_epi16(0, 2)), m2);
+      w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h0);
+      w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h1);
+    }
+  }
+};
+
+struct FmtQ2_K {
+  static constexpr int kBytes = 84;
+  static constexpr bool kHasMin = true;
+  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
+    float d, dmin;
+    load_two_halves(b + 80, &d, &dmin);
+    const __m128i sm = load128(b);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sm, m4))), _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sm, 4), m4))),
+                            _mm512_set1_ps(-dmin));
+    const __m512i m2 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = load_dup32(b + 16 + 32 * h);
+      // Elements 128h + 64j + 32i + l: bits 2(2j + i) of q[l].
+      w[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(q, halves_epi16(0, 2)), m2);
+      w[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(q, halves_epi16(4, 6)), m2);
+    }
+  }
+};
+
+// 16 six-bit scales of Q3_K (see blocks.h) as bytes.
+LOOM_INLINE __m128i unpack_scales_q3(const uint8_t* p) {
+  uint32_t u[3];
+  __builtin_memcpy(u, p, 12);
+  const uint32_t m4 = 0x0F0F0F0Fu;
+  const uint32_t m2 = 0x03030303u;
+  const uint32_t s0 = (u[0] & m4) | ((u[2] & m2) << 4);
+  const uint32_t s1 = (u[1] & m4) | (((u[2] >> 2) & m2) << 4);
+  const uint32_t s2 = ((u[0] >> 4) & m4) | (((u[2] >> 4) & m2) << 4);
+  const uint32_t s3 = ((u[1] >> 4) & m4) | (((u[2] >> 6) & m2) << 4);
+  return _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1), static_cast<int>(s0));
+}
+
+struct FmtQ3_K {
+  static constexpr int kBytes = 110;
+  static constexpr bool kHasMin = false;
+  static constexpr float kBeta = -4.0f;  // offset = kBeta * scale (formats without mins)
+  static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
+    const float d = load_half(b + 108);
+    const __m128i sc = _mm_sub_epi8(unpack_scales_q3(b + 96), _mm_set1_epi8(32));
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(*scale16, _mm512_set1_ps(-4.0f));  // quants stored as q + 4
+    const __m512i m2 = _mm512_set1_epi8(3);
+    const __m512i hm = load_dup32(b);
+    const __m512i c4 = _mm512_set1_epi8(4);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = load_dup32(b + 32 + 32 * h);
+      for (int j = 0; j < 2; ++j) {
+        const int k = 2 * h + j;
+        // Low bits: elements 128h + 64j + 32i + l take bits 2(2j + i) of qs[32h + l];
+        // bit 2 of element e is bit e / 32 (= 2k + i) of hmask[l].
+        const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, halves_epi16(4 * j, 4 * j + 2)), m2);
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
+                                               _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
+        w[k] = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(hm, bit), v, c4);
+      }
+    }
+  }
+};
+
+// R weight rows x C activation rows over all super-blocks.
+template <class F, int R, int C>
+LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y) {
+  constexpr int kXBytes = 292;  // BlockQ8_K
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    XK xk[C];
+    for (int c = 0; c < C; ++c) load_xk(x[c] + b * kXBytes, &xk[c]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w + r * wrb + b * F::kBytes;
+      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + l), _MM_HINT_T0);
+      __m512i q[4];
+      __m512 scale16, bias16;
+      F::unpack(p, q, &scale16, &bias16);
+      for (int c = 0; c < C; ++c) {
+        const __m512 s = _mm512_mul_ps(scale16, xk[c].dx);
+        __m512 a = _mm512_fmadd_ps(bias16, xk[c].bs, acc[r][c]);
+        for (int k = 0; k < 4; ++k) {
+          const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[k], xk[c].q[k]);
+          a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), spread_quarter(s, k), a);
+        }
+        acc[r][c] = a;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c][r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <class F, int C>
+void gemv_k_rows(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y, int64_t r0,
+                 int64_t r1) {
+  constexpr int R = C <= 2 ? 4 : 2;
+  float* yr[C];
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
+    gemv_k_tile<F, R, C>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
+  }
+  for (; r < r1; ++r) {
+    for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
+    gemv_k_tile<F, 1, C>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
+  }
+}
+
+template <class F>
+void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
+  const auto* w = static_cast<const uint8_t*>(W);
+  const int64_t nb = n / 256;
+  for (int64_t t0 = 0; t0 < T; t0 += 4) {
+    const int64_t tc = T - t0 < 4 ? T - t0 : 4;
+    const uint8_t* x[4];
+    float* y[4];
+    for (int c = 0; c < tc; ++c) {
+      x[c] = static_cast<const uint8_t*>(X) + (t0 + c) * static_cast<int64_t>(x_row_bytes);
+      y[c] = Y + (t0 + c) * ldy;
+    }
+    switch (tc) {
+      case 1: gemv_k_rows<F, 1>(w, w_row_bytes, x, nb, y, r0, r1); break;
+      case 2: gemv_k_rows<F, 2>(w, w_row_bytes, x, nb, y, r0, r1); break;
+      case 3: gemv_k_rows<F, 3>(w, w_row_bytes, x, nb, y, r0, r1); break;
+      default: gemv_k_rows<F, 4>(w, w_row_bytes, x, nb, y, r0, r1); break;
+    }
+  }
+}
+
+// ---- GEMM (many activation rows: prefill) --------------------------------------------
+//
+// Weights and activations are first repacked into the transposed layout
+// (see gemm helpers above): the activations of a block of tokens once per
+// call, the weights of R = 4 rows once per token block. The inner tile is
+// R = 4 rows x C = 4 tokens: per step and pair, M VPDPBUSD (four weight
+// vectors in registers, one activation vector shared by the 4 rows) and
+// 3-4 float operations:
+//   acc += a16 * (cvt(I) * dx16) + b16 * sx16
+// where a16/b16 are the weights' scale and min (or offset) per sub-block and
+// dx16/sx16 the activations' scale and scaled sum per sub-block. For the
+// formats whose offset is a fixed multiple beta of the scale (Q4_0: -8,
+// Q8_0: -128, Q6_K: -32...), sx16 is stored times beta and the update is
+//   acc += a16 * (cvt(I) * dx16 + sx16).
+// Integer sums stay in registers for a step (16), float sums in L1.
+
+constexpr int kGemmR = 4;
+constexpr int kGemmC = 4;
+
+// Bytes of one packed step: activations (M quant vectors, dx16, sx16) and
+// weights of the R rows (M x R quant vectors, R a16, R b16).
+template <int M>
+constexpr size_t kXStepBytes = (M + 2) * 64;
+template <int M>
+constexpr size_t kWStepBytes = (M * kGemmR + 2 * kGemmR) * 64;
+
+LOOM_INLINE void store512(uint8_t* p, __m512i v) { _mm512_store_si512(p, v); }
+LOOM_INLINE void store512(uint8_t* p, __m512 v) { _mm512_store_ps(p, v); }
+
+// Sums of four vectors: lanes 0..3 of the result.
+LOOM_INLINE __m128 reduce_4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0 b0 a1 b1 per lane
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // a b c d per lane
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps(abcd, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// acc[c * R + r] += the products over `steps` packed steps. xp: C activation
+// rows of packed steps, x_tok_bytes apart; wp: the packed steps of the R
+// weight rows. The float accumulators live in memory (L1): one load and one
+// store per pair and step, which frees the registers that keep the R weight
+// vectors of a step loaded once (16 int sums + 4 weights + 1 activation).
+template <int M, bool kMin>
+LOOM_INLINE void gemm_tile(const uint8_t* wp, const uint8_t* xp, size_t x_tok_bytes, int64_t steps, __m512* acc) {
+  constexpr int R = kGemmR;
+  constexpr int C = kGemmC;
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint8_t* ws = wp + s * kWStepBytes<M>;
+    const uint8_t* xs = xp + s * kXStepBytes<M>;
+    __m512i isum[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) isum[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      // The empty asm statements pin w and x in registers: left alone, GCC
+      // reloads the weight vector for every VPDPBUSD, and the loads then
+      // limit the tile to ~3/4 of its speed.
+      __m512i w[R];
+      for (int r = 0; r < R; ++r) {
+        w[r] = _mm512_load_si512(ws + (m * R + r) * 64);
+        asm("" : "+v"(w[r]));
+      }
+      for (int c = 0; c < C; ++c) {
+        __m512i x = _mm512_load_si512(xs + c * x_tok_bytes + m * 64);
+        asm("" : "+v"(x));
+        for (int r = 0; r < R; ++r) isum[r][c] = _mm512_dpbusd_epi32(isum[r][c], w[r], x);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 dx = _mm512_load_ps(xs + c * x_tok_bytes + M * 64);
+      const __m512 sx = _mm512_load_ps(xs + c * x_tok_bytes + (M + 1) * 64);
+      for (int r = 0; r < R; ++r) {
+        const __m512 a = _mm512_load_ps(ws + (M * R + r) * 64);
+        __m512 v = acc[c * R + r];
+        if constexpr (kMin) {
+          const __m512 b = _mm512_load_ps(ws + (M * R + R + r) * 64);
+          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][c]), dx);
+          v = _mm512_fmadd_ps(b, sx, _mm512_fmadd_ps(t, a, v));
+        } else {
+          const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]), dx, sx);
+          v = _mm512_fmadd_ps(t, a, v);
+        }
+        acc[c * R + r] = v;
+      }
+    }
+    // Compiler barrier: keep acc in memory between steps (otherwise GCC
+    // holds the 12 sums in registers and reloads the weights for every
+    // VPDPBUSD instead, which costs more load bandwidth than it saves).
+    asm volatile("" ::: "memory");
+  }
+}
+
+// One token block [t0, t0 + tb) x rows [r0, r1) with packed activations.
+// G knows the format: kM, kMin, unpack_w(row, step, ...) (see Gemm32/GemmK).
+// The steps are walked in chunks of kGemmChunk so that the chunk's packed
+// weights (R rows) and the activations of one token tile stay in L1
+// together; partial sums wait in acc_buf between chunks.
+constexpr int64_t kGemmChunk = 4;
+
+template <class G>
+void gemm_rows(const G& g, const uint8_t* xp, size_t x_tok_bytes, int64_t tb, uint8_t* wp, __m512* acc_buf,
+               float* Y, int64_t ldy, int64_t t0, int64_t r0, int64_t r1) {
+  constexpr int M = G::kM;
+  constexpr int R = kGemmR;
+  constexpr int C = kGemmC;
+  const int64_t steps = g.steps;
+  for (int64_t r = r0; r < r1; r += R) {
+    const int rows = static_cast<int>(r1 - r < R ? r1 - r : R);
+    for (int64_t s = 0; s < steps; ++s) {
+      uint8_t* ws = wp + s * kWStepBytes<M>;
+      for (int i = 0; i < R; ++i) {
+        __m512i q[M];
+        __m512 a = _mm512_setzero_ps();
+        __m512 b = _mm512_setzero_ps();
+        if (i < rows) {
+          g.unpack_w(r + i, s, q, &a, &b);
+        } else {
+          for (int m = 0; m < M; ++m) q[m] = _mm512_setzero_si512();  // padding row
+        }
+        for (int m = 0; m < M; ++m) store512(ws + (m * R + i) * 64, q[m]);
+        store512(ws + (M * R + i) * 64, a);
+        store512(ws + (M * R + R + i) * 64, b);
+      }
+    }
+    for (int64_t k0 = 0; k0 < steps; k0 += kGemmChunk) {
+      const int64_t ks = steps - k0 < kGemmChunk ? steps - k0 : kGemmChunk;
+      const bool first = k0 == 0;
+      const bool last = k0 + ks == steps;
+      for (int64_t c0 = 0; c0 < tb; c0 += C) {
+        __m512* acc = acc_buf + c0 * R;  // C * R vectors per token tile
+        if (first) {
+          for (int i = 0; i < C * R; ++i) acc[i] = _mm512_setzero_ps();
+        }
+        gemm_tile<M, G::kMin>(wp + k0 * kWStepBytes<M>, xp + c0 * x_tok_bytes + k0 * kXStepBytes<M>, x_tok_bytes,
+                              ks, acc);
+        if (!last) continue;
+        const int cols = static_cast<int>(tb - c0 < C ? tb - c0 : C);
+        for (int c = 0; c < cols; ++c) {
+          float out[4];
+          _mm_storeu_ps(out, reduce_4(acc[c * R], acc[c * R + 1], acc[c * R + 2], acc[c * R + 3]));
+          float* y = Y + (t0 + c0 + c) * ldy + r;
+          for (int i = 0; i < rows; ++i) y[i] = out[i];
+        }
+      }
+    }
+  }
+}
+
+// Drives a GEMM: token blocks sized so that their packed activations stay
+// around 1 MB (L2), activations packed once per block, weights per row tile.
+template <class G>
+void gemm_driver(const G& g, int64_t T, float* Y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int M = G::kM;
+  const size_t x_tok_bytes = static_cast<size_t>(g.steps) * kXStepBytes<M>;
+  int64_t tb_max = static_cast<int64_t>((size_t{1} << 20) / x_tok_bytes);
+  tb_max = tb_max < kGemmC * 4 ? kGemmC * 4 : tb_max;
+  tb_max = tb_max / kGemmC * kGemmC;
+  const int64_t tb_alloc = (T < tb_max ? (T + kGemmC - 1) / kGemmC * kGemmC : tb_max);
+  const size_t w_bytes = static_cast<size_t>(g.steps) * kWStepBytes<M>;
+  const size_t acc_bytes = static_cast<size_t>(tb_alloc) * kGemmR * 64;
+  auto* scratch = static_cast<uint8_t*>(
+      detail::thread_scratch(w_bytes + acc_bytes + static_cast<size_t>(tb_alloc) * x_tok_bytes));
+  uint8_t* wp = scratch;
+  auto* acc_buf = reinterpret_cast<__m512*>(scratch + w_bytes);
+  uint8_t* xp = scratch + w_bytes + acc_bytes;
+  for (int64_t t0 = 0; t0 < T; t0 += tb_max) {
+    const int64_t tb = T - t0 < tb_max ? T - t0 : tb_max;
+    const int64_t tb_pad = (tb + kGemmC - 1) / kGemmC * kGemmC;
+    for (int64_t c = 0; c < tb_pad; ++c) {
+      for (int64_t s = 0; s < g.steps; ++s) {
+        uint8_t* out = xp + c * x_tok_bytes + s * kXStepBytes<M>;
+        if (c < tb) {
+          g.pack_x(t0 + c, s, out);
+        } else {
+          for (size_t i = 0; i < kXStepBytes<M>; i += 64) store512(out + i, _mm512_setzero_si512());  // padding token
+        }
+      }
+    }
+    gemm_rows(g, xp, x_tok_bytes, tb, wp, acc_buf, Y, ldy, t0, r0, r1);
+  }
+}
+
+// Legacy formats: steps of 16 blocks of 32, activations in the split Q8_0 rows.
+template <class F>
+struct Gemm32 {
+  static constexpr int kM = 8;
+  static constexpr bool kMin = F::kHasMin;
+  const uint8_t* W;
+  size_t wrb;
+  const void* X;
+  size_t xrb;
+  int64_t n;
+  int64_t nb;
+  int64_t steps;
+
+  Gemm32(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n_)
+      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(x), xrb(x_row_bytes), n(n_), nb(n_ / 32),
+        steps((n_ / 32 + 15) / 16) {}
+
+  void pack_x(int64_t t, int64_t s, uint8_t* out) const {
+    const XRow x = x_row(X, xrb, t, n);
+    const int64_t b0 = 16 * s;
+    const __mmask16 m = mask16(nb - b0);
+    for (int k = 0; k < 8; ++k) {
+      store512(out + 64 * k, gather_lanes(reinterpret_cast<const uint8_t*>(x.q + 32 * b0), 32, 4 * k, m));
+    }
+    store512(out + 512, _mm512_maskz_loadu_ps(m, x.d + b0));
+    __m512 sx = _mm512_maskz_loadu_ps(m, x.s + b0);
+    if constexpr (!F::kHasMin) sx = _mm512_mul_ps(sx, _mm512_set1_ps(F::kBias));
+    store512(out + 576, sx);
+  }
+  void unpack_w(int64_t row, int64_t s, __m512i q[8], __m512* a, __m512* b) const {
+    const int64_t b0 = 16 * s;
+    F::gemm_unpack(W + row * static_cast<int64_t>(wrb) + b0 * F::kBytes, mask16(nb - b0), q, a, b);
+  }
+};
+
+// K-quants: steps of one super-block (16 sub-blocks of 16), Q8_K activations.
+template <class F>
+struct GemmK {
+  static constexpr int kM = 4;
+  static constexpr bool kMin = F::kHasMin;
+  const uint8_t* W;
+  size_t wrb;
+  const uint8_t* X;
+  size_t xrb;
+  int64_t steps;
+
+  GemmK(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n)
+      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(static_cast<const uint8_t*>(x)), xrb(x_row_bytes),
+        steps(n / 256) {}
+
+  void pack_x(int64_t t, int64_t s, uint8_t* out) const {
+    const uint8_t* blk = X + t * static_cast<int64_t>(xrb) + s * 292;
+    __m512i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = load512(blk + 4 + 64 * k);
+    transpose_lanes_4x4(v);
+    for (int k = 0; k < 4; ++k) store512(out + 64 * k, v[k]);
+    float d;
+    __builtin_memcpy(&d, blk, 4);
+    const __m512 bsums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(load256(blk + 260)));
+    const float sd = F::kHasMin ? d : d * F::kBeta;
+    store512(out + 256, _mm512_set1_ps(d));
+    store512(out + 320, _mm512_mul_ps(_mm512_permutexvar_ps(k_lane_order(), bsums), _mm512_set1_ps(sd)));
+  }
+  void unpack_w(int64_t row, int64_t s, __m512i q[4], __m512* a, __m512* b) const {
+    __m512 scale16, bias16;
+    F::unpack(W + row * static_cast<int64_t>(wrb) + s * F::kBytes, q, &scale16, &bias16);
+    transpose_lanes_4x4(q);
+    *a = _mm512_permutexvar_ps(k_lane_order(), scale16);
+    *b = _mm512_permutexvar_ps(k_lane_order(), bias16);
+  }
+};
+
+// From this many activation rows on, the repacking GEMM beats the GEMV tiles.
+constexpr int64_t kGemmMinTokens = 8;
+
+template <class F>
+void matmul32(LOOM_QUANT_KERNEL_ARGS) {
+  if (T >= kGemmMinTokens) {
+    gemm_driver(Gemm32<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
+  } else {
+    gemv32_all<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+  }
+}
+
+template <class F>
+void matmul_k(LOOM_QUANT_KERNEL_ARGS) {
+  if (T >= kGemmMinTokens) {
+    gemm_driver(GemmK<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
+  } else {
+    gemv_k_all<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+  }
+}
+
+// ---- activation conversion ---------------------------------------------------------
+// Bit for bit what ref::quantize_row_q8_0 / _q8_k write (for finite inputs):
+// the same fp32 operations in the same order, with roundf (halves away from
+// zero) done exactly as truncate, then +-1 where the dropped fraction is at
+// least one half.
+
+LOOM_INLINE float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
+
+// roundf of each lane, as int32.
+LOOM_INLINE __m512i round_half_away(__m512 v) {
+  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_sub_ps(v, t);  // exact
+  const __m512 abs_frac = _mm512_abs_ps(frac);
+  const __mmask16 up = _mm512_cmp_ps_mask(abs_frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // copysign(1, v)
+  return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
+}
+
+LOOM_INLINE float round_trip_fp16(float d) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+}
+
 }  // namespace
+
+void quantize_act_q8_0(const float* x, void* out, int64_t n) {
+  const int64_t nb = n / 32;
+  auto* q = static_cast<int8_t*>(out);
+  auto* dout = reinterpret_cast<uint8_t*>(out) + n;
+  auto* sout = dout + 4 * nb;
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b);
+    const __m512 v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax = hmax(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512i q0 = round_half_away(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+    const __m512i q1 = round_half_away(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    const float dh = round_trip_fp16(d);
+    const float sd = dh * static_cast<float>(sum);
+    __builtin_memcpy(dout + 4 * b, &dh, 4);
+    __builtin_memcpy(sout + 4 * b, &sd, 4);
+  }
+}
+
+void quantize_act_q8_k(const float* x, void* out, int64_t n) {
+  auto* o = static_cast<uint8_t*>(out);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < n / 256; ++b, x += 256, o += 292) {
+    __m512 m = _mm512_setzero_ps();
+    for (int k = 0; k < 16; ++k) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + 16 * k), abs_mask));
+    const float amax = hmax(m);
+    if (amax == 0.0f) {
+      __builtin_memset(o, 0, 292);
+      continue;
+    }
+    // The first element of largest magnitude, with its sign.
+    float extreme = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      const __m512 v = _mm512_loadu_ps(x + 16 * k);
+      const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_and_ps(v, abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (hit != 0) {
+        extreme = x[16 * k + __builtin_ctz(hit)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / extreme;
+    const __m512 is = _mm512_set1_ps(iscale);
+    int16_t bsums[16];
+    for (int k = 0; k < 16; ++k) {
+      // Round to nearest even, as ggml's magic-number nearest_int does here.
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(x + 16 * k)));
+      q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 + 16 * k), _mm512_cvtepi32_epi8(q));
+      bsums[k] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+    }
+    __builtin_memcpy(o + 260, bsums, 32);
+    const float d = 1.0f / iscale;
+    __builtin_memcpy(o, &d, 4);
+  }
+}
+
+bool set_vbmi(bool enable) {
+  if (enable && !detail::cpu_has_avx512_vbmi()) return false;
+  __atomic_store_n(&g_vbmi_state, enable ? 1 : 0, __ATOMIC_RELAXED);
+  return true;
+}
 
 void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
 void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
 void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
 void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
 void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) { scalar::matmul_q2_k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) { scalar::matmul_q3_k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) { scalar::matmul_q4_k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) { scalar::matmul_q5_k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) { scalar::matmul_q6_k(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void quantize_act_q8_0(const float* x, void* out, int64_t n) { scalar::quantize_act_q8_0(x, out, n); }
-void quantize_act_q8_k(const float* x, void* out, int64_t n) { scalar::quantize_act_q8_k(x, out, n); }
+void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
+void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
+void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
+void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
+void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
 
 }  // namespace loom::cpu::avx512

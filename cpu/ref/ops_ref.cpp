@@ -3,6 +3,7 @@
 // is the point (rms_norm's scale, RoPE's angles).
 #include "cpu/ref/ops_ref.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <numbers>
@@ -169,38 +170,43 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
                float scale, float* out, int64_t h0, int64_t h1) {
   const int64_t hd = kv.head_dim;
   const int64_t n_rep = n_heads / kv.n_kv_heads;  // query heads per KV head
-  std::vector<float> k(static_cast<size_t>(hd));
-  std::vector<float> v(static_cast<size_t>(hd));
-  std::vector<double> acc(static_cast<size_t>(hd));
+  int64_t n_ctx_max = 0;
+  for (int64_t t = 0; t < T; ++t) n_ctx_max = std::max<int64_t>(n_ctx_max, static_cast<int64_t>(q_pos[t]) + 1);
 
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n_ctx = static_cast<int64_t>(q_pos[t]) + 1;  // positions 0..q_pos[t]
-    std::vector<double> score(static_cast<size_t>(n_ctx));
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* qh = q + (t * n_heads + h) * hd;
-      const int64_t g = h / n_rep;
+  for (int64_t g = h0 / n_rep; h0 < h1 && g <= (h1 - 1) / n_rep; ++g) {
+    // The cached K and V of KV head g as floats: [n_ctx_max, hd] each.
+    std::vector<float> k(static_cast<size_t>(n_ctx_max * hd));
+    std::vector<float> v(static_cast<size_t>(n_ctx_max * hd));
+    for (int64_t j = 0; j < n_ctx_max; ++j) {
+      load_kv_row(kv.k_blocks, kv, g, j, k.data() + j * hd);
+      load_kv_row(kv.v_blocks, kv, g, j, v.data() + j * hd);
+    }
+    for (int64_t h = std::max(h0, g * n_rep); h < std::min(h1, (g + 1) * n_rep); ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n_ctx = static_cast<int64_t>(q_pos[t]) + 1;  // positions 0..q_pos[t]
+        const float* qh = q + (t * n_heads + h) * hd;
 
-      // score[j] = q . k_j * scale
-      double max = -INFINITY;
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        load_kv_row(kv.k_blocks, kv, g, j, k.data());
-        double dot = 0.0;
-        for (int64_t d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * static_cast<double>(k[d]);
-        score[j] = dot * static_cast<double>(scale);
-        max = score[j] > max ? score[j] : max;
+        // score[j] = q . k_j * scale
+        std::vector<double> score(static_cast<size_t>(n_ctx));
+        double max = -INFINITY;
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * static_cast<double>(k[j * hd + d]);
+          score[j] = dot * static_cast<double>(scale);
+          max = score[j] > max ? score[j] : max;
+        }
+
+        // softmax(score) . V
+        double sum = 0.0;
+        std::vector<double> acc(static_cast<size_t>(hd), 0.0);
+        for (int64_t j = 0; j < n_ctx; ++j) {
+          const double p = std::exp(score[j] - max);
+          sum += p;
+          for (int64_t d = 0; d < hd; ++d) acc[d] += p * static_cast<double>(v[j * hd + d]);
+        }
+        float* oh = out + (t * n_heads + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) oh[d] = static_cast<float>(acc[d] / sum);
       }
-
-      // softmax(score) . V
-      double sum = 0.0;
-      for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0;
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        const double p = std::exp(score[j] - max);
-        sum += p;
-        load_kv_row(kv.v_blocks, kv, g, j, v.data());
-        for (int64_t d = 0; d < hd; ++d) acc[d] += p * static_cast<double>(v[d]);
-      }
-      float* oh = out + (t * n_heads + h) * hd;
-      for (int64_t d = 0; d < hd; ++d) oh[d] = static_cast<float>(acc[d] / sum);
     }
   }
 }

@@ -103,6 +103,9 @@ class Backend {
     (void)w;
     return {};
   }
+  /// Forgets every resident weight copy (call when the model they mirror is
+  /// unloaded; its file mapping may be reused by the next one).
+  virtual void release_weights() {}
   /// Whether ops on `w` can run here now: the dtype is supported and the
   /// weight is resident (upload_weight succeeded).
   virtual bool has_weight(OpKind op, const Weight& w) const { return supports(op, w.dtype); }

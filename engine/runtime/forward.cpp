@@ -66,21 +66,8 @@ Status ForwardPass::prepare() {
     if (!st.ok()) return st.error();
     if (*st) LOOM_TRY(kv_.attach_storage(std::move(st).value()));
   }
-  // Weights: once each, in file order of use. Fused tensors (phi3) are row
-  // ranges of one tensor; backends key residency by tensor, so it goes up once.
-  LOOM_TRY(place_weight(m_.tok_embd, OpKind::kGetRows));
-  for (const LayerWeights& w : m_.layers) {
-    LOOM_TRY(place_weight(w.attn_norm, OpKind::kRmsNorm));
-    for (const Weight* mw : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      LOOM_TRY(place_weight(*mw, OpKind::kMatmul));
-    }
-    for (const Weight* b : {&w.bq, &w.bk, &w.bv}) LOOM_TRY(place_weight(*b, OpKind::kAdd));
-    LOOM_TRY(place_weight(w.ffn_norm, OpKind::kRmsNorm));
-  }
-  LOOM_TRY(place_weight(m_.output_norm, OpKind::kRmsNorm));
-  LOOM_TRY(place_weight(m_.output, OpKind::kMatmul));
-  LOOM_TRY(place_weight(m_.rope_freqs, OpKind::kRope));
-
+  // Activations before weights: weights can fall back to the CPU when device
+  // memory runs out, activations cannot.
   const int64_t C = max_chunk_;
   const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
   for (auto [buf, n] : {std::pair{&x_, hp.n_embd}, {&xb_, hp.n_embd}, {&q_, q_dim}, {&att_, q_dim}, {&k_, kv_dim},
@@ -89,6 +76,28 @@ Status ForwardPass::prepare() {
     if (!b.ok()) return b.error();
     *buf = std::move(b).value();
   }
+  if (!be_.host_memory()) {  // the last token's logits, before download (grown for all_logits)
+    auto b = be_.alloc_act(hp.n_vocab);
+    if (!b.ok()) return b.error();
+    logits_ = std::move(b).value();
+  }
+  // Weights, each tensor once (fused tensors such as phi3's qkv are row ranges
+  // of one tensor; backends key residency by tensor). The small vectors first:
+  // they cannot fall back; matrices that find no room run on the fallback.
+  for (const LayerWeights& w : m_.layers) {
+    for (const Weight* n : {&w.attn_norm, &w.ffn_norm}) LOOM_TRY(place_weight(*n, OpKind::kRmsNorm));
+    for (const Weight* b : {&w.bq, &w.bk, &w.bv}) LOOM_TRY(place_weight(*b, OpKind::kAdd));
+  }
+  LOOM_TRY(place_weight(m_.output_norm, OpKind::kRmsNorm));
+  LOOM_TRY(place_weight(m_.rope_freqs, OpKind::kRope));
+  LOOM_TRY(place_weight(m_.tok_embd, OpKind::kGetRows));
+  for (const LayerWeights& w : m_.layers) {
+    for (const Weight* mw : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      LOOM_TRY(place_weight(*mw, OpKind::kMatmul));
+    }
+  }
+  LOOM_TRY(place_weight(m_.output, OpKind::kMatmul));
+
   prepared_ = true;
   return {};
 }
@@ -149,7 +158,10 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
     OpTimer timer(stats_, OpLabel::kEmbed);
     get_rows(m_.tok_embd, tokens, act(x_, T, hp.n_embd));
   }
-  for (int64_t l = 0; l < hp.n_layer; ++l) layer(l, T);
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    LayerTimer timer(layer_stats_, l, T);
+    layer(l, T);
+  }
   if (!fb_status_.ok()) return std::exchange(fb_status_, Status());
   if (!logits) return {};
 

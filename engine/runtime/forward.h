@@ -20,6 +20,7 @@
 #include "engine/backends/backend.h"
 #include "engine/core/status.h"
 #include "engine/model/model.h"
+#include "engine/profile/layer_stats.h"
 #include "engine/profile/op_stats.h"
 #include "engine/runtime/kv_cache.h"
 
@@ -51,6 +52,8 @@ class ForwardPass {
 
   /// Attach per-op timing (nullptr to detach).
   void set_stats(OpStats* stats) { stats_ = stats; }
+  /// Attach per-layer decode timing, read by other threads (nullptr to detach).
+  void set_layer_stats(LayerStats* stats) { layer_stats_ = stats; }
   const cpu::RopeParams& rope_params() const { return rope_; }
 
  private:
@@ -69,6 +72,7 @@ class ForwardPass {
   int64_t max_chunk_;
   cpu::RopeParams rope_;
   OpStats* stats_ = nullptr;
+  LayerStats* layer_stats_ = nullptr;
   std::vector<int32_t> pos_;
   // Activations [max_chunk, ...] in the backend's memory (see the header comment for shapes).
   std::unique_ptr<ActBuffer> x_, xb_, q_, k_, v_, att_, hb_, hb2_;

@@ -13,6 +13,10 @@
 //
 // Usage: loom_dense_bench [--dtype f32|f16|bf16] [--threads N] [--T N]
 //                         [--isa scalar|avx2|avx512] [--min-ms MS] [--w-offset BYTES] [--best]
+//                         [--switch]
+// --switch adds a line per case timing our kernel when each call follows a
+// oneDNN call: oneDNN's OpenMP workers still spin then (libgomp's default
+// wait policy) and compete with ThreadPool's workers for the cores.
 // Prints one line per case; the choice table in cpu/gemm_onednn.cpp quotes
 // these figures.
 #include <algorithm>
@@ -42,6 +46,7 @@ struct Options {
   std::vector<int64_t> tokens{1, 16, 128, 512};
   double min_ms = 300.0;
   bool best = false;    // report the fastest call instead of the median
+  bool switch_cost = false;  // also time our kernel right after each oneDNN call
   size_t w_offset = 0;  // bytes past a 64-byte boundary where weights start (GGUF aligns to 32)
 };
 
@@ -98,8 +103,8 @@ double time_ms(double min_ms, bool best, int copies, Fn&& fn) {
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--best") {
-      o->best = true;
+    if (a == "--best" || a == "--switch") {
+      (a == "--best" ? o->best : o->switch_cost) = true;
       continue;
     }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -139,7 +144,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &opt)) {
     std::fprintf(stderr,
                  "usage: loom_dense_bench [--dtype f32|f16|bf16] [--threads N] [--T N] "
-                 "[--isa scalar|avx2|avx512] [--min-ms MS] [--w-offset BYTES] [--best]\n");
+                 "[--isa scalar|avx2|avx512] [--min-ms MS] [--w-offset BYTES] [--best] [--switch]\n");
     return 2;
   }
   struct Shape {
@@ -179,13 +184,18 @@ int main(int argc, char** argv) {
           double ms_dnn = NAN;
           bool dnn_ok = onednn.available();
           if (dnn_ok) {
+            // One trial call: oneDNN may refuse the case (bf16 below AVX-512, say).
+            const loom::Status s = onednn.run(w, weights.data(), w_row, x.data(), x_row, T, y_dnn, sh.rows, sh.n,
+                                              sh.rows, threads);
+            if (!s) {
+              std::fprintf(stderr, "onednn: %s\n", s.message().c_str());
+              dnn_ok = false;
+            }
+          }
+          if (dnn_ok) {
             ms_dnn = time_ms(opt.min_ms, opt.best, copies, [&](int c) {
-              const loom::Status s = onednn.run(w, weights.data() + w_bytes * c, w_row, x.data(), x_row, T,
-                                                y_dnn, sh.rows, sh.n, sh.rows, threads);
-              if (!s) {
-                std::fprintf(stderr, "onednn: %s\n", s.message().c_str());
-                dnn_ok = false;
-              }
+              (void)onednn.run(w, weights.data() + w_bytes * c, w_row, x.data(), x_row, T, y_dnn, sh.rows, sh.n,
+                               sh.rows, threads);
             });
           }
           // Agreement of the two, relative to the largest |y| (a sanity check;
@@ -212,6 +222,27 @@ int main(int argc, char** argv) {
                       std::string(loom::dtype_name(w)).c_str(), static_cast<long long>(sh.n),
                       static_cast<long long>(sh.rows), static_cast<long long>(T), threads, ms_loom, figure(ms_loom),
                       dnn_cols, loom::cpu::dense_impl_name(choice), dnn_ok ? max_diff / scale : 0.0, unit);
+          if (opt.switch_cost && dnn_ok) {
+            // Alternate a oneDNN call (untimed) and ours (timed), as a forward
+            // pass mixing the two would.
+            std::vector<double> after;
+            double total = 0.0;
+            for (int i = 0; total < opt.min_ms || after.size() < 5; ++i) {
+              (void)onednn.run(w, weights.data() + w_bytes * (2 * i % copies), w_row, x.data(), x_row, T, y_dnn,
+                               sh.rows, sh.n, sh.rows, threads);
+              const auto t0 = Clock::now();
+              (void)loom::cpu::dense_matmul_loom(w, weights.data() + w_bytes * ((2 * i + 1) % copies), w_row,
+                                                 x.data(), x_row, T, y_loom, sh.rows, sh.n, sh.rows, pool);
+              const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+              after.push_back(dt);
+              total += 2 * dt;
+              if (after.size() >= 2000) break;
+            }
+            std::sort(after.begin(), after.end());
+            const double ms_after = opt.best ? after.front() : after[after.size() / 2];
+            std::printf("      loom right after each oneDNN call: %.3f ms (%+.0f%%)\n", ms_after,
+                        100.0 * (ms_after / ms_loom - 1.0));
+          }
           std::fflush(stdout);
         }
       }

@@ -14,6 +14,11 @@
 // Usage: loom_matmul_bench [--dtypes q4_0,q8_0,...] [--isa scalar,avx2,avx512]
 //          [--threads 1,2] [--tokens 128] [--pool-mb 1024] [--seconds 0.3]
 //          [--no-gemm] [--no-gemv] [--shapes 2048x2048,...]   (rows x n)
+//          [--clock wall|cpu] [--no-vbmi]
+//
+// --clock cpu times each call by the largest per-thread CPU time instead of
+// the wall clock: on a machine shared with other work, this leaves out the
+// time a thread spent descheduled (but not the memory bandwidth others use).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <optional>
 #include <random>
@@ -29,6 +35,7 @@
 #include <vector>
 
 #include "cpu/matmul.h"
+#include "cpu/matmul_internal.h"
 #include "cpu/ref/quants.h"
 #include "engine/core/dtype.h"
 
@@ -48,6 +55,7 @@ struct Options {
   std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
                                DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K};
   std::vector<Isa> isas;
+  bool no_vbmi = false;
   std::vector<int> threads = {1, 2};
   std::vector<Shape> shapes = {{2048, 2048, "attn q/o"},
                                {5632, 2048, "ffn gate/up"},
@@ -58,6 +66,7 @@ struct Options {
   double seconds = 0.3;
   bool gemm = true;
   bool gemv = true;
+  bool cpu_clock = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -117,6 +126,15 @@ std::optional<Options> parse(int argc, char** argv) {
       o.pool_bytes = static_cast<size_t>(std::max(1, std::atoi(value().c_str()))) << 20;
     } else if (a == "--seconds" && has_value) {
       o.seconds = std::atof(value().c_str());
+    } else if (a == "--clock" && has_value) {
+      const std::string v = value();
+      if (v != "wall" && v != "cpu") {
+        std::fprintf(stderr, "--clock is wall or cpu\n");
+        return std::nullopt;
+      }
+      o.cpu_clock = v == "cpu";
+    } else if (a == "--no-vbmi") {
+      o.no_vbmi = true;
     } else if (a == "--no-gemm") {
       o.gemm = false;
     } else if (a == "--no-gemv") {
@@ -125,7 +143,7 @@ std::optional<Options> parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: loom_matmul_bench [--dtypes q4_0,...] [--isa scalar,avx2,avx512] [--threads 1,2]\n"
                    "         [--tokens T] [--pool-mb MB] [--seconds S] [--no-gemm] [--no-gemv]\n"
-                   "         [--shapes ROWSxN,...]\n");
+                   "         [--shapes ROWSxN,...] [--clock wall|cpu] [--no-vbmi]\n");
       return std::nullopt;
     }
   }
@@ -137,10 +155,17 @@ std::optional<Options> parse(int argc, char** argv) {
   return o;
 }
 
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // The caller plus n - 1 spinning workers; run(fn) calls fn(i, n) on each.
+// last_cpu_seconds(): the largest CPU time one thread spent in fn last run.
 class SpinTeam {
  public:
-  explicit SpinTeam(int n) : n_(n) {
+  explicit SpinTeam(int n) : n_(n), cpu_(static_cast<size_t>(n), 0.0) {
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
   }
   ~SpinTeam() {
@@ -152,12 +177,11 @@ class SpinTeam {
     job_ = &fn;
     pending_.store(n_ - 1);
     generation_.fetch_add(1, std::memory_order_release);
-    fn(0, n_);
+    timed(0);
     while (pending_.load(std::memory_order_acquire) != 0) {
     }
   }
 
- private:
   void loop(int i) {
     uint32_t seen = 0;
     for (;;) {
@@ -166,11 +190,20 @@ class SpinTeam {
       }
       seen = g;
       if (stop_.load()) return;
-      (*job_)(i, n_);
+      timed(i);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
+  double last_cpu_seconds() const { return *std::max_element(cpu_.begin(), cpu_.end()); }
+
+ private:
+  void timed(int i) {
+    const double t0 = thread_cpu_seconds();
+    (*job_)(i, n_);
+    cpu_[static_cast<size_t>(i)] = thread_cpu_seconds() - t0;
+  }
   int n_;
+  std::vector<double> cpu_;
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint32_t> generation_{0};
@@ -209,19 +242,25 @@ void fill_weights(DType t, int64_t n, uint8_t* dst, int64_t rows_total) {
   for (int64_t r = 0; r < rows_total; ++r) std::memcpy(dst + r * rb, pool.data() + (r % kDistinct) * rb, rb);
 }
 
-// Runs body() repeatedly for about `seconds` (at least 3 times after one
-// warm-up) and returns the median seconds per call.
-double time_median(double seconds, const std::function<void()>& body) {
+// Runs body() repeatedly for about `seconds` (at least 5 times after one
+// warm-up). Returns the best and the median seconds per call: on a shared
+// machine the best is the figure of an undisturbed run.
+struct Timing {
+  double best;
+  double median;
+};
+Timing time_calls(double seconds, const SpinTeam& team, bool cpu_clock, const std::function<void()>& body) {
   body();
   std::vector<double> times;
   const auto start = Clock::now();
-  while (times.size() < 3 || (std::chrono::duration<double>(Clock::now() - start).count() < seconds && times.size() < 100000)) {
+  while (times.size() < 5 || (std::chrono::duration<double>(Clock::now() - start).count() < seconds && times.size() < 100000)) {
     const auto t0 = Clock::now();
     body();
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    times.push_back(cpu_clock ? team.last_cpu_seconds() : wall);
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  std::sort(times.begin(), times.end());
+  return {times.front(), times[times.size() / 2]};
 }
 
 }  // namespace
@@ -230,10 +269,12 @@ int main(int argc, char** argv) {
   const auto opts = parse(argc, argv);
   if (!opts) return 2;
   const Options& o = *opts;
+  if (o.no_vbmi) (void)loom::cpu::avx512::set_vbmi(false);
   std::printf("detected ISA: %s; pool %zu MiB; GEMM tokens %lld\n", loom::cpu::isa_name(loom::cpu::detected_isa()),
               o.pool_bytes >> 20, static_cast<long long>(o.tokens));
-  std::printf("%-5s %-6s %3s %-18s %10s %8s %10s %9s\n", "dtype", "isa", "thr", "rows x n", "GEMV us", "GB/s",
-              "GEMM ms", "GFLOP/s");
+  std::printf("best of many runs (median in parentheses), %s clock\n", o.cpu_clock ? "per-thread CPU" : "wall");
+  std::printf("%-5s %-6s %3s %-12s %9s %8s %8s %9s %9s %9s\n", "dtype", "isa", "thr", "rows x n", "GEMV us", "GB/s",
+              "(GB/s)", "GEMM ms", "GFLOP/s", "(GFLOP/s)");
 
   std::mt19937 rng(42);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -260,9 +301,10 @@ int main(int argc, char** argv) {
           SpinTeam team(nt);
           double gemv_us = 0.0;
           double gbs = 0.0;
+          double gbs_median = 0.0;
           if (o.gemv) {
             size_t copy = 0;
-            const double sec = time_median(o.seconds, [&] {
+            const Timing tm = time_calls(o.seconds, team, o.cpu_clock, [&] {
               const uint8_t* w = pool.data + (copy++ % copies) * matrix_bytes;
               team.run([&](int i, int n_threads) {
                 int64_t r0, r1;
@@ -270,26 +312,31 @@ int main(int argc, char** argv) {
                 loom::cpu::matmul_rows(t, w, rb, act.data, x_rb, 1, y.data(), s.rows, s.n, r0, r1);
               });
             });
-            gemv_us = sec * 1e6;
-            gbs = static_cast<double>(matrix_bytes) / sec * 1e-9;
+            gemv_us = tm.best * 1e6;
+            gbs = static_cast<double>(matrix_bytes) / tm.best * 1e-9;
+            gbs_median = static_cast<double>(matrix_bytes) / tm.median * 1e-9;
           }
           double gemm_ms = 0.0;
           double gflops = 0.0;
+          double gflops_median = 0.0;
           if (o.gemm) {
-            const double sec = time_median(o.seconds, [&] {
+            const Timing tm = time_calls(o.seconds, team, o.cpu_clock, [&] {
               team.run([&](int i, int n_threads) {
                 int64_t r0, r1;
                 row_range(s.rows, i, n_threads, &r0, &r1);
                 loom::cpu::matmul_rows(t, pool.data, rb, act.data, x_rb, T, y.data(), s.rows, s.n, r0, r1);
               });
             });
-            gemm_ms = sec * 1e3;
-            gflops = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.n) * static_cast<double>(T) / sec * 1e-9;
+            const double flop = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.n) * static_cast<double>(T);
+            gemm_ms = tm.best * 1e3;
+            gflops = flop / tm.best * 1e-9;
+            gflops_median = flop / tm.median * 1e-9;
           }
           char shape[32];
           std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.n));
-          std::printf("%-5s %-6s %3d %-18s %10.1f %8.2f %10.3f %9.1f\n", std::string(loom::dtype_name(t)).c_str(),
-                      loom::cpu::isa_name(isa), nt, shape, gemv_us, gbs, gemm_ms, gflops);
+          std::printf("%-5s %-6s %3d %-12s %9.1f %8.2f %8.2f %9.2f %9.1f %9.1f\n",
+                      std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, shape, gemv_us, gbs,
+                      gbs_median, gemm_ms, gflops, gflops_median);
           std::fflush(stdout);
         }
       }

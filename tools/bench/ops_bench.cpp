@@ -16,7 +16,11 @@
 // Each figure is the median of repeated calls after warm-up. --prefill adds
 // one prefill case per shape (T = 512 from position 0, ms per layer).
 //
+// The pool is madvised for transparent huge pages (--no-huge-pages: 4 KiB
+// pages, where every scattered block costs TLB misses).
+//
 // Usage: loom_ops_bench [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill]
+//                       [--no-huge-pages]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,11 +28,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "cpu/matmul.h"
 #include "cpu/ops.h"
@@ -49,6 +54,7 @@ struct Options {
   int64_t block_size = 32;
   double min_ms = 200.0;
   bool prefill = false;
+  bool huge_pages = true;  // madvise(MADV_HUGEPAGE) on the KV pool
 };
 
 constexpr size_t kPoolTarget = size_t{1} << 30;  // bytes of KV the cold runs rotate through
@@ -57,13 +63,21 @@ constexpr size_t kPoolTarget = size_t{1} << 30;  // bytes of KV the cold runs ro
 // a distinct slot of one pool, slots assigned in shuffled order.
 class KvPool {
  public:
-  KvPool(const Shape& s, DType dt, int64_t bs, int64_t n_ctx, int64_t n_layers)
+  KvPool(const Shape& s, DType dt, int64_t bs, int64_t n_ctx, int64_t n_layers, bool huge_pages)
       : n_layers_(n_layers), blocks_per_layer_((n_ctx + bs - 1) / bs) {
     head_stride_ = loom::cpu::kv_head_bytes(dt, bs, s.head_dim);
     block_bytes_ = head_stride_ * static_cast<size_t>(s.n_kv_heads);
     const int64_t n_slots = 2 * blocks_per_layer_ * n_layers_;
-    pool_.reset(new uint8_t[block_bytes_ * static_cast<size_t>(n_slots) + 64]);
-    uint8_t* base = pool_.get() + (64 - reinterpret_cast<uintptr_t>(pool_.get()) % 64) % 64;
+    // 2 MiB aligned and, where the kernel allows, backed by huge pages.
+    const size_t huge = size_t{2} << 20;
+    pool_bytes_ = (block_bytes_ * static_cast<size_t>(n_slots) + huge - 1) / huge * huge;
+    pool_ = static_cast<uint8_t*>(std::aligned_alloc(huge, pool_bytes_));
+    if (!pool_) {
+      std::fprintf(stderr, "out of memory (%zu bytes)\n", pool_bytes_);
+      std::exit(1);
+    }
+    if (huge_pages) madvise(pool_, pool_bytes_, MADV_HUGEPAGE);
+    uint8_t* base = pool_;
 
     // A few blocks of valid data (finite values), copied into every slot.
     constexpr int kTemplates = 4;
@@ -103,13 +117,17 @@ class KvPool {
     return v;
   }
   int64_t n_layers() const { return n_layers_; }
+  ~KvPool() { std::free(pool_); }
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
 
  private:
   int64_t n_layers_;
   int64_t blocks_per_layer_;
   size_t head_stride_ = 0;
   size_t block_bytes_ = 0;
-  std::unique_ptr<uint8_t[]> pool_;
+  uint8_t* pool_ = nullptr;
+  size_t pool_bytes_ = 0;
   std::vector<const void*> tables_;
   loom::cpu::KvView view_;
 };
@@ -137,7 +155,7 @@ size_t kv_row_bytes(DType dt, int64_t head_dim) { return loom::cpu::kv_head_byte
 void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
   const size_t layer_kv_bytes = 2 * kv_row_bytes(dt, s.head_dim) * static_cast<size_t>(n_ctx * s.n_kv_heads);
   const int64_t n_layers = std::max<int64_t>(1, static_cast<int64_t>((kPoolTarget + layer_kv_bytes - 1) / layer_kv_bytes));
-  const KvPool pool(s, dt, o.block_size, n_ctx, n_layers);
+  const KvPool pool(s, dt, o.block_size, n_ctx, n_layers, o.huge_pages);
 
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -162,7 +180,7 @@ void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
 
 void run_prefill(const Shape& s, DType dt, const Options& o) {
   const int64_t T = 512;
-  const KvPool pool(s, dt, o.block_size, T, 1);
+  const KvPool pool(s, dt, o.block_size, T, 1, o.huge_pages);
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> q(static_cast<size_t>(T * s.n_heads * s.head_dim));
@@ -186,7 +204,7 @@ void run_prefill(const Shape& s, DType dt, const Options& o) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] [--no-huge-pages]\n", argv0);
   return 2;
 }
 
@@ -213,6 +231,8 @@ int main(int argc, char** argv) {
       o.min_ms = std::atof(argv[++i]);
     } else if (a == "--prefill") {
       o.prefill = true;
+    } else if (a == "--no-huge-pages") {
+      o.huge_pages = false;
     } else {
       return usage(argv[0]);
     }

@@ -1,0 +1,87 @@
+// Live performance charts (Qt Charts): inter-token latency histogram with P50
+// and P99 marked, per-layer P50/P99 bars, tokens/s over time, memory per tier.
+// A timer reads LiveStats snapshots (a copy of counters: the engine never
+// waits for the GUI) and redraws only when something changed.
+#pragma once
+
+#include <QWidget>
+
+#include <memory>
+
+#include "app/live_stats.h"
+
+class QChart;
+class QChartView;
+class QLabel;
+class QLineSeries;
+class QAreaSeries;
+class QBarSet;
+class QBarSeries;
+class QBarCategoryAxis;
+class QCategoryAxis;
+class QValueAxis;
+class QTimer;
+
+class ChartsPanel : public QWidget {
+  Q_OBJECT
+ public:
+  explicit ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent = nullptr);
+  ~ChartsPanel() override;
+
+  /// Redraws from a fresh snapshot now (the timer does this every 250 ms).
+  void refresh();
+  /// What is drawn now, for tests.
+  struct Shown {
+    uint64_t version = 0;
+    uint64_t itlSamples = 0;
+    double p50Ms = 0, p99Ms = 0;
+    int layersWithData = 0;
+    int tpsPoints = 0;
+    uint64_t ramBytes = 0;
+  };
+  const Shown& shown() const { return m_shown; }
+
+ private:
+  void buildHistogram(const LiveSnapshot& s);
+  void buildLayers(const LiveSnapshot& s);
+  void buildTps(const LiveSnapshot& s);
+  void buildMemory(const LiveSnapshot& s);
+  void buildTiles(const LiveSnapshot& s);
+
+  std::shared_ptr<LiveStats> m_stats;
+  QTimer* m_timer = nullptr;
+  Shown m_shown;
+  // Tiles.
+  QLabel* m_ttft = nullptr;
+  QLabel* m_tps = nullptr;
+  QLabel* m_p50 = nullptr;
+  QLabel* m_p99 = nullptr;
+  // Histogram.
+  QChart* m_histChart = nullptr;
+  QLineSeries* m_histUpper = nullptr;
+  QAreaSeries* m_histArea = nullptr;
+  QLineSeries* m_p50Line = nullptr;
+  QLineSeries* m_p99Line = nullptr;
+  QLabel* m_histLegend = nullptr;
+  QCategoryAxis* m_histX = nullptr;
+  QValueAxis* m_histY = nullptr;
+  // Per layer.
+  QChart* m_layerChart = nullptr;
+  QBarSeries* m_layerSeries = nullptr;
+  QBarSet* m_layerP50 = nullptr;
+  QBarSet* m_layerP99 = nullptr;
+  QBarCategoryAxis* m_layerX = nullptr;
+  QValueAxis* m_layerY = nullptr;
+  int m_layerCount = -1;
+  // Tokens/s.
+  QChart* m_tpsChart = nullptr;
+  QLineSeries* m_tpsSeries = nullptr;
+  QValueAxis* m_tpsX = nullptr;
+  QValueAxis* m_tpsY = nullptr;
+  // Memory.
+  QChart* m_memChart = nullptr;
+  QBarSet* m_memWeights = nullptr;
+  QBarSet* m_memKv = nullptr;
+  QBarCategoryAxis* m_memCats = nullptr;
+  QValueAxis* m_memAxis = nullptr;
+};

@@ -1,0 +1,135 @@
+#include "app/device_info.h"
+
+#include <QFile>
+#include <QObject>
+#include <QRegularExpression>
+#include <QSet>
+#include <QTextStream>
+
+#include "app/theme.h"
+#include "cpu/matmul.h"
+
+namespace {
+
+// "key : value" lines of a /proc file, first occurrence of each key.
+QString procValue(const QString& path, const QString& key) {
+  QFile f(path);
+  if (!f.open(QIODevice::ReadOnly | QIODevice::Text)) return {};
+  QTextStream in(&f);
+  QString line;
+  while (in.readLineInto(&line)) {
+    const int colon = line.indexOf(QLatin1Char(':'));
+    if (colon > 0 && line.left(colon).trimmed() == key) return line.mid(colon + 1).trimmed();
+  }
+  return {};
+}
+
+qint64 meminfoBytes(const QString& key) {
+  // "MemTotal:       131900000 kB"
+  const QString v = procValue(QStringLiteral("/proc/meminfo"), key);
+  return v.section(QLatin1Char(' '), 0, 0).toLongLong() * 1024;
+}
+
+QString isaText(loom::cpu::Isa isa) {
+  switch (isa) {
+    case loom::cpu::Isa::kAvx512: return QStringLiteral("AVX-512");
+    case loom::cpu::Isa::kAvx2: return QStringLiteral("AVX2");
+    case loom::cpu::Isa::kScalar: return QStringLiteral("scalar");
+  }
+  return QStringLiteral("?");
+}
+
+DeviceInfo cpuDevice(int nThreads) {
+  DeviceInfo d;
+  d.kind = QStringLiteral("CPU");
+  d.backendId = QStringLiteral("cpu");
+  d.present = true;
+  d.status = QObject::tr("in use");
+  d.color = theme::kCpu;
+  d.name = procValue(QStringLiteral("/proc/cpuinfo"), QStringLiteral("model name"));
+  if (d.name.isEmpty()) d.name = QStringLiteral("CPU");
+  const auto detected = loom::cpu::detected_isa();
+  const auto active = loom::cpu::active_isa();
+  d.details << QObject::tr("Kernels: %1%2")
+                   .arg(isaText(active),
+                        active == detected ? QString() : QObject::tr(" (CPU supports %1)").arg(isaText(detected)));
+  // The features the kernels care about, as the kernel reports them.
+  static const QStringList kInteresting = {QStringLiteral("avx2"),        QStringLiteral("fma"),
+                                           QStringLiteral("f16c"),        QStringLiteral("avx512f"),
+                                           QStringLiteral("avx512bw"),    QStringLiteral("avx512_vnni"),
+                                           QStringLiteral("avx512_bf16"), QStringLiteral("avx512_fp16"),
+                                           QStringLiteral("amx_int8"),    QStringLiteral("amx_bf16")};
+  const QSet<QString> flags = [] {
+    const QStringList l = procValue(QStringLiteral("/proc/cpuinfo"), QStringLiteral("flags")).split(QLatin1Char(' '));
+    return QSet<QString>(l.begin(), l.end());
+  }();
+  QStringList have;
+  for (const QString& f : kInteresting) {
+    if (flags.contains(f)) have << f;
+  }
+  if (!have.isEmpty()) d.details << QObject::tr("Features: %1").arg(have.join(QStringLiteral(" ")));
+  d.details << QObject::tr("Threads: %1 in the engine's pool").arg(nThreads);
+  d.memTotal = meminfoBytes(QStringLiteral("MemTotal"));
+  d.memAvailable = meminfoBytes(QStringLiteral("MemAvailable"));
+  return d;
+}
+
+DeviceInfo absentGpu(const QString& kind, const QString& id, const QColor& color, const QString& why) {
+  DeviceInfo d;
+  d.kind = kind;
+  d.backendId = id;
+  d.name = kind;
+  d.present = false;
+  d.status = why;
+  d.color = color;
+  return d;
+}
+
+}  // namespace
+
+QVector<DeviceInfo> detectDevices(int nThreads) {
+  QVector<DeviceInfo> out;
+  out << cpuDevice(nThreads);
+  // The GPU backends are not part of the engine's public API yet; when they
+  // are, their device lists (name, memory total/free) go here.
+  out << absentGpu(QStringLiteral("Vulkan"), QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("not built"));
+  out << absentGpu(QStringLiteral("CUDA"), QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("not built"));
+  return out;
+}
+
+QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices) {
+  QVector<BackendInfo> out;
+  for (const DeviceInfo& d : devices) {
+    BackendInfo b;
+    b.id = d.backendId;
+    b.label = d.kind;
+    b.color = d.color;
+    b.available = d.present;
+    if (!d.present) b.reason = QStringLiteral("%1: %2").arg(d.kind, d.status);
+    out << b;
+  }
+  return out;
+}
+
+QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends) {
+  bool gpu = false;
+  QStringList why;
+  for (const BackendInfo& b : backends) {
+    if (b.id == QLatin1String("cpu")) continue;
+    if (b.available) gpu = true;
+    else why << b.reason;
+  }
+  const QString noGpu = QObject::tr("Needs a GPU backend (%1)").arg(why.join(QStringLiteral("; ")));
+  const QString noPlanner = QObject::tr("Needs the engine's placement planner, which is not built yet");
+  QVector<StrategyInfo> s;
+  s << StrategyInfo{QStringLiteral("cpu"), QObject::tr("CPU only"), true, {}, false, false};
+  s << StrategyInfo{QStringLiteral("gpu"), QObject::tr("All on GPU"), gpu, gpu ? QString() : noGpu, false, true};
+  s << StrategyInfo{QStringLiteral("layers"), QObject::tr("First N layers on GPU"), gpu, gpu ? QString() : noGpu, true,
+                    true};
+  s << StrategyInfo{QStringLiteral("attn-gpu"), QObject::tr("Attention on GPU, FFN split"), gpu,
+                    gpu ? QString() : noGpu, false, true};
+  s << StrategyInfo{QStringLiteral("auto"), QObject::tr("Auto (cost model)"), false, gpu ? noPlanner : noGpu, false,
+                    true};
+  s << StrategyInfo{QStringLiteral("custom"), QObject::tr("Custom (edit cells)"), true, {}, false, false};
+  return s;
+}

@@ -1,0 +1,30 @@
+// The compute devices this machine and this build offer: the CPU (its ISA
+// level and features, RAM), and the GPU backends (Vulkan, CUDA) with their
+// memory once those backends are built. The placement grid's backends and
+// the strategy selector's choices are derived from this list.
+#pragma once
+
+#include <QColor>
+#include <QString>
+#include <QStringList>
+#include <QVector>
+
+#include "app/placement_model.h"
+
+struct DeviceInfo {
+  QString kind;        ///< "CPU", "Vulkan", "CUDA"
+  QString backendId;   ///< the placement backend it stands for ("cpu", "vulkan:0")
+  QString name;        ///< the device's own name, or the kind when absent
+  QString status;      ///< "in use", "not built", "none found"
+  bool present = false;
+  QStringList details;  ///< one fact per line
+  qint64 memTotal = 0, memAvailable = 0;  ///< bytes (host RAM for the CPU)
+  QColor color;
+};
+
+/// Devices found. `nThreads`: the CPU backend's thread count.
+QVector<DeviceInfo> detectDevices(int nThreads);
+/// One BackendInfo per device kind (absent ones unavailable, with the reason).
+QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices);
+/// The strategy selector's entries, enabled as the backends allow.
+QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends);

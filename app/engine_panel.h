@@ -1,0 +1,37 @@
+// The right-hand panel: Placement (grid and strategy), Performance (live
+// charts), Devices (what this machine and build offer) and Chat (settings).
+#pragma once
+
+#include <QTabWidget>
+#include <QVector>
+
+#include <memory>
+
+#include "app/device_info.h"
+
+class ChartsPanel;
+class ChatSettingsPanel;
+class LiveStats;
+class PlacementModel;
+class PlacementPanel;
+class QVBoxLayout;
+
+class EnginePanel : public QTabWidget {
+  Q_OBJECT
+ public:
+  enum Tab { PlacementTab = 0, PerformanceTab, DevicesTab, ChatTab };
+
+  EnginePanel(PlacementModel* placement, std::shared_ptr<LiveStats> stats, QWidget* parent = nullptr);
+
+  PlacementPanel* placementPanel() const { return m_placement; }
+  ChartsPanel* chartsPanel() const { return m_charts; }
+  ChatSettingsPanel* chatSettings() const { return m_chatSettings; }
+  void setDevices(const QVector<DeviceInfo>& devices);
+
+ private:
+  PlacementPanel* m_placement = nullptr;
+  ChartsPanel* m_charts = nullptr;
+  ChatSettingsPanel* m_chatSettings = nullptr;
+  QWidget* m_devices = nullptr;
+  QVBoxLayout* m_deviceList = nullptr;
+};

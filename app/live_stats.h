@@ -1,0 +1,81 @@
+// What the charts draw, written by the engine worker while it generates and
+// read by the GUI on a timer. The worker never waits for the GUI: histograms
+// are lock-free (engine/profile), and the short lists behind a mutex are held
+// for a push or a copy only.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "engine/profile/latency_histogram.h"
+#include "engine/profile/layer_stats.h"
+
+/// Bytes held in one memory tier.
+struct TierBytes {
+  uint64_t weights = 0;
+  uint64_t kv = 0;
+};
+
+struct LiveSnapshot {
+  uint64_t version = 0;  ///< changes whenever anything below may have changed
+  loom::LatencyHistogram::Snapshot itl;        ///< inter-token latency
+  std::vector<loom::LayerStats::Layer> layers; ///< per-layer decode time
+  /// (seconds spent generating, tokens/s): idle time between replies is left
+  /// out, so the line has no long flat gaps.
+  std::vector<std::pair<double, double>> tokensPerSecond;
+  TierBytes gpu, ram, ssd;
+  bool gpuPresent = false, ssdPresent = false;
+  double lastTtftMs = 0;
+  double lastTokensPerSecond = 0;
+  uint64_t tokensTotal = 0;
+  bool generating = false;
+};
+
+class LiveStats {
+ public:
+  LiveStats();
+
+  // ---- worker side ----
+  /// A new model (n_layer layers): every figure starts again. Returns the
+  /// per-layer stats for the forward pass to record into.
+  std::shared_ptr<loom::LayerStats> resetForModel(int64_t nLayer);
+  /// Forgets timings but keeps the model (after a placement change).
+  void resetTimings();
+  void generationStarted();
+  /// One token arrived `sincePreviousNs` after the previous one (0 for the first).
+  void tokenGenerated(uint64_t sincePreviousNs);
+  void generationFinished(double ttftMs, double tokensPerSecond);
+  void setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent, bool ssdPresent);
+
+  // ---- any thread (the GUI's timer) ----
+  LiveSnapshot snapshot() const;
+  uint64_t version() const { return m_version.load(std::memory_order_relaxed); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double generationSeconds(Clock::time_point t) const;  // with m_mutex held
+  void bump() { m_version.fetch_add(1, std::memory_order_relaxed); }
+
+  std::atomic<uint64_t> m_version{1};
+  loom::LatencyHistogram m_itl;
+
+  mutable std::mutex m_mutex;  // guards everything below
+  std::shared_ptr<loom::LayerStats> m_layers;
+  std::vector<std::pair<double, double>> m_tps;
+  TierBytes m_gpu, m_ram, m_ssd;
+  bool m_gpuPresent = false, m_ssdPresent = false;
+  double m_lastTtftMs = 0, m_lastTps = 0;
+  uint64_t m_tokensTotal = 0;
+  bool m_generating = false;
+  // Tokens/s window (worker only, but kept under the mutex for simplicity of reads).
+  Clock::time_point m_windowStart;
+  uint64_t m_windowTokens = 0;
+  int m_pointsThisReply = 0;
+  Clock::time_point m_generationStart;
+  double m_generationBase = 0;  ///< seconds generated before the current reply
+};

@@ -1,0 +1,510 @@
+#include "app/main_window.h"
+
+#include <QAction>
+#include <QCloseEvent>
+#include <QCoreApplication>
+#include <QDir>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QIcon>
+#include <QLabel>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QShortcut>
+#include <QSplitter>
+#include <QStackedWidget>
+#include <QTimer>
+#include <QVBoxLayout>
+
+#include <cstdio>
+
+#include "app/charts_panel.h"
+#include "app/chat_controller.h"
+#include "app/chat_list_model.h"
+#include "app/chat_settings_panel.h"
+#include "app/composer.h"
+#include "app/device_info.h"
+#include "app/engine_bridge.h"
+#include "app/engine_panel.h"
+#include "app/engine_worker.h"
+#include "app/live_stats.h"
+#include "app/placement_panel.h"
+#include "app/sidebar.h"
+#include "app/start_screen.h"
+#include "app/theme.h"
+#include "app/transcript_view.h"
+
+namespace {
+
+void registerTypes() {
+  qRegisterMetaType<ModelSummary>();
+  qRegisterMetaType<GenerationRequest>();
+  qRegisterMetaType<GenerationResult>();
+  qRegisterMetaType<PlacementPlan>();
+}
+
+bool isModelFile(const QUrl& url) {
+  return url.isLocalFile() && url.toLocalFile().endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
+}
+
+}  // namespace
+
+MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow(parent), m_options(options) {
+  registerTypes();
+  setWindowTitle(QStringLiteral("Loom"));
+  setWindowIcon(QIcon(QStringLiteral(":/loom/loom.svg")));
+  setAcceptDrops(true);
+  resize(1440, 900);
+
+  // The store of this (GUI) thread. If it cannot be opened the app still
+  // works, on a throw-away file, and says so.
+  QString dbPath = m_options.dbPath();
+  QString storeError;
+  QDir().mkpath(QFileInfo(dbPath).absolutePath());
+  auto store = loom::storage::Store::open(dbPath.toStdString());
+  if (!store.ok()) {
+    storeError = QString::fromStdString(store.message());
+    dbPath = QDir::temp().filePath(QStringLiteral("loom-unsaved-%1.db").arg(QCoreApplication::applicationPid()));
+    QFile::remove(dbPath);
+    store = loom::storage::Store::open(dbPath.toStdString());
+  }
+  if (store.ok()) {
+    m_store = std::move(store).value();
+    // Replies that were streaming when an earlier run died are marked interrupted.
+    (void)m_store->recover_interrupted();
+  }
+
+  m_stats = std::make_shared<LiveStats>();
+  m_worker = new EngineWorker(dbPath, m_options.threads, m_stats);
+  m_worker->moveToThread(&m_thread);
+  m_thread.setObjectName(QStringLiteral("loom-engine"));
+  m_thread.start();
+
+  const QVector<DeviceInfo> devices = detectDevices(m_worker->threads());
+  m_placement = new PlacementModel(this);
+  m_placement->setBackends(backendsFromDevices(devices));
+  m_placement->setStrategies(strategiesFor(m_placement->backends()));
+  m_chats = new ChatListModel(m_store.get(), this);
+
+  buildUi();
+  m_engine->setDevices(devices);
+  m_engine->placementPanel()->refreshChoices();
+  m_chat = new ChatController(m_store.get(), m_worker, m_chats, m_sidebar, m_transcript, m_composer,
+                              m_engine->chatSettings(), this);
+  connectWorker();
+  m_chat->setModelReady(false, {});
+  refreshRecent();
+  m_chat->openChat(m_chats->chatIdAt(0));
+  updateHeader();
+  emit workerOpenStore();
+  if (!storeError.isEmpty()) {
+    showError(tr("Chats cannot be saved"), tr("%1\nThis session uses a temporary file instead.").arg(storeError));
+  }
+}
+
+MainWindow::~MainWindow() { stopWorker(); }
+
+void MainWindow::buildUi() {
+  auto* central = new QWidget(this);
+  central->setObjectName(QStringLiteral("Central"));
+  auto* h = new QHBoxLayout(central);
+  h->setContentsMargins(0, 0, 0, 0);
+  h->setSpacing(0);
+  auto* split = new QSplitter(Qt::Horizontal, central);
+  split->setHandleWidth(1);
+  split->setChildrenCollapsible(false);
+  h->addWidget(split);
+
+  m_sidebar = new Sidebar(m_chats, split);
+  m_sidebar->setMinimumWidth(230);
+
+  auto* center = new QWidget(split);
+  auto* cv = new QVBoxLayout(center);
+  cv->setContentsMargins(0, 0, 0, 0);
+  cv->setSpacing(0);
+  // Load progress, with Cancel.
+  m_loadBanner = new QFrame(center);
+  m_loadBanner->setObjectName(QStringLiteral("LoadBanner"));
+  auto* lb = new QHBoxLayout(m_loadBanner);
+  lb->setContentsMargins(20, 10, 20, 10);
+  m_loadText = new QLabel(m_loadBanner);
+  m_loadBar = new QProgressBar(m_loadBanner);
+  m_loadBar->setTextVisible(false);
+  m_loadBar->setFixedHeight(8);
+  m_loadBar->setMaximumWidth(220);
+  auto* cancel = new QPushButton(tr("Cancel"), m_loadBanner);
+  connect(cancel, &QPushButton::clicked, this, &MainWindow::cancelLoad);
+  lb->addWidget(m_loadText, 1);
+  lb->addWidget(m_loadBar);
+  lb->addWidget(cancel);
+  cv->addWidget(m_loadBanner);
+  m_loadBanner->hide();
+  // Errors: the engine's own words, selectable, until dismissed.
+  m_errorBanner = new QFrame(center);
+  m_errorBanner->setObjectName(QStringLiteral("ErrorBanner"));
+  auto* eb = new QHBoxLayout(m_errorBanner);
+  eb->setContentsMargins(20, 10, 20, 10);
+  auto* et = new QVBoxLayout;
+  m_errorTitle = new QLabel(m_errorBanner);
+  m_errorTitle->setStyleSheet(QStringLiteral("font-weight:700;color:#991b1b;"));
+  m_errorText = new QLabel(m_errorBanner);
+  m_errorText->setObjectName(QStringLiteral("ErrorText"));
+  m_errorText->setWordWrap(true);
+  m_errorText->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  et->addWidget(m_errorTitle);
+  et->addWidget(m_errorText);
+  auto* dismiss = new QPushButton(tr("Dismiss"), m_errorBanner);
+  connect(dismiss, &QPushButton::clicked, this, &MainWindow::hideError);
+  eb->addLayout(et, 1);
+  eb->addWidget(dismiss, 0, Qt::AlignTop);
+  cv->addWidget(m_errorBanner);
+  m_errorBanner->hide();
+
+  m_center = new QStackedWidget(center);
+  m_start = new StartScreen(m_center);
+  m_center->addWidget(m_start);
+  m_chatArea = new QWidget(m_center);
+  auto* ca = new QVBoxLayout(m_chatArea);
+  ca->setContentsMargins(0, 0, 0, 0);
+  ca->setSpacing(0);
+  auto* header = new QWidget(m_chatArea);
+  header->setObjectName(QStringLiteral("ChatHeader"));
+  header->setAttribute(Qt::WA_StyledBackground, true);
+  auto* hh = new QHBoxLayout(header);
+  hh->setContentsMargins(24, 12, 20, 12);
+  m_chatTitle = new QLabel(header);
+  m_chatTitle->setObjectName(QStringLiteral("ChatTitle"));
+  m_modelChip = new QLabel(header);
+  m_status = new QLabel(header);
+  m_status->setObjectName(QStringLiteral("Muted"));
+  hh->addWidget(m_chatTitle, 1);
+  hh->addWidget(m_modelChip);
+  hh->addSpacing(12);
+  hh->addWidget(m_status);
+  ca->addWidget(header);
+  m_transcript = new TranscriptView(m_chatArea);
+  ca->addWidget(m_transcript, 1);
+  auto* composerRow = new QHBoxLayout;
+  composerRow->setContentsMargins(24, 6, 24, 18);
+  m_composer = new Composer(m_chatArea);
+  m_composer->setMaximumWidth(860);
+  composerRow->addWidget(m_composer);
+  ca->addLayout(composerRow);
+  m_center->addWidget(m_chatArea);
+  cv->addWidget(m_center, 1);
+
+  m_engine = new EnginePanel(m_placement, m_stats, split);
+  m_engine->setMinimumWidth(380);
+  split->addWidget(m_sidebar);
+  split->addWidget(center);
+  split->addWidget(m_engine);
+  split->setStretchFactor(0, 0);
+  split->setStretchFactor(1, 1);
+  split->setStretchFactor(2, 0);
+  split->setSizes({260, 640, 540});
+  setCentralWidget(central);
+
+  // Keyboard: Ctrl+N new chat, Ctrl+O open a model, Esc stops a reply.
+  auto* newChat = new QAction(tr("New chat"), this);
+  newChat->setShortcut(QKeySequence::New);
+  connect(newChat, &QAction::triggered, this, [this] { m_chat->newChat(); });
+  addAction(newChat);
+  auto* open = new QAction(tr("Open model…"), this);
+  open->setShortcut(QKeySequence::Open);
+  connect(open, &QAction::triggered, this, &MainWindow::openModelDialog);
+  addAction(open);
+  auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  connect(esc, &QShortcut::activated, this, [this] { m_chat->stop(); });
+
+  connect(m_start, &StartScreen::openModelRequested, this, &MainWindow::openModelDialog);
+  connect(m_start, &StartScreen::demoModelRequested, this, &MainWindow::loadDemoModel);
+  connect(m_start, &StartScreen::recentModelRequested, this, &MainWindow::loadModel);
+  connect(m_sidebar, &Sidebar::openModelRequested, this, &MainWindow::openModelDialog);
+  connect(m_sidebar, &Sidebar::recentModelRequested, this, &MainWindow::loadModel);
+  connect(m_sidebar, &Sidebar::demoModelRequested, this, &MainWindow::loadDemoModel);
+  connect(m_sidebar, &Sidebar::deleteChatRequested, this, &MainWindow::confirmDeleteChat);
+  connect(m_chats, &ChatListModel::errorOccurred, this, [this](const QString& e) { showError(tr("Chats"), e); });
+
+  PlacementPanel* pp = m_engine->placementPanel();
+  connect(pp, &PlacementPanel::strategyChosen, this, &MainWindow::planStrategy);
+  connect(pp, &PlacementPanel::applyRequested, this, [this] {
+    if (!m_hasModel || m_placing) return;
+    m_placing = true;
+    m_engine->placementPanel()->setBusy(true);
+    m_engine->placementPanel()->setNote(tr("Applying…"));
+    emit workerApplyPlacement(m_placement->pending());
+  });
+}
+
+void MainWindow::connectWorker() {
+  EngineWorker* w = m_worker;
+  connect(this, &MainWindow::workerLoad, w, &EngineWorker::loadModel);
+  connect(this, &MainWindow::workerLoadDemo, w, &EngineWorker::loadDemoModel);
+  connect(this, &MainWindow::workerApplyPlacement, w, &EngineWorker::applyPlacement);
+  connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
+  connect(m_chat, &ChatController::generateRequested, w, &EngineWorker::generate);
+
+  connect(w, &EngineWorker::loadProgress, this, &MainWindow::onLoadProgress);
+  connect(w, &EngineWorker::modelLoaded, this, &MainWindow::onModelLoaded);
+  connect(w, &EngineWorker::modelLoadFailed, this, &MainWindow::onLoadFailed);
+  connect(w, &EngineWorker::modelLoadCancelled, this, [this](quint64 id) {
+    if (id == m_loadRequest) m_loadRequest = 0;
+  });
+  connect(w, &EngineWorker::textUpdated, m_chat, &ChatController::onTextUpdated);
+  connect(w, &EngineWorker::generationFinished, m_chat, &ChatController::onGenerationFinished);
+  connect(w, &EngineWorker::warning, this, [this](const QString& m) { showError(tr("Warning"), m); });
+  connect(w, &EngineWorker::placementApplied, this, [this](const PlacementPlan& plan, const QString& note) {
+    m_placing = false;
+    m_placement->setApplied(plan);
+    m_model.kvDtype = plan.kvPrecision();
+    m_sidebar->setModel(&m_model);
+    m_engine->placementPanel()->setBusy(m_chat->isBusy());
+    m_engine->placementPanel()->setNote(note);
+    updateHeader();
+    emit placementDone(true, note);
+  });
+  connect(w, &EngineWorker::placementFailed, this, [this](const QString& message) {
+    m_placing = false;
+    m_engine->placementPanel()->setBusy(m_chat->isBusy());
+    m_engine->placementPanel()->setNote(message, /*isError=*/true);
+    emit placementDone(false, message);
+  });
+
+  connect(m_chat, &ChatController::busyChanged, this, [this](bool busy) {
+    m_engine->placementPanel()->setBusy(busy || m_placing);
+    updateHeader();
+  });
+  connect(m_chat, &ChatController::chatChanged, this, [this] { updateHeader(); });
+  connect(m_chat, &ChatController::errorOccurred, this, [this](const QString& e) { showError(tr("Something went wrong"), e); });
+}
+
+// ---- models -----------------------------------------------------------------------
+
+void MainWindow::openModelDialog() {
+  const QString dir = m_hasModel ? QFileInfo(m_model.path).absolutePath() : QDir::homePath();
+  const QString path = QFileDialog::getOpenFileName(this, tr("Open a model"), dir, tr("GGUF models (*.gguf);;All files (*)"));
+  if (!path.isEmpty()) loadModel(path);
+}
+
+void MainWindow::loadModel(const QString& path) {
+  if (m_chat->isBusy()) m_chat->stop();  // the reply ends at its next token; the load waits behind it
+  hideError();
+  m_loadRequest = m_nextLoad++;
+  onLoadProgress(m_loadRequest, tr("Opening %1…").arg(QFileInfo(path).fileName()), -1);
+  emit workerLoad(m_loadRequest, path, /*isDemo=*/false);
+}
+
+void MainWindow::loadDemoModel() {
+  if (m_chat->isBusy()) m_chat->stop();
+  hideError();
+  m_loadRequest = m_nextLoad++;
+  onLoadProgress(m_loadRequest, tr("Preparing the demo model…"), -1);
+  emit workerLoadDemo(m_loadRequest, m_options.demoModelPath());
+}
+
+void MainWindow::cancelLoad() {
+  if (!m_loadRequest) return;
+  // The engine reads the file in one call; it finishes in the background and its result is dropped.
+  m_worker->cancelLoad(m_loadRequest);
+  m_loadRequest = 0;
+  m_loadBanner->hide();
+  m_status->setText(tr("Load cancelled (the engine finishes reading in the background; the result is discarded)"));
+}
+
+void MainWindow::onLoadProgress(quint64 requestId, const QString& stage, int percent) {
+  if (requestId != m_loadRequest) return;
+  m_loadText->setText(stage);
+  if (percent < 0) {
+    m_loadBar->setRange(0, 0);  // busy indicator: load_model reports no progress
+  } else {
+    m_loadBar->setRange(0, 100);
+    m_loadBar->setValue(percent);
+  }
+  m_loadBanner->show();
+}
+
+void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement) {
+  if (requestId != m_loadRequest) return;  // cancelled meanwhile: the worker dropped it too
+  m_loadRequest = 0;
+  m_loadBanner->hide();
+  m_model = model;
+  m_hasModel = true;
+  m_placement->setApplied(placement);
+  m_engine->placementPanel()->setNote(tr("%1 layers on the CPU, weights as the file stores them.").arg(model.nLayer));
+  m_sidebar->setModel(&m_model);
+  m_engine->chatSettings()->setModelContext(model.nCtxTrain);
+  m_chat->setModelReady(true, model.isDemo ? tr("Loom demo") : model.name);
+  refreshRecent();
+  m_center->setCurrentWidget(m_chatArea);
+  m_chat->openChat(m_chat->currentChat());  // re-signs the replies with the new model's name
+  if (!model.warnings.isEmpty()) showError(tr("Loaded, with notes"), model.warnings.join(QStringLiteral("\n")));
+  updateHeader();
+  m_composer->input()->setFocus();
+  emit modelReady(m_model);
+}
+
+void MainWindow::onLoadFailed(quint64 requestId, const QString& message) {
+  if (requestId != m_loadRequest) return;
+  m_loadRequest = 0;
+  m_loadBanner->hide();
+  // The engine's own message (which tensor, which offset, what was expected), as it is.
+  showError(tr("Could not open the model"), message);
+  updateHeader();
+  emit modelFailed(message);
+}
+
+void MainWindow::refreshRecent() {
+  QList<QPair<QString, QString>> recent;
+  auto rm = m_store->recent_models(8);
+  if (rm.ok()) {
+    for (const auto& r : *rm) {
+      const QString path = QString::fromStdString(r.path);
+      const bool demo = path == m_options.demoModelPath();
+      recent << qMakePair(path, demo ? tr("Loom demo model (random weights)") : QString::fromStdString(r.name));
+    }
+  }
+  m_start->setRecentModels(recent);
+  m_sidebar->setRecentModels(recent);
+}
+
+// ---- view state -----------------------------------------------------------------
+
+QString MainWindow::errorText() const { return m_errorBanner->isVisible() ? m_errorText->text() : QString(); }
+
+void MainWindow::showError(const QString& title, const QString& message) {
+  m_errorTitle->setText(title);
+  m_errorText->setText(message);
+  m_errorBanner->show();
+}
+
+void MainWindow::hideError() { m_errorBanner->hide(); }
+
+void MainWindow::updateHeader() {
+  if (!m_hasModel) {
+    m_center->setCurrentWidget(m_start);
+    m_status->clear();
+    return;
+  }
+  const auto* c = m_chats->chat(m_chat->currentChat());
+  m_chatTitle->setText(c ? QString::fromStdString(c->title) : tr("No chat open"));
+  const QString name = m_model.isDemo ? tr("Loom demo") : m_model.name;
+  m_modelChip->setText(QStringLiteral("<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5</span>")
+                           .arg(theme::css(theme::kCpu), name.toHtmlEscaped(), theme::css(theme::kMuted), m_model.quant,
+                                m_model.kvDtype));
+  m_modelChip->setToolTip(m_model.path);
+  m_status->setText(m_chat->isBusy() ? tr("Generating…") : tr("Ready"));
+}
+
+void MainWindow::planStrategy(const QString& strategy, int gpuLayers, int budgetMiB) {
+  // The engine's placement planner is not built yet: "cpu" is planned here
+  // (every cell on the CPU, precisions kept); the GPU strategies are offered
+  // only when a GPU backend exists, and will call the planner.
+  PlacementPlan planned = m_placement->pending();
+  if (strategy == QLatin1String("cpu")) {
+    for (int r = 0; r < planned.rows.size(); ++r) {
+      for (auto& cell : planned.rows[r]) cell.backend = QStringLiteral("cpu");
+    }
+    m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB, &planned);
+  } else {
+    m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB);
+  }
+}
+
+void MainWindow::confirmDeleteChat(qint64 chatId) {
+  const auto* c = m_chats->chat(chatId);
+  if (!c) return;
+  const auto answer = QMessageBox::question(
+      this, tr("Delete chat"), tr("Delete “%1” and all its messages? This cannot be undone.").arg(QString::fromStdString(c->title)),
+      QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Cancel);
+  if (answer == QMessageBox::Yes) m_chat->deleteChat(chatId);
+}
+
+// ---- window events --------------------------------------------------------------
+
+void MainWindow::stopWorker() {
+  if (m_stopped) return;
+  m_stopped = true;
+  // A reply in progress stops at its next token and the worker saves it
+  // (state "stopped") before the thread ends; then nothing else runs there.
+  m_worker->shutdown();
+  m_thread.quit();
+  m_thread.wait();
+  delete m_worker;
+  m_worker = nullptr;
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+  stopWorker();
+  event->accept();
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* event) {
+  const auto urls = event->mimeData()->urls();
+  if (urls.size() == 1 && isModelFile(urls.first())) event->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* event) {
+  const auto urls = event->mimeData()->urls();
+  if (urls.size() == 1 && isModelFile(urls.first())) loadModel(urls.first().toLocalFile());
+}
+
+// ---- start-up and --screenshot ---------------------------------------------------
+
+void MainWindow::start() {
+  if (!m_options.screenshotPath.isEmpty()) {
+    connect(this, &MainWindow::modelReady, this, [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
+    connect(this, &MainWindow::modelFailed, this, &MainWindow::finishScreenshot);
+    connect(m_chat, &ChatController::replyFinished, this, [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
+    // Never hang a script: whatever is on screen after two minutes is the picture.
+    QTimer::singleShot(120000, this, &MainWindow::finishScreenshot);
+  }
+  if (m_options.demo) loadDemoModel();
+  else if (!m_options.modelPath.isEmpty()) loadModel(m_options.modelPath);
+  else if (!m_options.screenshotPath.isEmpty()) QTimer::singleShot(300, this, &MainWindow::finishScreenshot);
+}
+
+void MainWindow::screenshotStep() {
+  // A short tour: a chat with two exchanges (one with a code block), so the
+  // transcript, the grid and every chart have something to show.
+  static const char* const kPrompts[] = {
+      "What does this function do?\n\n```cpp\nint add(int a, int b) {\n  return a + b;  // sum\n}\n```",
+      "Now tell me a **very short** story about a loom that learns to weave words.",
+  };
+  const int n = static_cast<int>(sizeof(kPrompts) / sizeof(kPrompts[0]));
+  if (m_screenshotStage == 0) {
+    m_chat->newChat();
+    loom::storage::ChatSettings s;
+    s.max_tokens = 120;
+    s.seed = 7;  // the same picture every time
+    m_engine->chatSettings()->setSettings(s, true);
+    m_chat->saveSettings(s);
+  }
+  if (m_screenshotStage < n) {
+    m_chat->send(QString::fromUtf8(kPrompts[m_screenshotStage++]));
+    return;
+  }
+  finishScreenshot();
+}
+
+void MainWindow::finishScreenshot() {
+  if (m_options.screenshotPath.isEmpty() || m_screenshotStage < 0) return;
+  m_screenshotStage = -1;
+  static const QStringList kTabs = {QStringLiteral("placement"), QStringLiteral("performance"), QStringLiteral("devices"),
+                                    QStringLiteral("chat")};
+  m_engine->setCurrentIndex(std::max<int>(0, static_cast<int>(kTabs.indexOf(m_options.screenshotTab))));
+  m_engine->chartsPanel()->refresh();
+  m_transcript->scrollToBottom();
+  // One more turn of the event loop so layouts settle before the grab.
+  QTimer::singleShot(250, this, [this] {
+    const bool ok = grab().save(m_options.screenshotPath, "PNG");
+    if (ok) std::printf("loom-chat: wrote %s\n", qPrintable(QDir::toNativeSeparators(m_options.screenshotPath)));
+    else std::fprintf(stderr, "loom-chat: could not write %s\n", qPrintable(m_options.screenshotPath));
+    std::fflush(stdout);
+    QCoreApplication::exit(ok ? 0 : 1);
+  });
+}

@@ -1,0 +1,128 @@
+// The main window: sidebar (chats, model), chat area (or the start screen),
+// engine panel (placement, performance, devices, chat settings). It owns the
+// engine worker's thread, the GUI thread's store connection and the live
+// stats, wires them together, and handles model loading and the screenshot mode.
+#pragma once
+
+#include <QMainWindow>
+#include <QThread>
+
+#include <memory>
+
+#include "app/app_options.h"
+#include "app/app_types.h"
+#include "app/placement_model.h"
+#include "storage/store.h"
+
+class ChatController;
+class ChatListModel;
+class Composer;
+class EnginePanel;
+class EngineWorker;
+class LiveStats;
+class QLabel;
+class QProgressBar;
+class QPushButton;
+class QFrame;
+class QStackedWidget;
+class Sidebar;
+class StartScreen;
+class TranscriptView;
+
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+ public:
+  /// Opens the store (a failure is shown, and chats are then not kept). Call
+  /// start() once shown.
+  explicit MainWindow(const AppOptions& options, QWidget* parent = nullptr);
+  ~MainWindow() override;
+
+  /// Opens what the options ask for (a model, the demo) and, with
+  /// --screenshot, renders and quits when done.
+  void start();
+
+  // Parts, for tests.
+  ChatController* chat() const { return m_chat; }
+  TranscriptView* transcript() const { return m_transcript; }
+  Composer* composer() const { return m_composer; }
+  Sidebar* sidebar() const { return m_sidebar; }
+  EnginePanel* enginePanel() const { return m_engine; }
+  PlacementModel* placement() const { return m_placement; }
+  StartScreen* startScreen() const { return m_start; }
+  const ModelSummary* model() const { return m_hasModel ? &m_model : nullptr; }
+  bool isLoading() const { return m_loadRequest != 0; }
+  QString errorText() const;
+
+ public slots:
+  void openModelDialog();
+  void loadModel(const QString& path);
+  void loadDemoModel();
+  void cancelLoad();
+
+ signals:
+  void modelReady(const ModelSummary& model);
+  void modelFailed(const QString& message);
+  void placementDone(bool ok, const QString& note);
+
+ signals:  // to the worker (queued)
+  void workerLoad(quint64 requestId, const QString& path, bool isDemo);
+  void workerLoadDemo(quint64 requestId, const QString& path);
+  void workerApplyPlacement(const PlacementPlan& plan);
+  void workerOpenStore();
+
+ protected:
+  void closeEvent(QCloseEvent* event) override;
+  void dragEnterEvent(QDragEnterEvent* event) override;
+  void dropEvent(QDropEvent* event) override;
+
+ private:
+  void buildUi();
+  void connectWorker();
+  void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement);
+  void onLoadFailed(quint64 requestId, const QString& message);
+  void onLoadProgress(quint64 requestId, const QString& stage, int percent);
+  void showError(const QString& title, const QString& message);
+  void hideError();
+  void refreshRecent();
+  void updateHeader();
+  void planStrategy(const QString& strategy, int gpuLayers, int budgetMiB);
+  void confirmDeleteChat(qint64 chatId);
+  void stopWorker();
+  // --screenshot
+  void screenshotStep();
+  void finishScreenshot();
+
+  AppOptions m_options;
+  std::unique_ptr<loom::storage::Store> m_store;
+  std::shared_ptr<LiveStats> m_stats;
+  QThread m_thread;
+  EngineWorker* m_worker = nullptr;
+  ChatListModel* m_chats = nullptr;
+  PlacementModel* m_placement = nullptr;
+  ChatController* m_chat = nullptr;
+
+  Sidebar* m_sidebar = nullptr;
+  QStackedWidget* m_center = nullptr;
+  StartScreen* m_start = nullptr;
+  QWidget* m_chatArea = nullptr;
+  TranscriptView* m_transcript = nullptr;
+  Composer* m_composer = nullptr;
+  EnginePanel* m_engine = nullptr;
+  QLabel* m_chatTitle = nullptr;
+  QLabel* m_modelChip = nullptr;
+  QLabel* m_status = nullptr;
+  QFrame* m_loadBanner = nullptr;
+  QLabel* m_loadText = nullptr;
+  QProgressBar* m_loadBar = nullptr;
+  QFrame* m_errorBanner = nullptr;
+  QLabel* m_errorTitle = nullptr;
+  QLabel* m_errorText = nullptr;
+
+  ModelSummary m_model;
+  bool m_hasModel = false;
+  quint64 m_loadRequest = 0;  ///< the load the UI waits for (0: none)
+  quint64 m_nextLoad = 1;
+  bool m_placing = false;
+  bool m_stopped = false;
+  int m_screenshotStage = 0;
+};

@@ -1,0 +1,55 @@
+// Public entry points of the Vulkan backend: what `loom devices`, `loom run
+// --backend vulkan` and the tests need. Declared whether or not the build has
+// Vulkan (LOOM_VULKAN); without it every call reports kUnsupported.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/core/status.h"
+
+namespace loom {
+
+/// One Vulkan physical device as the loader reports it.
+struct VulkanDeviceInfo {
+  int index = 0;                  ///< position in list_vulkan_devices(); VulkanOptions::device
+  std::string name;               ///< "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
+  std::string type;               ///< "discrete", "integrated", "virtual", "cpu" or "other"
+  uint32_t vendor_id = 0;
+  uint32_t device_id = 0;
+  std::string api_version;        ///< "1.3.230"
+  std::string driver;             ///< driver name and version text
+  uint64_t device_local_bytes = 0;  ///< size of the largest device-local heap
+  uint32_t subgroup_size = 0;
+  bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
+  bool storage_16bit = false;        ///< storageBuffer16BitAccess
+  bool usable = false;               ///< Loom can run on it (Vulkan 1.2+, a compute queue)
+  std::string why_not;               ///< when !usable: the reason
+};
+
+/// How to set the Vulkan backend up.
+struct VulkanOptions {
+  int device = -1;          ///< index in list_vulkan_devices(); -1: the best (discrete GPU first)
+  bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation and count its messages
+  bool profile = false;     ///< timestamp queries around every dispatch (VulkanBackend::gpu_times)
+  bool use_subgroups = true;    ///< false: shared-memory reductions even where subgroups exist
+  bool use_f16_storage = true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
+  uint64_t memory_limit = 0;    ///< bytes of device memory Loom may take; 0: the device's heap
+};
+
+/// True when this build has the Vulkan backend (LOOM_VULKAN).
+bool vulkan_built();
+
+/// Every Vulkan device, in the loader's order. kUnsupported when the build has
+/// no Vulkan or no loader is installed (the message says which).
+Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices();
+
+/// The Vulkan backend on the device `opts` picks. Errors (with a message for
+/// the user): no loader, no usable device, the index out of range, device
+/// creation failed. The caller then keeps using the CPU backend.
+Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions& opts);
+
+}  // namespace loom

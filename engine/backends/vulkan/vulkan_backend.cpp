@@ -1,0 +1,966 @@
+#include "engine/backends/vulkan/vulkan_backend.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/ref/ops_ref.h"
+#include "engine/backends/vulkan/vk_shaders.h"
+#include "engine/backends/vulkan/vk_weights.h"
+#include "engine/runtime/kv_cache.h"
+
+namespace loom {
+
+using vk::Alloc;
+using vk::Block;
+
+namespace {
+
+// A submission that has not finished after this long is treated as a lost
+// device: the user gets an error instead of a hang.
+constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
+// The ring for op inputs and transfers (staging), and the device block size.
+constexpr uint64_t kRingBytes = 32ull << 20;
+constexpr uint64_t kBlockBytes = 256ull << 20;
+constexpr uint32_t kMaxQueries = 4096;  // two per dispatch
+constexpr uint32_t kDescSetsPerPool = 256;
+constexpr uint32_t kPushBytes = 128;
+
+// Workgroup sizes (specialization constant 0) and rows per matvec workgroup.
+constexpr uint32_t kWgMatvec = 64;
+constexpr uint32_t kMatvecRows = 2;
+constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this many tokens use them
+constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
+constexpr uint32_t kMatmulTile = 64;
+constexpr uint32_t kWgSmall = 64;
+constexpr uint32_t kWgElt = 256;
+constexpr uint32_t kAttnHeadsPerGroup = 8;  // GM in attn_split.comp
+constexpr int64_t kAttnMaxHeadDim = 256;    // HD_MAX in attn_split.comp
+constexpr int64_t kAttnTileMaxHeadDim = 128;  // HD_MAX in attn_tile.comp
+constexpr uint32_t kAttnTileRows = 16;        // BR in attn_tile.comp
+constexpr uint32_t kWgAttnTile = 128;         // BR * TPQ in attn_tile.comp
+
+const char* dtype_suffix(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kQ8_0: return "q8_0";
+    case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_K: return "q4_k";
+    case DType::kQ5_K: return "q5_k";
+    case DType::kQ6_K: return "q6_k";
+    default: return "?";
+  }
+}
+
+uint32_t u32(uint64_t v) { return static_cast<uint32_t>(v); }
+
+}  // namespace
+
+namespace vk {
+const SpirvBlob* find_shader(std::string_view name) {
+  const auto all = all_shaders();
+  auto it = std::lower_bound(all.begin(), all.end(), name,
+                             [](const SpirvBlob& b, std::string_view n) { return std::string_view(b.name) < n; });
+  return it != all.end() && std::string_view(it->name) == name ? &*it : nullptr;
+}
+}  // namespace vk
+
+// ---- activations and KV storage ---------------------------------------------
+
+class VkActBuffer final : public ActBuffer {
+ public:
+  VkActBuffer(VulkanBackend* owner, Alloc a, int64_t n) : owner_(owner), a_(a) {
+    base_.buffer = a.block;
+    base_.offset = a.offset;
+    base_.rows = 1;
+    base_.cols = n;
+  }
+  ~VkActBuffer() override { owner_->device_pool_->free(a_); }
+
+ private:
+  VulkanBackend* owner_;
+  Alloc a_;
+};
+
+/// One KV cache's layers in device memory: per layer a K and a V allocation of
+/// [n_kv_heads][n_ctx][head_dim] (F16 words, or Q8_0 quants then scales).
+class VkKvStorage final : public KvStorage {
+ public:
+  VkKvStorage(VulkanBackend* owner, const KvCacheConfig& cfg) : owner_(owner), cfg_(cfg) {}
+  ~VkKvStorage() override {
+    for (auto& a : k_) owner_->device_pool_->free(a);
+    for (auto& a : v_) owner_->device_pool_->free(a);
+  }
+  Status reserve(int64_t n) override {
+    // Every layer holds n_ctx rows from the start (allocated in create_kv_storage).
+    if (n > cfg_.n_ctx) return make_error(ErrorCode::kOutOfRange, "Vulkan KV cache: %" PRId64 " tokens exceed %" PRId64, n, cfg_.n_ctx);
+    return {};
+  }
+  uint64_t allocated_bytes() const override {
+    uint64_t b = 0;
+    for (const auto& a : k_) b += a.size;
+    for (const auto& a : v_) b += a.size;
+    return b;
+  }
+  /// Bytes of the quants of one layer's K (or V); the Q8_0 scales follow at this offset.
+  uint64_t quant_bytes() const {
+    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * cfg_.n_ctx);
+    const auto hd = static_cast<uint64_t>(cfg_.head_dim);
+    return cfg_.dtype == DType::kF16 ? rows * hd * 2 : (rows * hd + 255) / 256 * 256;
+  }
+  uint64_t layer_bytes() const {
+    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * cfg_.n_ctx);
+    return cfg_.dtype == DType::kF16 ? quant_bytes() : quant_bytes() + rows * static_cast<uint64_t>(cfg_.head_dim / 32) * 4;
+  }
+
+  VulkanBackend* owner_;
+  KvCacheConfig cfg_;
+  std::vector<Alloc> k_, v_;
+};
+
+// ---- set-up -----------------------------------------------------------------
+
+VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev) : dev_(std::move(dev)) {}
+
+Result<std::unique_ptr<VulkanBackend>> VulkanBackend::create(const VulkanOptions& opts) {
+  LOOM_ASSIGN_OR_RETURN(auto dev, vk::Device::create(opts));
+  std::unique_ptr<VulkanBackend> be(new VulkanBackend(std::move(dev)));
+  LOOM_TRY(be->init(opts));
+  return be;
+}
+
+Status VulkanBackend::init(const VulkanOptions& opts) {
+  const vk::Fns& fn = dev_->fn();
+  const VkDevice d = dev_->device();
+  const vk::DeviceCaps& c = dev_->caps();
+  // Blocks no larger than one binding may span (lavapipe: 128 MiB).
+  const uint64_t block = std::min({kBlockBytes, c.max_storage_range / 256 * 256, c.max_allocation});
+  const uint64_t limit = opts.memory_limit ? opts.memory_limit : c.device_local_heap;
+  device_pool_ = std::make_unique<vk::MemoryPool>(*dev_, c.device_local_type, false, block, limit);
+  host_pool_ = std::make_unique<vk::MemoryPool>(*dev_, c.host_type, true, std::min(kRingBytes, block), 0);
+  LOOM_ASSIGN_OR_RETURN(ring_, host_pool_->alloc(std::min(kRingBytes, block), "the staging ring"));
+
+  VkCommandPoolCreateInfo cpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  cpi.queueFamilyIndex = dev_->queue_family();
+  VkResult r = fn.vkCreateCommandPool(d, &cpi, nullptr, &cmd_pool_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = cmd_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  r = fn.vkAllocateCommandBuffers(d, &cai, &cmd_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateFence");
+  VkPipelineCacheCreateInfo pci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  r = fn.vkCreatePipelineCache(d, &pci, nullptr, &pipeline_cache_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreatePipelineCache");
+
+  // One set layout and pipeline layout per number of storage-buffer bindings.
+  for (uint32_t n = 1; n <= kMaxBindings; ++n) {
+    VkDescriptorSetLayoutBinding b[kMaxBindings];
+    for (uint32_t i = 0; i < n; ++i) {
+      b[i] = VkDescriptorSetLayoutBinding{i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    }
+    VkDescriptorSetLayoutCreateInfo dli{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    dli.bindingCount = n;
+    dli.pBindings = b;
+    r = fn.vkCreateDescriptorSetLayout(d, &dli, nullptr, &set_layouts_[n]);
+    if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateDescriptorSetLayout");
+    VkPushConstantRange pcr{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushBytes};
+    VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &set_layouts_[n];
+    pli.pushConstantRangeCount = 1;
+    pli.pPushConstantRanges = &pcr;
+    r = fn.vkCreatePipelineLayout(d, &pli, nullptr, &pipe_layouts_[n]);
+    if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreatePipelineLayout");
+  }
+
+  // Workgroups that reduce (norms, attention; attention's is also its keys per
+  // split): four subgroups, so the cross-subgroup step is short (NVIDIA: 128,
+  // lavapipe: 32, where every barrier is a costly coroutine switch).
+  reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
+
+  profile_ = opts.profile && c.timestamp_period_ns > 0;
+  if (profile_) {
+    VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qi.queryCount = kMaxQueries;
+    r = fn.vkCreateQueryPool(d, &qi, nullptr, &query_pool_);
+    if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateQueryPool");
+  }
+  return {};
+}
+
+VulkanBackend::~VulkanBackend() {
+  if (!dev_) return;
+  if (recording_) (void)flush();
+  const vk::Fns& fn = dev_->fn();
+  const VkDevice d = dev_->device();
+  fn.vkDeviceWaitIdle(d);
+  for (auto& a : weights_) device_pool_->free(a.second.alloc);
+  device_pool_->free(scratch_);
+  for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
+  for (VkDescriptorPool p : desc_pools_) fn.vkDestroyDescriptorPool(d, p, nullptr);
+  for (uint32_t n = 1; n <= kMaxBindings; ++n) {
+    if (pipe_layouts_[n]) fn.vkDestroyPipelineLayout(d, pipe_layouts_[n], nullptr);
+    if (set_layouts_[n]) fn.vkDestroyDescriptorSetLayout(d, set_layouts_[n], nullptr);
+  }
+  if (query_pool_) fn.vkDestroyQueryPool(d, query_pool_, nullptr);
+  if (pipeline_cache_) fn.vkDestroyPipelineCache(d, pipeline_cache_, nullptr);
+  if (fence_) fn.vkDestroyFence(d, fence_, nullptr);
+  if (cmd_pool_) fn.vkDestroyCommandPool(d, cmd_pool_, nullptr);
+  device_pool_.reset();
+  host_pool_.reset();
+}
+
+std::string VulkanBackend::name() const { return "vulkan (" + dev_->info().name + ")"; }
+
+bool VulkanBackend::supports(OpKind op, DType dtype) const {
+  switch (op) {
+    case OpKind::kMatmul:
+    case OpKind::kGetRows: return vk::packable(dtype);
+    case OpKind::kKvStore:
+    case OpKind::kAttention: return dtype == DType::kF16 || dtype == DType::kQ8_0;
+    default: return dtype == DType::kF32;
+  }
+}
+
+uint64_t VulkanBackend::device_bytes() const { return device_pool_->reserved_bytes(); }
+
+std::vector<GpuOpTime> VulkanBackend::gpu_times() const {
+  std::vector<GpuOpTime> v;
+  for (const auto& [k, t] : times_) v.push_back(t);
+  std::sort(v.begin(), v.end(), [](const GpuOpTime& a, const GpuOpTime& b) { return a.ms > b.ms; });
+  return v;
+}
+
+std::string VulkanBackend::variant_name(const Variant& v) const {
+  std::string n = v.op;
+  if (v.has_dtype) {
+    n += '_';
+    n += dtype_suffix(v.dtype);
+  }
+  if (v.sg && dev_->caps().subgroup_arithmetic) n += "_sg";
+  if (v.h && v.has_dtype && v.dtype == DType::kF16 && dev_->caps().f16_storage) n += "_h";
+  return n;
+}
+
+size_t VulkanBackend::FastKeyHash::operator()(const FastKey& k) const {
+  size_t h = std::hash<const void*>()(k.op);
+  for (uint32_t v : {k.dtype, k.flags, k.wg, k.c1, k.c2}) h = h * 1000003u ^ v;
+  return h;
+}
+
+size_t VulkanBackend::DescKeyHash::operator()(const DescKey& k) const {
+  size_t h = k.n;
+  for (uint32_t i = 0; i < k.n; ++i) h = h * 1000003u ^ std::hash<const void*>()(reinterpret_cast<const void*>(k.b[i]));
+  return h;
+}
+
+// ---- recording ---------------------------------------------------------------
+
+Status VulkanBackend::begin() {
+  if (recording_) return {};
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  const VkResult r = dev_->fn().vkBeginCommandBuffer(cmd_, &bi);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkBeginCommandBuffer");
+  recording_ = true;
+  n_queries_ = 0;
+  query_labels_.clear();
+  if (profile_) dev_->fn().vkCmdResetQueryPool(cmd_, query_pool_, 0, kMaxQueries);
+  // Writes of earlier submissions (previous decode steps, uploads) reach this
+  // one's reads through a barrier: its first scope is every command submitted before.
+  full_barrier();
+  return {};
+}
+
+void VulkanBackend::full_barrier() {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                     VK_ACCESS_TRANSFER_WRITE_BIT;
+  const VkPipelineStageFlags st = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  dev_->fn().vkCmdPipelineBarrier(cmd_, st, st, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  pending_writes_.clear();
+  pending_reads_.clear();
+}
+
+void VulkanBackend::barrier_if_needed(const Bind* binds, uint32_t n) {
+  auto overlaps = [](const std::vector<Range>& v, VkBuffer buf, uint64_t lo, uint64_t hi) {
+    for (const Range& r : v) {
+      if (r.buf == buf && r.lo < hi && lo < r.hi) return true;
+    }
+    return false;
+  };
+  bool need = false;
+  for (uint32_t i = 0; i < n && !need; ++i) {
+    const Bind& b = binds[i];
+    if (!b.size) continue;
+    const uint64_t lo = b.offset, hi = b.offset + b.size;
+    // Read after write, write after write, write after read.
+    need = overlaps(pending_writes_, b.block->buffer, lo, hi) || (b.write && overlaps(pending_reads_, b.block->buffer, lo, hi));
+  }
+  if (need) full_barrier();
+  for (uint32_t i = 0; i < n; ++i) {
+    const Bind& b = binds[i];
+    if (!b.size) continue;
+    (b.write ? pending_writes_ : pending_reads_).push_back(Range{b.block->buffer, b.offset, b.offset + b.size});
+  }
+}
+
+Status VulkanBackend::flush() {
+  if (!recording_) return status_;
+  recording_ = false;
+  const vk::Fns& fn = dev_->fn();
+  // Transfers into the ring (downloads) must be visible to the host after the fence.
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+  fn.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                          VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  pending_writes_.clear();
+  pending_reads_.clear();
+  ring_used_ = 0;
+  ints_memo_valid_ = false;
+  VkResult r = fn.vkEndCommandBuffer(cmd_);
+  if (r != VK_SUCCESS) {
+    fail(vk::vk_error(r, "vkEndCommandBuffer"));
+    return status_;
+  }
+  if (!status_.ok()) return status_;  // something failed while recording: do not run half a step
+  if (simulate_lost_) {
+    fail(vk::vk_error(VK_ERROR_DEVICE_LOST, "vkQueueSubmit"));
+    return status_;
+  }
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd_;
+  r = fn.vkQueueSubmit(dev_->queue(), 1, &si, fence_);
+  if (r != VK_SUCCESS) {
+    fail(vk::vk_error(r, "vkQueueSubmit"));
+    return status_;
+  }
+  ++submissions_;
+  r = fn.vkWaitForFences(dev_->device(), 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+  if (r != VK_SUCCESS) {
+    fail(vk::vk_error(r, "vkWaitForFences"));
+    return status_;
+  }
+  fn.vkResetFences(dev_->device(), 1, &fence_);
+  if (profile_ && n_queries_) {
+    std::vector<uint64_t> ts(n_queries_);
+    r = fn.vkGetQueryPoolResults(dev_->device(), query_pool_, 0, n_queries_, ts.size() * sizeof(uint64_t), ts.data(),
+                                 sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    if (r == VK_SUCCESS) {
+      const double ns = dev_->caps().timestamp_period_ns;
+      for (uint32_t i = 0; i + 1 < n_queries_; i += 2) {
+        GpuOpTime& t = times_[query_labels_[i / 2]];
+        t.name = query_labels_[i / 2];
+        t.ms += static_cast<double>(ts[i + 1] - ts[i]) * ns * 1e-6;
+        t.calls += 1;
+      }
+    }
+  }
+  return status_;
+}
+
+Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader, const Spec& spec,
+                                                          uint32_t n_bindings) {
+  std::string key(shader);
+  key += '/' + std::to_string(spec.wg) + '/' + std::to_string(spec.c1) + '/' + std::to_string(spec.c2);
+  auto it = pipelines_.find(key);
+  if (it != pipelines_.end()) return &it->second;
+
+  const vk::SpirvBlob* blob = vk::find_shader(shader);
+  if (!blob) return make_error(ErrorCode::kInternal, "Vulkan: no shader variant '%s' in this build", key.c_str());
+  const vk::Fns& fn = dev_->fn();
+  const VkDevice d = dev_->device();
+  VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  mi.codeSize = blob->n_words * 4;
+  mi.pCode = blob->words;
+  VkShaderModule mod = VK_NULL_HANDLE;
+  VkResult r = fn.vkCreateShaderModule(d, &mi, nullptr, &mod);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateShaderModule");
+  const uint32_t values[3] = {spec.wg, spec.c1, spec.c2};
+  const VkSpecializationMapEntry entries[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
+  VkSpecializationInfo si{3, entries, sizeof(values), values};
+  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  ci.stage = VkPipelineShaderStageCreateInfo{VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = mod;
+  ci.stage.pName = "main";
+  ci.stage.pSpecializationInfo = &si;
+  ci.layout = pipe_layouts_[n_bindings];
+  Pipeline p;
+  p.n_bindings = n_bindings;
+  p.name = std::string(shader);
+  r = fn.vkCreateComputePipelines(d, pipeline_cache_, 1, &ci, nullptr, &p.pipe);
+  fn.vkDestroyShaderModule(d, mod, nullptr);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateComputePipelines");
+  return &pipelines_.emplace(key, p).first->second;
+}
+
+Result<VkDescriptorSet> VulkanBackend::descriptor_set(const Bind* binds, uint32_t n) {
+  // Sets bind whole block buffers, so a few of them serve every dispatch: cache them.
+  DescKey key;
+  key.n = n;
+  for (uint32_t i = 0; i < n; ++i) key.b[i] = binds[i].block->buffer;
+  auto it = desc_cache_.find(key);
+  if (it != desc_cache_.end()) return it->second;
+  const vk::Fns& fn = dev_->fn();
+  const VkDevice d = dev_->device();
+  if (desc_pool_left_ == 0) {
+    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kDescSetsPerPool * kMaxBindings};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = kDescSetsPerPool;
+    pi.poolSizeCount = 1;
+    pi.pPoolSizes = &ps;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    const VkResult r = fn.vkCreateDescriptorPool(d, &pi, nullptr, &pool);
+    if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateDescriptorPool");
+    desc_pools_.push_back(pool);
+    desc_pool_left_ = kDescSetsPerPool;
+  }
+  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+  ai.descriptorPool = desc_pools_.back();
+  ai.descriptorSetCount = 1;
+  ai.pSetLayouts = &set_layouts_[n];
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  const VkResult r = fn.vkAllocateDescriptorSets(d, &ai, &set);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkAllocateDescriptorSets");
+  --desc_pool_left_;
+  VkDescriptorBufferInfo bi[kMaxBindings];
+  VkWriteDescriptorSet w[kMaxBindings];
+  for (uint32_t i = 0; i < n; ++i) {
+    bi[i] = VkDescriptorBufferInfo{binds[i].block->buffer, 0, VK_WHOLE_SIZE};
+    w[i] = VkWriteDescriptorSet{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    w[i].dstSet = set;
+    w[i].dstBinding = i;
+    w[i].descriptorCount = 1;
+    w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w[i].pBufferInfo = &bi[i];
+  }
+  fn.vkUpdateDescriptorSets(d, n, w, 0, nullptr);
+  desc_cache_.emplace(key, set);
+  return set;
+}
+
+Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings) {
+  const FastKey key{v.op, v.has_dtype ? static_cast<uint32_t>(v.dtype) : 0xFFFFFFFFu,
+                    (v.sg ? 1u : 0u) | (v.h ? 2u : 0u) | (n_bindings << 2), spec.wg, spec.c1, spec.c2};
+  auto it = fast_pipes_.find(key);
+  if (it != fast_pipes_.end()) return it->second;
+  LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline(variant_name(v), spec, n_bindings));
+  fast_pipes_.emplace(key, p);
+  return p;
+}
+
+void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
+                             const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (!status_.ok()) return;
+  if (gx == 0 || gy == 0 || gz == 0) return;
+  const auto n = static_cast<uint32_t>(binds.size());
+  auto p = pipeline_for(v, spec, n);
+  if (!p.ok()) return fail(p.status());
+  auto set = descriptor_set(binds.begin(), n);
+  if (!set.ok()) return fail(set.status());
+  Status st = begin();
+  if (!st.ok()) return fail(st);
+  const vk::Fns& fn = dev_->fn();
+  barrier_if_needed(binds.begin(), n);
+  fn.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, (*p)->pipe);
+  fn.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipe_layouts_[n], 0, 1, &*set, 0, nullptr);
+  fn.vkCmdPushConstants(cmd_, pipe_layouts_[n], VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+  const bool timed = profile_ && n_queries_ + 2 <= kMaxQueries;
+  if (timed) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_, n_queries_);
+  fn.vkCmdDispatch(cmd_, gx, gy, gz);
+  if (timed) {
+    fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_ + 1);
+    n_queries_ += 2;
+    query_labels_.push_back((*p)->name);
+  }
+}
+
+void VulkanBackend::copy_buffer(Block* src, uint64_t src_off, Block* dst, uint64_t dst_off, uint64_t bytes) {
+  if (!status_.ok() || bytes == 0) return;
+  Status st = begin();
+  if (!st.ok()) return fail(st);
+  const Bind binds[2] = {{src, src_off, bytes, false}, {dst, dst_off, bytes, true}};
+  barrier_if_needed(binds, 2);
+  VkBufferCopy region{src_off, dst_off, bytes};
+  dev_->fn().vkCmdCopyBuffer(cmd_, src->buffer, dst->buffer, 1, &region);
+}
+
+void VulkanBackend::grid_1d(uint64_t n, uint32_t* gx, uint32_t* gz) const {
+  const uint64_t max_x = std::min<uint64_t>(dev_->caps().max_groups[0], 65535);
+  if (n <= max_x) {
+    *gx = u32(n);
+    *gz = 1;
+  } else {
+    *gx = u32(max_x);
+    *gz = u32((n + max_x - 1) / max_x);
+  }
+}
+
+// ---- ring ---------------------------------------------------------------------
+
+Status VulkanBackend::ring_reserve(uint64_t bytes) {
+  bytes = (bytes + 255) / 256 * 256;
+  if (bytes > ring_.size) return make_error(ErrorCode::kInternal, "Vulkan: %" PRIu64 " bytes exceed the staging ring", bytes);
+  if (ring_used_ + bytes > ring_.size) LOOM_TRY(flush());
+  return status_;
+}
+
+uint64_t VulkanBackend::ring_put(const void* data, uint64_t bytes) {
+  const uint64_t off = ring_.offset + ring_used_;
+  if (data && bytes) std::memcpy(ring_.block->mapped + off, data, bytes);
+  ring_used_ += (bytes + 255) / 256 * 256;
+  return off;
+}
+
+Result<uint32_t> VulkanBackend::put_ints(const int32_t* v, int64_t n) {
+  const auto count = static_cast<size_t>(n);
+  // Every layer's rope, kv_store and attention get the same positions: put them once per batch.
+  if (ints_memo_valid_ && ints_memo_.size() == count && std::equal(v, v + count, ints_memo_.begin())) {
+    return u32(ints_memo_off_ / 4);
+  }
+  LOOM_TRY(ring_reserve(count * 4));
+  const uint64_t off = ring_put(v, count * 4);
+  ints_memo_.assign(v, v + count);
+  ints_memo_off_ = off;
+  ints_memo_valid_ = true;
+  return u32(off / 4);
+}
+
+// ---- memory -------------------------------------------------------------------
+
+Result<std::unique_ptr<ActBuffer>> VulkanBackend::alloc_act(int64_t n_floats) {
+  if (n_floats < 0) return make_error(ErrorCode::kInvalidArgument, "alloc_act: negative size");
+  LOOM_ASSIGN_OR_RETURN(Alloc a, device_pool_->alloc(static_cast<uint64_t>(std::max<int64_t>(n_floats, 1)) * 4, "activations"));
+  return std::unique_ptr<ActBuffer>(new VkActBuffer(this, a, n_floats));
+}
+
+VulkanBackend::Bind VulkanBackend::act_bind(const Act& a, bool write) const {
+  return Bind{static_cast<Block*>(a.buffer), a.offset, static_cast<uint64_t>(a.rows * a.cols) * 4, write};
+}
+
+bool VulkanBackend::check_act(const Act& a, const char* op) {
+  if (a.buffer && !a.data && a.offset % 4 == 0) return true;
+  fail(make_error(ErrorCode::kInternal, "Vulkan %s: an activation is not in this backend's memory", op));
+  return false;
+}
+
+Status VulkanBackend::upload(const float* src, Act dst) {
+  if (!dst.buffer) return make_error(ErrorCode::kInternal, "Vulkan upload: the destination is not device memory");
+  const auto* p = reinterpret_cast<const uint8_t*>(src);
+  uint64_t left = static_cast<uint64_t>(dst.rows * dst.cols) * 4, at = 0;
+  while (left && status_.ok()) {
+    const uint64_t n = std::min(left, ring_.size);
+    LOOM_TRY(ring_reserve(n));
+    const uint64_t off = ring_put(p + at, n);
+    copy_buffer(ring_.block, off, static_cast<Block*>(dst.buffer), dst.offset + at, n);
+    left -= n;
+    at += n;
+  }
+  return status_;
+}
+
+Status VulkanBackend::download(Act src, float* dst) {
+  if (!src.buffer) return make_error(ErrorCode::kInternal, "Vulkan download: the source is not device memory");
+  auto* p = reinterpret_cast<uint8_t*>(dst);
+  uint64_t left = static_cast<uint64_t>(src.rows * src.cols) * 4, at = 0;
+  if (left == 0) return synchronize();
+  while (left) {
+    const uint64_t n = std::min(left, ring_.size);
+    LOOM_TRY(ring_reserve(n));
+    const uint64_t off = ring_put(nullptr, n);
+    copy_buffer(static_cast<Block*>(src.buffer), src.offset + at, ring_.block, off, n);
+    LOOM_TRY(flush());
+    std::memcpy(p + at, ring_.block->mapped + off, n);
+    left -= n;
+    at += n;
+  }
+  return status_;
+}
+
+Status VulkanBackend::synchronize() { return flush(); }
+
+const VulkanBackend::Resident* VulkanBackend::find_weight(const void* p) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  auto it = weights_.upper_bound(b);
+  if (it == weights_.begin()) return nullptr;
+  --it;
+  return b < it->second.end ? &it->second : nullptr;
+}
+
+bool VulkanBackend::has_weight(OpKind op, const Weight& w) const {
+  return supports(op, w.dtype) && find_weight(w.data) != nullptr;
+}
+
+namespace {
+// FNV-1a over the shape and 16 evenly spaced 64-byte samples of the tensor:
+// tells a tensor from another one later mapped at the same address (another
+// model), without reading gigabytes.
+uint64_t fingerprint(const Weight& w, const uint8_t* begin, uint64_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  const uint64_t shape[4] = {static_cast<uint64_t>(w.dtype), static_cast<uint64_t>(w.n_in), w.row_bytes, bytes};
+  mix(shape, sizeof(shape));
+  for (uint64_t i = 0; i < 16; ++i) {
+    const uint64_t at = bytes > 64 ? (bytes - 64) / 15 * i : 0;
+    mix(begin + at, static_cast<size_t>(std::min<uint64_t>(64, bytes)));
+  }
+  return h;
+}
+}  // namespace
+
+void VulkanBackend::release_weights() {
+  (void)flush();  // recorded work may still read them
+  for (auto& [b, r] : weights_) device_pool_->free(r.alloc);
+  weights_.clear();
+}
+
+Status VulkanBackend::upload_weight(const Weight& w) {
+  if (!w.present()) return {};
+  if (!vk::packable(w.dtype)) {
+    return make_error(ErrorCode::kUnsupported, "Vulkan: tensor '%s' has type %s, which no shader reads",
+                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str());
+  }
+  // The whole tensor (fused tensors are used as row ranges: one upload serves all).
+  const uint8_t* begin = static_cast<const uint8_t*>(w.data);
+  int64_t n_rows = w.n_out;
+  if (w.tensor && w.tensor->data && w.row_bytes) {
+    begin = w.tensor->data;
+    n_rows = static_cast<int64_t>(w.tensor->n_bytes / w.row_bytes);
+  }
+  const uint64_t src_bytes = static_cast<uint64_t>(n_rows) * w.row_bytes;
+  const uint64_t fp = fingerprint(w, begin, src_bytes);
+  auto same = weights_.find(begin);
+  if (same != weights_.end() && same->second.fingerprint == fp && same->second.end == begin + src_bytes) return {};
+  // Anything else resident over these bytes is a stale copy of an unloaded tensor.
+  bool stale = false;
+  for (auto it = weights_.begin(); it != weights_.end();) {
+    if (it->first < begin + src_bytes && begin < it->second.end) {
+      if (!stale) (void)flush();
+      stale = true;
+      device_pool_->free(it->second.alloc);
+      it = weights_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const vk::PackedLayout l = vk::packed_layout(w.dtype, w.n_in, n_rows);
+  if (l.bytes == 0) {
+    return make_error(ErrorCode::kUnsupported, "Vulkan: tensor '%s' of type %s has rows of %" PRId64 " elements, which its blocks do not divide",
+                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str(), w.n_in);
+  }
+  const std::string what = w.name().empty() ? std::string("a weight") : "tensor '" + w.name() + "'";
+  LOOM_ASSIGN_OR_RETURN(Alloc a, device_pool_->alloc(l.bytes, what.c_str()));
+  std::vector<uint8_t> packed;
+  try {
+    packed.resize(l.bytes);
+  } catch (const std::bad_alloc&) {
+    device_pool_->free(a);
+    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking %s for the GPU", what.c_str());
+  }
+  vk::pack_weight(w.dtype, begin, w.row_bytes, w.n_in, n_rows, l, packed.data());
+  for (uint64_t at = 0; at < l.bytes && status_.ok();) {
+    const uint64_t n = std::min(l.bytes - at, ring_.size);
+    Status st = ring_reserve(n);
+    if (!st.ok()) break;
+    const uint64_t off = ring_put(packed.data() + at, n);
+    copy_buffer(ring_.block, off, a.block, a.offset + at, n);
+    at += n;
+  }
+  Status st = flush();
+  if (!st.ok()) {
+    device_pool_->free(a);
+    return st;
+  }
+  Resident r;
+  r.fingerprint = fp;
+  r.end = begin + static_cast<size_t>(n_rows) * w.row_bytes;
+  r.alloc = a;
+  r.dtype = w.dtype;
+  r.src_row_bytes = w.row_bytes;
+  r.n_in = w.n_in;
+  r.n_rows = n_rows;
+  r.row_units = l.row_units;
+  r.off2 = l.off2;
+  weights_.emplace(begin, r);
+  return {};
+}
+
+Result<std::unique_ptr<KvStorage>> VulkanBackend::create_kv_storage(const KvCacheConfig& cfg) {
+  if (cfg.dtype != DType::kF16 && cfg.dtype != DType::kQ8_0) {
+    return make_error(ErrorCode::kUnsupported, "Vulkan: KV cache type %s is not supported (f16, q8_0)",
+                      std::string(dtype_name(cfg.dtype)).c_str());
+  }
+  if (cfg.head_dim % 2 || cfg.head_dim > kAttnMaxHeadDim || (cfg.dtype == DType::kQ8_0 && cfg.head_dim % 32)) {
+    return make_error(ErrorCode::kUnsupported, "Vulkan: head size %" PRId64 " is not supported for a %s KV cache",
+                      cfg.head_dim, std::string(dtype_name(cfg.dtype)).c_str());
+  }
+  auto s = std::make_unique<VkKvStorage>(this, cfg);
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    LOOM_ASSIGN_OR_RETURN(Alloc k, device_pool_->alloc(s->layer_bytes(), "the KV cache"));
+    s->k_.push_back(k);
+    LOOM_ASSIGN_OR_RETURN(Alloc v, device_pool_->alloc(s->layer_bytes(), "the KV cache"));
+    s->v_.push_back(v);
+  }
+  return std::unique_ptr<KvStorage>(std::move(s));
+}
+
+Status VulkanBackend::ensure_scratch(uint64_t bytes) {
+  if (scratch_.size >= bytes) return {};
+  LOOM_TRY(flush());  // the old scratch may be in use by recorded work
+  device_pool_->free(scratch_);
+  scratch_ = Alloc{};
+  LOOM_ASSIGN_OR_RETURN(scratch_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "attention scratch"));
+  return {};
+}
+
+// ---- ops ----------------------------------------------------------------------
+
+void VulkanBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
+  if (!status_.ok() || !check_act(out, "get_rows")) return;
+  const Resident* r = find_weight(w.data);
+  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan get_rows: tensor '%s' is not on the GPU", w.name().c_str()));
+  auto io = put_ints(ids, out.rows);
+  if (!io.ok()) return fail(io.status());
+  const int64_t row0 = (static_cast<const uint8_t*>(w.data) - (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes)) /
+                       static_cast<int64_t>(r->src_row_bytes);
+  struct {
+    uint32_t w_off, w_off2, row_units, K, n_rows, ids_off, o_off, o_ld;
+  } pc{u32(r->alloc.offset / 4), u32((r->alloc.offset + r->off2) / 4), r->row_units, u32(w.n_in),
+       u32(r->n_rows), *io, u32(out.offset / 4), u32(out.cols)};
+  (void)row0;  // embeddings are whole tensors; ids index the tensor's rows
+  const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
+  const Bind ib{ring_.block, 0, 0, false};
+  dispatch(typed("get_rows", r->dtype, false, true), Spec{kWgSmall}, {wb, ib, act_bind(out, true)}, &pc, sizeof(pc),
+           (r->row_units + kWgSmall - 1) / kWgSmall, u32(out.rows), 1);
+}
+
+void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
+  if (!status_.ok() || !check_act(x, "rms_norm") || !check_act(out, "rms_norm")) return;
+  const Resident* r = find_weight(w.data);
+  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan rms_norm: tensor '%s' is not on the GPU", w.name().c_str()));
+  const uint64_t w_off = r->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) -
+                                                                 (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes));
+  struct {
+    uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
+    float eps;
+  } pc{u32(x.offset / 4), u32(x.cols), u32(w_off / 4), u32(out.offset / 4), u32(out.cols), u32(x.cols), u32(x.rows), eps};
+  uint32_t gx, gz;
+  grid_1d(static_cast<uint64_t>(x.rows), &gx, &gz);
+  const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
+  dispatch(plain("rms_norm", true), Spec{reduce_wg_},
+           {act_bind(x, false), wb, act_bind(out, true)}, &pc, sizeof(pc), gx, 1, gz);
+}
+
+void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
+  if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
+  const Resident* r = find_weight(w.data);
+  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: tensor '%s' is not on the GPU", w.name().c_str()));
+  const uint8_t* begin = r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes;
+  const auto row0 = static_cast<uint64_t>((static_cast<const uint8_t*>(w.data) - begin) / static_cast<ptrdiff_t>(r->src_row_bytes));
+  const Resident* rb = nullptr;
+  uint64_t b_off = 0;
+  if (bias && bias->present()) {
+    rb = find_weight(bias->data);
+    if (!rb) return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: bias '%s' is not on the GPU", bias->name().c_str()));
+    b_off = (rb->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) -
+                                                      (rb->end - static_cast<size_t>(rb->n_rows) * rb->src_row_bytes))) / 4;
+  }
+  const uint32_t T = u32(x.rows), M = u32(w.n_out);
+  const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
+  struct {
+    uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
+  } pc{u32(r->alloc.offset / 4), u32((r->alloc.offset + r->off2) / 4), u32(row0), r->row_units, u32(w.n_in), M, T,
+       x_off, x_ld, u32(out.offset / 4), u32(out.cols), u32(b_off), 0};
+  if (rb) pc.flags |= 1;
+  if (x_off % 4 == 0 && x_ld % 4 == 0) pc.flags |= 2;
+  const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
+  const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false} : Bind{r->alloc.block, 0, 0, false};
+  if (T <= kMatvecCols) {
+    // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.
+    const vk::DeviceCaps& c = dev_->caps();
+    const uint32_t nsg = c.subgroup_arithmetic ? std::max<uint32_t>(1, kWgMatvec / c.subgroup_size) : 1;
+    const uint32_t rows_per_group = nsg * kMatvecRows;
+    uint32_t gx, gz;
+    grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
+    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, kMatvecRows, nsg},
+             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
+  } else {
+    dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul}, {wb, act_bind(x, false), act_bind(out, true), bb},
+             &pc, sizeof(pc), (M + kMatmulTile - 1) / kMatmulTile, (T + kMatmulTile - 1) / kMatmulTile, 1);
+  }
+}
+
+void VulkanBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) {
+  if (!status_.ok() || !check_act(x, "rope")) return;
+  auto po = put_ints(pos, x.rows);
+  if (!po.ok()) return fail(po.status());
+  uint32_t ff_off = 0xFFFFFFFFu;
+  if (p.freq_factors) {
+    const uint64_t bytes = static_cast<uint64_t>(p.n_rot / 2) * 4;
+    Status st = ring_reserve(bytes);
+    if (st.ok() && !ints_memo_valid_) {  // the flush dropped the positions: put them again
+      auto again = put_ints(pos, x.rows);
+      st = again.status();
+      if (st.ok()) po = again;
+      if (st.ok()) st = ring_reserve(bytes);
+    }
+    if (!st.ok()) return fail(st);
+    ff_off = u32(ring_put(p.freq_factors, bytes) / 4);
+  }
+  float corr[2];
+  ref::rope_yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
+  struct {
+    uint32_t x_off, x_ld, n_heads, head_dim, n_rot, neox, pos_off, ff_off;
+    float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
+  } pc{u32(x.offset / 4), u32(x.cols), u32(n_heads), u32(head_dim), u32(p.n_rot), p.neox ? 1u : 0u, *po, ff_off,
+       std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)), p.freq_scale, p.ext_factor, p.attn_factor,
+       corr[0], corr[1]};
+  const Bind rb{ring_.block, 0, 0, false};
+  const uint64_t pairs = static_cast<uint64_t>(n_heads * (p.n_rot / 2));
+  dispatch(plain("rope"), Spec{kWgSmall}, {act_bind(x, true), rb, rb}, &pc, sizeof(pc), u32((pairs + kWgSmall - 1) / kWgSmall),
+           u32(x.rows), 1);
+}
+
+void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) {
+  if (!status_.ok() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
+  auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
+  if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
+  auto po = put_ints(pos, k.rows);
+  if (!po.ok()) return fail(po.status());
+  const KvCacheConfig& c = s->cfg_;
+  const Alloc& ka = s->k_[static_cast<size_t>(layer)];
+  const Alloc& va = s->v_[static_cast<size_t>(layer)];
+  struct {
+    uint32_t k_off, k_ld, v_off, v_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_kv_heads, head_dim, pos_off;
+  } pc{u32(k.offset / 4), u32(k.cols), u32(v.offset / 4), u32(v.cols), u32(ka.offset / 4),
+       u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
+       u32(c.n_ctx), u32(c.n_kv_heads), u32(c.head_dim), *po};
+  const bool f16 = c.dtype == DType::kF16;
+  const uint64_t items = static_cast<uint64_t>(c.n_kv_heads * (f16 ? c.head_dim / 2 : c.head_dim / 32));
+  dispatch(typed("kv_store", c.dtype, false, false), Spec{kWgSmall},
+           {act_bind(k, false), act_bind(v, false), Bind{ka.block, ka.offset, ka.size, true},
+            Bind{va.block, va.offset, va.size, true}, Bind{ring_.block, 0, 0, false}},
+           &pc, sizeof(pc), u32((items + kWgSmall - 1) / kWgSmall), u32(k.rows), 1);
+}
+
+void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
+                              Act out) {
+  if (!status_.ok() || !check_act(q, "attention") || !check_act(out, "attention")) return;
+  auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
+  if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan attention: the KV cache is not on this GPU"));
+  const KvCacheConfig& c = s->cfg_;
+  const int64_t T = q.rows, hd = c.head_dim;
+  const Alloc& ka = s->k_[static_cast<size_t>(layer)];
+  const Alloc& va = s->v_[static_cast<size_t>(layer)];
+  if (T > 1 && hd <= kAttnTileMaxHeadDim) {  // prefill: tiled flash attention
+    auto po = put_ints(pos, T);
+    if (!po.ok()) return fail(po.status());
+    struct {
+      uint32_t q_off, q_ld, o_off, o_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads, n_kv_heads, head_dim,
+          pos_off, T;
+      float scale;
+    } pc{u32(q.offset / 4), u32(q.cols), u32(out.offset / 4), u32(out.cols), u32(ka.offset / 4),
+         u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
+         u32(c.n_ctx), u32(n_heads), u32(c.n_kv_heads), u32(hd), *po, u32(T), scale};
+    dispatch(typed("attn_tile", c.dtype, false, true), Spec{kWgAttnTile},
+             {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false}, Bind{va.block, va.offset, va.size, false},
+              act_bind(out, true), Bind{ring_.block, 0, 0, false}},
+             &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
+    return;
+  }
+  // Decode (and heads too large for the tiles): split over the keys, then merge.
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
+  const uint32_t n_splits = u32((static_cast<uint64_t>(max_pos) + 1 + reduce_wg_ - 1) / reduce_wg_);
+  const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4 : 0;
+  if (part_bytes) {
+    Status st = ensure_scratch(part_bytes);
+    if (!st.ok()) return fail(st);
+  }
+  auto po = put_ints(pos, T);
+  if (!po.ok()) return fail(po.status());
+  struct {
+    uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads, n_kv_heads,
+        head_dim, pos_off, n_splits;
+    float scale;
+  } pc{u32(q.offset / 4), u32(q.cols), u32(out.offset / 4), u32(out.cols), u32(scratch_.offset / 4),
+       u32(ka.offset / 4), u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4),
+       u32((va.offset + s->quant_bytes()) / 4), u32(c.n_ctx), u32(n_heads), u32(c.n_kv_heads), u32(hd), *po, n_splits,
+       scale};
+  const uint32_t group = u32(n_heads / c.n_kv_heads);
+  const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
+  const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true} : Bind{ka.block, 0, 0, false};
+  dispatch(typed("attn_split", c.dtype, true, true), Spec{reduce_wg_},
+           {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false}, Bind{va.block, va.offset, va.size, false},
+            part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false} : act_bind(out, true),
+            Bind{ring_.block, 0, 0, false}, part},
+           &pc, sizeof(pc), n_splits, u32(c.n_kv_heads) * n_gchunks, u32(T));
+  if (part_bytes) {
+    struct {
+      uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits;
+    } mp{u32(scratch_.offset / 4), u32(out.offset / 4), u32(out.cols), u32(n_heads), u32(hd), n_splits};
+    dispatch(plain("attn_merge"), Spec{kWgSmall}, {Bind{scratch_.block, scratch_.offset, part_bytes, false}, act_bind(out, true)},
+             &mp, sizeof(mp), u32(n_heads), u32(T), 1);
+  }
+}
+
+namespace {
+struct EltPush {
+  uint32_t a_off, a_ld, b_off, b_ld, o_off, o_ld, n;
+};
+}  // namespace
+
+void VulkanBackend::silu_mul(Act gate, Act up, Act out) {
+  if (!status_.ok() || !check_act(gate, "silu_mul") || !check_act(up, "silu_mul") || !check_act(out, "silu_mul")) return;
+  EltPush pc{u32(gate.offset / 4), u32(gate.cols), u32(up.offset / 4), u32(up.cols), u32(out.offset / 4), u32(out.cols), u32(gate.cols)};
+  uint32_t gx, gz;
+  grid_1d((static_cast<uint64_t>(gate.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
+  dispatch(plain("silu_mul"), Spec{kWgElt}, {act_bind(gate, false), act_bind(up, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
+           u32(gate.rows), gz);
+}
+
+void VulkanBackend::add(Act a, Act b, Act out) {
+  if (!status_.ok() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add")) return;
+  EltPush pc{u32(a.offset / 4), u32(a.cols), u32(b.offset / 4), u32(b.cols), u32(out.offset / 4), u32(out.cols), u32(a.cols)};
+  uint32_t gx, gz;
+  grid_1d((static_cast<uint64_t>(a.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
+  dispatch(plain("add"), Spec{kWgElt}, {act_bind(a, false), act_bind(b, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
+           u32(a.rows), gz);
+}
+
+void VulkanBackend::copy(Act src, Act dst) {
+  if (!status_.ok() || !check_act(src, "copy") || !check_act(dst, "copy")) return;
+  EltPush pc{u32(src.offset / 4), u32(src.cols), u32(src.offset / 4), u32(src.cols), u32(dst.offset / 4), u32(dst.cols), u32(src.cols)};
+  uint32_t gx, gz;
+  grid_1d((static_cast<uint64_t>(src.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
+  dispatch(plain("copy"), Spec{kWgElt}, {act_bind(src, false), act_bind(src, false), act_bind(dst, true)}, &pc, sizeof(pc), gx,
+           u32(src.rows), gz);
+}
+
+// ---- public entry points --------------------------------------------------------
+
+bool vulkan_built() { return true; }
+
+Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices() { return vk::Device::list(); }
+
+Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions& opts) {
+  LOOM_ASSIGN_OR_RETURN(auto be, VulkanBackend::create(opts));
+  return std::unique_ptr<Backend>(std::move(be));
+}
+
+}  // namespace loom

@@ -1,0 +1,226 @@
+// The Vulkan backend: every forward-pass op as a compute shader, on any
+// Vulkan 1.2 device (tested on Mesa lavapipe, tuned for NVIDIA).
+//
+// How work flows: ops are recorded into one command buffer (no fence per
+// op); a pipeline barrier is inserted only where a dispatch reads or writes
+// a byte range an earlier, unbarriered dispatch wrote (or writes one it
+// read). download()/synchronize() submit and wait. A decode step is thus one
+// submission. Host inputs of ops (token ids, positions, RoPE frequency
+// factors) go through a host-visible ring the shaders read directly.
+//
+// Memory: weights are repacked once into device-local blocks (upload_weight,
+// keyed by the host address range of their tensor); activations and the KV
+// cache (per layer, [kv_head][n_ctx][head_dim]) are device-local too.
+//
+// Errors: an op cannot return one, so the first failure (device lost, out of
+// memory, a missing weight) is kept and every later op is skipped; the next
+// download()/synchronize() reports it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/vulkan/vk_device.h"
+#include "engine/backends/vulkan/vk_memory.h"
+#include "engine/backends/vulkan/vulkan.h"
+
+namespace loom {
+
+/// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).
+struct GpuOpTime {
+  std::string name;  ///< shader variant, "matvec1_q4_k_sg"
+  double ms = 0;     ///< total
+  uint64_t calls = 0;
+};
+
+class VulkanBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<VulkanBackend>> create(const VulkanOptions& opts);
+  ~VulkanBackend() override;
+
+  std::string name() const override;
+  bool supports(OpKind op, DType dtype) const override;
+
+  bool host_memory() const override { return false; }
+  Result<std::unique_ptr<ActBuffer>> alloc_act(int64_t n_floats) override;
+  Status upload(const float* src, Act dst) override;
+  Status download(Act src, float* dst) override;
+  Status synchronize() override;
+  Status upload_weight(const Weight& w) override;
+  void release_weights() override;
+  bool has_weight(OpKind op, const Weight& w) const override;
+  Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
+
+  void get_rows(const Weight& w, const int32_t* ids, Act out) override;
+  void rms_norm(Act x, const Weight& w, float eps, Act out) override;
+  void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
+  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
+  void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
+                 Act out) override;
+  void silu_mul(Act gate, Act up, Act out) override;
+  void add(Act a, Act b, Act out) override;
+  /// dst = src ([rows, cols] each; row strides may differ).
+  void copy(Act src, Act dst);
+
+  const VulkanDeviceInfo& device_info() const { return dev_->info(); }
+  const vk::DeviceCaps& caps() const { return dev_->caps(); }
+  /// Validation-layer warnings and errors so far (VulkanOptions::validation).
+  uint64_t validation_messages() const { return dev_->validation_messages(); }
+  /// Device memory held in blocks (weights, activations, KV, scratch), bytes.
+  uint64_t device_bytes() const;
+  /// Per shader variant GPU times since the last reset (empty unless profiling).
+  std::vector<GpuOpTime> gpu_times() const;
+  void reset_gpu_times() { times_.clear(); }
+  /// Submissions so far (a decode step should add one).
+  uint64_t submissions() const { return submissions_; }
+  /// Test hook: the next submission fails as a lost device would.
+  void simulate_device_lost() { simulate_lost_ = true; }
+
+  /// A weight's device copy: where its data starts and how it is laid out
+  /// (shaders/dequant.glsl). Public for the KV and activation helpers only.
+  struct Resident {
+    const uint8_t* end = nullptr;  ///< end of the host range it mirrors
+    vk::Alloc alloc;
+    DType dtype = DType::kF32;
+    size_t src_row_bytes = 0;
+    int64_t n_in = 0, n_rows = 0;
+    uint32_t row_units = 0;  ///< 32-element units per row
+    uint64_t off2 = 0;       ///< bytes from alloc.offset to the second array (Q8_0/Q4_0 scales)
+    uint64_t fingerprint = 0;  ///< shape, type and sampled bytes: a new tensor at the same address differs
+  };
+
+ private:
+  explicit VulkanBackend(std::unique_ptr<vk::Device> dev);
+  Status init(const VulkanOptions& opts);
+
+  // A buffer range a dispatch touches (size 0: bound but not touched).
+  struct Bind {
+    vk::Block* block = nullptr;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    bool write = false;
+  };
+  struct Pipeline {
+    VkPipeline pipe = VK_NULL_HANDLE;
+    uint32_t n_bindings = 0;
+    std::string name;  ///< the variant, for timestamps
+  };
+  // A shader variant before it is named: op, dtype and the optional features
+  // it may use (subgroups, 16-bit storage); the device decides which apply.
+  struct Variant {
+    const char* op;
+    bool has_dtype = false;
+    DType dtype = DType::kF32;
+    bool sg = false, h = false;
+  };
+  static Variant plain(const char* op, bool sg = false) { return Variant{op, false, DType::kF32, sg, false}; }
+  static Variant typed(const char* op, DType dt, bool sg, bool h) { return Variant{op, true, dt, sg, h}; }
+  // Key of the per-dispatch pipeline lookup (no strings on the hot path; `op`
+  // is compared by address, call sites pass literals).
+  struct FastKey {
+    const char* op;
+    uint32_t dtype, flags, wg, c1, c2;
+    bool operator==(const FastKey&) const = default;
+  };
+  struct FastKeyHash {
+    size_t operator()(const FastKey& k) const;
+  };
+  struct DescKey {
+    uint32_t n = 0;
+    std::array<VkBuffer, 6> b{};
+    bool operator==(const DescKey&) const = default;
+  };
+  struct DescKeyHash {
+    size_t operator()(const DescKey& k) const;
+  };
+
+  // Recording and submission.
+  Status begin();
+  Status flush();
+  void fail(const Status& s) {
+    if (status_.ok() && !s.ok()) status_ = s;
+  }
+  // Specialization constants: 0 = workgroup size, 1 and 2 as each shader says.
+  struct Spec {
+    uint32_t wg = 64, c1 = 1, c2 = 1;
+  };
+  Result<Pipeline*> pipeline(std::string_view shader, const Spec& spec, uint32_t n_bindings);
+  Result<VkDescriptorSet> descriptor_set(const Bind* binds, uint32_t n);
+  void barrier_if_needed(const Bind* binds, uint32_t n);
+  void full_barrier();
+  Result<Pipeline*> pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings);
+  void dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
+                const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz);
+  void copy_buffer(vk::Block* src, uint64_t src_off, vk::Block* dst, uint64_t dst_off, uint64_t bytes);
+  // Splits a 1-D count of workgroups into x (<= the device limit) and z.
+  void grid_1d(uint64_t n, uint32_t* gx, uint32_t* gz) const;
+  std::string variant_name(const Variant& v) const;
+
+  // The host-visible ring for op inputs and transfers; reset at each flush.
+  Status ring_reserve(uint64_t bytes);
+  uint64_t ring_put(const void* data, uint64_t bytes);  // after ring_reserve; returns the byte offset
+  // Positions or ids of the current op in the ring (cached while unchanged), as an int offset.
+  Result<uint32_t> put_ints(const int32_t* v, int64_t n);
+
+  const Resident* find_weight(const void* p) const;
+  Bind act_bind(const Act& a, bool write) const;
+  bool check_act(const Act& a, const char* op);
+  Status ensure_scratch(uint64_t bytes);
+
+  std::unique_ptr<vk::Device> dev_;
+  std::unique_ptr<vk::MemoryPool> device_pool_, host_pool_;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  VkQueryPool query_pool_ = VK_NULL_HANDLE;
+  static constexpr uint32_t kMaxBindings = 6;
+  std::array<VkDescriptorSetLayout, kMaxBindings + 1> set_layouts_{};
+  std::array<VkPipelineLayout, kMaxBindings + 1> pipe_layouts_{};
+  std::vector<VkDescriptorPool> desc_pools_;
+  uint32_t desc_pool_left_ = 0;
+  std::unordered_map<DescKey, VkDescriptorSet, DescKeyHash> desc_cache_;
+  std::unordered_map<std::string, Pipeline> pipelines_;
+  std::unordered_map<FastKey, Pipeline*, FastKeyHash> fast_pipes_;
+  uint32_t reduce_wg_ = 128;  ///< workgroup size of rms_norm and attention (see init)
+  bool recording_ = false;
+  Status status_;
+  bool simulate_lost_ = false;
+  uint64_t submissions_ = 0;
+
+  // Hazard tracking since the last barrier: ranges written and read.
+  struct Range {
+    VkBuffer buf;
+    uint64_t lo, hi;
+  };
+  std::vector<Range> pending_writes_, pending_reads_;
+
+  vk::Alloc ring_;
+  uint64_t ring_used_ = 0;
+  std::vector<int32_t> ints_memo_;  ///< last put_ints() contents in this batch
+  uint64_t ints_memo_off_ = 0;
+  bool ints_memo_valid_ = false;
+
+  vk::Alloc scratch_;  ///< attention partials
+
+  std::map<const uint8_t*, Resident> weights_;  ///< by host begin address
+
+  // Timestamps: two queries per dispatch, labelled; summed at each flush.
+  bool profile_ = false;
+  uint32_t n_queries_ = 0;
+  std::vector<std::string> query_labels_;
+  std::map<std::string, GpuOpTime> times_;
+
+  friend class VkActBuffer;
+  friend class VkKvStorage;
+};
+
+}  // namespace loom

@@ -1,0 +1,109 @@
+#version 450
+// Causal GQA attention, split over the KV length (flash-decoding):
+// workgroup (s, kv head group, t) takes query token t, up to GM query heads
+// that share one KV head, and the keys [s * WG, s * WG + WG) ∩ [0, pos[t]].
+// Each thread scores one key against every query head of the group (the K
+// row is read once for all of them), the workgroup reduces max and sum, then
+// threads over (head, dimension pair) accumulate the weighted V rows.
+// With one split the normalized output is written directly; otherwise the
+// partial (max m, sum l, unnormalized o[head_dim]) goes to `part` and
+// attn_merge.comp combines the splits.
+// Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
+#define GM 8         // query heads per workgroup
+#define HD_MAX 256   // largest head_dim (checked by the host)
+#define RED_N GM
+#include "common.glsl"
+#include "kv_read.glsl"
+
+layout(binding = 0) readonly buffer Q { float q[]; };
+layout(binding = 3) writeonly buffer O { float o[]; };
+layout(binding = 4) readonly buffer P { int pos[]; };
+layout(binding = 5) writeonly buffer PART { float part[]; };
+
+layout(push_constant) uniform PC {
+  uint q_off, q_ld;   // floats; row t of q is [n_heads * head_dim]
+  uint o_off, o_ld;
+  uint part_off;      // floats
+  uint kc_off, kc_d_off, vc_off, vc_d_off;  // words
+  uint n_ctx, n_heads, n_kv_heads, head_dim;
+  uint pos_off;
+  uint n_splits;
+  float scale;
+} pc;
+
+shared float qsh[GM][HD_MAX];
+shared float psh[GM][WG];
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint s = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
+  const uint group = pc.n_heads / pc.n_kv_heads;
+  const uint n_gchunks = (group + GM - 1) / GM;
+  const uint kvh = gl_WorkGroupID.y / n_gchunks;
+  const uint h0 = kvh * group + (gl_WorkGroupID.y % n_gchunks) * GM;
+  const uint gn = min(GM, kvh * group + group - h0);
+  const uint hd = pc.head_dim, hp = hd / 2;
+
+  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
+  const uint start = s * WG;
+  const uint end = min(start + WG, n_keys);
+  if (start >= n_keys) {  // a split past this token's last key: an empty partial
+    for (uint g = 0; g < gn; ++g) {
+      const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * pc.n_splits + s) * (hd + 2);
+      if (tid == 0) { part[pb] = NEG_BIG; part[pb + 1] = 0.0; }
+      for (uint d = tid; d < hd; d += WG) part[pb + 2 + d] = 0.0;
+    }
+    return;
+  }
+
+  for (uint e = tid; e < gn * hd; e += WG) {
+    const uint g = e / hd, d = e % hd;
+    qsh[g][d] = q[pc.q_off + t * pc.q_ld + (h0 + g) * hd + d] * pc.scale;
+  }
+  barrier();
+
+  const uint j = start + tid;
+  float sc[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = 0.0;
+  if (j < end) {
+    const uint row = kvh * pc.n_ctx + j;
+    for (uint i = 0; i < hp; ++i) {
+      const vec2 kv = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i);
+      [[unroll]] for (uint g = 0; g < GM; ++g) {
+        if (g < gn) sc[g] += qsh[g][2 * i] * kv.x + qsh[g][2 * i + 1] * kv.y;
+      }
+    }
+  } else {
+    [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = NEG_BIG;
+  }
+  float m[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) m[g] = sc[g];
+  wg_max_n(m);
+  float l[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) {
+    const float p = j < end ? exp(sc[g] - m[g]) : 0.0;
+    psh[g][tid] = p;
+    l[g] = p;
+  }
+  wg_sum_n(l);  // its barriers also publish psh
+
+  const uint nk = end - start;
+  for (uint e = tid; e < gn * hp; e += WG) {
+    const uint g = e / hp, i = e % hp;
+    vec2 acc = vec2(0.0);
+    for (uint jj = 0; jj < nk; ++jj) {
+      acc += psh[g][jj] * v_pair(pc.vc_off, pc.vc_d_off, hd, kvh * pc.n_ctx + start + jj, i);
+    }
+    const uint h = h0 + g;
+    if (pc.n_splits == 1) {
+      const uint ob = pc.o_off + t * pc.o_ld + h * hd + 2 * i;
+      o[ob] = acc.x / l[g];
+      o[ob + 1] = acc.y / l[g];
+    } else {
+      const uint pb = pc.part_off + ((t * pc.n_heads + h) * pc.n_splits + s) * (hd + 2);
+      if (i == 0) { part[pb] = m[g]; part[pb + 1] = l[g]; }
+      part[pb + 2 + 2 * i] = acc.x;
+      part[pb + 3 + 2 * i] = acc.y;
+    }
+  }
+}

@@ -1,0 +1,291 @@
+// The app end to end, offscreen, with the real engine on its worker thread:
+// open a synthetic model, send a message with the keyboard, watch the reply
+// stream into the transcript, change one layer's placement and apply it, see
+// the grid and the charts follow, stop a reply, close the window while one
+// streams, then start again and find the chat. Also: a corrupt model's error
+// is the engine's own and the app stays usable; cancelling a load; the demo
+// model on first run. No timing assertions: only waits with generous limits.
+#include <gtest/gtest.h>
+
+#include <QApplication>
+#include <QListView>
+#include <QMenu>
+#include <QPushButton>
+#include <QSignalSpy>
+#include <QTest>
+#include <QTimer>
+
+#include "app/charts_panel.h"
+#include "app/chat_controller.h"
+#include "app/chat_settings_panel.h"
+#include "app/composer.h"
+#include "app/engine_panel.h"
+#include "app/main_window.h"
+#include "app/placement_panel.h"
+#include "app/sidebar.h"
+#include "app/start_screen.h"
+#include "app/transcript_view.h"
+#include "storage/store.h"
+#include "tests/gui/gui_test_util.h"
+
+namespace {
+
+constexpr int kWaitMs = 120000;
+
+AppOptions optionsFor(const QString& name) {
+  AppOptions o;
+  o.dataDir = guitest::freshDir(name + QStringLiteral("-data"));
+  o.cacheDir = guitest::freshDir(name + QStringLiteral("-cache"));
+  o.threads = 2;
+  return o;
+}
+
+bool loadAndWait(MainWindow& w, const QString& path) {
+  QSignalSpy ready(&w, &MainWindow::modelReady);
+  w.loadModel(path);
+  return QTest::qWaitFor([&] { return ready.count() > 0; }, kWaitMs);
+}
+
+void setChatSettings(MainWindow& w, int maxTokens, qint64 seed) {
+  loom::storage::ChatSettings s;
+  s.max_tokens = maxTokens;
+  s.seed = seed;
+  w.enginePanel()->chatSettings()->setSettings(s, true);
+  w.chat()->saveSettings(s);
+}
+
+// Types `text` and presses Enter, as a user would.
+void typeAndSend(MainWindow& w, const QString& text) {
+  ChatInput* input = w.composer()->input();
+  input->setFocus();
+  QTest::keyClicks(input, text);
+  QTest::keyClick(input, Qt::Key_Return);
+}
+
+MessageWidget* lastMessage(MainWindow& w) {
+  // Message ids grow: the largest is the newest.
+  MessageWidget* best = nullptr;
+  for (auto* m : w.transcript()->findChildren<MessageWidget*>()) {
+    if (!best || m->messageId() > best->messageId()) best = m;
+  }
+  return best;
+}
+
+// Picks `text` in the popup menu that opens next.
+void pickInNextMenu(const QString& text) {
+  QTimer::singleShot(50, [text] {
+    auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
+    if (!menu) return;
+    for (QAction* a : menu->actions()) {
+      if (a->text() == text && a->isEnabled()) a->trigger();
+    }
+    menu->close();
+  });
+}
+
+TEST(EndToEnd, ChatStreamPlaceRestart) {
+  const QString model = guitest::tinyModel();
+  ASSERT_FALSE(model.isEmpty());
+  const AppOptions opts = optionsFor(QStringLiteral("e2e"));
+  qint64 chatId = 0;
+  QString firstReply;
+  {
+    MainWindow w(opts);
+    w.show();
+    w.activateWindow();
+    ASSERT_TRUE(QTest::qWaitForWindowActive(&w));  // window shortcuts (Ctrl+N, Esc) need an active window
+    w.start();
+    // First run: the start screen offers a model or the demo.
+    EXPECT_TRUE(w.startScreen()->isVisible());
+    EXPECT_TRUE(w.startScreen()->demoButton()->isVisible());
+
+    // A corrupt file: the engine's own message, and the app stays usable.
+    QSignalSpy failed(&w, &MainWindow::modelFailed);
+    w.loadModel(guitest::truncatedModel());
+    ASSERT_TRUE(QTest::qWaitFor([&] { return failed.count() > 0; }, kWaitMs));
+    const QString engineMessage = failed.first().first().toString();
+    EXPECT_TRUE(engineMessage.contains(QStringLiteral("cut.gguf"))) << engineMessage.toStdString();
+    EXPECT_EQ(w.errorText(), engineMessage);
+    EXPECT_EQ(w.model(), nullptr);
+
+    ASSERT_TRUE(loadAndWait(w, model));
+    ASSERT_NE(w.model(), nullptr);
+    EXPECT_EQ(w.model()->nLayer, 3);
+    EXPECT_EQ(w.model()->arch, QStringLiteral("llama"));
+    EXPECT_EQ(w.model()->quant, QStringLiteral("Q8_0"));
+    EXPECT_FALSE(w.startScreen()->isVisible());
+    EXPECT_TRUE(w.errorText().isEmpty());  // a successful load clears the old error
+    // The grid: every cell on the CPU, real dtypes.
+    PlacementModel* pm = w.placement();
+    ASSERT_EQ(pm->rowCount(), 5);
+    EXPECT_EQ(pm->data(pm->index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("Q8_0"));
+    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("F16"));
+    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::BackendIdRole).toString(), QStringLiteral("cpu"));
+
+    // Ctrl+N: a new chat; its settings make a reply long enough to stream in batches.
+    QTest::keyClick(&w, Qt::Key_N, Qt::ControlModifier);
+    chatId = w.chat()->currentChat();
+    ASSERT_NE(chatId, 0);
+    setChatSettings(w, 300, 11);
+
+    QSignalSpy finished(w.chat(), &ChatController::replyFinished);
+    int updates = 0, lastLength = -1, shownWhileBusy = 0;
+    bool grew = true;
+    auto conn = QObject::connect(w.chat(), &ChatController::replyUpdated, [&](qint64 id, int length) {
+      ++updates;
+      grew = grew && length >= lastLength;
+      lastLength = length;
+      MessageWidget* m = w.transcript()->message(id);
+      if (w.chat()->isBusy() && m && !m->text().isEmpty()) ++shownWhileBusy;
+    });
+    // Shift+Enter is a new line; Enter sends.
+    ChatInput* input = w.composer()->input();
+    input->setFocus();
+    QTest::keyClicks(input, QStringLiteral("Hello,"));
+    QTest::keyClick(input, Qt::Key_Return, Qt::ShiftModifier);
+    QTest::keyClicks(input, QStringLiteral("Loom!"));
+    EXPECT_EQ(w.composer()->text(), QStringLiteral("Hello,\nLoom!"));
+    QTest::keyClick(input, Qt::Key_Return);
+    EXPECT_TRUE(w.chat()->isBusy());
+    EXPECT_TRUE(w.composer()->text().isEmpty());
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 0; }, kWaitMs));
+    QObject::disconnect(conn);
+    const auto r1 = finished.first().first().value<GenerationResult>();
+    EXPECT_TRUE(r1.error.isEmpty()) << r1.error.toStdString();
+    EXPECT_GT(r1.nGenerated, 0);
+    EXPECT_GE(updates, 2) << "the reply should arrive in several batches";
+    EXPECT_GE(shownWhileBusy, 1) << "text should be in the transcript before the reply ends";
+    EXPECT_TRUE(grew);
+    firstReply = r1.text;
+    EXPECT_EQ(lastMessage(w)->text(), firstReply);
+    EXPECT_TRUE(w.transcript()->plainText().contains(QStringLiteral("Hello,\nLoom!")));
+    EXPECT_EQ(w.transcript()->messageCount(), 2);
+
+    // Change one layer's placement: the KV cell of layer 1 to Q8_0 (the CPU
+    // engine keeps one KV precision, so its whole column follows), then Apply.
+    w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
+    PlacementPanel* pp = w.enginePanel()->placementPanel();
+    EXPECT_FALSE(pp->applyButton()->isEnabled());
+    pickInNextMenu(QStringLiteral("Q8_0"));
+    pp->openCellMenu(2, kColAttnKv);
+    EXPECT_TRUE(pm->isDirty());
+    EXPECT_TRUE(pm->data(pm->index(2, kColAttnKv), PlacementModel::DirtyRole).toBool());
+    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("Q8_0"));
+    ASSERT_TRUE(pp->applyButton()->isEnabled());
+    QSignalSpy placed(&w, &MainWindow::placementDone);
+    QTest::mouseClick(pp->applyButton(), Qt::LeftButton);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+    EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+    EXPECT_FALSE(pm->isDirty());
+    EXPECT_EQ(pm->applied().kvPrecision(), QStringLiteral("Q8_0"));
+    EXPECT_FALSE(pm->data(pm->index(2, kColAttnKv), PlacementModel::DirtyRole).toBool());
+    EXPECT_EQ(w.model()->kvDtype, QStringLiteral("Q8_0"));
+    EXPECT_EQ(w.transcript()->messageCount(), 2);  // the chat survived the re-placement
+
+    // The charts follow the next reply, on their timer.
+    ChartsPanel* charts = w.enginePanel()->chartsPanel();
+    w.enginePanel()->setCurrentIndex(EnginePanel::PerformanceTab);
+    setChatSettings(w, 64, 12);
+    typeAndSend(w, QStringLiteral("Tell me more."));
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 1; }, kWaitMs));
+    ASSERT_TRUE(QTest::qWaitFor([&] { return charts->shown().layersWithData == 3; }, kWaitMs));
+    EXPECT_GT(charts->shown().itlSamples, 0u);
+    EXPECT_GT(charts->shown().p99Ms, 0.0);
+    EXPECT_GE(charts->shown().p99Ms, charts->shown().p50Ms);
+    EXPECT_GT(charts->shown().tpsPoints, 0);
+    EXPECT_GT(charts->shown().ramBytes, 0u);
+    EXPECT_EQ(w.transcript()->messageCount(), 4);
+
+    // Regenerate the last reply; edit-and-resend the last user message.
+    MessageWidget* reply = lastMessage(w);
+    ASSERT_EQ(reply->role(), QStringLiteral("assistant"));
+    w.chat()->regenerate(reply->messageId());
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 2; }, kWaitMs));
+    EXPECT_EQ(w.transcript()->messageCount(), 4);
+    qint64 lastUser = 0;
+    for (auto* m : w.transcript()->findChildren<MessageWidget*>()) {
+      if (m->role() == QLatin1String("user")) lastUser = std::max(lastUser, m->messageId());
+    }
+    w.chat()->editMessage(lastUser);
+    EXPECT_TRUE(w.composer()->isEditing());
+    EXPECT_EQ(w.composer()->text(), QStringLiteral("Tell me more."));
+    w.composer()->clear();
+    typeAndSend(w, QStringLiteral("Tell me less."));
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 3; }, kWaitMs));
+    EXPECT_EQ(w.transcript()->messageCount(), 4);
+    EXPECT_TRUE(w.transcript()->plainText().contains(QStringLiteral("Tell me less.")));
+    EXPECT_FALSE(w.transcript()->plainText().contains(QStringLiteral("Tell me more.")));
+
+    // Esc stops a reply that would otherwise run to the end of the context.
+    setChatSettings(w, -1, 13);
+    typeAndSend(w, QStringLiteral("Go on forever."));
+    QSignalSpy streamed(w.chat(), &ChatController::replyUpdated);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return streamed.count() > 0; }, kWaitMs));
+    QTest::keyClick(w.composer()->input(), Qt::Key_Escape);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 4; }, kWaitMs));
+    EXPECT_TRUE(finished.last().first().value<GenerationResult>().cancelled);
+    EXPECT_EQ(lastMessage(w)->status(), MessageStatus::Stopped);
+
+    // Close the window while a reply streams: it stops and what came is saved.
+    typeAndSend(w, QStringLiteral("One more, please."));
+    QSignalSpy streamed2(w.chat(), &ChatController::replyUpdated);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return streamed2.count() > 0; }, kWaitMs));
+    w.close();
+  }
+
+  // Start again: the chat is there, with the interrupted reply saved.
+  MainWindow w2(opts);
+  w2.show();
+  w2.start();
+  EXPECT_EQ(w2.sidebar()->chatView()->model()->rowCount(), 1);
+  EXPECT_EQ(w2.chat()->currentChat(), chatId);
+  EXPECT_EQ(w2.transcript()->messageCount(), 8);
+  EXPECT_TRUE(w2.transcript()->plainText().contains(QStringLiteral("Hello,\nLoom!")));
+  EXPECT_TRUE(w2.transcript()->plainText().contains(firstReply));
+  MessageWidget* interrupted = lastMessage(w2);
+  ASSERT_NE(interrupted, nullptr);
+  EXPECT_EQ(interrupted->role(), QStringLiteral("assistant"));
+  EXPECT_EQ(interrupted->status(), MessageStatus::Stopped);
+  EXPECT_FALSE(interrupted->text().isEmpty());
+  // The recent models list remembers the model.
+  auto store = loom::storage::Store::open(opts.dbPath().toStdString());
+  ASSERT_TRUE(store.ok());
+  auto recent = (*store)->recent_models();
+  ASSERT_TRUE(recent.ok());
+  ASSERT_FALSE(recent->empty());
+  EXPECT_EQ(QString::fromStdString(recent->front().path), model);
+}
+
+TEST(EndToEnd, CancelledLoadIsDiscarded) {
+  MainWindow w(optionsFor(QStringLiteral("cancel")));
+  w.show();
+  w.start();
+  QSignalSpy ready(&w, &MainWindow::modelReady);
+  w.loadModel(guitest::tinyModel());
+  EXPECT_TRUE(w.isLoading());
+  w.cancelLoad();
+  EXPECT_FALSE(w.isLoading());
+  QTest::qWait(1500);  // the worker finishes the read and drops the result
+  EXPECT_EQ(ready.count(), 0);
+  EXPECT_EQ(w.model(), nullptr);
+  EXPECT_TRUE(w.startScreen()->isVisible());
+  ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));  // and the next load works
+}
+
+TEST(EndToEnd, DemoModelOnFirstRun) {
+  const AppOptions opts = optionsFor(QStringLiteral("demo"));
+  MainWindow w(opts);
+  w.show();
+  w.start();
+  QSignalSpy ready(&w, &MainWindow::modelReady);
+  QTest::mouseClick(w.startScreen()->demoButton(), Qt::LeftButton);
+  ASSERT_TRUE(QTest::qWaitFor([&] { return ready.count() > 0; }, kWaitMs));
+  ASSERT_NE(w.model(), nullptr);
+  EXPECT_TRUE(w.model()->isDemo);
+  EXPECT_TRUE(QFile::exists(opts.demoModelPath()));
+  EXPECT_FALSE(QFile::exists(opts.demoModelPath() + QStringLiteral(".part")));
+  EXPECT_GT(w.model()->nLayer, 0);
+  EXPECT_EQ(w.placement()->rowCount(), w.model()->nLayer + 2);
+}
+
+}  // namespace

@@ -1,0 +1,508 @@
+// Backend conformance of the Vulkan backend: every op x dtype it claims, over
+// shapes with odd sizes and tails, against cpu/ref (quants.h dequantizers,
+// ops_ref.h for norms, RoPE and attention) or double-precision loops. Runs on
+// any Vulkan device (lavapipe in CI) with the Khronos validation layer on and
+// requires zero validation messages; skips when there is no loader or device.
+//
+// Every output has sentinel floats on both sides that must survive, and every
+// output must be finite. Error bounds, as normalized error
+// sqrt(sum (o - r)^2 / sum r^2) against the reference:
+//   matmul (all dtypes)   1e-5  float accumulation vs double; weights dequantize exactly
+//   get_rows              1e-6  the same products as the dequantizers (FMA may round once less)
+//   rms_norm              1e-6  float sum of squares vs double
+//   rope                  1e-6  same angle recurrence as the reference; cos/sin of the device
+//   silu_mul              1e-6  exp of the device;  add, copy: exact
+//   attention F16 KV      1e-5  same F16 rounding of K/V as the reference; float sums
+//   attention Q8_0 KV     1e-3  a quant may round the other way (reciprocal of the scale)
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/ref/ops_ref.h"
+#include "cpu/ref/quants.h"
+#include "engine/runtime/kv_cache.h"
+#include "tests/unit/vulkan_test_util.h"
+
+namespace loom {
+namespace {
+
+#ifndef LOOM_HAVE_VULKAN
+TEST(VulkanBackend, NotBuilt) {
+  EXPECT_FALSE(vulkan_built());
+  auto be = create_vulkan_backend(VulkanOptions{});
+  ASSERT_FALSE(be.ok());
+  EXPECT_EQ(be.error().code(), ErrorCode::kUnsupported);
+  GTEST_SKIP() << "this build has no Vulkan backend (LOOM_VULKAN=OFF)";
+}
+#else
+
+constexpr int64_t kGuard = 16;
+constexpr uint32_t kSentinelBits = 0xC2F6E979u;  // -123.456f
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double normalized_error(const std::vector<float>& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+bool all_finite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+// A [rows, cols] device matrix with kGuard sentinel floats on each side.
+class DevMat {
+ public:
+  DevMat(VulkanBackend* be, int64_t rows, int64_t cols, const std::vector<float>& init = {})
+      : be_(be), rows_(rows), cols_(cols) {
+    const int64_t total = rows * cols + 2 * kGuard;
+    auto b = be->alloc_act(total);
+    EXPECT_TRUE(b.ok()) << b.message();
+    buf_ = std::move(b).value();
+    std::vector<float> h(static_cast<size_t>(total), std::bit_cast<float>(kSentinelBits));
+    std::copy(init.begin(), init.end(), h.begin() + kGuard);
+    Status st = be->upload(h.data(), buf_->view(1, total));
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  Act act() const {
+    Act a = buf_->view(1, rows_ * cols_ + 2 * kGuard);
+    a.offset += kGuard * sizeof(float);
+    a.rows = rows_;
+    a.cols = cols_;
+    return a;
+  }
+  // The values (rows * cols), after checking the guards survived.
+  std::vector<float> fetch() const {
+    const int64_t total = rows_ * cols_ + 2 * kGuard;
+    std::vector<float> h(static_cast<size_t>(total));
+    Status st = be_->download(buf_->view(1, total), h.data());
+    EXPECT_TRUE(st.ok()) << st.message();
+    for (int64_t i = 0; i < kGuard; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(i)]), kSentinelBits) << "guard before, " << i;
+      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(total - 1 - i)]), kSentinelBits) << "guard after, " << i;
+    }
+    return {h.begin() + kGuard, h.end() - kGuard};
+  }
+
+ private:
+  VulkanBackend* be_;
+  int64_t rows_, cols_;
+  std::unique_ptr<ActBuffer> buf_;
+};
+
+// A weight [n_out, n_in] of dtype `t` made by the reference quantizer, kept
+// alive with its bytes (host memory the backend mirrors).
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  Weight w;
+  std::vector<float> deq;  // the dequantized values, [n_out, n_in]
+};
+
+HostWeight make_weight(DType t, int64_t n_in, int64_t n_out, uint32_t seed) {
+  HostWeight h;
+  const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, static_cast<uint64_t>(n_in)));
+  h.bytes.resize(rb * static_cast<size_t>(n_out));
+  h.deq.resize(static_cast<size_t>(n_in * n_out));
+  const auto f = random_floats(static_cast<size_t>(n_in * n_out), seed);
+  for (int64_t r = 0; r < n_out; ++r) {
+    EXPECT_TRUE(ref::quantize_row(t, f.data() + r * n_in, h.bytes.data() + rb * r, n_in).ok());
+    EXPECT_TRUE(ref::dequantize_row(t, h.bytes.data() + rb * r, h.deq.data() + r * n_in, n_in).ok());
+  }
+  h.w.data = h.bytes.data();
+  h.w.dtype = t;
+  h.w.n_in = n_in;
+  h.w.n_out = n_out;
+  h.w.row_bytes = rb;
+  return h;
+}
+
+class VulkanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    be_ = test::vulkan_backend(&why, fallbacks());
+    if (!be_) GTEST_SKIP() << "no Vulkan device: " << why;
+    messages_before_ = be_->validation_messages();
+  }
+  void TearDown() override {
+    if (!be_) return;
+    EXPECT_TRUE(be_->synchronize().ok());
+    EXPECT_EQ(be_->validation_messages(), messages_before_) << "Vulkan validation messages during this test";
+  }
+  virtual bool fallbacks() const { return false; }
+  VulkanBackend* be_ = nullptr;
+  uint64_t messages_before_ = 0;
+};
+
+// ---- matmul -------------------------------------------------------------------
+
+struct MatmulCase {
+  DType dtype;
+  int64_t n_in, n_out;
+};
+
+void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64_t T, bool bias, bool view,
+                  uint32_t seed) {
+  SCOPED_TRACE(std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) +
+               " T=" + std::to_string(T) + (bias ? " bias" : "") + (view ? " rows-view" : ""));
+  HostWeight hw = make_weight(t, n_in, n_out, seed);
+  HostWeight hb = make_weight(DType::kF32, n_out, 1, seed + 1);
+  ASSERT_TRUE(be->upload_weight(hw.w).ok());
+  ASSERT_TRUE(be->upload_weight(hb.w).ok());
+  // A row range of the tensor, as fused tensors are used (phi3's qkv).
+  const int64_t r0 = view ? n_out / 3 : 0, rows = view ? n_out - n_out / 3 - 1 : n_out;
+  const Weight w = hw.w.rows(r0, rows);
+  ASSERT_TRUE(be->has_weight(OpKind::kMatmul, w));
+  const auto x = random_floats(static_cast<size_t>(T * n_in), seed + 2);
+  DevMat dx(be, T, n_in, x), dy(be, T, rows);
+  be->matmul(w, dx.act(), dy.act(), bias ? &hb.w : nullptr);
+  const auto y = dy.fetch();
+  std::vector<double> ref(static_cast<size_t>(T * rows));
+  for (int64_t t0 = 0; t0 < T; ++t0) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = bias ? hb.deq[static_cast<size_t>(r)] : 0.0;
+      for (int64_t k = 0; k < n_in; ++k) {
+        s += static_cast<double>(hw.deq[static_cast<size_t>((r0 + r) * n_in + k)]) * x[static_cast<size_t>(t0 * n_in + k)];
+      }
+      ref[static_cast<size_t>(t0 * rows + r)] = s;
+    }
+  }
+  EXPECT_TRUE(all_finite(y));
+  EXPECT_LT(normalized_error(y, ref), 1e-5);
+}
+
+class VulkanMatmul : public VulkanTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(VulkanMatmul, MatchesReference) {
+  const DType t = GetParam();
+  const bool dense = t == DType::kF32 || t == DType::kF16;
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  // (n_in, n_out): odd row lengths and tails where the dtype allows them, row
+  // counts that leave partial workgroups and tiles.
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (dense) shapes = {{67, 13}, {32, 130}, {5, 3}};
+  else if (kq) shapes = {{256, 19}, {512, 70}};
+  else shapes = {{96, 37}, {64, 130}};
+  uint32_t seed = 100;
+  for (auto [n_in, n_out] : shapes) {
+    for (int64_t T : {1, 3, 8, 9, 70}) {
+      check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 3 || T == 70, /*view=*/T == 9, seed++);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanMatmul,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+                                           DType::kQ5_K, DType::kQ6_K),
+                         [](const auto& pi) { return std::string(dtype_name(pi.param)); });
+
+// ---- get_rows -------------------------------------------------------------------
+
+class VulkanGetRows : public VulkanTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(VulkanGetRows, MatchesDequantizer) {
+  const DType t = GetParam();
+  const int64_t n_in = (t == DType::kF32 || t == DType::kF16) ? 67 : (traits(t).block_size == 256 ? 512 : 96);
+  HostWeight hw = make_weight(t, n_in, 11, 7);
+  ASSERT_TRUE(be_->upload_weight(hw.w).ok());
+  const std::vector<int32_t> ids = {3, 0, 10, 3, 7};
+  DevMat out(be_, 5, n_in);
+  be_->get_rows(hw.w, ids.data(), out.act());
+  const auto y = out.fetch();
+  std::vector<double> ref;
+  for (int32_t id : ids) ref.insert(ref.end(), hw.deq.begin() + id * n_in, hw.deq.begin() + (id + 1) * n_in);
+  EXPECT_TRUE(all_finite(y));
+  EXPECT_LT(normalized_error(y, ref), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanGetRows,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+                                           DType::kQ5_K, DType::kQ6_K),
+                         [](const auto& pi) { return std::string(dtype_name(pi.param)); });
+
+// ---- element-wise, norm, RoPE ----------------------------------------------------
+
+TEST_F(VulkanTest, RmsNorm) {
+  for (int64_t n : {1, 67, 4101}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const int64_t rows = 3;
+    const auto x = random_floats(static_cast<size_t>(rows * n), 11, -3.0f, 3.0f);
+    HostWeight w = make_weight(DType::kF32, n, 1, 12);
+    ASSERT_TRUE(be_->upload_weight(w.w).ok());
+    DevMat dx(be_, rows, n, x), dy(be_, rows, n);
+    be_->rms_norm(dx.act(), w.w, 1e-5f, dy.act());
+    const auto y = dy.fetch();
+    std::vector<float> r(static_cast<size_t>(rows * n));
+    for (int64_t t = 0; t < rows; ++t) ref::rms_norm(x.data() + t * n, w.deq.data(), 1e-5f, r.data() + t * n, n);
+    EXPECT_TRUE(all_finite(y));
+    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), 1e-6);
+  }
+}
+
+TEST_F(VulkanTest, SiluMulAddCopy) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 1}, {3, 67}, {2, 1000}}) {
+    SCOPED_TRACE("rows=" + std::to_string(rows) + " n=" + std::to_string(n));
+    const auto a = random_floats(static_cast<size_t>(rows * n), 21, -8.0f, 8.0f);
+    const auto b = random_floats(static_cast<size_t>(rows * n), 22);
+    DevMat da(be_, rows, n, a), db(be_, rows, n, b), ds(be_, rows, n), dsum(be_, rows, n), dc(be_, rows, n);
+    be_->silu_mul(da.act(), db.act(), ds.act());
+    be_->add(da.act(), db.act(), dsum.act());
+    be_->copy(da.act(), dc.act());
+    std::vector<float> rs(a.size()), radd(a.size());
+    ref::silu_mul(a.data(), b.data(), rs.data(), rows * n);
+    ref::add(a.data(), b.data(), radd.data(), rows * n);
+    const auto s = ds.fetch(), sum = dsum.fetch(), c = dc.fetch();
+    EXPECT_TRUE(all_finite(s));
+    EXPECT_LT(normalized_error(s, std::vector<double>(rs.begin(), rs.end())), 1e-6);
+    EXPECT_EQ(sum, radd);
+    EXPECT_EQ(c, a);
+  }
+}
+
+TEST_F(VulkanTest, AddInPlaceOnRowViews) {
+  // x += y on the last rows of a wider matrix: in-place and offset views, as the forward pass uses them.
+  const int64_t n = 33;
+  const auto x = random_floats(static_cast<size_t>(4 * n), 31), y = random_floats(static_cast<size_t>(4 * n), 32);
+  DevMat dx(be_, 4, n, x), dy(be_, 4, n, y);
+  be_->add(dx.act().rows_view(1, 3), dy.act().rows_view(0, 3), dx.act().rows_view(1, 3));
+  const auto out = dx.fetch();
+  for (int64_t i = 0; i < 4 * n; ++i) {
+    const float want = i < n ? x[static_cast<size_t>(i)] : x[static_cast<size_t>(i)] + y[static_cast<size_t>(i - n)];
+    ASSERT_EQ(out[static_cast<size_t>(i)], want) << i;
+  }
+}
+
+struct RopeCase {
+  const char* name;
+  bool neox;
+  int64_t n_rot;
+  bool freq_factors;
+  bool yarn;
+};
+
+TEST_F(VulkanTest, Rope) {
+  const RopeCase cases[] = {{"normal", false, 64, false, false},
+                            {"neox", true, 64, false, false},
+                            {"partial_neox", true, 32, false, false},
+                            {"freq_factors", false, 64, true, false},
+                            {"yarn_neox", true, 64, false, true}};
+  const int64_t n_heads = 3, hd = 64, T = 4;
+  const std::vector<int32_t> pos = {0, 7, 1000, 4095};
+  const auto ff = random_floats(32, 41, 1.0f, 8.0f);
+  for (const RopeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    cpu::RopeParams p;
+    p.n_rot = c.n_rot;
+    p.neox = c.neox;
+    p.freq_base = 500000.0f;
+    if (c.freq_factors) p.freq_factors = ff.data();
+    if (c.yarn) {
+      p.freq_scale = 0.25f;
+      p.ext_factor = 1.0f;
+      p.attn_factor = 1.1f;
+      p.n_ctx_orig = 4096;
+    }
+    const auto x = random_floats(static_cast<size_t>(T * n_heads * hd), 42);
+    DevMat dx(be_, T, n_heads * hd, x);
+    be_->rope(dx.act(), n_heads, hd, pos.data(), p);
+    const auto y = dx.fetch();
+    std::vector<float> r = x;
+    ref::rope(r.data(), T, n_heads, hd, pos.data(), p);
+    EXPECT_TRUE(all_finite(y));
+    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), 1e-6);
+  }
+}
+
+// ---- KV store + attention ----------------------------------------------------------
+
+struct AttnCase {
+  DType kv;
+  int64_t n_heads, n_kv_heads, head_dim;
+  int64_t n_past;  ///< tokens stored before the queries
+  int64_t T;       ///< queries (prefill when > 1), at positions n_past .. n_past + T - 1
+};
+
+std::string attn_name(const AttnCase& c) {
+  return std::string(dtype_name(c.kv)) + "_h" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) +
+         "_d" + std::to_string(c.head_dim) + "_past" + std::to_string(c.n_past) + "_T" + std::to_string(c.T);
+}
+
+void check_attention(VulkanBackend* be, const AttnCase& c) {
+  SCOPED_TRACE(attn_name(c));
+  const int64_t n_ctx = c.n_past + c.T + 3;
+  KvCacheConfig cfg{1, c.n_kv_heads, c.head_dim, n_ctx, 16, c.kv};
+  auto dev_kv = KvCache::create(cfg);
+  auto host_kv = KvCache::create(cfg);
+  ASSERT_TRUE(dev_kv.ok() && host_kv.ok());
+  auto storage = be->create_kv_storage(cfg);
+  ASSERT_TRUE(storage.ok()) << storage.message();
+  ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
+  const int64_t n_tok = c.n_past + c.T, kv_dim = c.n_kv_heads * c.head_dim, q_dim = c.n_heads * c.head_dim;
+  ASSERT_TRUE((*dev_kv)->reserve(n_tok).ok());
+  ASSERT_TRUE((*host_kv)->reserve(n_tok).ok());
+  const auto k = random_floats(static_cast<size_t>(n_tok * kv_dim), 51, -2.0f, 2.0f);
+  const auto v = random_floats(static_cast<size_t>(n_tok * kv_dim), 52);
+  std::vector<int32_t> pos(static_cast<size_t>(n_tok));
+  for (int64_t i = 0; i < n_tok; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  // Past tokens in two uneven chunks, then the queries' own K/V, as a forward pass stores them.
+  DevMat dk(be, n_tok, kv_dim, k), dv(be, n_tok, kv_dim, v);
+  const int64_t first = c.n_past / 3;
+  if (first > 0) be->kv_store(**dev_kv, 0, dk.act().rows_view(0, first), dv.act().rows_view(0, first), pos.data());
+  if (n_tok > first) {
+    be->kv_store(**dev_kv, 0, dk.act().rows_view(first, n_tok - first), dv.act().rows_view(first, n_tok - first),
+                 pos.data() + first);
+  }
+  for (int64_t i = 0; i < n_tok; ++i) {
+    (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
+  }
+  const auto q = random_floats(static_cast<size_t>(c.T * q_dim), 53, -2.0f, 2.0f);
+  DevMat dq(be, c.T, q_dim, q), dout(be, c.T, q_dim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
+  const auto out = dout.fetch();
+  std::vector<float> r(static_cast<size_t>(c.T * q_dim));
+  ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale, r.data(), 0, c.n_heads);
+  EXPECT_TRUE(all_finite(out));
+  EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())), c.kv == DType::kF16 ? 1e-5 : 1e-3);
+}
+
+class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(VulkanAttention, MatchesReference) { check_attention(be_, GetParam()); }
+
+// Decode (T = 1, attn_split): over 1 key, a full split and 300 keys (several
+// splits, merged); GQA groups of 2 and 12 (two head chunks of attn_split).
+// Prefill (T > 1, attn_tile): partial and several query tiles, odd head sizes,
+// the causal mask inside a tile; a head of 256 (too big for the tiles: split).
+INSTANTIATE_TEST_SUITE_P(Cases, VulkanAttention,
+                         ::testing::Values(AttnCase{DType::kF16, 4, 2, 64, 0, 1}, AttnCase{DType::kF16, 4, 2, 64, 127, 1},
+                                           AttnCase{DType::kF16, 4, 2, 64, 299, 1},
+                                           AttnCase{DType::kF16, 12, 1, 32, 40, 1},
+                                           AttnCase{DType::kF16, 6, 3, 128, 130, 5},
+                                           AttnCase{DType::kF16, 2, 2, 18, 0, 7},
+                                           AttnCase{DType::kF16, 4, 2, 64, 40, 37},
+                                           AttnCase{DType::kF16, 2, 1, 256, 10, 3},
+                                           AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
+                                           AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}),
+                         [](const auto& pi) { return attn_name(pi.param); });
+
+// ---- shared-memory fallbacks ---------------------------------------------------------
+
+// The variants without subgroup operations and 16-bit storage, on a second
+// backend that is told not to use them (every device we test on has both).
+class VulkanFallbacks : public VulkanTest {
+ protected:
+  bool fallbacks() const override { return true; }
+};
+
+TEST_F(VulkanFallbacks, ReductionsAndF16WithoutSubgroupsOr16BitStorage) {
+  EXPECT_FALSE(be_->caps().subgroup_arithmetic);
+  EXPECT_FALSE(be_->caps().f16_storage);
+  check_matmul(be_, DType::kF16, 67, 13, 1, true, false, 300);
+  check_matmul(be_, DType::kQ4_K, 512, 19, 3, false, true, 301);
+  check_attention(be_, AttnCase{DType::kF16, 4, 2, 64, 299, 1});
+  check_attention(be_, AttnCase{DType::kF16, 4, 2, 64, 20, 18});
+  const auto x = random_floats(3 * 333, 61);
+  HostWeight w = make_weight(DType::kF32, 333, 1, 62);
+  ASSERT_TRUE(be_->upload_weight(w.w).ok());
+  DevMat dx(be_, 3, 333, x), dy(be_, 3, 333);
+  be_->rms_norm(dx.act(), w.w, 1e-6f, dy.act());
+  std::vector<float> r(x.size());
+  for (int64_t t = 0; t < 3; ++t) ref::rms_norm(x.data() + t * 333, w.deq.data(), 1e-6f, r.data() + t * 333, 333);
+  EXPECT_LT(normalized_error(dy.fetch(), std::vector<double>(r.begin(), r.end())), 1e-6);
+}
+
+// ---- capabilities and errors ------------------------------------------------------------
+
+TEST_F(VulkanTest, CapabilitiesMatchTheShaders) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    EXPECT_TRUE(be_->supports(OpKind::kMatmul, t)) << dtype_name(t);
+    EXPECT_TRUE(be_->supports(OpKind::kGetRows, t)) << dtype_name(t);
+  }
+  for (DType t : {DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kBF16}) {
+    EXPECT_FALSE(be_->supports(OpKind::kMatmul, t)) << dtype_name(t);
+  }
+  EXPECT_TRUE(be_->supports(OpKind::kAttention, DType::kF16));
+  EXPECT_TRUE(be_->supports(OpKind::kAttention, DType::kQ8_0));
+  EXPECT_FALSE(be_->supports(OpKind::kAttention, DType::kF32));
+  // An unsupported weight is refused with a message, never uploaded.
+  HostWeight w = make_weight(DType::kQ4_1, 64, 2, 71);
+  Status st = be_->upload_weight(w.w);
+  EXPECT_EQ(st.error().code(), ErrorCode::kUnsupported);
+  EXPECT_FALSE(be_->has_weight(OpKind::kMatmul, w.w));
+}
+
+TEST(VulkanErrors, OutOfDeviceMemoryIsAnError) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  VulkanOptions o;
+  o.memory_limit = 8ull << 20;  // 8 MiB of "device memory"
+  auto be = VulkanBackend::create(o);
+  ASSERT_TRUE(be.ok()) << be.message();
+  HostWeight big = make_weight(DType::kF32, 1024, 3000, 81);  // 12 MiB
+  Status st = (*be)->upload_weight(big.w);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(st.message().find("out of device memory"), std::string::npos) << st.message();
+  HostWeight small = make_weight(DType::kF32, 64, 4, 82);  // still fits: the backend keeps working
+  EXPECT_TRUE((*be)->upload_weight(small.w).ok());
+  KvCacheConfig cfg{4, 8, 128, 4096, 16, DType::kF16};  // 64 MiB
+  auto kv = (*be)->create_kv_storage(cfg);
+  ASSERT_FALSE(kv.ok());
+  EXPECT_EQ(kv.error().code(), ErrorCode::kOutOfMemory);
+}
+
+TEST(VulkanErrors, DeviceLostIsReportedAndSticky) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  auto be = VulkanBackend::create(VulkanOptions{});
+  ASSERT_TRUE(be.ok()) << be.message();
+  const std::vector<float> a = {1, 2, 3};
+  DevMat da(be->get(), 1, 3, a), db(be->get(), 1, 3);
+  (*be)->simulate_device_lost();
+  (*be)->add(da.act(), da.act(), db.act());
+  Status st = (*be)->synchronize();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("device was lost"), std::string::npos) << st.message();
+  std::vector<float> out(3);
+  EXPECT_FALSE((*be)->download(db.act(), out.data()).ok());  // later calls keep failing, never hang
+  (*be)->add(da.act(), da.act(), db.act());
+  EXPECT_FALSE((*be)->synchronize().ok());
+}
+
+TEST(VulkanErrors, BadDeviceIndex) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  VulkanOptions o;
+  o.device = 99;
+  auto be = create_vulkan_backend(o);
+  ASSERT_FALSE(be.ok());
+  EXPECT_NE(be.message().find("device 99 does not exist"), std::string::npos) << be.message();
+  auto list = list_vulkan_devices();
+  ASSERT_TRUE(list.ok());
+  ASSERT_FALSE(list->empty());
+  EXPECT_FALSE((*list)[0].name.empty());
+}
+
+#endif  // LOOM_HAVE_VULKAN
+
+}  // namespace
+}  // namespace loom
