@@ -7,7 +7,9 @@
 #include <QTextStream>
 
 #include "app/theme.h"
+#include "app/engine_bridge.h"
 #include "cpu/matmul.h"
+#include "engine/backends/vulkan/vulkan.h"
 
 namespace {
 
@@ -85,14 +87,42 @@ DeviceInfo absentGpu(const QString& kind, const QString& id, const QColor& color
   return d;
 }
 
+QVector<DeviceInfo> vulkanDevices(bool probe) {
+  const QString kind = QStringLiteral("Vulkan");
+  if (!loom::vulkan_built()) return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("not built"))};
+  if (!probe) return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("looking…"))};
+  auto list = loom::list_vulkan_devices();
+  if (!list.ok() || list->empty()) {
+    DeviceInfo d = absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("none found"));
+    if (!list.ok()) d.details << QString::fromStdString(list.message());
+    return {d};
+  }
+  QVector<DeviceInfo> out;
+  for (const loom::VulkanDeviceInfo& v : *list) {
+    DeviceInfo d;
+    d.kind = kind;
+    d.backendId = QStringLiteral("vulkan:%1").arg(v.index);
+    d.name = QString::fromStdString(v.name);
+    d.color = theme::kVulkan;
+    d.present = v.usable;
+    d.status = v.usable ? QObject::tr("found") : QObject::tr("not usable");
+    d.details << QObject::tr("Type: %1 · Vulkan %2").arg(QString::fromStdString(v.type), QString::fromStdString(v.api_version));
+    if (!v.driver.empty()) d.details << QObject::tr("Driver: %1").arg(QString::fromStdString(v.driver));
+    if (v.device_local_bytes) d.details << QObject::tr("Device memory: %1").arg(formatBytes(static_cast<qint64>(v.device_local_bytes)));
+    if (!v.usable && !v.why_not.empty()) d.details << QString::fromStdString(v.why_not);
+    if (v.usable) d.details << QObject::tr("Not used yet: placing layers on a GPU arrives with the placement engine.");
+    out << d;
+  }
+  return out;
+}
+
 }  // namespace
 
-QVector<DeviceInfo> detectDevices(int nThreads) {
+QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus) {
   QVector<DeviceInfo> out;
   out << cpuDevice(nThreads);
-  // The GPU backends are not part of the engine's public API yet; when they
-  // are, their device lists (name, memory total/free) go here.
-  out << absentGpu(QStringLiteral("Vulkan"), QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("not built"));
+  out << vulkanDevices(probeGpus);
+  // The engine has no CUDA backend yet; when it has, its devices go here the same way.
   out << absentGpu(QStringLiteral("CUDA"), QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("not built"));
   return out;
 }
@@ -104,8 +134,15 @@ QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices) {
     b.id = d.backendId;
     b.label = d.kind;
     b.color = d.color;
-    b.available = d.present;
-    if (!d.present) b.reason = QStringLiteral("%1: %2").arg(d.kind, d.status);
+    // Only the CPU runs layers today: a GPU that is found still waits for the
+    // engine's placement (the grid shows it, disabled, saying so).
+    b.available = d.present && d.backendId == QLatin1String("cpu");
+    if (!d.present) {
+      b.reason = QStringLiteral("%1: %2").arg(d.kind, d.status);
+    } else if (!b.available) {
+      b.reason = QObject::tr("%1: %2 found; placing layers on it needs the placement engine (not built yet)")
+                     .arg(d.kind, d.name);
+    }
     out << b;
   }
   return out;

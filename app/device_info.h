@@ -22,8 +22,13 @@ struct DeviceInfo {
   QColor color;
 };
 
-/// Devices found. `nThreads`: the CPU backend's thread count.
-QVector<DeviceInfo> detectDevices(int nThreads);
+Q_DECLARE_METATYPE(DeviceInfo)
+
+/// Devices found. `nThreads`: the CPU backend's thread count. `probeGpus`:
+/// ask the GPU backends for their devices (creates a Vulkan instance: tens of
+/// milliseconds, so the worker thread does it); without it GPU entries say
+/// "looking…" when the backend is built.
+QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus = true);
 /// One BackendInfo per device kind (absent ones unavailable, with the reason).
 QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices);
 /// The strategy selector's entries, enabled as the backends allow.

@@ -37,8 +37,11 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
   auto* kind = new QLabel(d.kind, f);
   kind->setObjectName(QStringLiteral("CardTitle"));
   auto* status = new QLabel(d.status, f);
-  status->setStyleSheet(d.present ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
-                                                   "font-size:8.5pt;font-weight:600;")
+  const bool inUse = d.present && d.backendId == QLatin1String("cpu");
+  status->setStyleSheet(inUse ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
+                                               "font-size:8.5pt;font-weight:600;")
+                        : d.present ? QStringLiteral("background:#eef0ff;color:#4338ca;border-radius:6px;padding:2px 8px;"
+                                                     "font-size:8.5pt;font-weight:600;")
                                   : QStringLiteral("background:#f1f2f5;color:%1;border-radius:6px;padding:2px 8px;"
                                                    "font-size:8.5pt;font-weight:600;")
                                         .arg(theme::css(theme::kMuted)));

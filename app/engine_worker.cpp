@@ -49,6 +49,8 @@ void EngineWorker::openStore() {
   m_store = std::move(s).value();
 }
 
+void EngineWorker::probeDevices() { emit devicesFound(detectDevices(m_nThreads, /*probeGpus=*/true)); }
+
 // ---- models -------------------------------------------------------------------
 
 void EngineWorker::loadDemoModel(quint64 requestId, const QString& path) {

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "app/app_types.h"
+#include "app/device_info.h"
 #include "app/placement_model.h"
 
 class LiveStats;
@@ -62,6 +63,8 @@ class EngineWorker : public QObject {
   void applyPlacement(const PlacementPlan& plan);
   /// Opens the worker's own store connection (on this thread).
   void openStore();
+  /// Asks every backend for its devices (slow for GPUs: here, not on the GUI thread).
+  void probeDevices();
 
  signals:
   void loadProgress(quint64 requestId, const QString& stage, int percent);  // percent < 0: unknown
@@ -74,6 +77,7 @@ class EngineWorker : public QObject {
   void generationFinished(const GenerationResult& result);
   void placementApplied(const PlacementPlan& placement, const QString& note);
   void placementFailed(const QString& message);
+  void devicesFound(const QVector<DeviceInfo>& devices);
   /// A problem that is not tied to a request (the store could not be opened...).
   void warning(const QString& message);
 

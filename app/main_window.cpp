@@ -46,6 +46,7 @@ void registerTypes() {
   qRegisterMetaType<GenerationRequest>();
   qRegisterMetaType<GenerationResult>();
   qRegisterMetaType<PlacementPlan>();
+  qRegisterMetaType<QVector<DeviceInfo>>();
 }
 
 bool isModelFile(const QUrl& url) {
@@ -85,15 +86,13 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow
   m_thread.setObjectName(QStringLiteral("loom-engine"));
   m_thread.start();
 
-  const QVector<DeviceInfo> devices = detectDevices(m_worker->threads());
+  // The CPU now; GPUs once the worker has asked their backends (devicesFound).
+  const QVector<DeviceInfo> devices = detectDevices(m_worker->threads(), /*probeGpus=*/false);
   m_placement = new PlacementModel(this);
-  m_placement->setBackends(backendsFromDevices(devices));
-  m_placement->setStrategies(strategiesFor(m_placement->backends()));
   m_chats = new ChatListModel(m_store.get(), this);
 
   buildUi();
-  m_engine->setDevices(devices);
-  m_engine->placementPanel()->refreshChoices();
+  setDevices(devices);
   m_chat = new ChatController(m_store.get(), m_worker, m_chats, m_sidebar, m_transcript, m_composer,
                               m_engine->chatSettings(), this);
   connectWorker();
@@ -102,6 +101,7 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow
   m_chat->openChat(m_chats->chatIdAt(0));
   updateHeader();
   emit workerOpenStore();
+  emit workerProbeDevices();
   if (!storeError.isEmpty()) {
     showError(tr("Chats cannot be saved"), tr("%1\nThis session uses a temporary file instead.").arg(storeError));
   }
@@ -247,6 +247,8 @@ void MainWindow::connectWorker() {
   connect(this, &MainWindow::workerLoadDemo, w, &EngineWorker::loadDemoModel);
   connect(this, &MainWindow::workerApplyPlacement, w, &EngineWorker::applyPlacement);
   connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
+  connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
+  connect(w, &EngineWorker::devicesFound, this, &MainWindow::setDevices);
   connect(m_chat, &ChatController::generateRequested, w, &EngineWorker::generate);
 
   connect(w, &EngineWorker::loadProgress, this, &MainWindow::onLoadProgress);
@@ -281,6 +283,13 @@ void MainWindow::connectWorker() {
   });
   connect(m_chat, &ChatController::chatChanged, this, [this] { updateHeader(); });
   connect(m_chat, &ChatController::errorOccurred, this, [this](const QString& e) { showError(tr("Something went wrong"), e); });
+}
+
+void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
+  m_engine->setDevices(devices);
+  m_placement->setBackends(backendsFromDevices(devices));
+  m_placement->setStrategies(strategiesFor(m_placement->backends()));
+  m_engine->placementPanel()->refreshChoices();
 }
 
 // ---- models -----------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "app/app_options.h"
 #include "app/app_types.h"
+#include "app/device_info.h"
 #include "app/placement_model.h"
 #include "storage/store.h"
 
@@ -69,6 +70,7 @@ class MainWindow : public QMainWindow {
   void workerLoadDemo(quint64 requestId, const QString& path);
   void workerApplyPlacement(const PlacementPlan& plan);
   void workerOpenStore();
+  void workerProbeDevices();
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -77,6 +79,7 @@ class MainWindow : public QMainWindow {
 
  private:
   void buildUi();
+  void setDevices(const QVector<DeviceInfo>& devices);
   void connectWorker();
   void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement);
   void onLoadFailed(quint64 requestId, const QString& message);

@@ -201,7 +201,8 @@ void PlacementPanel::rebuildControls() {
     const QString dot = QStringLiteral("<span style='color:%1;font-size:13pt'>●</span>").arg(theme::css(b.color));
     l->setText(b.available ? QStringLiteral("%1 %2").arg(dot, b.label)
                            : QStringLiteral("%1 <span style='color:%2'>%3 — %4</span>")
-                                 .arg(dot, theme::css(theme::kMuted), b.label, b.reason.section(QStringLiteral(": "), 1)));
+                                 .arg(dot, theme::css(theme::kMuted), b.label,
+                                      b.reason.section(QStringLiteral(": "), 1).section(QLatin1Char(';'), 0, 0)));
     l->setToolTip(b.available ? tr("%1: available").arg(b.label) : b.reason);
     m_legend->addWidget(l);
   }

@@ -14,8 +14,16 @@
 #ifndef NC
 #define NC 8
 #endif
+// Rows handled together (each x unit is loaded once for all of them): up to 8
+// for one column, where x loads would otherwise outnumber weight loads; 2 for
+// several columns (their dequantized weights stay in registers) and for the
+// workgroup-reduction path.
+#if NC == 1 && defined(USE_SUBGROUP)
+#define NR_MAX 8
+#else
 #define NR_MAX 2
-layout(constant_id = 1) const uint NR = 2;  // rows per workgroup, 1..NR_MAX
+#endif
+layout(constant_id = 1) const uint NR = 2;  // rows together, 1..NR_MAX (the host keeps to it)
 #define ACC_N (NR_MAX * NC)  // accumulators per thread
 #ifndef USE_SUBGROUP
 #define RED_N ACC_N  // common.glsl's shared-memory reductions

@@ -33,6 +33,8 @@ void main() {
   precise float theta = float(pos[pc.pos_off + t]);
   for (uint k = 0; k < i; ++k) theta *= pc.theta_scale;
   const float f = pc.ff_off != 0xFFFFFFFFu ? ff[pc.ff_off + i] : 1.0;
+  // (Division is not correctly rounded on every GPU: NVIDIA's may differ by
+  // an ulp from the CPU's, which the conformance bound allows for.)
   const float theta_extrap = theta / f;
   const float theta_interp = pc.freq_scale * theta_extrap;
   float angle = theta_interp;

@@ -24,7 +24,7 @@ const char* stop_reason_text(StopReason r) {
 }
 
 Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& backend, const SessionConfig& cfg) {
-  std::unique_ptr<Session> s(new Session(model, backend));
+  std::unique_ptr<Session> s(new Session(model));
   KvCacheConfig kc;
   kc.n_layer = model.hp.n_layer;
   kc.n_kv_heads = model.hp.n_head_kv;

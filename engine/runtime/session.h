@@ -79,11 +79,10 @@ class Session {
   void reset();
 
  private:
-  Session(const Model& m, Backend& b) : m_(m), be_(b) {}
+  explicit Session(const Model& m) : m_(m) {}
   Status shift_context();
 
   const Model& m_;
-  Backend& be_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ForwardPass> fwd_;
   std::vector<int32_t> tokens_;  ///< tokens whose KV is in the cache, in order

@@ -38,12 +38,21 @@ double nerr(const std::vector<float>& a, const std::vector<float>& b) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   bool with_cpu = false, profile = true;
-  args.erase(std::remove_if(args.begin(), args.end(), [&](const std::string& a) {
-               if (a == "--cpu") return with_cpu = true;
-               if (a == "--no-profile") return !(profile = false);
-               return false;
-             }),
-             args.end());
+  uint32_t rows = 0;
+  for (size_t i = 0; i < args.size();) {
+    if (args[i] == "--cpu") {
+      with_cpu = true;
+    } else if (args[i] == "--no-profile") {
+      profile = false;
+    } else if (args[i] == "--rows" && i + 1 < args.size()) {
+      rows = static_cast<uint32_t>(std::stoul(args[i + 1]));
+      args.erase(args.begin() + static_cast<ptrdiff_t>(i));
+    } else {
+      ++i;
+      continue;
+    }
+    args.erase(args.begin() + static_cast<ptrdiff_t>(i));
+  }
   if (args.empty()) {
     std::fprintf(stderr, "usage: loom_vulkan_bench MODEL.gguf|--synth PRESET DTYPE [n_prompt] [n_gen] [--cpu] [--no-profile]\n");
     return 2;
@@ -59,13 +68,15 @@ int main(int argc, char** argv) {
     }
     s.weight_type = args[2];
     path = "/tmp/loom-bench-" + args[1] + "-" + args[2] + ".gguf";
-    const auto t0 = Clock::now();
-    auto r = write_synthetic_model(s, path);
-    if (!r.ok()) {
-      std::fprintf(stderr, "synth: %s\n", r.message().c_str());
-      return 1;
+    if (!load_model(path).ok()) {  // not written yet (or unreadable): write it
+      const auto t0 = Clock::now();
+      auto r = write_synthetic_model(s, path);
+      if (!r.ok()) {
+        std::fprintf(stderr, "synth: %s\n", r.message().c_str());
+        return 1;
+      }
+      std::printf("synthesized %s (%.2f GB) in %.1f s\n", path.c_str(), r->n_bytes / 1e9, ms_since(t0) / 1e3);
     }
-    std::printf("synthesized %s (%.2f GB) in %.1f s\n", path.c_str(), r->n_bytes / 1e9, ms_since(t0) / 1e3);
     next = 3;
   } else {
     path = args[0];
@@ -81,12 +92,14 @@ int main(int argc, char** argv) {
   const Model& model = **m;
   VulkanOptions o;
   o.profile = profile;
+  o.matvec_rows = rows;
   auto be = VulkanBackend::create(o);
   if (!be.ok()) {
     std::fprintf(stderr, "vulkan: %s\n", be.message().c_str());
     return 1;
   }
   const VulkanDeviceInfo& di = (*be)->device_info();
+  if (rows) std::printf("matvec rows per subgroup: %u\n", rows);
   std::printf("model: %s\ndevice: %s (%s, %s), subgroup %u%s%s\n", model.describe().c_str(), di.name.c_str(),
               di.type.c_str(), di.driver.c_str(), di.subgroup_size, (*be)->caps().subgroup_arithmetic ? ", subgroup ops" : "",
               (*be)->caps().f16_storage ? ", 16-bit storage" : "");

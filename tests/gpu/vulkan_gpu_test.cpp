@@ -85,7 +85,7 @@ TEST_P(GpuModel, MatchesCpuOverALongContext) {
   ASSERT_TRUE(g.eval(prompt, 0, gl.data()).ok());
   ASSERT_TRUE(cf.eval(prompt, 0, cl.data()).ok());
   // CPU activations are Q8 for quantized weights; the GPU's are f32.
-  const double tol = std::string(GetParam()) == "f16" ? 5e-3 : 3e-2;
+  const double tol = std::string(GetParam()) == "f16" ? 5e-3 : 4e-2;
   EXPECT_LT(nerr(gl, cl), tol) << "after prefill";
   for (int64_t i = 0; i < n_gen; ++i) {
     const int32_t tok = static_cast<int32_t>(std::max_element(cl.begin(), cl.end()) - cl.begin());

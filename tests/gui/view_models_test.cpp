@@ -165,8 +165,12 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
   auto withGpu = backends;
   withGpu[1].available = true;
   for (const StrategyInfo& s : strategiesFor(withGpu)) {
-    if (s.id == QLatin1String("gpu") || s.id == QLatin1String("layers")) EXPECT_TRUE(s.available);
-    if (s.id == QLatin1String("auto")) EXPECT_TRUE(s.reason.contains(QStringLiteral("planner")));
+    if (s.id == QLatin1String("gpu") || s.id == QLatin1String("layers")) {
+      EXPECT_TRUE(s.available);
+    }
+    if (s.id == QLatin1String("auto")) {
+      EXPECT_TRUE(s.reason.contains(QStringLiteral("planner")));
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 //   get_rows              1e-6  the same products as the dequantizers (FMA may round once less)
 //   rms_norm              1e-6  float sum of squares vs double
 //   rope                  1e-6  same angle recurrence as the reference; cos/sin of the device
+//                         (1e-5 with frequency factors: some GPUs divide to within an ulp)
 //   silu_mul              1e-6  exp of the device;  add, copy: exact
 //   attention F16 KV      1e-5  same F16 rounding of K/V as the reference; float sums
 //   attention Q8_0 KV     1e-3  a quant may round the other way (reciprocal of the scale)
@@ -327,7 +328,7 @@ TEST_F(VulkanTest, Rope) {
     std::vector<float> r = x;
     ref::rope(r.data(), T, n_heads, hd, pos.data(), p);
     EXPECT_TRUE(all_finite(y));
-    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), 1e-6);
+    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), c.freq_factors ? 1e-5 : 1e-6);
   }
 }
 

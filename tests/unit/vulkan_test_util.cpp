@@ -15,6 +15,17 @@ Shared g_main, g_fallback;  // one per test process; destroyed at exit
 bool g_validation = false;
 }  // namespace
 
+// Drop the shared backends when the tests end, not at static destruction,
+// when a driver's own globals may already be gone (NVIDIA crashes then).
+class ReleaseAtEnd : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    g_fallback.be.reset();
+    g_main.be.reset();
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_release = ::testing::AddGlobalTestEnvironment(new ReleaseAtEnd);
+
 bool vulkan_validation_on() { return g_validation; }
 
 VulkanBackend* vulkan_backend(std::string* why, bool fallbacks) {

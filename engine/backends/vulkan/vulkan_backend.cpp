@@ -186,6 +186,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // lavapipe: 32, where every barrier is a costly coroutine switch).
   reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
 
+  if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, 8);
+
   profile_ = opts.profile && c.timestamp_period_ns > 0;
   if (profile_) {
     VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
@@ -794,10 +796,12 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
     // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.
     const vk::DeviceCaps& c = dev_->caps();
     const uint32_t nsg = c.subgroup_arithmetic ? std::max<uint32_t>(1, kWgMatvec / c.subgroup_size) : 1;
-    const uint32_t rows_per_group = nsg * kMatvecRows;
+    // One token: several rows per subgroup share each x load (shader: NR_MAX 8).
+    const uint32_t nr = T == 1 && c.subgroup_arithmetic ? matvec_rows_ : kMatvecRows;
+    const uint32_t rows_per_group = nsg * nr;
     uint32_t gx, gz;
     grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
-    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, kMatvecRows, nsg},
+    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, nr, nsg},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
     dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul}, {wb, act_bind(x, false), act_bind(out, true), bb},

@@ -191,6 +191,7 @@ class VulkanBackend final : public Backend {
   std::unordered_map<std::string, Pipeline> pipelines_;
   std::unordered_map<FastKey, Pipeline*, FastKeyHash> fast_pipes_;
   uint32_t reduce_wg_ = 128;  ///< workgroup size of rms_norm and attention (see init)
+  uint32_t matvec_rows_ = 4;  ///< rows per subgroup of single-token matvecs (VulkanOptions::matvec_rows)
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
