@@ -13,6 +13,7 @@
 #include <QStackedBarSeries>
 #include <QLabel>
 #include <QLineSeries>
+#include <QLogValueAxis>
 #include <QScrollArea>
 #include <QTimer>
 #include <QValueAxis>
@@ -107,11 +108,22 @@ QLabel* tile(QGridLayout* grid, int col, const QString& label, QWidget* parent, 
   return value;
 }
 
-// [0, v] widened to a round number, with 3 to 6 ticks at a round step
+// Makes Qt Charts measure an axis's labels again. A new range does not (6.4
+// caches the axis's size hint until the tick count or format changes), so
+// labels that grew wider would be elided to "...".
+void remeasure(QValueAxis* axis) {
+  const int n = axis->tickCount();
+  axis->setTickCount(n + 1);
+  axis->setTickCount(n);
+}
+
+// [0, v] widened to a round number, with 3 to 5 ticks at a round step
 // (1, 2 or 5 times a power of ten) and labels with just enough decimals.
+// (More ticks do not fit the charts' height: Qt Charts elides labels that
+// touch their neighbours.)
 void setNiceRange(QValueAxis* axis, double v, const QString& suffix = {}) {
   if (!(v > 0)) v = 1;
-  const double raw = v / 5.0;
+  const double raw = v / 4.0;
   const double p = std::pow(10.0, std::floor(std::log10(raw)));
   double step = 10 * p;
   for (double m : {1.0, 2.0, 5.0}) {
@@ -120,12 +132,18 @@ void setNiceRange(QValueAxis* axis, double v, const QString& suffix = {}) {
       break;
     }
   }
-  // Fixed ticks spaced `step` apart (Qt's dynamic ticks elide labels that grow).
   const double top = std::ceil(v / step - 1e-9) * step;
+  const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
+  const QString format = QStringLiteral("%.") + QString::number(decimals) + QStringLiteral("f") + suffix;
   axis->setRange(0, top);
   axis->setTickCount(static_cast<int>(std::lround(top / step)) + 1);
-  const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
-  axis->setLabelFormat(QStringLiteral("%.") + QString::number(decimals) + QStringLiteral("f") + suffix);
+  axis->setLabelFormat(format);
+  // The widest label is the top one: measure again when it changed.
+  const QString widest = QString::asprintf(format.toUtf8().constData(), top);
+  if (axis->property("loomWidest").toString() != widest) {
+    axis->setProperty("loomWidest", widest);
+    remeasure(axis);
+  }
 }
 
 // x in [lo, hi] = log10(ms), labelled at round values: 1-2-5 per decade, finer
@@ -226,15 +244,19 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_layerChart->addSeries(m_layerSeries);
   m_layerX = new QBarCategoryAxis;
   styleAxis(m_layerX);
-  m_layerY = new QValueAxis;
+  // Log scale: a decode step's P50 and a stall's P99 can be 1000x apart, and
+  // on a linear axis the P50 bars would vanish.
+  m_layerY = new QLogValueAxis;
+  m_layerY->setBase(10);
+  m_layerY->setLabelFormat(QStringLiteral("%g"));
+  m_layerY->setMinorTickCount(0);
   styleAxis(m_layerY);
   m_layerChart->addAxis(m_layerX, Qt::AlignBottom);
   m_layerChart->addAxis(m_layerY, Qt::AlignLeft);
   m_layerSeries->attachAxis(m_layerX);
   m_layerSeries->attachAxis(m_layerY);
-  auto* layerLegend = new QLabel(swatch(theme::kP50, tr("P50")) + QStringLiteral("&nbsp;&nbsp; ") +
-                                 swatch(theme::kP99, tr("P99")));
-  v->addWidget(framed(makeView(m_layerChart, 150, content), tr("Per-layer decode time"), layerLegend, content));
+  m_layerLegend = new QLabel;
+  v->addWidget(framed(makeView(m_layerChart, 150, content), tr("Per-layer decode time"), m_layerLegend, content));
 
   // Tokens/s over generation time.
   m_tpsChart = makeChart();
@@ -254,7 +276,7 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_tpsSeries->attachAxis(m_tpsY);
   m_tpsX->setRange(0, 10);
   m_tpsY->setRange(0, 10);
-  auto* tpsLegend = new QLabel(tr("¼ s windows, idle time left out"));
+  auto* tpsLegend = new QLabel(tr("per ¼ s or 32 tokens · idle time left out"));
   v->addWidget(framed(makeView(m_tpsChart, 130, content), tr("Tokens per second"), tpsLegend, content));
 
   // Memory per tier.
@@ -301,6 +323,26 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
 
 ChartsPanel::~ChartsPanel() = default;
 
+void ChartsPanel::showEvent(QShowEvent* event) {
+  QWidget::showEvent(event);
+  // A chart first laid out while its tab was hidden can keep label columns
+  // too narrow; once shown, every axis measures its labels again.
+  QTimer::singleShot(0, this, &ChartsPanel::relayoutAxes);
+}
+
+void ChartsPanel::relayoutAxes() {
+  for (QChart* c : {m_histChart, m_layerChart, m_tpsChart, m_memChart}) {
+    for (QAbstractAxis* a : c->axes()) {
+      if (auto* v = qobject_cast<QValueAxis*>(a)) remeasure(v);
+      if (auto* l = qobject_cast<QLogValueAxis*>(a)) {
+        const QString f = l->labelFormat();
+        l->setLabelFormat(f + QLatin1Char(' '));
+        l->setLabelFormat(f);
+      }
+    }
+  }
+}
+
 void ChartsPanel::refresh() {
   const LiveSnapshot s = m_stats->snapshot();
   buildTiles(s);
@@ -340,7 +382,7 @@ void ChartsPanel::buildHistogram(const LiveSnapshot& s) {
     m_p50Line->clear();
     m_p99Line->clear();
     setLogMsAxis(m_histX, -1, 1);
-    m_histY->setRange(0, 1);
+    setNiceRange(m_histY, 1);
     m_histLegend->setText(tr("no tokens yet"));
     return;
   }
@@ -384,17 +426,34 @@ void ChartsPanel::buildLayers(const LiveSnapshot& s) {
   // µs for fast layers (small models), ms otherwise.
   const bool micro = maxMs < 1.0;
   const double k = micro ? 1000.0 : 1.0;
+  double minPositive = 0;
+  for (const auto& l : s.layers) {
+    for (double v : {l.p50_ms * k, l.p99_ms * k}) {
+      if (v > 0 && (minPositive == 0 || v < minPositive)) minPositive = v;
+    }
+  }
+  // Whole decades, at least one; an empty layer draws as a zero-height bar at the bottom.
+  const double lo = minPositive > 0 ? std::pow(10.0, std::floor(std::log10(minPositive))) : 1.0;
+  double hi = maxMs > 0 ? std::pow(10.0, std::ceil(std::log10(maxMs * k * 1.05))) : 10.0;
+  if (hi <= lo) hi = lo * 10;
   QList<qreal> p50, p99;
   for (const auto& l : s.layers) {
-    p50 << l.p50_ms * k;
-    p99 << l.p99_ms * k;
+    p50 << std::max(l.p50_ms * k, lo);
+    p99 << std::max(l.p99_ms * k, lo);
   }
   m_layerP50->remove(0, m_layerP50->count());
   m_layerP99->remove(0, m_layerP99->count());
   m_layerP50->append(p50);
   m_layerP99->append(p99);
-  // The unit goes in the labels: a vertical axis with a title elides labels that grow (Qt Charts 6.4).
-  setNiceRange(m_layerY, maxMs * k * 1.1, micro ? QStringLiteral(" µs") : QStringLiteral(" ms"));
+  if (m_layerY->min() != lo || m_layerY->max() != hi) {
+    m_layerY->setRange(lo, hi);
+    // Labels may have grown wider ("1000"): make Qt Charts measure them again.
+    m_layerY->setLabelFormat(QStringLiteral("%g "));
+    m_layerY->setLabelFormat(QStringLiteral("%g"));
+  }
+  // The unit goes in the header (Qt Charts formats labels through Latin-1: no "µ" there).
+  m_layerLegend->setText(swatch(theme::kP50, tr("P50")) + QStringLiteral("&nbsp;&nbsp; ") + swatch(theme::kP99, tr("P99")) +
+                         QStringLiteral("&nbsp;&nbsp; ") + (micro ? tr("µs, log scale") : tr("ms, log scale")));
   m_shown.layersWithData = withData;
 }
 
@@ -409,7 +468,7 @@ void ChartsPanel::buildTps(const LiveSnapshot& s) {
   m_tpsSeries->replace(pts);
   // The last two minutes of generation at most.
   const double span = 120.0;
-  setNiceRange(m_tpsX, std::max(maxX, 1.0), QStringLiteral(" s"));
+  setNiceRange(m_tpsX, std::max(maxX, 0.01), QStringLiteral(" s"));
   if (maxX > span) m_tpsX->setRange(maxX - span, maxX);
   setNiceRange(m_tpsY, maxY * 1.15);
   m_shown.tpsPoints = static_cast<int>(pts.size());

@@ -20,6 +20,7 @@ class QBarSeries;
 class QBarCategoryAxis;
 class QCategoryAxis;
 class QValueAxis;
+class QLogValueAxis;
 class QTimer;
 
 class ChartsPanel : public QWidget {
@@ -41,7 +42,12 @@ class ChartsPanel : public QWidget {
   };
   const Shown& shown() const { return m_shown; }
 
+ protected:
+  void showEvent(QShowEvent* event) override;
+
  private:
+  /// Makes every axis lay its labels out again (see showEvent).
+  void relayoutAxes();
   void buildHistogram(const LiveSnapshot& s);
   void buildLayers(const LiveSnapshot& s);
   void buildTps(const LiveSnapshot& s);
@@ -71,7 +77,8 @@ class ChartsPanel : public QWidget {
   QBarSet* m_layerP50 = nullptr;
   QBarSet* m_layerP99 = nullptr;
   QBarCategoryAxis* m_layerX = nullptr;
-  QValueAxis* m_layerY = nullptr;
+  QLogValueAxis* m_layerY = nullptr;
+  QLabel* m_layerLegend = nullptr;
   int m_layerCount = -1;
   // Tokens/s.
   QChart* m_tpsChart = nullptr;

@@ -70,7 +70,7 @@ DeviceInfo cpuDevice(int nThreads) {
     if (flags.contains(f)) have << f;
   }
   if (!have.isEmpty()) d.details << QObject::tr("Features: %1").arg(have.join(QStringLiteral(" ")));
-  d.details << QObject::tr("Threads: %1 in the engine's pool").arg(nThreads);
+  d.details << QObject::tr("Threads: %1 in the engine's pool (tiny models use 1)").arg(nThreads);
   d.memTotal = meminfoBytes(QStringLiteral("MemTotal"));
   d.memAvailable = meminfoBytes(QStringLiteral("MemAvailable"));
   return d;

@@ -27,10 +27,18 @@ int defaultThreads(int requested) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+// Below this size a matmul is a few microseconds of work: handing pieces of it
+// to other threads costs more than it saves (and a busy machine can keep a
+// helper thread waiting for milliseconds), so tiny models run on one thread.
+constexpr uint64_t kTinyModelBytes = 32ull << 20;
+
 }  // namespace
 
 EngineWorker::EngineWorker(QString dbPath, int nThreads, std::shared_ptr<LiveStats> stats)
-    : m_dbPath(std::move(dbPath)), m_nThreads(defaultThreads(nThreads)), m_stats(std::move(stats)) {}
+    : m_dbPath(std::move(dbPath)),
+      m_threadsAsked(nThreads),
+      m_nThreads(defaultThreads(nThreads)),
+      m_stats(std::move(stats)) {}
 
 // The session refers to the model and the backend: it goes first.
 EngineWorker::~EngineWorker() {
@@ -99,16 +107,23 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     emit modelLoadFailed(requestId, qstr(loaded.message()));
     return;
   }
-  if (!m_backend) m_backend = std::make_unique<loom::CpuBackend>(m_nThreads);
+  std::unique_ptr<loom::Model> model = std::move(loaded).value();
+  const int threads = m_threadsAsked > 0 ? m_threadsAsked : model->weight_bytes() < kTinyModelBytes ? 1 : m_nThreads;
+  if (!m_backend || m_backend->n_threads() != threads) {
+    m_session.reset();  // it refers to the old backend
+    m_backend = std::make_unique<loom::CpuBackend>(threads);
+  }
 
   // The new model gets its session before the old one is let go: a failure
-  // leaves the previous model working.
-  std::unique_ptr<loom::Model> model = std::move(loaded).value();
+  // leaves the previous model working (unless the thread count changed above).
   loom::SessionConfig sc;
   sc.kv_dtype = loom::DType::kF16;
   auto session = loom::Session::create(*model, *m_backend, sc);
   loom::Status prepared = session.ok() ? (*session)->forward().prepare() : session.status();
   if (!prepared.ok()) {
+    // Keep the previous model usable if the backend was replaced for this one.
+    QString ignored;
+    if (m_model && !m_session) createSession(m_sessionCtx, m_kvDtype, &ignored);
     emit modelLoadFailed(requestId, qstr(prepared.message()));
     return;
   }

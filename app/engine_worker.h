@@ -21,7 +21,7 @@
 class LiveStats;
 namespace loom {
 struct Model;
-class Backend;
+class CpuBackend;
 class Session;
 class LayerStats;
 namespace storage {
@@ -90,11 +90,12 @@ class EngineWorker : public QObject {
   }
 
   QString m_dbPath;
-  int m_nThreads;
+  int m_threadsAsked;  ///< --threads (0: automatic)
+  int m_nThreads;      ///< the machine's threads, or --threads
   std::shared_ptr<LiveStats> m_stats;
   std::unique_ptr<loom::storage::Store> m_store;
   std::unique_ptr<loom::Model> m_model;
-  std::unique_ptr<loom::Backend> m_backend;
+  std::unique_ptr<loom::CpuBackend> m_backend;
   std::unique_ptr<loom::Session> m_session;
   std::shared_ptr<loom::LayerStats> m_layerStats;
   ModelSummary m_summary;

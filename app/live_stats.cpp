@@ -1,9 +1,11 @@
 #include "app/live_stats.h"
 
 namespace {
-// One tokens/s point per quarter second while generating; at most this many kept
-// (20 minutes of generation), the oldest dropped first.
+// One tokens/s point per quarter second or per 32 tokens, whichever comes
+// first (a fast model still draws a line within one short reply); at most
+// this many kept, the oldest dropped first.
 constexpr double kWindowSeconds = 0.25;
+constexpr uint64_t kWindowTokens = 32;
 constexpr size_t kMaxPoints = 4800;
 }  // namespace
 
@@ -61,7 +63,7 @@ void LiveStats::tokenGenerated(uint64_t sincePreviousNs) {
     ++m_windowTokens;
   }
   const double dt = std::chrono::duration<double>(now - m_windowStart).count();
-  if (dt >= kWindowSeconds) {
+  if (dt >= kWindowSeconds || (m_windowTokens >= kWindowTokens && dt > 0)) {
     if (m_tps.size() >= kMaxPoints) m_tps.erase(m_tps.begin(), m_tps.begin() + static_cast<long>(kMaxPoints / 4));
     m_tps.emplace_back(generationSeconds(now), static_cast<double>(m_windowTokens) / dt);
     ++m_pointsThisReply;
@@ -77,7 +79,8 @@ void LiveStats::generationFinished(double ttftMs, double tokensPerSecond) {
   // The last partial window: kept when it is long enough to mean something,
   // or when it is all a short reply has (then it spans the whole reply).
   const double dt = std::chrono::duration<double>(now - m_windowStart).count();
-  if (m_windowTokens > 0 && dt > 0 && (dt >= kWindowSeconds / 2 || m_pointsThisReply == 0)) {
+  if (m_windowTokens > 0 && dt > 0 &&
+      (dt >= kWindowSeconds / 2 || m_windowTokens >= kWindowTokens / 2 || m_pointsThisReply == 0)) {
     m_tps.emplace_back(generationSeconds(now), static_cast<double>(m_windowTokens) / dt);
   }
   m_windowTokens = 0;

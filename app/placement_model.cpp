@@ -124,12 +124,15 @@ void PlacementModel::setApplied(const PlacementPlan& plan) {
   if (shape) beginResetModel();
   m_applied = plan;
   m_pending = plan;
-  if (shape) endResetModel();
-  else cellsChanged();
+  if (shape) {
+    endResetModel();
+  } else {
+    cellsChanged();
+  }
   emit pendingChanged();
 }
 
-void PlacementModel::revert() {
+void PlacementModel::revertPending() {
   m_pending = m_applied;
   cellsChanged();
   emit pendingChanged();

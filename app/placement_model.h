@@ -100,7 +100,7 @@ class PlacementModel : public QAbstractTableModel {
   const PlacementPlan& pending() const { return m_pending; }
   bool isDirty() const { return !(m_pending == m_applied); }
   /// Back to the applied placement.
-  void revert();
+  void revertPending();
 
   /// Moves a cell to another backend. False (and no change) when the backend
   /// is unknown or unavailable. The strategy becomes "custom".

@@ -168,7 +168,7 @@ PlacementPanel::PlacementPanel(PlacementModel* model, QWidget* parent) : QWidget
   v->addStretch(1);
 
   connect(m_apply, &QPushButton::clicked, this, &PlacementPanel::applyRequested);
-  connect(m_revert, &QPushButton::clicked, m_model, &PlacementModel::revert);
+  connect(m_revert, &QPushButton::clicked, m_model, &PlacementModel::revertPending);
   connect(m_strategy, &QComboBox::currentIndexChanged, this, &PlacementPanel::emitStrategy);
   connect(m_layers, &QSpinBox::valueChanged, this, &PlacementPanel::emitStrategy);
   connect(m_budget, &QSlider::valueChanged, this, &PlacementPanel::emitStrategy);

@@ -27,7 +27,16 @@ std::optional<std::string> fixture_path(const std::string& relative) {
 }
 
 std::string temp_dir(const std::string& name) {
-  fs::path p = fs::path(LOOM_BINARY_DIR) / "test-tmp" / name;
+  // One folder per test: ctest runs tests as parallel processes, so folders
+  // shared between tests would be removed under each other's feet.
+  std::string owner = "no-test";
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    owner = std::string(info->test_suite_name()) + "." + info->name();
+    for (char& c : owner) {
+      if (c == '/') c = '_';
+    }
+  }
+  fs::path p = fs::path(LOOM_BINARY_DIR) / "test-tmp" / owner / name;
   std::error_code ec;
   fs::remove_all(p, ec);
   fs::create_directories(p);

@@ -16,7 +16,8 @@ std::optional<std::string> fixtures_dir();
 /// Full path of a fixture file, or nullopt when the fixtures or the file are absent.
 std::optional<std::string> fixture_path(const std::string& relative);
 
-/// A fresh empty directory for one test (under the build tree), created on call.
+/// A fresh empty directory `name` private to the running test (under the build
+/// tree), emptied and created on call.
 std::string temp_dir(const std::string& name);
 
 std::vector<uint8_t> read_file(const std::string& path);

@@ -126,24 +126,6 @@ LOOM_INLINE void load_x_group_partial(const int8_t* q, int count, __m512i* lo, _
 // accumulator, the 16 sub-block dot products in the 16 lanes: one float
 // update per 16 sub-blocks instead of one per 4.
 
-// Dwords at p + j * stride + offset for the lanes j set in m (others 0).
-LOOM_INLINE __m512i gather_lanes(const uint8_t* p, int stride, int offset, __mmask16 m) {
-  const __m512i idx = _mm512_add_epi32(
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride)),
-      _mm512_set1_epi32(offset));
-  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, p, 1);
-}
-
-// Bits sh..sh+3 of each dword of qh as 16 added to bytes 0..3 of the dword
-// of q (the fifth bits of Q5_0/Q5_1 in the transposed layout): spreading 4
-// bits to 4 bytes with one multiply (the shifted copies cannot overlap).
-LOOM_INLINE __m512i add_fifth_bits_t(__m512i q, __m512i qh, int sh) {
-  const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(sh)), _mm512_set1_epi32(0xF));
-  const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(v, _mm512_set1_epi32(0x00204081)),
-                                          _mm512_set1_epi32(0x01010101));
-  return _mm512_add_epi32(q, _mm512_slli_epi32(spread, 4));
-}
-
 // 4x4 transpose of dwords inside each 128-bit lane across v[0..3]: afterwards
 // lane 4i + k of v[m] is dword m of lane i of the old v[k]. For K-quant
 // super-blocks (old v[k] = elements 64k.., 128-bit lane i = sub-block 4k + i)
@@ -246,16 +228,6 @@ struct FmtQ4_0 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 2, kBytes) : load_4x16_partial(p + 2, kBytes, count), lo, hi);
   }
-  // GEMM: 16 blocks in the transposed layout (8 vectors), scales, mins.
-  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int k = 0; k < 4; ++k) {
-      const __m512i g = gather_lanes(p, kBytes, 2 + 4 * k, m);
-      q[k] = _mm512_and_si512(g, m4);
-      q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
-    }
-    scales(p, m, a, b);
-  }
   // VBMI, full groups: bytes 0..63 and 64..71.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 2, 16, 64);
   static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
@@ -275,16 +247,6 @@ struct FmtQ4_1 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 4, kBytes) : load_4x16_partial(p + 4, kBytes, count), lo, hi);
   }
-  // GEMM: 16 blocks in the transposed layout (8 vectors), scales, mins.
-  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int k = 0; k < 4; ++k) {
-      const __m512i g = gather_lanes(p, kBytes, 4 + 4 * k, m);
-      q[k] = _mm512_and_si512(g, m4);
-      q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), m4);
-    }
-    scales(p, m, a, b);
-  }
   // VBMI, full groups: bytes 0..63 and 64..79.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 4, 16, 64);
   static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
@@ -302,16 +264,6 @@ struct FmtQ5_0 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 6, kBytes) : load_4x16_partial(p + 6, kBytes, count), lo, hi);
     add_fifth_bits(load_qh4(p + 2, kBytes, count), lo, hi);
-  }
-  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i qh = gather_lanes(p, kBytes, 2, m);
-    for (int k = 0; k < 4; ++k) {
-      const __m512i g = gather_lanes(p, kBytes, 6 + 4 * k, m);
-      q[k] = add_fifth_bits_t(_mm512_and_si512(g, m4), qh, 4 * k);
-      q[k + 4] = add_fifth_bits_t(_mm512_and_si512(_mm512_srli_epi16(g, 4), m4), qh, 16 + 4 * k);
-    }
-    scales(p, m, a, b);
   }
   // VBMI, full groups: bytes 0..63 and 56..87.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 6, 16, 56);
@@ -335,16 +287,6 @@ struct FmtQ5_1 {
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
     split_nibbles(count == 4 ? load_4x16(p + 8, kBytes) : load_4x16_partial(p + 8, kBytes, count), lo, hi);
     add_fifth_bits(load_qh4(p + 4, kBytes, count), lo, hi);
-  }
-  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i qh = gather_lanes(p, kBytes, 4, m);
-    for (int k = 0; k < 4; ++k) {
-      const __m512i g = gather_lanes(p, kBytes, 8 + 4 * k, m);
-      q[k] = add_fifth_bits_t(_mm512_and_si512(g, m4), qh, 4 * k);
-      q[k + 4] = add_fifth_bits_t(_mm512_and_si512(_mm512_srli_epi16(g, 4), m4), qh, 16 + 4 * k);
-    }
-    scales(p, m, a, b);
   }
   // VBMI, full groups: bytes 0..63 and 64..95.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 8, 16, 64);
@@ -374,11 +316,6 @@ struct FmtQ8_0 {
       *lo = _mm512_xor_si512(load_4x16_partial(p + 2, kBytes, count), sign);
       *hi = _mm512_xor_si512(load_4x16_partial(p + 18, kBytes, count), sign);
     }
-  }
-  static LOOM_INLINE void gemm_unpack(const uint8_t* p, __mmask16 m, __m512i q[8], __m512* a, __m512* b) {
-    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(gather_lanes(p, kBytes, 2 + 4 * k, m), sign);
-    scales(p, m, a, b);
   }
   // VBMI, full groups: the first halves of the blocks from bytes 0..127,
   // the second halves from bytes 8..71 and 72..135.
@@ -998,25 +935,56 @@ struct Gemm32 {
   int64_t nb;
   int64_t steps;
 
+  bool vbmi;
+
   Gemm32(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n_)
       : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(x), xrb(x_row_bytes), n(n_), nb(n_ / 32),
-        steps((n_ / 32 + 15) / 16) {}
+        steps((n_ / 32 + 15) / 16), vbmi(vbmi_enabled()) {}
 
+  // Blocks in the lane order of transpose_lanes_4x4 (lane 4i + g holds
+  // block 4g + i), to match unpack_w.
   void pack_x(int64_t t, int64_t s, uint8_t* out) const {
     const XRow x = x_row(X, xrb, t, n);
     const int64_t b0 = 16 * s;
-    const __mmask16 m = mask16(nb - b0);
+    const __mmask16 m16 = mask16(nb - b0);
+    const __m512i order = k_lane_order();
+    const __mmask16 m = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(order, _mm512_set1_epi32(static_cast<int>(
+                                                   nb - b0 < 16 ? nb - b0 : 16))));
+    const __m512i idx = _mm512_slli_epi32(order, 5);  // 32 bytes per block
+    const auto* q = reinterpret_cast<const uint8_t*>(x.q + 32 * b0);
     for (int k = 0; k < 8; ++k) {
-      store512(out + 64 * k, gather_lanes(reinterpret_cast<const uint8_t*>(x.q + 32 * b0), 32, 4 * k, m));
+      store512(out + 64 * k, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_add_epi32(idx, _mm512_set1_epi32(4 * k)), q, 1));
     }
-    store512(out + 512, _mm512_maskz_loadu_ps(m, x.d + b0));
-    __m512 sx = _mm512_maskz_loadu_ps(m, x.s + b0);
+    store512(out + 512, _mm512_permutexvar_ps(order, _mm512_maskz_loadu_ps(m16, x.d + b0)));
+    __m512 sx = _mm512_permutexvar_ps(order, _mm512_maskz_loadu_ps(m16, x.s + b0));
     if constexpr (!F::kHasMin) sx = _mm512_mul_ps(sx, _mm512_set1_ps(F::kBias));
     store512(out + 576, sx);
   }
+  // Four groups of four blocks (lane k of a group = block 4g + k, the
+  // layout of the GEMV) transposed by transpose_lanes_4x4.
   void unpack_w(int64_t row, int64_t s, __m512i q[8], __m512* a, __m512* b) const {
     const int64_t b0 = 16 * s;
-    F::gemm_unpack(W + row * static_cast<int64_t>(wrb) + b0 * F::kBytes, mask16(nb - b0), q, a, b);
+    const int64_t left = nb - b0;
+    const uint8_t* p = W + row * static_cast<int64_t>(wrb) + b0 * F::kBytes;
+    __m512i lo[4], hi[4];
+    for (int g = 0; g < 4; ++g) {
+      const int64_t count = left - 4 * g;
+      if (count >= 4 && vbmi) {
+        F::group_vbmi(p + 4 * g * F::kBytes, &lo[g], &hi[g]);
+      } else {
+        F::group(p + 4 * g * F::kBytes, static_cast<int>(count < 0 ? 0 : count > 4 ? 4 : count), &lo[g], &hi[g]);
+      }
+    }
+    transpose_lanes_4x4(lo);
+    transpose_lanes_4x4(hi);
+    for (int k = 0; k < 4; ++k) {
+      q[k] = lo[k];
+      q[k + 4] = hi[k];
+    }
+    __m512 d, mn = _mm512_setzero_ps();
+    F::scales(p, mask16(left), &d, &mn);
+    *a = _mm512_permutexvar_ps(k_lane_order(), d);
+    *b = _mm512_permutexvar_ps(k_lane_order(), mn);
   }
 };
 
@@ -1058,7 +1026,7 @@ struct GemmK {
 };
 
 // From this many activation rows on, the repacking GEMM beats the GEMV tiles.
-constexpr int64_t kGemmMinTokens = 8;
+constexpr int64_t kGemmMinTokens = 4;
 
 template <class F>
 void matmul32(LOOM_QUANT_KERNEL_ARGS) {

@@ -35,7 +35,12 @@ Status ForwardPass::place_weight(const Weight& w, OpKind op) {
   if (be_.supports(op, w.dtype)) {
     Status st = be_.upload_weight(w);
     if (st.ok()) return {};
-    if (st.error().code() != ErrorCode::kOutOfMemory || (op != OpKind::kMatmul && op != OpKind::kGetRows)) return st;
+    // No room, or a shape the backend's kernels do not take: matrices go to the fallback.
+    const ErrorCode code = st.error().code();
+    if ((code != ErrorCode::kOutOfMemory && code != ErrorCode::kUnsupported) ||
+        (op != OpKind::kMatmul && op != OpKind::kGetRows)) {
+      return st;
+    }
     notes_.push_back("tensor '" + w.name() + "' runs on the CPU: " + st.message());
   } else if (op == OpKind::kMatmul || op == OpKind::kGetRows) {
     notes_.push_back("tensor '" + w.name() + "' (" + std::string(dtype_name(w.dtype)) + ") runs on the CPU: " +

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QDir>
 
 #include "app/theme.h"
 
@@ -12,5 +13,10 @@ int main(int argc, char** argv) {
   QApplication::setApplicationName(QStringLiteral("loom-gui-tests"));
   theme::apply(app);
   testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  const int rc = RUN_ALL_TESTS();
+  // This process's models (see gui_test_util.h) are not needed by anyone else.
+  const QString pid = QString::number(QCoreApplication::applicationPid());
+  QDir(QStringLiteral(LOOM_GUI_TEST_TMP "/models-") + pid).removeRecursively();
+  QDir(QStringLiteral(LOOM_GUI_TEST_TMP "/truncated-") + pid).removeRecursively();
+  return rc;
 }

@@ -2,6 +2,7 @@
 // small synthetic model written once per run.
 #pragma once
 
+#include <QCoreApplication>
 #include <QDir>
 #include <QFile>
 #include <QString>
@@ -24,7 +25,8 @@ inline QString freshDir(const QString& name) {
 /// Q8_0 weights, the built-in ChatML vocabulary. Written once per process.
 inline QString tinyModel() {
   static const QString path = [] {
-    const QString dir = freshDir(QStringLiteral("models"));
+    // Per process: ctest runs each test in its own process, several at once.
+    const QString dir = freshDir(QStringLiteral("models-%1").arg(QCoreApplication::applicationPid()));
     const QString p = dir + QStringLiteral("/tiny-llama.gguf");
     loom::SynthSpec spec;
     spec.name = "gui test model";
@@ -45,7 +47,8 @@ inline QString tinyModel() {
 /// A copy of the tiny model cut short: a load must fail with the engine's message.
 inline QString truncatedModel() {
   const QString src = tinyModel();
-  const QString p = freshDir(QStringLiteral("truncated")) + QStringLiteral("/cut.gguf");
+  const QString p = freshDir(QStringLiteral("truncated-%1").arg(QCoreApplication::applicationPid())) +
+                    QStringLiteral("/cut.gguf");
   QFile in(src);
   if (!in.open(QIODevice::ReadOnly)) return {};
   const QByteArray bytes = in.readAll();

@@ -130,7 +130,7 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::BackendColorRole).value<QColor>(), theme::kVulkan);
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), Qt::ToolTipRole).toString().contains(QStringLiteral("Pending")));
   EXPECT_TRUE(pm.pending().toJson().contains(QStringLiteral("vulkan:0")));
-  pm.revert();
+  pm.revertPending();
   EXPECT_FALSE(pm.isDirty());
 
   // Linked cells (the KV cache) change precision together; unoffered precisions are refused.

@@ -8,7 +8,7 @@
 // fp32 dequantization); the normalized error
 //     |y - y_ref| / sum_i |w_i x_i|
 // is bounded per dtype below (kMaxError). Shapes: n of 1, 3 and 7 blocks;
-// 1, 3, 17 and 69 rows; T = 1, 2, 5 (GEMV tiles) and 11 (repacking GEMM);
+// 1, 3, 17 and 69 rows; T = 1, 2, 3 (GEMV tiles), 5 and 11 (repacking GEMM);
 // full and partial row ranges; and one case with T = 1700 (several token blocks). Outputs
 // outside [r0, r1) x [0, T) carry a sentinel that must survive.
 //
@@ -230,7 +230,7 @@ TEST_P(QuantMatmulTest, MatchesReference) {
     }
 
     for (const int64_t rows : {1, 3, 17, 69}) {
-      for (const int64_t T : {1, 2, 5, 11}) {
+      for (const int64_t T : {1, 2, 3, 5, 11}) {
         const std::pair<int64_t, int64_t> ranges[] = {{0, rows}, {rows / 3, rows - rows / 4}};
         for (const auto& [r0, r1] : ranges) {
           const double err = check_matmul(t, w, n, rows, act0, x_rb, xv, T, r0, r1);

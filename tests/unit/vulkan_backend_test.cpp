@@ -489,6 +489,27 @@ TEST(VulkanErrors, DeviceLostIsReportedAndSticky) {
   EXPECT_FALSE((*be)->synchronize().ok());
 }
 
+TEST(VulkanErrors, PositionOutsideTheCacheIsAnError) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  auto be = VulkanBackend::create(VulkanOptions{});
+  ASSERT_TRUE(be.ok()) << be.message();
+  KvCacheConfig cfg{1, 1, 32, 8, 16, DType::kF16};
+  auto kv = KvCache::create(cfg);
+  ASSERT_TRUE(kv.ok());
+  auto storage = (*be)->create_kv_storage(cfg);
+  ASSERT_TRUE(storage.ok());
+  ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
+  const std::vector<float> k(32, 1.0f);
+  DevMat dk(be->get(), 1, 32, k);
+  const int32_t pos = 8;  // the cache holds positions 0..7
+  (*be)->kv_store(**kv, 0, dk.act(), dk.act(), &pos);
+  Status st = (*be)->synchronize();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kOutOfRange);
+  EXPECT_NE(st.message().find("position 8 is outside the KV cache"), std::string::npos) << st.message();
+}
+
 TEST(VulkanErrors, BadDeviceIndex) {
   std::string why;
   if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;

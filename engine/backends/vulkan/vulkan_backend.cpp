@@ -732,19 +732,29 @@ Status VulkanBackend::ensure_scratch(uint64_t bytes) {
 
 // ---- ops ----------------------------------------------------------------------
 
+bool VulkanBackend::positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op) {
+  // A position past the cache would make the shader write outside its layer.
+  for (int64_t t = 0; t < n; ++t) {
+    if (pos[t] < 0 || pos[t] >= n_ctx) {
+      fail(make_error(ErrorCode::kOutOfRange, "Vulkan %s: position %d is outside the KV cache (0..%lld)", op, pos[t],
+                      static_cast<long long>(n_ctx - 1)));
+      return false;
+    }
+  }
+  return true;
+}
+
 void VulkanBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
   if (!status_.ok() || !check_act(out, "get_rows")) return;
   const Resident* r = find_weight(w.data);
   if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan get_rows: tensor '%s' is not on the GPU", w.name().c_str()));
   auto io = put_ints(ids, out.rows);
   if (!io.ok()) return fail(io.status());
-  const int64_t row0 = (static_cast<const uint8_t*>(w.data) - (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes)) /
-                       static_cast<int64_t>(r->src_row_bytes);
+  // Embeddings are whole tensors: ids index the tensor's rows.
   struct {
     uint32_t w_off, w_off2, row_units, K, n_rows, ids_off, o_off, o_ld;
   } pc{u32(r->alloc.offset / 4), u32((r->alloc.offset + r->off2) / 4), r->row_units, u32(w.n_in),
        u32(r->n_rows), *io, u32(out.offset / 4), u32(out.cols)};
-  (void)row0;  // embeddings are whole tensors; ids index the tensor's rows
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
   const Bind ib{ring_.block, 0, 0, false};
   dispatch(typed("get_rows", r->dtype, false, true), Spec{kWgSmall}, {wb, ib, act_bind(out, true)}, &pc, sizeof(pc),
@@ -844,9 +854,10 @@ void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int
   if (!status_.ok() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
   if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
+  const KvCacheConfig& c = s->cfg_;
+  if (!positions_in_range(pos, k.rows, c.n_ctx, "kv_store")) return;
   auto po = put_ints(pos, k.rows);
   if (!po.ok()) return fail(po.status());
-  const KvCacheConfig& c = s->cfg_;
   const Alloc& ka = s->k_[static_cast<size_t>(layer)];
   const Alloc& va = s->v_[static_cast<size_t>(layer)];
   struct {
@@ -869,6 +880,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan attention: the KV cache is not on this GPU"));
   const KvCacheConfig& c = s->cfg_;
   const int64_t T = q.rows, hd = c.head_dim;
+  if (!positions_in_range(pos, T, c.n_ctx, "attention")) return;
   const Alloc& ka = s->k_[static_cast<size_t>(layer)];
   const Alloc& va = s->v_[static_cast<size_t>(layer)];
   if (T > 1 && hd <= kAttnTileMaxHeadDim) {  // prefill: tiled flash attention

@@ -14,7 +14,11 @@
 //
 // Errors: an op cannot return one, so the first failure (device lost, out of
 // memory, a missing weight) is kept and every later op is skipped; the next
-// download()/synchronize() reports it.
+// download()/synchronize() reports it. After a lost device the backend stays
+// failed: the caller moves on to the CPU backend.
+//
+// Use from one thread at a time. ActBuffers and KvStorages it hands out must
+// be destroyed before it.
 #pragma once
 
 #include <array>
@@ -173,6 +177,7 @@ class VulkanBackend final : public Backend {
   const Resident* find_weight(const void* p) const;
   Bind act_bind(const Act& a, bool write) const;
   bool check_act(const Act& a, const char* op);
+  bool positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op);
   Status ensure_scratch(uint64_t bytes);
 
   std::unique_ptr<vk::Device> dev_;
