@@ -43,6 +43,16 @@ cmd_run() {
   install_deps
   configure_build build -DCMAKE_BUILD_TYPE=Release
   local model="${1:-}"
+  # The desktop app when it was built and there is a display to show it on.
+  if [ -x ./build/app/loom-chat ]; then
+    if [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
+      if [ -n "$model" ]; then exec ./build/app/loom-chat "$model"; fi
+      exec ./build/app/loom-chat --demo  # writes the demo model on first use
+    fi
+    echo "==> loom-chat needs a desktop session (or: xvfb-run -a ./build/app/loom-chat --demo)."
+    echo "    A preview without one: ./build/app/loom-chat --screenshot loom-demo.png --demo"
+    echo "    Meanwhile, the same engine from the command line:"
+  fi
   if [ -z "$model" ]; then
     # No model given: the built-in demo model (random weights, plainly labelled).
     model="${XDG_CACHE_HOME:-$HOME/.cache}/loom/demo-stories-like.gguf"
@@ -53,8 +63,7 @@ cmd_run() {
     echo "==> demo model (random weights, not a trained model): $model"
   fi
   ./build/tools/loom info "$model"
-  echo "==> tokenizer check"
-  ./build/tools/loom tokenize -m "$model" --pieces -p "Hello from Loom!"
+  ./build/tools/loom run -m "$model" -p "Hello from Loom!" -n 32
 }
 
 cmd_test() {
