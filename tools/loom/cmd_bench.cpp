@@ -98,8 +98,8 @@ int cmd_bench(const BenchOptions& o) {
     nlohmann::json j;
     j["model"] = o.engine.model;
     j["description"] = m.describe();
-    j["backend"] = e->backend->name();
-    j["threads"] = e->backend->n_threads();
+    j["backend"] = e->backend_name();
+    j["threads"] = e->cpu->n_threads();
     j["n_prompt"] = o.n_prompt;
     j["n_gen"] = o.n_gen;
     j["reps"] = o.reps;
@@ -124,7 +124,7 @@ int cmd_bench(const BenchOptions& o) {
     return 0;
   }
   std::printf("model:    %s\n          %s\n", o.engine.model.c_str(), m.describe().c_str());
-  std::printf("backend:  %s\n", e->backend->name().c_str());
+  std::printf("backend:  %s\n", e->backend_name().c_str());
   std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps)\n", pp.mean, pp.sd, static_cast<long long>(o.n_prompt), o.reps);
   std::printf("decode:   %8.1f ± %.1f tokens/s  (tg%lld)\n", tg.mean, tg.sd, static_cast<long long>(o.n_gen));
   std::printf("ttft:     %8.2f ms\n", tt.mean);

@@ -53,7 +53,7 @@ int cmd_run(const RunOptions& o) {
     return 1;
   }
   const GenerateStats& st = *r;
-  std::fprintf(stderr, "\nloom run: %s | %s\n", e->model->describe().c_str(), e->backend->name().c_str());
+  std::fprintf(stderr, "\nloom run: %s | %s\n", e->model->describe().c_str(), e->backend_name().c_str());
   std::fprintf(stderr, "loom run: prompt %lld tokens in %.1f ms (%.1f tokens/s)%s\n",
                static_cast<long long>(st.n_prompt), st.prefill_ms,
                st.prefill_ms > 0 ? 1000.0 * static_cast<double>(st.n_prompt) / st.prefill_ms : 0.0,

@@ -50,7 +50,12 @@ struct EngineOptions {
   int64_t ctx = 0;          ///< 0: the model's (capped at 4096)
   std::string kv_type = "f16";
   int64_t batch = 256;      ///< prefill chunk
+  std::string backend = "cpu";  ///< cpu | vulkan
+  int device = -1;          ///< Vulkan device index (loom devices); -1: the best
 };
+
+struct DevicesOptions {};
+int cmd_devices(const DevicesOptions& o);
 
 struct RunOptions {
   EngineOptions engine;

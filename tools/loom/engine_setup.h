@@ -12,8 +12,11 @@ namespace loom::cli {
 
 struct Engine {
   std::unique_ptr<Model> model;
-  std::unique_ptr<CpuBackend> backend;
-  std::unique_ptr<Session> session;
+  std::unique_ptr<CpuBackend> cpu;   ///< always there: runs what the GPU cannot
+  std::unique_ptr<Backend> gpu;      ///< the Vulkan backend when asked for and available
+  Backend* backend = nullptr;        ///< the one the session runs on
+  std::unique_ptr<Session> session;  ///< declared last: destroyed before the backends
+  std::string backend_name() const { return backend->name(); }
 };
 
 /// Loads everything, printing the error (prefixed by `who`) and returning null on failure.

@@ -51,7 +51,11 @@ int main(int argc, char** argv) {
     c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
     c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
     c->add_option("-b,--batch", e.batch, "Prefill chunk size in tokens");
+    c->add_option("--backend", e.backend, "cpu | vulkan (falls back to the CPU when Vulkan is unavailable)");
+    c->add_option("--device", e.device, "Vulkan device index (see `loom devices`)");
   };
+  DevicesOptions dev;
+  auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");
   RunOptions run;
   auto* c_run = app.add_subcommand("run", "Generate text from a prompt (streams to stdout, timings to stderr)");
   engine_opts(c_run, run.engine);
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (c_run->parsed()) return cmd_run(run);
+  if (c_dev->parsed()) return cmd_devices(dev);
   if (c_bench->parsed()) return cmd_bench(bench);
 
   if (c_info->parsed()) return cmd_info(info);
