@@ -46,8 +46,32 @@ void CpuBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   });
 }
 
+void CpuBackend::add_bias(Act out, const Weight& bias, int64_t r0, int64_t r1) {
+  const auto* b = static_cast<const float*>(bias.data);
+  for (int64_t t = 0; t < out.rows; ++t) {
+    float* y = out.row(t);
+    for (int64_t r = r0; r < r1; ++r) y[r] += b[r];
+  }
+}
+
 void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   const int64_t T = x.rows, n = w.n_in;
+  const bool dense = w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16;
+  // Dense prefill: our tiled kernel or oneDNN, whichever was measured faster
+  // for this shape class (cpu/gemm_onednn.h). Decode keeps the GEMV path below.
+  if (dense && T > 6 && cpu::dense_prefill_choice(w.dtype, T, n, w.n_out, pool_.size()) == cpu::DenseImpl::kOneDnn) {
+    if (!onednn_) onednn_ = std::make_unique<cpu::OneDnnMatmul>();
+    const size_t xrb = cpu::activation_row_bytes(w.dtype, n);
+    if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) cpu::convert_activation(w.dtype, x.row(t), act_buf_.data() + xrb * static_cast<size_t>(t), n);
+    Status s = cpu::dense_matmul_prefill(w.dtype, w.data, w.row_bytes, act_buf_.data(), xrb, T, out.data, out.cols, n,
+                                         w.n_out, pool_, onednn_.get());
+    if (s.ok()) {
+      if (bias) add_bias(out, *bias, 0, w.n_out);
+      return;
+    }
+    // Not expected (the shapes come from a validated model); the path below always works.
+  }
   const size_t xrb = cpu::activation_row_bytes(w.dtype, n);
   if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
   uint8_t* xq = act_buf_.data();
@@ -60,13 +84,7 @@ void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   }
   pool_.parallel_for(w.n_out, kRowAlign, [&](int64_t r0, int64_t r1, int) {
     cpu::matmul_rows(w.dtype, w.data, w.row_bytes, xq, xrb, T, out.data, out.cols, n, r0, r1);
-    if (bias) {
-      const auto* b = static_cast<const float*>(bias->data);
-      for (int64_t t = 0; t < T; ++t) {
-        float* y = out.row(t);
-        for (int64_t r = r0; r < r1; ++r) y[r] += b[r];
-      }
-    }
+    if (bias) add_bias(out, *bias, r0, r1);
   });
 }
 

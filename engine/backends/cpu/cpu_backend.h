@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/gemm_onednn.h"
 #include "cpu/thread_pool.h"
 #include "engine/backends/backend.h"
 
@@ -29,7 +30,10 @@ class CpuBackend final : public Backend {
   void add(Act a, Act b, Act out) override;
 
  private:
+  void add_bias(Act out, const Weight& bias, int64_t r0, int64_t r1);
+
   cpu::ThreadPool pool_;
+  std::unique_ptr<cpu::OneDnnMatmul> onednn_;    ///< dense prefill matmuls, made on first use
   std::vector<uint8_t> act_buf_;                 ///< converted activations of the current matmul
   std::vector<std::vector<float>> att_scratch_;  ///< per thread
 };
