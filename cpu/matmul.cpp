@@ -241,7 +241,7 @@ void* thread_scratch(size_t bytes) {
   if (scratch.size < bytes) {
     scratch.data.reset();  // release first: peak memory is the new size, not the sum
     scratch.size = round_up_64(bytes + bytes / 4);
-    scratch.data = std::make_unique<uint8_t[]>(scratch.size + 64);
+    scratch.data.reset(new uint8_t[scratch.size + 64]);  // not zeroed: the kernels write before reading
   }
   const auto base = reinterpret_cast<uintptr_t>(scratch.data.get());
   return scratch.data.get() + ((64 - base % 64) % 64);

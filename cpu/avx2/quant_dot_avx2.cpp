@@ -172,7 +172,7 @@ LOOM_INLINE void tile32(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb,
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb), _MM_HINT_T1);
       const __m256i q = F::quants(p);
       float d, sc;
       F::scales(p, &d, &sc);
@@ -410,7 +410,7 @@ LOOM_INLINE void tile_k(const uint8_t* w, size_t wrb, const uint8_t* const* x, i
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
-      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + l), _MM_HINT_T0);
+      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + l), _MM_HINT_T1);
       KBlock k;
       F::unpack(p, &k);
       for (int c = 0; c < C; ++c) {

@@ -14,10 +14,13 @@
 // conversion and one FMA (plus one per 16 blocks for the offsets).
 //
 // Two shapes of work:
-//   - GEMV-like (T small, decode): each weight block is read from memory once
+//   - GEMV tiles (T < 4, decode): each weight block is read from memory once
 //     and dotted with the T activation rows in registers; R = 4 weight rows
-//     share every activation load. Bound by memory bandwidth.
-//   - GEMM (T large, prefill): see the second half of the file.
+//     share every activation load. Bound by memory bandwidth: the weights of
+//     the next row tiles are prefetched.
+//   - GEMM (T >= 4, prefill): weights and activations repacked so that one
+//     accumulator holds 16 blocks (see "GEMM" below). Bound by VPDPBUSD.
+//
 // GCC 12 warns inside its own AVX-512 headers, whose intrinsics start from
 // _mm512_undefined_*() (a self-initialised variable), once they are inlined
 // at -O3: -Wmaybe-uninitialized false positives, silenced for this file.
@@ -63,9 +66,10 @@ LOOM_INLINE __m512i load_4x16_partial(const uint8_t* p, size_t stride, int count
 }
 
 // How far ahead the GEMV kernels prefetch weights: the same position one
-// row tile later (tile_bytes on), or two tiles for short tiles, so that at
-// least ~8 KB (about a DRAM latency at 20+ GB/s) is in flight per thread.
-LOOM_INLINE size_t prefetch_distance(size_t tile_bytes) { return tile_bytes < 8192 ? 2 * tile_bytes : tile_bytes; }
+// row tile later (two tiles or >= 16 KB measured no better). Prefetches go
+// to L2 (T1): ~10% faster than T0 on 2 threads, the L1 fill buffers being
+// the scarcer resource; NTA was 40% slower.
+LOOM_INLINE size_t prefetch_distance(size_t tile_bytes) { return tile_bytes; }
 
 LOOM_INLINE __mmask16 mask16(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
@@ -121,32 +125,6 @@ LOOM_INLINE void load_x_group_partial(const int8_t* q, int count, __m512i* lo, _
   *lo = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0));
   *hi = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1));
 }
-
-// ---- GEMM helpers: the transposed ("one sub-block per lane") layout --------------
-//
-// For the GEMM, a step of 16 sub-blocks is stored as M = L / 4 vectors
-// (L = 32 elements per sub-block for the legacy formats, 16 for the
-// K-quants): vector m holds, in lane j, the four quants 4m..4m+3 of sub-block
-// j. Weights and activations in this layout give, after M VPDPBUSD into one
-// accumulator, the 16 sub-block dot products in the 16 lanes: one float
-// update per 16 sub-blocks instead of one per 4.
-
-// 4x4 transpose of dwords inside each 128-bit lane across v[0..3]: afterwards
-// lane 4i + k of v[m] is dword m of lane i of the old v[k]. For K-quant
-// super-blocks (old v[k] = elements 64k.., 128-bit lane i = sub-block 4k + i)
-// this is the transposed layout with sub-block 4k + i in lane 4i + k.
-LOOM_INLINE void transpose_lanes_4x4(__m512i v[4]) {
-  const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]);
-  const __m512i t1 = _mm512_unpackhi_epi32(v[0], v[1]);
-  const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]);
-  const __m512i t3 = _mm512_unpackhi_epi32(v[2], v[3]);
-  v[0] = _mm512_unpacklo_epi64(t0, t2);
-  v[1] = _mm512_unpackhi_epi64(t0, t2);
-  v[2] = _mm512_unpacklo_epi64(t1, t3);
-  v[3] = _mm512_unpackhi_epi64(t1, t3);
-}
-// Sub-block order of transpose_lanes_4x4: lane p = 4i + k holds sub-block 4k + i.
-LOOM_INLINE __m512i k_lane_order() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
 
 // ---- VBMI: a group's pieces gathered with one byte permute ---------------------------
 // With AVX512_VBMI (Ice Lake and later, Zen 4 and later), the quants of four
@@ -225,6 +203,7 @@ LOOM_INLINE __m512i load_qh4(const uint8_t* p, int stride, int count) {
 
 struct FmtQ4_0 {
   static constexpr int kBytes = 18;
+  static constexpr bool kVbmi = true;  // GEMV: group_vbmi measured faster than plain loads
   static constexpr float kBias = -8.0f;
   static constexpr bool kHasMin = false;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* /*min*/) {
@@ -243,6 +222,7 @@ struct FmtQ4_0 {
 
 struct FmtQ4_1 {
   static constexpr int kBytes = 20;
+  static constexpr bool kVbmi = true;  // GEMV: group_vbmi measured faster than plain loads
   static constexpr bool kHasMin = true;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* min) {
     const __m512i v = gather_dwords(p, kBytes, m);  // d | m << 16
@@ -257,10 +237,12 @@ struct FmtQ4_1 {
   static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
     split_nibbles(permute_group(load512(p), _mm512_castsi128_si512(load128(p + 64)), kQsIdx), lo, hi);
   }
+
 };
 
 struct FmtQ5_0 {
   static constexpr int kBytes = 22;
+  static constexpr bool kVbmi = true;  // GEMV: group_vbmi measured faster than plain loads
   static constexpr float kBias = -16.0f;
   static constexpr bool kHasMin = false;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* /*min*/) {
@@ -279,10 +261,12 @@ struct FmtQ5_0 {
     split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
     add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
   }
+
 };
 
 struct FmtQ5_1 {
   static constexpr int kBytes = 24;
+  static constexpr bool kVbmi = true;  // GEMV: group_vbmi measured faster than plain loads
   static constexpr bool kHasMin = true;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* min) {
     const __m512i v = gather_dwords(p, kBytes, m);
@@ -302,10 +286,12 @@ struct FmtQ5_1 {
     split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
     add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
   }
+
 };
 
 struct FmtQ8_0 {
   static constexpr int kBytes = 34;
+  static constexpr bool kVbmi = false;  // GEMV: plain loads measured faster than group_vbmi here
   static constexpr float kBias = -128.0f;
   static constexpr bool kHasMin = false;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* /*min*/) {
@@ -340,6 +326,7 @@ struct FmtQ8_0 {
     *lo = _mm512_xor_si512(permute_group(load512(p), load512(p + 64), kLoIdx), sign);
     *hi = _mm512_xor_si512(permute_group(load512(p + 8), load512(p + 72), kHiIdx), sign);
   }
+
 };
 
 // ---- GEMV-like kernel for the 32-element formats ----------------------------------
@@ -398,8 +385,8 @@ LOOM_INLINE void gemv32_step(const uint8_t* w, size_t wrb, const XRow* x, int64_
       // while this tile computes (the hardware prefetchers lose too much
       // time re-learning each short row stream).
       const size_t ahead = prefetch_distance(R * wrb);
-      _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(p + ahead + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + ahead + 64), _MM_HINT_T1);
       __m512i lo, hi;
       if constexpr (kFull && kVbmi) {
         F::group_vbmi(p, &lo, &hi);
@@ -429,7 +416,9 @@ LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t b = 0;
-  for (; b + 16 <= nb; b += 16) gemv32_step<F, R, C, true, kVbmi>(w, wrb, x, b, 16, acc);
+  for (; b + 16 <= nb; b += 16) {
+    gemv32_step<F, R, C, true, kVbmi && F::kVbmi>(w, wrb, x, b, 16, acc);
+  }
   if (b < nb) gemv32_step<F, R, C, false, kVbmi>(w, wrb, x, b, nb - b, acc);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[c][r] = _mm512_reduce_add_ps(acc[r][c]);
@@ -553,7 +542,7 @@ LOOM_INLINE __m128i unpack_scales_k4(const uint8_t* p) {
 struct FmtQ4_K {
   static constexpr int kBytes = 144;
   static constexpr bool kHasMin = true;
-  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr bool kScales32 = true;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     float d, dmin;
     load_two_halves(b, &d, &dmin);
@@ -569,7 +558,7 @@ struct FmtQ4_K {
 struct FmtQ5_K {
   static constexpr int kBytes = 176;
   static constexpr bool kHasMin = true;
-  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr bool kScales32 = true;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     float d, dmin;
     load_two_halves(b, &d, &dmin);
@@ -594,6 +583,7 @@ struct FmtQ6_K {
   static constexpr int kBytes = 210;
   static constexpr bool kHasMin = false;
   static constexpr float kBeta = -32.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr bool kScales32 = false;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     const float d = load_half(b + 208);
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(b + 192)));
@@ -617,7 +607,7 @@ struct FmtQ6_K {
 struct FmtQ2_K {
   static constexpr int kBytes = 84;
   static constexpr bool kHasMin = true;
-  static constexpr float kBeta = 0.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr bool kScales32 = false;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     float d, dmin;
     load_two_halves(b + 80, &d, &dmin);
@@ -653,6 +643,7 @@ struct FmtQ3_K {
   static constexpr int kBytes = 110;
   static constexpr bool kHasMin = false;
   static constexpr float kBeta = -4.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr bool kScales32 = false;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     const float d = load_half(b + 108);
     const __m128i sc = _mm_sub_epi8(unpack_scales_q3(b + 96), _mm_set1_epi8(32));
@@ -689,7 +680,7 @@ LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const*
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
       const size_t ahead = prefetch_distance(R * wrb);
-      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + l), _MM_HINT_T0);
+      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + l), _MM_HINT_T1);
       __m512i q[4];
       __m512 scale16, bias16;
       F::unpack(p, q, &scale16, &bias16);
@@ -744,6 +735,32 @@ void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
     }
   }
 }
+
+// ---- GEMM helpers: the transposed ("one sub-block per lane") layout --------------
+//
+// For the GEMM, a step of 16 sub-blocks is stored as M = L / 4 vectors
+// (L = 32 elements per sub-block for the legacy formats, 16 for the
+// K-quants): vector m holds, in lane j, the four quants 4m..4m+3 of sub-block
+// j. Weights and activations in this layout give, after M VPDPBUSD into one
+// accumulator, the 16 sub-block dot products in the 16 lanes: one float
+// update per 16 sub-blocks instead of one per 4.
+
+// 4x4 transpose of dwords inside each 128-bit lane across v[0..3]: afterwards
+// lane 4i + k of v[m] is dword m of lane i of the old v[k]. For K-quant
+// super-blocks (old v[k] = elements 64k.., 128-bit lane i = sub-block 4k + i)
+// this is the transposed layout with sub-block 4k + i in lane 4i + k.
+LOOM_INLINE void transpose_lanes_4x4(__m512i v[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+  const __m512i t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+  const __m512i t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+  v[0] = _mm512_unpacklo_epi64(t0, t2);
+  v[1] = _mm512_unpackhi_epi64(t0, t2);
+  v[2] = _mm512_unpacklo_epi64(t1, t3);
+  v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+// Sub-block order of transpose_lanes_4x4: lane p = 4i + k holds sub-block 4k + i.
+LOOM_INLINE __m512i k_lane_order() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
 
 // ---- GEMM (many activation rows: prefill) --------------------------------------------
 //
@@ -1019,7 +1036,8 @@ struct GemmK {
     float d;
     __builtin_memcpy(&d, blk, 4);
     const __m512 bsums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(load256(blk + 260)));
-    const float sd = F::kHasMin ? d : d * F::kBeta;
+    float sd = d;
+    if constexpr (!F::kHasMin) sd = d * F::kBeta;
     store512(out + 256, _mm512_set1_ps(d));
     store512(out + 320, _mm512_mul_ps(_mm512_permutexvar_ps(k_lane_order(), bsums), _mm512_set1_ps(sd)));
   }
@@ -1029,6 +1047,92 @@ struct GemmK {
     transpose_lanes_4x4(q);
     *a = _mm512_permutexvar_ps(k_lane_order(), scale16);
     *b = _mm512_permutexvar_ps(k_lane_order(), bias16);
+  }
+};
+
+// Q4_K/Q5_K, whose scales and mins are per 32 elements: steps of two
+// super-blocks (16 sub-blocks of 32, like the legacy formats), so that each
+// float update covers 8 VPDPBUSD instead of 4. A lone last super-block is
+// paired with zeros.
+template <class F>
+struct GemmK32 {
+  static constexpr int kM = 8;
+  static constexpr bool kMin = F::kHasMin;
+  static_assert(F::kHasMin, "GemmK32 packs mins (Q4_K, Q5_K)");
+  const uint8_t* W;
+  size_t wrb;
+  const uint8_t* X;
+  size_t xrb;
+  int64_t nsb;  // super-blocks per row
+  int64_t steps;
+
+  GemmK32(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n)
+      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(static_cast<const uint8_t*>(x)), xrb(x_row_bytes),
+        nsb(n / 256), steps((n / 256 + 1) / 2) {}
+
+  // Lane p of the transposed layout holds sub-block pi(p) = 4 (p % 4) + p / 4
+  // (k_lane_order); these pick, for lane p, entry 2 pi(p) (+1) of the
+  // per-16 vectors of super-block 0 (pi(p) < 8) or 1 (two-source permutes).
+  static LOOM_INLINE __m512i pair_idx(int odd) {
+    const __m512i order = k_lane_order();
+    const __m512i sb1 = _mm512_srli_epi32(order, 3);  // 0 or 1
+    const __m512i in_sb = _mm512_and_si512(order, _mm512_set1_epi32(7));
+    return _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(in_sb, 1), _mm512_set1_epi32(odd)),
+                            _mm512_slli_epi32(sb1, 4));
+  }
+  // Natural 64-element vectors v[0..7] (two super-blocks) -> transposed.
+  static LOOM_INLINE void transpose_32(const __m512i v[8], __m512i q[8]) {
+    __m512i a[4], b[4];
+    for (int k = 0; k < 4; ++k) {
+      a[k] = _mm512_shuffle_i64x2(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0));  // first halves
+      b[k] = _mm512_shuffle_i64x2(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));  // second halves
+    }
+    transpose_lanes_4x4(a);
+    transpose_lanes_4x4(b);
+    for (int k = 0; k < 4; ++k) {
+      q[k] = a[k];
+      q[k + 4] = b[k];
+    }
+  }
+
+  void pack_x(int64_t t, int64_t s, uint8_t* out) const {
+    const uint8_t* blk = X + t * static_cast<int64_t>(xrb) + 2 * s * 292;
+    const bool two = 2 * s + 1 < nsb;
+    __m512i v[8];
+    __m512 bs[2], d[2];
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* b = blk + h * 292;
+      const bool here = h == 0 || two;
+      for (int k = 0; k < 4; ++k) v[4 * h + k] = here ? load512(b + 4 + 64 * k) : _mm512_setzero_si512();
+      float dh = 0.0f;
+      if (here) __builtin_memcpy(&dh, b, 4);
+      d[h] = _mm512_set1_ps(dh);
+      bs[h] = here ? _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(load256(b + 260))) : _mm512_setzero_ps();
+    }
+    __m512i q[8];
+    transpose_32(v, q);
+    for (int k = 0; k < 8; ++k) store512(out + 64 * k, q[k]);
+    const __m512 dx = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(k_lane_order(), _mm512_set1_epi32(8)), d[0], d[1]);
+    const __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(bs[0], pair_idx(0), bs[1]),
+                                      _mm512_permutex2var_ps(bs[0], pair_idx(1), bs[1]));
+    store512(out + 512, dx);
+    store512(out + 576, _mm512_mul_ps(sums, dx));
+  }
+  void unpack_w(int64_t row, int64_t s, __m512i q[8], __m512* a, __m512* b) const {
+    const uint8_t* p = W + row * static_cast<int64_t>(wrb) + 2 * s * F::kBytes;
+    __m512i v[8];
+    __m512 sc[2], mn[2];
+    F::unpack(p, v, &sc[0], &mn[0]);
+    if (2 * s + 1 < nsb) {
+      F::unpack(p + F::kBytes, v + 4, &sc[1], &mn[1]);
+    } else {
+      for (int k = 4; k < 8; ++k) v[k] = _mm512_setzero_si512();
+      sc[1] = mn[1] = _mm512_setzero_ps();
+    }
+    transpose_32(v, q);
+    // Per-16 vectors repeat each per-32 value: take the even entries.
+    *a = _mm512_permutex2var_ps(sc[0], pair_idx(0), sc[1]);
+    *b = _mm512_permutex2var_ps(mn[0], pair_idx(0), mn[1]);
   }
 };
 
@@ -1047,7 +1151,11 @@ void matmul32(LOOM_QUANT_KERNEL_ARGS) {
 template <class F>
 void matmul_k(LOOM_QUANT_KERNEL_ARGS) {
   if (T >= kGemmMinTokens) {
-    gemm_driver(GemmK<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
+    if constexpr (F::kScales32) {
+      gemm_driver(GemmK32<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
+    } else {
+      gemm_driver(GemmK<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
+    }
   } else {
     gemv_k_all<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
   }

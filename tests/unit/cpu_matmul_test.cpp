@@ -7,10 +7,12 @@
 // fp32 roundings (block scale products, accumulation, and the reference's own
 // fp32 dequantization); the normalized error
 //     |y - y_ref| / sum_i |w_i x_i|
-// is bounded per dtype below (kMaxError). Shapes: n of 1, 3 and 7 blocks;
-// 1, 3, 17 and 69 rows; T = 1, 2, 3 (GEMV tiles), 5 and 11 (repacking GEMM);
-// full and partial row ranges; and one case with T = 1700 (several token blocks). Outputs
-// outside [r0, r1) x [0, T) carry a sentinel that must survive.
+// is bounded per dtype (max_error below: 2e-6, or 1e-5 for the formats
+// with mins). Shapes: n of 1, 3 and 7 blocks; 1, 3, 17 and 69 rows;
+// T = 1, 2, 3 (GEMV tiles), 5 and 11 (repacking GEMM); full and partial row
+// ranges; and T = 1700 (several GEMM token blocks). Weights start at an odd
+// address (no alignment assumed); outputs outside [r0, r1) x [0, T) carry a
+// sentinel that must survive.
 //
 // Levels: scalar, AVX2, AVX-512 with and without its VBMI paths; levels the
 // CPU lacks are skipped.
@@ -57,7 +59,7 @@ const char* level_name(Level l) { return l == Level::kAvx512NoVbmi ? "avx512_nov
 
 // Normalized error bounds. Every kernel sums integers exactly; what is left is
 // fp32 rounding of a few products per block and of the running sum over at
-// most 7 K-blocks / 49 legacy blocks (~1e-7 each), plus, for the formats with
+// most 7 blocks (~1e-7 each), plus, for the formats with
 // mins, the cancellation between d*sum(sc*q*x) and dmin*sum(mn*x), each of
 // which can be a few times larger than sum|w x|.
 // Measured worst cases are below 2e-7, except ~1e-6 for Q4_1/Q5_1 on AVX2
