@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cpu/ops.h"
 #include "engine/core/dtype.h"
@@ -60,13 +61,29 @@ class ActBuffer {
 /// K/V storage a device backend keeps for a KvCache (Backend::create_kv_storage);
 /// the KvCache owns it and forwards reserve() to it. Host backends have none
 /// and read the KvCache's own blocks.
+///
+/// A storage holds the layers marked resident in it (set_layer_resident); the
+/// KvCache keeps the other layers in host blocks. Rows move between the two
+/// through export_layer/import_layer in the host row format: K (and V) of a
+/// layer as [n_kv_heads][n][row bytes], a row being head_dim values of the
+/// cache dtype (F16 words, or head_dim / 32 Q8_0 blocks of 34 bytes).
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
-  /// Makes room for tokens [0, n) of every layer.
+  /// Makes room for tokens [0, n) of every resident layer.
   virtual Status reserve(int64_t n) = 0;
   /// Bytes of device memory held.
   virtual uint64_t allocated_bytes() const = 0;
+  /// Whether `layer` lives here. A storage starts with no layer resident.
+  virtual bool layer_resident(int64_t layer) const = 0;
+  /// Makes `layer` live here (allocating its memory; contents undefined until
+  /// import_layer or kv_store) or not (freeing it). kOutOfMemory when it does not fit.
+  virtual Status set_layer_resident(int64_t layer, bool resident) = 0;
+  /// Copies tokens [0, n) of a resident layer to host rows (format above),
+  /// once every queued op has run.
+  virtual Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) = 0;
+  /// Writes tokens [0, n) of a resident layer from host rows (format above).
+  virtual Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) = 0;
 };
 
 enum class OpKind { kGetRows, kRmsNorm, kMatmul, kRope, kKvStore, kAttention, kSiluMul, kAdd };
@@ -106,6 +123,10 @@ class Backend {
   /// Forgets every resident weight copy (call when the model they mirror is
   /// unloaded; its file mapping may be reused by the next one).
   virtual void release_weights() {}
+  /// Forgets the copy of the tensor `w` belongs to (a placement moved it away).
+  virtual void release_weight(const Weight& w) { (void)w; }
+  /// Bytes of weights resident in this backend's own memory (0 for host backends).
+  virtual uint64_t weight_bytes() const { return 0; }
   /// Whether ops on `w` can run here now: the dtype is supported and the
   /// weight is resident (upload_weight succeeded).
   virtual bool has_weight(OpKind op, const Weight& w) const { return supports(op, w.dtype); }
@@ -115,6 +136,25 @@ class Backend {
     (void)cfg;
     return std::unique_ptr<KvStorage>();
   }
+  /// @}
+
+  /// @name Device-clock timing (the profiler). Backends that queue work time
+  /// it on the device: begin_scope(id) ends the open scope and starts scope
+  /// `id` (>= 0; -1 ends the open one without starting another). Times of
+  /// finished scopes are collected by take_scope_times() once synchronize()
+  /// or download() has returned. Host backends return false from
+  /// device_timing(): the caller times them with its own clock.
+  /// @{
+  virtual bool device_timing() const { return false; }
+  /// Turns scope timing on or off (off: begin_scope costs nothing).
+  virtual void set_scope_timing(bool on) { (void)on; }
+  virtual void begin_scope(int32_t id) { (void)id; }
+  struct ScopeTime {
+    int32_t id;
+    uint64_t ns;
+  };
+  /// Appends the (scope, nanoseconds) pairs finished since the last call.
+  virtual void take_scope_times(std::vector<ScopeTime>* out) { (void)out; }
   /// @}
 
   /// @name Ops. Acts come from this backend's alloc_act (or, for a host

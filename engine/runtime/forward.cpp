@@ -1,16 +1,31 @@
 #include "engine/runtime/forward.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include "engine/backends/cpu/cpu_backend.h"
 
 namespace loom {
 
+namespace {
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+constexpr uint8_t bit(Unit u) {
+  return static_cast<uint8_t>(1u << static_cast<unsigned>(u));
+}
+constexpr Unit kUnits[] = {Unit::kCpu, Unit::kGpu};
+}  // namespace
+
 ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int64_t max_chunk)
-    : m_(model), be_(backend), kv_(kv), max_chunk_(max_chunk < 1 ? 1 : max_chunk) {
+    : m_(model), kv_(kv), max_chunk_(max_chunk < 1 ? 1 : max_chunk) {
   const HParams& hp = m_.hp;
   rope_.n_rot = hp.n_rot;
   rope_.neox = hp.rope_neox;
@@ -26,231 +41,601 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
   }
   rope_.n_ctx_orig = hp.rope_n_ctx_orig;
   if (m_.rope_freqs.present()) rope_.freq_factors = static_cast<const float*>(m_.rope_freqs.data);
-
   pos_.resize(static_cast<size_t>(max_chunk_));
+  layer_ns_.resize(static_cast<size_t>(hp.n_layer));
+
+  const Unit primary = backend.host_memory() ? Unit::kCpu : Unit::kGpu;
+  units_[static_cast<size_t>(primary)] = &backend;
+  placement_ = Placement::uniform(hp.n_layer, primary);
 }
 
-Status ForwardPass::place_weight(const Weight& w, OpKind op) {
-  if (!w.present()) return {};
-  if (be_.supports(op, w.dtype)) {
-    Status st = be_.upload_weight(w);
-    if (st.ok()) return {};
-    // No room, or a shape the backend's kernels do not take: matrices go to the fallback.
-    const ErrorCode code = st.error().code();
-    if ((code != ErrorCode::kOutOfMemory && code != ErrorCode::kUnsupported) ||
-        (op != OpKind::kMatmul && op != OpKind::kGetRows)) {
-      return st;
+ForwardPass::~ForwardPass() {
+  // Device buffers go back to their backend before it may be destroyed.
+  for (auto& ua : acts_) {
+    for (auto& b : ua.buf) b.reset();
+    ua.logits.reset();
+  }
+}
+
+void ForwardPass::set_profiler(Profiler* p) {
+  prof_ = p;
+  Backend* gpu = unit(Unit::kGpu);
+  if (gpu) gpu->set_scope_timing(p != nullptr);
+}
+
+Status ForwardPass::ensure_unit(Unit u) {
+  if (unit(u)) return {};
+  if (u == Unit::kGpu) {
+    return make_error(ErrorCode::kUnsupported,
+                      "the placement puts work on the GPU, but no GPU backend is open");
+  }
+  own_cpu_ = std::make_unique<CpuBackend>(
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  units_[0] = own_cpu_.get();
+  return {};
+}
+
+int64_t ForwardPass::act_cols(ActId a) const {
+  const HParams& hp = m_.hp;
+  switch (a) {
+    case kX:
+    case kXb: return hp.n_embd;
+    case kQ:
+    case kAtt: return hp.n_head * hp.head_dim;
+    case kK:
+    case kV: return hp.n_head_kv * hp.head_dim;
+    case kHb:
+    case kHb2: return hp.n_ff;
+    default: return 0;
+  }
+}
+
+Status ForwardPass::alloc_acts(Unit u) {
+  UnitActs& ua = acts_[static_cast<size_t>(u)];
+  for (int a = 0; a < kNumActs; ++a) {
+    if (ua.buf[static_cast<size_t>(a)]) continue;
+    auto b = be(u).alloc_act(max_chunk_ * act_cols(static_cast<ActId>(a)));
+    if (!b.ok()) return b.error();
+    ua.buf[static_cast<size_t>(a)] = std::move(b).value();
+  }
+  if (!be(u).host_memory() &&
+      !ua.logits) {  // the last token's logits, before download (grown for all_logits)
+    auto b = be(u).alloc_act(m_.hp.n_vocab);
+    if (!b.ok()) return b.error();
+    ua.logits = std::move(b).value();
+  }
+  return {};
+}
+
+Status ForwardPass::build_weights(const Placement& p, Weights* out) {
+  out->layers = m_.layers;
+  for (size_t l = 0; l < out->layers.size(); ++l) {
+    LayerWeights& w = out->layers[l];
+    for (auto [g, list] :
+         {std::pair{OpGroup::kAttnW, std::array<Weight*, 4>{&w.wq, &w.wk, &w.wv, &w.wo}},
+          {OpGroup::kFfn, std::array<Weight*, 4>{&w.w_gate, &w.w_up, &w.w_down, nullptr}}}) {
+      for (Weight* x : list) {
+        if (!x) continue;
+        LOOM_ASSIGN_OR_RETURN(*x, requant_.get(*x, p.layers[l][g].dtype));
+      }
     }
-    notes_.push_back("tensor '" + w.name() + "' runs on the CPU: " + st.message());
-  } else if (op == OpKind::kMatmul || op == OpKind::kGetRows) {
-    notes_.push_back("tensor '" + w.name() + "' (" + std::string(dtype_name(w.dtype)) + ") runs on the CPU: " +
-                     be_.name() + " has no kernel for that type");
-  } else {
-    return make_error(ErrorCode::kUnsupported, "backend %s cannot use tensor '%s' of type %s", be_.name().c_str(),
-                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str());
   }
-  // Matmul or embedding on the fallback (host memory: it reads the mapped file).
-  if (!fallback_) {
-    own_fallback_ = std::make_unique<CpuBackend>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    fallback_ = own_fallback_.get();
+  LOOM_ASSIGN_OR_RETURN(out->tok_embd, requant_.get(m_.tok_embd, p.embed.dtype));
+  LOOM_ASSIGN_OR_RETURN(out->output, requant_.get(m_.output, p.output.dtype));
+  out->output_norm = m_.output_norm;
+  out->rope_freqs = m_.rope_freqs;
+  return {};
+}
+
+Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
+                                 const std::string& where) {
+  Backend& gpu = be(Unit::kGpu);
+  for (const Weight* w : ws) {
+    if (!w->present()) continue;
+    if (!gpu.supports(op, w->dtype)) {
+      return make_error(ErrorCode::kUnsupported, "%s has no kernel for tensor '%s' of type %s (%s)",
+                        gpu.name().c_str(), w->name().c_str(),
+                        std::string(dtype_name(w->dtype)).c_str(), where.c_str());
+    }
+    LOOM_TRY(gpu.upload_weight(*w));
+    const void* key =
+        w->tensor && w->tensor->data ? static_cast<const void*>(w->tensor->data) : w->data;
+    gpu_tensors_.emplace(key, *w);
   }
-  if (!fallback_->supports(op, w.dtype)) {
-    return make_error(ErrorCode::kUnsupported, "no backend can run tensor '%s' of type %s", w.name().c_str(),
-                      std::string(dtype_name(w.dtype)).c_str());
+  return {};
+}
+
+Status ForwardPass::apply(const Placement& want) {
+  LOOM_TRY(validate_placement(m_, want));
+  // Activations before weights: weights can move to the CPU when device
+  // memory runs out, activations cannot.
+  for (Unit u : kUnits) {
+    if (!want.uses(u)) continue;
+    LOOM_TRY(ensure_unit(u));
+    LOOM_TRY(alloc_acts(u));
   }
-  fallback_weights_.insert(w.data);
+  // Queued device work may still read weights or KV that are about to move.
+  for (Unit u : kUnits) {
+    if (unit(u)) LOOM_TRY(be(u).synchronize());
+  }
+  Placement p = want;
+  std::vector<std::string> notes;
+  const int64_t L = m_.hp.n_layer;
+  Backend* gpu = unit(Unit::kGpu);
+  auto fall_back = [&](GroupPlace& g, const std::string& what, const Status& why) {
+    g.unit = Unit::kCpu;
+    notes.push_back(what + " runs on the CPU: " + why.message());
+  };
+  auto recoverable = [](const Status& s) {
+    return s.error().code() == ErrorCode::kOutOfMemory ||
+           s.error().code() == ErrorCode::kUnsupported;
+  };
+
+  // 1. KV of layers leaving the GPU comes back first (frees device memory).
+  for (int64_t l = 0; l < L; ++l) {
+    if (kv_.on_device(l) && p.layers[static_cast<size_t>(l)][OpGroup::kAttn].unit != Unit::kGpu) {
+      LOOM_TRY(kv_.move_layer(l, false));
+    }
+  }
+  // 2. Weights in the requested precisions (requantized copies made once).
+  Weights nw;
+  LOOM_TRY(build_weights(p, &nw));
+  // 3. Device copies no longer wanted go (before new uploads need the room).
+  std::unordered_map<const void*, Weight> old_gpu = std::move(gpu_tensors_);
+  gpu_tensors_.clear();
+  if (gpu) {
+    {
+      std::unordered_set<const void*> wanted;
+      auto want_w = [&wanted](const Weight& w) {
+        if (w.present())
+          wanted.insert(w.tensor && w.tensor->data ? static_cast<const void*>(w.tensor->data)
+                                                   : w.data);
+      };
+      for (int64_t l = 0; l < L; ++l) {
+        const LayerPlace& lp = p.layers[static_cast<size_t>(l)];
+        const LayerWeights& w = nw.layers[static_cast<size_t>(l)];
+        if (lp[OpGroup::kNorm].unit == Unit::kGpu) {
+          for (const Weight* x :
+               {&w.attn_norm, &w.ffn_norm, static_cast<const Weight*>(&nw.rope_freqs)})
+            want_w(*x);
+        }
+        if (lp[OpGroup::kAttnW].unit == Unit::kGpu) {
+          for (const Weight* x : {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv}) want_w(*x);
+        }
+        if (lp[OpGroup::kFfn].unit == Unit::kGpu) {
+          for (const Weight* x : {&w.w_gate, &w.w_up, &w.w_down}) want_w(*x);
+        }
+      }
+      if (p.embed.unit == Unit::kGpu) want_w(nw.tok_embd);
+      if (p.output.unit == Unit::kGpu) {
+        want_w(nw.output);
+        want_w(nw.output_norm);
+      }
+      for (auto& [key, w] : old_gpu) {
+        if (!wanted.count(key)) gpu->release_weight(w);
+      }
+    }
+    // 4. Upload what the GPU runs; a group that does not fit or has no kernel moves to the CPU.
+    auto place = [&](GroupPlace& g, std::vector<const Weight*> ws, OpKind op,
+                     const std::string& what) -> Status {
+      if (g.unit != Unit::kGpu) return {};
+      Status s = upload_group(ws, op, what);
+      if (s.ok()) return {};
+      if (!recoverable(s)) return s;
+      for (const Weight* w : ws) gpu->release_weight(*w);
+      fall_back(g, what, s);
+      return {};
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      LayerPlace& lp = p.layers[static_cast<size_t>(l)];
+      const LayerWeights& w = nw.layers[static_cast<size_t>(l)];
+      const std::string at = "layer " + std::to_string(l) + " ";
+      // Norm weights and RoPE factors are small vectors: they go first.
+      LOOM_TRY(place(lp[OpGroup::kNorm],
+                     {&w.attn_norm, &w.ffn_norm, static_cast<const Weight*>(&nw.rope_freqs)},
+                     OpKind::kRmsNorm, at + "norm"));
+      if (lp[OpGroup::kAttnW].unit == Unit::kGpu) {
+        Status s = upload_group({&w.bq, &w.bk, &w.bv}, OpKind::kAdd, at + "attn_w");
+        if (s.ok()) s = upload_group({&w.wq, &w.wk, &w.wv, &w.wo}, OpKind::kMatmul, at + "attn_w");
+        if (!s.ok()) {
+          if (!recoverable(s)) return s;
+          for (const Weight* x : {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv})
+            gpu->release_weight(*x);
+          fall_back(lp[OpGroup::kAttnW], at + "attn_w", s);
+        }
+      }
+      LOOM_TRY(
+          place(lp[OpGroup::kFfn], {&w.w_gate, &w.w_up, &w.w_down}, OpKind::kMatmul, at + "ffn"));
+    }
+    LOOM_TRY(place(p.embed, {&nw.tok_embd}, OpKind::kGetRows, "the embedding"));
+    if (p.output.unit == Unit::kGpu) {
+      Status s = upload_group({&nw.output_norm}, OpKind::kRmsNorm, "output");
+      if (s.ok()) s = upload_group({&nw.output}, OpKind::kMatmul, "output");
+      if (!s.ok()) {
+        if (!recoverable(s)) return s;
+        fall_back(p.output, "the output matrix", s);
+      }
+    }
+    // 5. KV of layers whose attention runs on the GPU.
+    bool want_gpu_kv = false;
+    for (const auto& lp : p.layers) want_gpu_kv |= lp[OpGroup::kAttn].unit == Unit::kGpu;
+    if (want_gpu_kv && !kv_.storage()) {
+      auto st = gpu->create_kv_storage(kv_.config());
+      if (st.ok() && *st) {
+        LOOM_TRY(kv_.attach_storage(std::move(st).value()));
+      } else {
+        const Status why = st.ok() ? make_error(ErrorCode::kUnsupported, "%s keeps no KV cache",
+                                                gpu->name().c_str())
+                                   : st.status();
+        for (auto& lp : p.layers) {
+          if (lp[OpGroup::kAttn].unit == Unit::kGpu) lp[OpGroup::kAttn].unit = Unit::kCpu;
+        }
+        notes.push_back("attention runs on the CPU: " + why.message());
+      }
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      GroupPlace& g = p.layers[static_cast<size_t>(l)][OpGroup::kAttn];
+      if (g.unit != Unit::kGpu || kv_.on_device(l)) continue;
+      Status s = kv_.move_layer(l, true);
+      if (!s.ok()) {
+        if (!recoverable(s)) return s;
+        fall_back(g, "layer " + std::to_string(l) + " attention (KV cache)", s);
+      }
+    }
+  }
+  // Requantized copies no placement group uses any more.
+  std::vector<std::pair<const void*, DType>> keep;
+  auto src_key = [](const Weight& orig, const Weight& now) {
+    const void* k =
+        orig.tensor && orig.tensor->data ? static_cast<const void*>(orig.tensor->data) : orig.data;
+    return std::make_pair(k, now.dtype);
+  };
+  for (size_t l = 0; l < m_.layers.size(); ++l) {
+    const LayerWeights& a = m_.layers[l];
+    const LayerWeights& b = nw.layers[l];
+    for (auto [x, y] : {std::pair{&a.wq, &b.wq},
+                        {&a.wk, &b.wk},
+                        {&a.wv, &b.wv},
+                        {&a.wo, &b.wo},
+                        {&a.w_gate, &b.w_gate},
+                        {&a.w_up, &b.w_up},
+                        {&a.w_down, &b.w_down}}) {
+      if (x->present() && x->dtype != y->dtype) keep.push_back(src_key(*x, *y));
+    }
+  }
+  if (m_.tok_embd.dtype != nw.tok_embd.dtype) keep.push_back(src_key(m_.tok_embd, nw.tok_embd));
+  if (m_.output.present() && m_.output.dtype != nw.output.dtype)
+    keep.push_back(src_key(m_.output, nw.output));
+  requant_.retain(keep);
+
+  for (Unit u : kUnits) {
+    if (!p.uses(u)) continue;
+    LOOM_TRY(ensure_unit(u));  // groups that fell back may need a CPU unit the request did not
+    LOOM_TRY(alloc_acts(u));
+  }
+  valid_.fill(0);
+  placement_ = std::move(p);
+  w_ = std::move(nw);
+  notes_ = std::move(notes);
+  if (prof_) prof_->reset();
+  if (layer_stats_) layer_stats_->reset();
   return {};
 }
 
 Status ForwardPass::prepare() {
   if (prepared_) return {};
-  const HParams& hp = m_.hp;
-  // K/V in the backend's own memory (device backends); the CPU uses the cache's blocks.
-  if (!kv_.storage()) {
-    auto st = be_.create_kv_storage(kv_.config());
-    if (!st.ok()) return st.error();
-    if (*st) LOOM_TRY(kv_.attach_storage(std::move(st).value()));
-  }
-  // Activations before weights: weights can fall back to the CPU when device
-  // memory runs out, activations cannot.
-  const int64_t C = max_chunk_;
-  const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  for (auto [buf, n] : {std::pair{&x_, hp.n_embd}, {&xb_, hp.n_embd}, {&q_, q_dim}, {&att_, q_dim}, {&k_, kv_dim},
-                        {&v_, kv_dim}, {&hb_, hp.n_ff}, {&hb2_, hp.n_ff}}) {
-    auto b = be_.alloc_act(C * n);
-    if (!b.ok()) return b.error();
-    *buf = std::move(b).value();
-  }
-  if (!be_.host_memory()) {  // the last token's logits, before download (grown for all_logits)
-    auto b = be_.alloc_act(hp.n_vocab);
-    if (!b.ok()) return b.error();
-    logits_ = std::move(b).value();
-  }
-  // Weights, each tensor once (fused tensors such as phi3's qkv are row ranges
-  // of one tensor; backends key residency by tensor). The small vectors first:
-  // they cannot fall back; matrices that find no room run on the fallback.
-  for (const LayerWeights& w : m_.layers) {
-    for (const Weight* n : {&w.attn_norm, &w.ffn_norm}) LOOM_TRY(place_weight(*n, OpKind::kRmsNorm));
-    for (const Weight* b : {&w.bq, &w.bk, &w.bv}) LOOM_TRY(place_weight(*b, OpKind::kAdd));
-  }
-  LOOM_TRY(place_weight(m_.output_norm, OpKind::kRmsNorm));
-  LOOM_TRY(place_weight(m_.rope_freqs, OpKind::kRope));
-  LOOM_TRY(place_weight(m_.tok_embd, OpKind::kGetRows));
-  for (const LayerWeights& w : m_.layers) {
-    for (const Weight* mw : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      LOOM_TRY(place_weight(*mw, OpKind::kMatmul));
-    }
-  }
-  LOOM_TRY(place_weight(m_.output, OpKind::kMatmul));
-
+  LOOM_TRY(apply(placement_));
   prepared_ = true;
   return {};
 }
 
-void ForwardPass::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
-  if (!on_fallback(w)) return be_.matmul(w, x, out, bias);
-  // Device activations travel to the host and back around the CPU's matmul.
-  fb_in_.resize(static_cast<size_t>(x.rows * x.cols));
-  fb_out_.resize(static_cast<size_t>(out.rows * out.cols));
-  Status st = be_.download(x, fb_in_.data());
-  if (st.ok()) {
-    fallback_->matmul(w, Act{fb_in_.data(), x.rows, x.cols}, Act{fb_out_.data(), out.rows, out.cols}, bias);
-    st = be_.upload(fb_out_.data(), out);
+Status ForwardPass::set_placement(const Placement& p) {
+  if (!prepared_) {
+    LOOM_TRY(validate_placement(m_, p));
+    placement_ = p;
+    return {};
   }
-  if (!st.ok() && fb_status_.ok()) fb_status_ = st;
+  const Placement before = placement_;
+  Status s = apply(p);
+  if (s.ok()) return {};
+  // Put the previous placement back (its weights are still where they were, or come back).
+  std::vector<std::string> keep_notes = notes_;
+  Status back = apply(before);
+  if (!back.ok())
+    return make_error(s.error().code(), "%s (and the previous placement could not be restored: %s)",
+                      s.message().c_str(), back.message().c_str());
+  notes_ = keep_notes;
+  return s;
 }
 
-void ForwardPass::get_rows(const Weight& w, const int32_t* ids, Act out) {
-  if (!on_fallback(w)) return be_.get_rows(w, ids, out);
-  fb_out_.resize(static_cast<size_t>(out.rows * out.cols));
-  fallback_->get_rows(w, ids, Act{fb_out_.data(), out.rows, out.cols});
-  Status st = be_.upload(fb_out_.data(), out);
-  if (!st.ok() && fb_status_.ok()) fb_status_ = st;
+Status ForwardPass::transfer(Act src, Unit from, Act dst, Unit to) {
+  Backend& a = be(from);
+  Backend* bp = unit(to);  // null: plain host memory (the caller's logits when no CPU unit is open)
+  const bool to_host = !bp || bp->host_memory();
+  uint64_t t0 = 0;
+  if (profiling_) {
+    // Time the copy itself, not the queued work it would wait for.
+    if (!a.host_memory()) {
+      a.begin_scope(-1);
+      const uint64_t w0 = now_ns();
+      LOOM_TRY(a.synchronize());
+      cur_xfer_ns_ += now_ns() - w0;  // the wait is the device's work, timed on its own clock
+    }
+    t0 = now_ns();
+  }
+  Status s;
+  if (a.host_memory() && to_host) {
+    std::copy(src.data, src.data + src.rows * src.cols, dst.data);
+  } else if (a.host_memory()) {
+    s = bp->upload(src.data, dst);
+  } else if (to_host) {
+    s = a.download(src, dst.data);
+  } else {
+    staging_.resize(static_cast<size_t>(src.rows * src.cols));
+    s = a.download(src, staging_.data());
+    if (s.ok()) s = bp->upload(staging_.data(), dst);
+  }
+  if (profiling_) {
+    const uint64_t ns = now_ns() - t0;
+    prof_->record_xfer(cur_layer_, ns);
+    cur_xfer_ns_ += ns;
+    if (cur_layer_ >= 0) layer_ns_[static_cast<size_t>(cur_layer_)] += ns;
+  }
+  return s;
 }
 
-Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits) {
+Act ForwardPass::in(ActId a, Unit u, int64_t T) {
+  const auto ai = static_cast<size_t>(a);
+  Act dst = acts_[static_cast<size_t>(u)].buf[ai]->view(T, act_cols(a));
+  if (valid_[ai] & bit(u)) return dst;
+  if (valid_[ai]) {
+    const Unit from = (valid_[ai] & bit(Unit::kCpu)) ? Unit::kCpu : Unit::kGpu;
+    Status s =
+        transfer(acts_[static_cast<size_t>(from)].buf[ai]->view(T, act_cols(a)), from, dst, u);
+    if (!s.ok() && op_status_.ok()) op_status_ = s;
+  }
+  valid_[ai] |= bit(u);
+  return dst;
+}
+
+Act ForwardPass::out(ActId a, Unit u, int64_t T) {
+  valid_[static_cast<size_t>(a)] = bit(u);
+  return acts_[static_cast<size_t>(u)].buf[static_cast<size_t>(a)]->view(T, act_cols(a));
+}
+
+void ForwardPass::group_begin(int32_t scope, Unit u) {
+  if (!profiling_) return;
+  const bool dev = !be(u).host_memory() && be(u).device_timing();
+  if (cur_scope_ >= 0) {
+    const bool prev_dev = !be(cur_unit_).host_memory() && be(cur_unit_).device_timing();
+    if (prev_dev && dev && cur_unit_ == u) {
+      cur_scope_ = scope;  // begin_scope below closes the previous scope on the same clock
+      cur_xfer_ns_ = 0;
+      be(u).begin_scope(scope);
+      return;
+    }
+    group_end();
+  }
+  cur_scope_ = scope;
+  cur_unit_ = u;
+  cur_xfer_ns_ = 0;
+  if (dev)
+    be(u).begin_scope(scope);
+  else
+    cur_t0_ = now_ns();
+}
+
+void ForwardPass::group_end() {
+  if (!profiling_ || cur_scope_ < 0) return;
+  Backend& b = be(cur_unit_);
+  if (!b.host_memory() && b.device_timing()) {
+    b.begin_scope(-1);
+  } else {
+    const uint64_t t = now_ns() - cur_t0_;
+    const uint64_t ns = t > cur_xfer_ns_ ? t - cur_xfer_ns_ : 0;
+    prof_->record_scope(cur_scope_, ns);
+    const int64_t layer = cur_scope_ / kNumOpGroups;
+    if (layer < m_.hp.n_layer) layer_ns_[static_cast<size_t>(layer)] += ns;
+  }
+  cur_scope_ = -1;
+}
+
+void ForwardPass::flush_device_times() {
+  Backend* gpu = unit(Unit::kGpu);
+  if (gpu && gpu->device_timing()) {
+    scope_times_.clear();
+    gpu->take_scope_times(&scope_times_);
+    for (const auto& st : scope_times_) {
+      prof_->record_scope(st.id, st.ns);
+      const int64_t layer = st.id / kNumOpGroups;
+      if (st.id >= 0 && layer < m_.hp.n_layer) layer_ns_[static_cast<size_t>(layer)] += st.ns;
+    }
+  }
+  for (int64_t l = 0; l < m_.hp.n_layer; ++l) {
+    if (layer_ns_[static_cast<size_t>(l)])
+      prof_->record_layer(l, layer_ns_[static_cast<size_t>(l)]);
+  }
+}
+
+Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
+                         bool all_logits) {
   const auto T = static_cast<int64_t>(tokens.size());
   if (T == 0) return make_error(ErrorCode::kInvalidArgument, "eval: no tokens");
   if (pos0 != kv_.n_tokens()) {
-    return make_error(ErrorCode::kInternal, "eval at position %" PRId64 " but the cache holds %" PRId64 " tokens",
-                      pos0, kv_.n_tokens());
+    return make_error(ErrorCode::kInternal,
+                      "eval at position %" PRId64 " but the cache holds %" PRId64 " tokens", pos0,
+                      kv_.n_tokens());
   }
   const int32_t n_vocab = static_cast<int32_t>(m_.hp.n_vocab);
   for (int32_t id : tokens) {
     if (id < 0 || id >= n_vocab) {
-      return make_error(ErrorCode::kInvalidArgument, "token id %d is outside the vocabulary (0..%d)", id, n_vocab - 1);
+      return make_error(ErrorCode::kInvalidArgument,
+                        "token id %d is outside the vocabulary (0..%d)", id, n_vocab - 1);
     }
   }
   LOOM_TRY(prepare());
   LOOM_TRY(kv_.reserve(pos0 + T));
+  const uint64_t t_step = now_ns();
   for (int64_t c = 0; c < T; c += max_chunk_) {
     const int64_t n = std::min(max_chunk_, T - c);
     const bool last = c + n == T;
     float* out = nullptr;
-    if (all_logits) out = logits + c * m_.hp.n_vocab;
-    else if (last) out = logits;
+    if (all_logits)
+      out = logits + c * m_.hp.n_vocab;
+    else if (last)
+      out = logits;
     LOOM_TRY(eval_chunk(tokens.data() + c, n, pos0 + c, out, all_logits));
     kv_.set_n_tokens(pos0 + c + n);
   }
   // Device backends queue ops: wait for them, and report what went wrong on the way.
-  return be_.synchronize();
+  for (Unit u : kUnits) {
+    if (unit(u) && placement_.uses(u)) LOOM_TRY(be(u).synchronize());
+  }
+  if (profiling_) {
+    flush_device_times();
+    prof_->record_step(now_ns() - t_step);
+    profiling_ = false;
+  }
+  return {};
 }
 
-Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits, bool all_logits) {
+Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits,
+                               bool all_logits) {
   const HParams& hp = m_.hp;
   for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
+  profiling_ = prof_ != nullptr && T == 1;
+  if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
+  cur_layer_ = -1;
   {
     OpTimer timer(stats_, OpLabel::kEmbed);
-    get_rows(m_.tok_embd, tokens, act(x_, T, hp.n_embd));
+    const Unit ue = placement_.embed.unit;
+    group_begin(prof_ ? prof_->embed_scope() : 0, ue);
+    be(ue).get_rows(w_.tok_embd, tokens, out(kX, ue, T));
   }
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     LayerTimer timer(layer_stats_, l, T);
+    cur_layer_ = l;
     layer(l, T);
   }
-  if (!fb_status_.ok()) return std::exchange(fb_status_, Status());
-  if (!logits) return {};
+  cur_layer_ = -1;
+  if (!op_status_.ok()) {
+    group_end();
+    return std::exchange(op_status_, Status());
+  }
+  if (!logits) {
+    group_end();
+    return {};
+  }
 
   OpTimer timer(stats_, OpLabel::kOutput);
+  const Unit uo = placement_.output.unit;
   // Only the rows whose logits are wanted go through the output matrix.
   const int64_t first = all_logits ? 0 : T - 1;
   const int64_t rows = T - first;
-  Act x = act(x_, T, hp.n_embd).rows_view(first, rows);
-  Act xb = act(xb_, rows, hp.n_embd);
-  be_.rms_norm(x, m_.output_norm, hp.rms_eps, xb);
-  if (be_.host_memory()) {  // the CPU writes straight into the caller's array
-    matmul(m_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
-    return std::exchange(fb_status_, Status());
+  Act x = in(kX, uo, T).rows_view(first, rows);
+  group_begin(prof_ ? prof_->output_scope() : 0, uo);
+  Act xb = out(kXb, uo, rows);
+  be(uo).rms_norm(x, w_.output_norm, hp.rms_eps, xb);
+  if (be(uo).host_memory()) {  // the CPU writes straight into the caller's array
+    be(uo).matmul(w_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
+    group_end();
+    return std::exchange(op_status_, Status());
   }
-  if (!logits_ || logits_->capacity() < rows * hp.n_vocab) {
-    logits_.reset();
-    auto b = be_.alloc_act(rows * hp.n_vocab);
+  UnitActs& ua = acts_[static_cast<size_t>(uo)];
+  if (!ua.logits || ua.logits->capacity() < rows * hp.n_vocab) {
+    ua.logits.reset();
+    auto b = be(uo).alloc_act(rows * hp.n_vocab);
     if (!b.ok()) return b.error();
-    logits_ = std::move(b).value();
+    ua.logits = std::move(b).value();
   }
-  Act out = act(logits_, rows, hp.n_vocab);
-  matmul(m_.output, xb, out, nullptr);
-  LOOM_TRY(std::exchange(fb_status_, Status()));
-  return be_.download(out, logits);
+  Act o = ua.logits->view(rows, hp.n_vocab);
+  be(uo).matmul(w_.output, xb, o, nullptr);
+  group_end();
+  LOOM_TRY(std::exchange(op_status_, Status()));
+  return transfer(o, uo, Act{logits, rows, hp.n_vocab}, Unit::kCpu);
 }
 
 void ForwardPass::layer(int64_t l, int64_t T) {
   const HParams& hp = m_.hp;
-  const LayerWeights& w = m_.layers[static_cast<size_t>(l)];
-  const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  Act x = act(x_, T, hp.n_embd), xb = act(xb_, T, hp.n_embd);
-  Act q = act(q_, T, q_dim), k = act(k_, T, kv_dim), v = act(v_, T, kv_dim), att = act(att_, T, q_dim);
-  Act hb = act(hb_, T, hp.n_ff), hb2 = act(hb2_, T, hp.n_ff);
+  const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
+  const LayerPlace& P = placement_.layers[static_cast<size_t>(l)];
+  const Unit uw = P[OpGroup::kAttnW].unit, ua = P[OpGroup::kAttn].unit, uf = P[OpGroup::kFfn].unit,
+             un = P[OpGroup::kNorm].unit;
+  auto scope = [&](OpGroup g) { return prof_ ? prof_->scope(l, g) : 0; };
 
   {
     OpTimer timer(stats_, OpLabel::kNorm);
-    be_.rms_norm(x, w.attn_norm, hp.rms_eps, xb);
+    group_begin(scope(OpGroup::kNorm), un);
+    Act x = in(kX, un, T);
+    be(un).rms_norm(x, w.attn_norm, hp.rms_eps, out(kXb, un, T));
   }
   {
     OpTimer timer(stats_, OpLabel::kQkv);
-    matmul(w.wq, xb, q, w.bq.present() ? &w.bq : nullptr);
-    matmul(w.wk, xb, k, w.bk.present() ? &w.bk : nullptr);
-    matmul(w.wv, xb, v, w.bv.present() ? &w.bv : nullptr);
+    group_begin(scope(OpGroup::kAttnW), uw);
+    Act xb = in(kXb, uw, T);
+    be(uw).matmul(w.wq, xb, out(kQ, uw, T), w.bq.present() ? &w.bq : nullptr);
+    be(uw).matmul(w.wk, xb, out(kK, uw, T), w.bk.present() ? &w.bk : nullptr);
+    be(uw).matmul(w.wv, xb, out(kV, uw, T), w.bv.present() ? &w.bv : nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kRope);
-    be_.rope(q, hp.n_head, hp.head_dim, pos_.data(), rope_);
-    be_.rope(k, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+    group_begin(scope(OpGroup::kNorm), un);
+    Act q = in(kQ, un, T), k = in(kK, un, T);
+    valid_[kQ] = valid_[kK] = bit(un);
+    be(un).rope(q, hp.n_head, hp.head_dim, pos_.data(), rope_);
+    be(un).rope(k, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
   }
   {
     OpTimer timer(stats_, OpLabel::kKvStore);
-    be_.kv_store(kv_, l, k, v, pos_.data());
+    group_begin(scope(OpGroup::kAttn), ua);
+    Act k = in(kK, ua, T), v = in(kV, ua, T);
+    be(ua).kv_store(kv_, l, k, v, pos_.data());
   }
   {
     OpTimer timer(stats_, OpLabel::kAttention);
-    be_.attention(kv_, l, q, pos_.data(), hp.n_head, 1.0f / std::sqrt(static_cast<float>(hp.head_dim)), att);
+    Act q = in(kQ, ua, T);
+    be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
+                     1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));
   }
   {
     OpTimer timer(stats_, OpLabel::kAttnOut);
-    matmul(w.wo, att, xb, nullptr);
+    group_begin(scope(OpGroup::kAttnW), uw);
+    Act att = in(kAtt, uw, T);
+    be(uw).matmul(w.wo, att, out(kXb, uw, T), nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kAdd);
-    be_.add(x, xb, x);
+    group_begin(scope(OpGroup::kNorm), un);
+    Act x = in(kX, un, T), xb = in(kXb, un, T);
+    valid_[kX] = bit(un);
+    be(un).add(x, xb, x);
   }
   {
     OpTimer timer(stats_, OpLabel::kNorm);
-    be_.rms_norm(x, w.ffn_norm, hp.rms_eps, xb);
+    be(un).rms_norm(in(kX, un, T), w.ffn_norm, hp.rms_eps, out(kXb, un, T));
   }
   {
     OpTimer timer(stats_, OpLabel::kFfnUpGate);
-    matmul(w.w_gate, xb, hb, nullptr);
-    matmul(w.w_up, xb, hb2, nullptr);
+    group_begin(scope(OpGroup::kFfn), uf);
+    Act xb = in(kXb, uf, T);
+    be(uf).matmul(w.w_gate, xb, out(kHb, uf, T), nullptr);
+    be(uf).matmul(w.w_up, xb, out(kHb2, uf, T), nullptr);
   }
   {
     OpTimer timer(stats_, OpLabel::kSiluMul);
-    be_.silu_mul(hb, hb2, hb);
+    Act hb = in(kHb, uf, T);
+    be(uf).silu_mul(hb, in(kHb2, uf, T), hb);
+    valid_[kHb] = bit(uf);
   }
   {
     OpTimer timer(stats_, OpLabel::kFfnDown);
-    matmul(w.w_down, hb, xb, nullptr);
+    be(uf).matmul(w.w_down, in(kHb, uf, T), out(kXb, uf, T), nullptr);
   }
   OpTimer timer(stats_, OpLabel::kAdd);
-  be_.add(x, xb, x);
+  group_begin(scope(OpGroup::kNorm), un);
+  Act x = in(kX, un, T), xb = in(kXb, un, T);
+  valid_[kX] = bit(un);
+  be(un).add(x, xb, x);
 }
 
 }  // namespace loom

@@ -1,90 +1,154 @@
 // The forward pass of llama-style decoders (llama, qwen2, phi3), written once
-// against the Backend ops. Architectures differ only in what they bind
-// (biases, fused projections split into row ranges, RoPE ordering).
+// against the Backend ops, and the executor of a Placement: each op group of
+// each layer runs on the unit the placement names (the CPU, or the GPU
+// backend), in the precision it names.
 //
-// One layer, for T tokens (shapes [T, ...]):
-//   xb = rms_norm(x) * attn_norm
-//   q, k, v = Wq xb (+bq), Wk xb (+bk), Wv xb (+bv); rope(q), rope(k); store k, v
-//   x += Wo attention(q, cache)
-//   xb = rms_norm(x) * ffn_norm
-//   x += W_down (silu(W_gate xb) * (W_up xb))
+// One layer, for T tokens (shapes [T, ...]), op group in brackets:
+//   xb = rms_norm(x) * attn_norm                         [norm]
+//   q, k, v = Wq xb (+bq), Wk xb (+bk), Wv xb (+bv)      [attn_w]
+//   rope(q), rope(k)                                     [norm]
+//   store k, v; att = attention(q, cache)                [attn]
+//   xb = Wo att                                          [attn_w]
+//   x += xb; xb = rms_norm(x) * ffn_norm                 [norm]
+//   xb = W_down (silu(W_gate xb) * (W_up xb))            [ffn]
+//   x += xb                                              [norm]
+//
+// Activations: each unit has its own buffers; a bit mask per activation says
+// which units hold its current value, and an op reading it on another unit
+// first copies it there (the transfers of a mixed placement; none when
+// everything sits on one unit). Each layer's KV lives on the unit of its attn
+// group (KvCache::move_layer).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/backends/backend.h"
 #include "engine/core/status.h"
 #include "engine/model/model.h"
+#include "engine/placement/placement.h"
+#include "engine/placement/requant.h"
 #include "engine/profile/layer_stats.h"
 #include "engine/profile/op_stats.h"
+#include "engine/profile/profiler.h"
 #include "engine/runtime/kv_cache.h"
 
 namespace loom {
 
 class ForwardPass {
  public:
+  /// `backend`: a host backend (the CPU) or a device backend (the GPU; a CPU
+  /// backend is then created when a placement needs one, see set_fallback).
+  /// The placement starts as "everything on `backend`".
   /// `max_chunk`: most tokens evaluated in one step (longer inputs are split).
   ForwardPass(const Model& model, Backend& backend, KvCache& kv, int64_t max_chunk = 256);
+  ~ForwardPass();
 
   /// Runs `tokens` at positions [pos0, pos0 + T), storing their K/V, and writes
   /// the logits of the last token into `logits` [n_vocab] (of every token,
   /// [T, n_vocab], when `all_logits`). The cache must hold exactly pos0 tokens.
-  Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits, bool all_logits = false);
+  Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
+              bool all_logits = false);
 
-  /// Readies the backend: allocates activations, attaches the backend's K/V
-  /// storage to the cache, uploads every weight once, and decides which
-  /// weights run on the fallback backend (dtype unsupported, or out of device
-  /// memory). eval() calls it the first time; call it earlier to see errors
-  /// at load. Errors: no backend can run a weight, or memory runs out.
+  /// Readies the units for the placement: allocates activations, requantizes
+  /// and uploads weights, puts each layer's KV where its attention runs.
+  /// Groups the GPU cannot take (no kernel for the dtype, out of device
+  /// memory) move to the CPU, with a note. eval() calls it the first time;
+  /// call it earlier to see errors at load.
   Status prepare();
-  /// What the forward pass does differently from "everything on the backend"
-  /// (weights placed on the fallback and why), for the user to read.
+  /// Runs `p` from the next eval on. Before the first eval it only records it;
+  /// later (between two tokens) it moves weights and KV now, and generation
+  /// continues. On error the previous placement stays in force.
+  Status set_placement(const Placement& p);
+  /// The placement in force (after prepare(): with the moves prepare() made).
+  const Placement& placement() const { return placement_; }
+  /// What differs from the requested placement, and why (for the user).
   const std::vector<std::string>& notes() const { return notes_; }
-  /// Backend that runs the matmuls and embedding lookups the main backend
-  /// cannot (host memory, normally a CpuBackend). Without one, prepare()
-  /// creates a CpuBackend when it needs it. Call before prepare().
-  void set_fallback(Backend* fallback) { fallback_ = fallback; }
+  /// The CPU unit when `backend` is a device (defaults to a CpuBackend made
+  /// on demand). Call before prepare().
+  void set_fallback(Backend* cpu) { units_[0] = cpu; }
+  /// The unit's backend, or null when there is none.
+  Backend* unit(Unit u) const { return units_[static_cast<size_t>(u)]; }
+  /// Bytes of requantized weight copies held on the host.
+  uint64_t requant_bytes() const { return requant_.bytes(); }
 
   /// Attach per-op timing (nullptr to detach).
   void set_stats(OpStats* stats) { stats_ = stats; }
   /// Attach per-layer decode timing, read by other threads (nullptr to detach).
   void set_layer_stats(LayerStats* stats) { layer_stats_ = stats; }
+  /// Attach the profiler (per layer and op group, transfers; decode steps only).
+  void set_profiler(Profiler* p);
   const cpu::RopeParams& rope_params() const { return rope_; }
 
  private:
+  enum ActId : int { kX, kXb, kQ, kK, kV, kAtt, kHb, kHb2, kNumActs };
+  struct UnitActs {
+    std::array<std::unique_ptr<ActBuffer>, kNumActs> buf;
+    std::unique_ptr<ActBuffer> logits;  ///< device units: logits before download
+  };
+  // The model's weights as the placement runs them (requantized copies in place of the file's).
+  struct Weights {
+    std::vector<LayerWeights> layers;
+    Weight tok_embd, output, output_norm, rope_freqs;
+  };
+
+  Status apply(const Placement& want);
+  Status build_weights(const Placement& p, Weights* out);
+  Status upload_group(std::vector<const Weight*> ws, OpKind op, const std::string& where);
+  Status ensure_unit(Unit u);
+  Status alloc_acts(Unit u);
   Status eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits, bool all_logits);
   void layer(int64_t l, int64_t T);
-  Act act(const std::unique_ptr<ActBuffer>& buf, int64_t T, int64_t cols) { return buf->view(T, cols); }
-  Status place_weight(const Weight& w, OpKind op);
-  bool on_fallback(const Weight& w) const { return !fallback_weights_.empty() && fallback_weights_.count(w.data); }
-  // be_.matmul / be_.get_rows, or the fallback with transfers when `w` is placed there.
-  void matmul(const Weight& w, Act x, Act out, const Weight* bias);
-  void get_rows(const Weight& w, const int32_t* ids, Act out);
+  Backend& be(Unit u) { return *units_[static_cast<size_t>(u)]; }
+  int64_t act_cols(ActId a) const;
+  /// Activation `a` [T, cols] on unit u, holding its current value (copied there when needed).
+  Act in(ActId a, Unit u, int64_t T);
+  /// Activation `a` on unit u, about to be overwritten there (other copies become stale).
+  Act out(ActId a, Unit u, int64_t T);
+  /// Copies rows*cols floats between two units' memory.
+  Status transfer(Act src, Unit from, Act dst, Unit to);
+  // Profiling of one op group (or the embedding/output), see forward.cpp.
+  void group_begin(int32_t scope, Unit u);
+  void group_end();
+  void flush_device_times();
 
   const Model& m_;
-  Backend& be_;
   KvCache& kv_;
   int64_t max_chunk_;
   cpu::RopeParams rope_;
   OpStats* stats_ = nullptr;
   LayerStats* layer_stats_ = nullptr;
+  Profiler* prof_ = nullptr;
   std::vector<int32_t> pos_;
-  // Activations [max_chunk, ...] in the backend's memory (see the header comment for shapes).
-  std::unique_ptr<ActBuffer> x_, xb_, q_, k_, v_, att_, hb_, hb2_;
-  std::unique_ptr<ActBuffer> logits_;  ///< device backends: logits before download [rows, n_vocab]
+
+  std::array<Backend*, kNumUnits> units_{};  ///< [cpu, gpu]
+  std::unique_ptr<Backend> own_cpu_;
+  std::array<UnitActs, kNumUnits> acts_;
+  std::array<uint8_t, kNumActs> valid_{};  ///< bit u: unit u holds the current value
+  std::vector<float> staging_;             ///< host copy between two device units
+
+  Placement placement_;
   bool prepared_ = false;
-  // Fallback for weights the backend cannot hold (empty set: none; the CPU path never looks further).
-  Backend* fallback_ = nullptr;
-  std::unique_ptr<Backend> own_fallback_;
-  std::unordered_set<const void*> fallback_weights_;  ///< Weight::data of weights run on fallback_
-  std::vector<float> fb_in_, fb_out_;                 ///< host copies around a fallback op
-  Status fb_status_;                                  ///< first transfer error of a fallback op
+  RequantStore requant_;
+  Weights w_;
+  std::unordered_map<const void*, Weight>
+      gpu_tensors_;   ///< tensors uploaded to the GPU, by first byte
+  Status op_status_;  ///< first transfer error inside a step
   std::vector<std::string> notes_;
+
+  // Profiling state of the step being run (decode steps only).
+  bool profiling_ = false;
+  int64_t cur_layer_ = -1;
+  int32_t cur_scope_ = -1;
+  Unit cur_unit_ = Unit::kCpu;
+  uint64_t cur_t0_ = 0, cur_xfer_ns_ = 0;
+  std::vector<uint64_t> layer_ns_;  ///< per layer, this step
+  std::vector<Backend::ScopeTime> scope_times_;
 };
 
 }  // namespace loom

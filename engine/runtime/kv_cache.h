@@ -50,22 +50,33 @@ class KvCache {
   /// The view attention reads for a layer.
   cpu::KvView view(int64_t layer) const;
 
-  /// Hands K/V storage to a device backend (Backend::create_kv_storage): from
-  /// then on reserve() grows that storage instead of host blocks, and the
-  /// backend's kv_store/attention work on it (store()/view() are not used).
-  /// Only before the first reserve(); fails with kInternal after.
+  /// Hands K/V storage to a device backend (Backend::create_kv_storage).
+  /// Layers made resident in it (move_layer) live there: the backend's
+  /// kv_store/attention work on them, store()/view() do not. The others stay
+  /// in host blocks. Fails with kInternal when storage is already attached.
   Status attach_storage(std::unique_ptr<KvStorage> storage);
-  /// The attached device storage, or null when K/V live in host blocks.
+  /// The attached device storage, or null when every layer is in host blocks.
   KvStorage* storage() const { return storage_.get(); }
+  /// Whether `layer`'s K/V live in the attached device storage.
+  bool on_device(int64_t layer) const { return storage_ && storage_->layer_resident(layer); }
+  /// Moves one layer's K/V, tokens and all, between host blocks and the
+  /// attached storage (a placement moved its attention). Bytes are copied as
+  /// they are (no requantization). Errors: no storage, out of memory on the
+  /// way (the layer then stays where it was).
+  Status move_layer(int64_t layer, bool to_device);
 
  private:
   explicit KvCache(const KvCacheConfig& cfg);
   size_t block_bytes() const { return head_bytes_ * static_cast<size_t>(cfg_.n_kv_heads); }
+  size_t row_bytes() const { return head_bytes_ / static_cast<size_t>(cfg_.block_size); }
+  // Allocates host blocks [have, n_blocks) of one layer.
+  Status grow_layer(size_t l, size_t n_blocks);
+  void free_layer(size_t l);
 
   KvCacheConfig cfg_;
   size_t head_bytes_ = 0;
   int64_t n_tokens_ = 0;
-  std::vector<int32_t> block_table_;  ///< logical block -> physical block
+  std::vector<int32_t> block_table_;  ///< logical block -> physical block (the same in every layer)
   // Per layer: physical block -> storage; k_ptrs_/v_ptrs_ follow the block table.
   std::vector<std::vector<std::unique_ptr<uint8_t[]>>> k_store_, v_store_;
   std::vector<std::vector<const void*>> k_ptrs_, v_ptrs_;

@@ -23,7 +23,8 @@ const char* stop_reason_text(StopReason r) {
   return "?";
 }
 
-Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& backend, const SessionConfig& cfg) {
+Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& backend,
+                                                 const SessionConfig& cfg) {
   std::unique_ptr<Session> s(new Session(model));
   KvCacheConfig kc;
   kc.n_layer = model.hp.n_layer;
@@ -47,7 +48,8 @@ std::vector<int32_t> Session::tokenize_raw(std::string_view text) const {
   return m_.tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/false);
 }
 
-Result<std::vector<int32_t>> Session::tokenize_chat(const std::vector<ChatMessage>& messages) const {
+Result<std::vector<int32_t>> Session::tokenize_chat(
+    const std::vector<ChatMessage>& messages) const {
   auto text = m_.chat_template.apply(messages, /*add_generation_prompt=*/true);
   if (!text.ok()) return text.error();
   // The template may write the BOS text itself; then the tokenizer must not add another.
@@ -77,8 +79,32 @@ Status Session::shift_context() {
   return {};
 }
 
-Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const GenerateParams& params,
-                                        const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
+void Session::request_placement(const Placement& p, std::function<void(const Status&)> done) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  pending_ = p;
+  pending_done_ = std::move(done);
+  has_pending_.store(true, std::memory_order_release);
+}
+
+Status Session::apply_pending_placement() {
+  if (!has_pending_.load(std::memory_order_acquire)) return {};
+  std::optional<Placement> p;
+  std::function<void(const Status&)> done;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    p.swap(pending_);
+    done.swap(pending_done_);
+    has_pending_.store(false, std::memory_order_release);
+  }
+  if (!p) return {};
+  Status s = fwd_->set_placement(*p);
+  if (done) done(s);
+  return s;
+}
+
+Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
+                                        const GenerateParams& params, const PieceCallback& on_piece,
+                                        const std::atomic<bool>* cancel) {
   GenerateStats st;
   if (prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
   const int64_t n_ctx = kv_->capacity();
@@ -89,11 +115,13 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const G
                       prompt.size(), n_ctx);
   }
   const auto t0 = Clock::now();
+  (void)apply_pending_placement();  // errors went to the requester; the old placement stays
 
   // Reuse the cached prefix; at least the last prompt token is evaluated so
   // there are logits to sample from.
   size_t common = 0;
-  while (common < tokens_.size() && common < prompt.size() - 1 && tokens_[common] == prompt[common]) ++common;
+  while (common < tokens_.size() && common < prompt.size() - 1 && tokens_[common] == prompt[common])
+    ++common;
   tokens_.resize(common);
   kv_->set_n_tokens(static_cast<int64_t>(common));
   st.n_reused = static_cast<int64_t>(common);
@@ -117,8 +145,10 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const G
     const auto now = Clock::now();
     if (st.n_generated == 0) {
       st.ttft_ms = ms_since(t0);
+      if (prof_) prof_->record_ttft(static_cast<uint64_t>(st.ttft_ms * 1e6));
     } else {
       st.itl_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+      if (prof_) prof_->record_itl(static_cast<uint64_t>(st.itl_ms.back() * 1e6));
     }
     last = now;
     if (params.stop_at_eog && vocab.is_end_of_generation(id)) {
@@ -147,11 +177,14 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const G
       LOOM_TRY(shift_context());
       ++st.n_shifts;
       const int32_t last_tok = id;
-      LOOM_TRY(fwd_->eval(std::span<const int32_t>(&last_tok, 1), static_cast<int64_t>(tokens_.size()), logits_.data()));
+      LOOM_TRY(fwd_->eval(std::span<const int32_t>(&last_tok, 1),
+                          static_cast<int64_t>(tokens_.size()), logits_.data()));
       tokens_.push_back(last_tok);
       continue;
     }
-    LOOM_TRY(fwd_->eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()), logits_.data()));
+    (void)apply_pending_placement();  // between two tokens: moves weights and KV, then goes on
+    LOOM_TRY(fwd_->eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()),
+                        logits_.data()));
     tokens_.push_back(id);
   }
   std::string rest = detok.flush();
@@ -159,7 +192,8 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt, const G
   st.decode_ms = ms_since(decode_t0);
   // The KV cache covers the tokens whose forward ran; a sampled token that was
   // never evaluated stays in tokens_ only until the next prompt recomputes it.
-  if (static_cast<int64_t>(tokens_.size()) > kv_->n_tokens()) tokens_.resize(static_cast<size_t>(kv_->n_tokens()));
+  if (static_cast<int64_t>(tokens_.size()) > kv_->n_tokens())
+    tokens_.resize(static_cast<size_t>(kv_->n_tokens()));
   return st;
 }
 

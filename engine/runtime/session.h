@@ -7,6 +7,8 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,19 +42,20 @@ const char* stop_reason_text(StopReason r);
 /// Timings and counts of one generate() call.
 struct GenerateStats {
   StopReason reason = StopReason::kMaxTokens;
-  int64_t n_prompt = 0;      ///< prompt tokens evaluated (after reuse of the cache)
-  int64_t n_reused = 0;      ///< prompt tokens whose KV came from the cache
+  int64_t n_prompt = 0;  ///< prompt tokens evaluated (after reuse of the cache)
+  int64_t n_reused = 0;  ///< prompt tokens whose KV came from the cache
   int64_t n_generated = 0;
   double prefill_ms = 0;
-  double ttft_ms = 0;        ///< prompt evaluated and first token sampled
-  double decode_ms = 0;      ///< all decode steps
+  double ttft_ms = 0;          ///< prompt evaluated and first token sampled
+  double decode_ms = 0;        ///< all decode steps
   std::vector<double> itl_ms;  ///< time between consecutive generated tokens
   int64_t n_shifts = 0;
 };
 
 class Session {
  public:
-  static Result<std::unique_ptr<Session>> create(const Model& model, Backend& backend, const SessionConfig& cfg);
+  static Result<std::unique_ptr<Session>> create(const Model& model, Backend& backend,
+                                                 const SessionConfig& cfg);
 
   const Model& model() const { return m_; }
   int64_t n_ctx() const { return kv_->capacity(); }
@@ -71,7 +74,21 @@ class Session {
   /// Evaluates `prompt` (reusing the cache's common prefix) and generates.
   /// Errors: an empty prompt, or one longer than the context.
   Result<GenerateStats> generate(std::span<const int32_t> prompt, const GenerateParams& params,
-                                 const PieceCallback& on_piece, const std::atomic<bool>* cancel = nullptr);
+                                 const PieceCallback& on_piece,
+                                 const std::atomic<bool>* cancel = nullptr);
+
+  /// Asks for a new placement: applied between two tokens of a running
+  /// generate() (or at the start of the next one), moving weights and KV;
+  /// generation then continues. `done` is called on the generating thread
+  /// with the outcome (on error the old placement stays). Any thread.
+  void request_placement(const Placement& p, std::function<void(const Status&)> done = {});
+  /// Applies a requested placement now, if any (the thread that runs generate()).
+  Status apply_pending_placement();
+  /// Attach the profiler: op groups, transfers, TTFT and ITL (nullptr to detach).
+  void set_profiler(Profiler* p) {
+    prof_ = p;
+    fwd_->set_profiler(p);
+  }
 
   /// Every token in the cache (prompt and generated).
   const std::vector<int32_t>& tokens() const { return tokens_; }
@@ -87,6 +104,11 @@ class Session {
   std::unique_ptr<ForwardPass> fwd_;
   std::vector<int32_t> tokens_;  ///< tokens whose KV is in the cache, in order
   std::vector<float> logits_;
+  Profiler* prof_ = nullptr;
+  std::mutex pending_mu_;
+  std::optional<Placement> pending_;
+  std::function<void(const Status&)> pending_done_;
+  std::atomic<bool> has_pending_{false};
 };
 
 }  // namespace loom

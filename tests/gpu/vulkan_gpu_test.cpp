@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 
+#include "cpu/ops.h"
+#include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/vulkan/vulkan_backend.h"
@@ -136,6 +140,113 @@ TEST(GpuOps, LargeMatmuls) {
     }
     be->release_weights();
   }
+  EXPECT_EQ(be->validation_messages(), 0u);
+}
+
+// A model-size layer (8 KV heads x 128, 8000 tokens: 16 MB of F16 K) through
+// export/import, larger than the staging ring (several submissions), then
+// decode attention over it against the reference on the host cache.
+TEST(GpuKv, LargeLayerRoundTripAndAttention) {
+  LOOM_GPU_OR_SKIP(be);
+  for (DType t : {DType::kF16, DType::kQ8_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t n_kv = 8, hd = 128, n = 8000, kv_dim = n_kv * hd, n_heads = 32;
+    KvCacheConfig cfg{1, n_kv, hd, 8192, 32, t};
+    auto host_kv = KvCache::create(cfg), dev_kv = KvCache::create(cfg);
+    ASSERT_TRUE(host_kv.ok() && dev_kv.ok());
+    auto storage = be->create_kv_storage(cfg);
+    ASSERT_TRUE(storage.ok()) << storage.message();
+    ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
+    KvStorage& s = *(*dev_kv)->storage();
+    ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+    ASSERT_TRUE((*host_kv)->reserve(n).ok());
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size());
+    for (float& x : k) x = d(rng);
+    for (float& x : v) x = d(rng);
+    const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, hd));
+    std::vector<uint8_t> hk(rb * static_cast<size_t>(n * n_kv)), hv(hk.size());
+    for (int64_t i = 0; i < n; ++i) {
+      (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
+      cpu::kv_store(t, hk.data(), rb * static_cast<size_t>(n), n_kv, hd, i, k.data() + i * kv_dim);
+      cpu::kv_store(t, hv.data(), rb * static_cast<size_t>(n), n_kv, hd, i, v.data() + i * kv_dim);
+    }
+    ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+    std::vector<uint8_t> ek(hk.size()), ev(hv.size());
+    ASSERT_TRUE(s.export_layer(0, n, ek.data(), ev.data()).ok());
+    EXPECT_TRUE(ek == hk && ev == hv) << "the round trip changed bytes";
+    std::vector<float> q(static_cast<size_t>(n_heads * hd)), out(q.size()), ref(q.size());
+    for (float& x : q) x = d(rng);
+    auto bq = be->alloc_act(n_heads * hd), bo = be->alloc_act(n_heads * hd);
+    ASSERT_TRUE(bq.ok() && bo.ok());
+    const Act aq = (*bq)->view(1, n_heads * hd), ao = (*bo)->view(1, n_heads * hd);
+    ASSERT_TRUE(be->upload(q.data(), aq).ok());
+    const int32_t pos = static_cast<int32_t>(n - 1);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    be->attention(**dev_kv, 0, aq, &pos, n_heads, scale, ao);
+    ASSERT_TRUE(be->download(ao, out.data()).ok());
+    ref::attention(q.data(), 1, &pos, n_heads, (*host_kv)->view(0), scale, ref.data(), 0, n_heads);
+    EXPECT_LT(nerr(out, ref), 1e-5);
+  }
+  EXPECT_EQ(be->validation_messages(), 0u);
+}
+
+// Scope timing over a decode-like step: 32 layers x 3 scopes of real-size
+// matvecs in one submission; one entry per scope, within the wall time.
+TEST(GpuScopes, ADecodeStepOfScopes) {
+  LOOM_GPU_OR_SKIP(be);
+  if (!be->device_timing()) GTEST_SKIP() << "no timestamps on the compute queue";
+  const int64_t n = 4096;
+  const size_t rb = static_cast<size_t>(*dtype_row_bytes(DType::kQ8_0, n));
+  std::vector<uint8_t> bytes(rb * n);
+  std::vector<float> f(static_cast<size_t>(n));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& x : f) x = d(rng);
+    ASSERT_TRUE(ref::quantize_row(DType::kQ8_0, f.data(), bytes.data() + rb * r, n).ok());
+  }
+  Weight w{bytes.data(), DType::kQ8_0, n, n, rb, nullptr};
+  ASSERT_TRUE(be->upload_weight(w).ok());
+  auto bx = be->alloc_act(n), by = be->alloc_act(n);
+  ASSERT_TRUE(bx.ok() && by.ok());
+  const Act ax = (*bx)->view(1, n), ay = (*by)->view(1, n);
+  ASSERT_TRUE(be->upload(f.data(), ax).ok());
+  ASSERT_TRUE(be->synchronize().ok());
+  be->set_scope_timing(true);
+  const uint64_t subs = be->submissions();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int32_t l = 0; l < 32; ++l) {
+    be->begin_scope(3 * l);
+    be->matmul(w, ax, ay, nullptr);
+    be->begin_scope(3 * l + 1);
+    be->add(ay, ax, ax);
+    be->begin_scope(3 * l + 2);
+    be->matmul(w, ax, ay, nullptr);
+    be->matmul(w, ay, ax, nullptr);
+  }
+  be->begin_scope(-1);
+  ASSERT_TRUE(be->synchronize().ok());
+  const auto wall = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  EXPECT_EQ(be->submissions(), subs + 1);
+  std::vector<Backend::ScopeTime> t;
+  be->take_scope_times(&t);
+  ASSERT_EQ(t.size(), 96u);
+  uint64_t sum = 0, two = 0, one = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].id, static_cast<int32_t>(i));
+    EXPECT_GT(t[i].ns, 0u);
+    sum += t[i].ns;
+    if (i % 3 == 2) two += t[i].ns;
+    if (i % 3 == 0) one += t[i].ns;
+  }
+  EXPECT_LE(sum, wall);
+  // Two matvecs take longer than one (loose: the first scope of a step also pays start-up).
+  EXPECT_GT(two, one);
+  be->set_scope_timing(false);
   EXPECT_EQ(be->validation_messages(), 0u);
 }
 

@@ -88,21 +88,23 @@ TEST(PlacementModel, GridFromTheModelAllOnCpu) {
                                                   {QStringLiteral("F16"), QStringLiteral("Q8_0")}, QStringLiteral("note"));
   pm.setApplied(plan);
   ASSERT_EQ(pm.rowCount(), 5);  // embedding, 3 layers, output
-  EXPECT_EQ(pm.columnCount(), kColCount);
+  EXPECT_EQ(pm.columnCount(), kColCount + 1);  // op groups, then the timing column
   EXPECT_EQ(pm.headerData(0, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Embedding"));
   EXPECT_EQ(pm.headerData(2, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Layer 1"));
   EXPECT_EQ(pm.headerData(4, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Output"));
-  // Real weight formats as text, the backend's colour.
-  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("Q4_K"));
-  EXPECT_EQ(pm.data(pm.index(1, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("Q4_K + Q6_K"));
-  EXPECT_EQ(pm.data(pm.index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("F16"));
-  EXPECT_EQ(pm.data(pm.index(0, 0), Qt::DisplayRole).toString(), QStringLiteral("Q8_0"));
+  // The unit and the real weight format as text, the backend's colour.
+  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("CPU Q4_K"));
+  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K"));
+  EXPECT_EQ(pm.data(pm.index(1, kColFfnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K + Q6_K"));
+  EXPECT_EQ(pm.data(pm.index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("CPU F16"));
+  EXPECT_EQ(pm.data(pm.index(0, 0), Qt::DisplayRole).toString(), QStringLiteral("CPU Q8_0"));
   EXPECT_EQ(pm.data(pm.index(1, 0), PlacementModel::BackendColorRole).value<QColor>(), theme::kCpu);
   EXPECT_EQ(pm.data(pm.index(1, 0), PlacementModel::BackendLabelRole).toString(), QStringLiteral("CPU"));
   EXPECT_TRUE(pm.data(pm.index(1, 0), Qt::ToolTipRole).toString().contains(QStringLiteral("blk.0.attn_q.weight")));
   // Edge rows have one cell.
   EXPECT_TRUE(pm.flags(pm.index(0, 0)) & Qt::ItemIsEnabled);
   EXPECT_EQ(pm.flags(pm.index(0, 1)), Qt::NoItemFlags);
+  EXPECT_FALSE(pm.flags(pm.index(1, kColTiming)) & Qt::ItemIsSelectable);
   EXPECT_FALSE(pm.isDirty());
   EXPECT_EQ(plan.kvPrecision(), QStringLiteral("F16"));
   EXPECT_EQ(plan.backendsUsed(), QStringList{QStringLiteral("cpu")});
@@ -128,10 +130,20 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
   EXPECT_FALSE(pm.data(pm.index(1, kColFfnWeights), PlacementModel::DirtyRole).toBool());
   EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::BackendColorRole).value<QColor>(), theme::kVulkan);
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("GPU Q4_K + Q6_K"));
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), Qt::ToolTipRole).toString().contains(QStringLiteral("Pending")));
   EXPECT_TRUE(pm.pending().toJson().contains(QStringLiteral("vulkan:0")));
   pm.revertPending();
   EXPECT_FALSE(pm.isDirty());
+
+  // A click cycles the unit among the available ones.
+  ASSERT_TRUE(pm.cycleCellBackend(1, kColAttnKv));
+  EXPECT_EQ(pm.pending().rows[1][kColAttnKv].backend, QStringLiteral("vulkan:0"));
+  ASSERT_TRUE(pm.cycleCellBackend(1, kColAttnKv));
+  EXPECT_EQ(pm.pending().rows[1][kColAttnKv].backend, QStringLiteral("cpu"));
+  EXPECT_FALSE(pm.isDirty());
+  EXPECT_FALSE(pm.cycleCellBackend(0, 1));  // the edge rows have one cell
+  EXPECT_FALSE(pm.cycleCellBackend(1, kColTiming));
 
   // Linked cells (the KV cache) change precision together; unoffered precisions are refused.
   EXPECT_FALSE(pm.setCellPrecision(1, kColAttnWeights, QStringLiteral("F16")));
@@ -161,17 +173,35 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
       EXPECT_TRUE(s.reason.contains(QStringLiteral("GPU"))) << s.reason.toStdString();
     }
   }
-  // With a GPU available the GPU strategies open up (auto still waits for the planner).
+  // With a GPU in use every strategy opens up; layers:N takes a count, attn-gpu and auto the budget.
   auto withGpu = backends;
   withGpu[1].available = true;
-  for (const StrategyInfo& s : strategiesFor(withGpu)) {
-    if (s.id == QLatin1String("gpu") || s.id == QLatin1String("layers")) {
-      EXPECT_TRUE(s.available);
-    }
-    if (s.id == QLatin1String("auto")) {
-      EXPECT_TRUE(s.reason.contains(QStringLiteral("planner")));
-    }
+  const auto strategies = strategiesFor(withGpu);
+  ASSERT_EQ(strategies.size(), 6);
+  for (const StrategyInfo& s : strategies) {
+    EXPECT_TRUE(s.available) << s.id.toStdString();
+    EXPECT_EQ(s.usesLayerCount, s.id == QLatin1String("layers")) << s.id.toStdString();
+    EXPECT_EQ(s.usesBudget, s.id == QLatin1String("attn-gpu") || s.id == QLatin1String("auto")) << s.id.toStdString();
   }
+  // A device that is present but not in use is shown, not offered.
+  QVector<DeviceInfo> two = devices.mid(0, 1);
+  DeviceInfo a, b;
+  a.kind = b.kind = QStringLiteral("Vulkan");
+  a.backendId = QStringLiteral("vulkan:0");
+  b.backendId = QStringLiteral("vulkan:1");
+  a.name = QStringLiteral("first");
+  b.name = QStringLiteral("second");
+  a.present = b.present = true;
+  a.inUse = true;
+  a.memTotal = qint64{8} << 30;
+  two << a << b;
+  const auto bk = backendsFromDevices(two);
+  ASSERT_EQ(bk.size(), 3);
+  EXPECT_TRUE(bk[1].available);
+  EXPECT_EQ(bk[1].label, QStringLiteral("GPU"));
+  EXPECT_EQ(bk[1].memoryBytes, qint64{8} << 30);
+  EXPECT_FALSE(bk[2].available);
+  EXPECT_TRUE(bk[2].reason.contains(QStringLiteral("one GPU at a time"))) << bk[2].reason.toStdString();
 }
 
 // ---- live stats -------------------------------------------------------------------
@@ -184,7 +214,7 @@ TEST(LiveStats, SnapshotsCountTokensLayersAndMemory) {
   ls.generationStarted();
   ls.tokenGenerated(0);
   for (int i = 0; i < 50; ++i) ls.tokenGenerated(2'000'000);  // 2 ms apart
-  layers->record(2, 100'000, 1);
+  layers->record_layer(2, 100'000);
   ls.generationFinished(12.5, 400.0);
   ls.setMemory({}, TierBytes{1000, 200}, {}, false, false);
   const LiveSnapshot s = ls.snapshot();

@@ -15,9 +15,16 @@
 //   silu_mul              1e-6  exp of the device;  add, copy: exact
 //   attention F16 KV      1e-5  same F16 rounding of K/V as the reference; float sums
 //   attention Q8_0 KV     1e-3  a quant may round the other way (reciprocal of the scale)
+//
+// KV storage: export/import against rows cpu::kv_store wrote (bit-exact round
+// trips, F16 and Q8_0, odd token counts, chunked staging), attention over
+// imported rows against the CPU cache, residency changes and their errors.
+// Also weight accounting and release, and scope timing (one entry per scope).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -26,6 +33,7 @@
 
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
+#include "engine/backends/cpu/cpu_backend.h"
 #include "engine/runtime/kv_cache.h"
 #include "tests/unit/vulkan_test_util.h"
 
@@ -38,6 +46,9 @@ TEST(VulkanBackend, NotBuilt) {
   auto be = create_vulkan_backend(VulkanOptions{});
   ASSERT_FALSE(be.ok());
   EXPECT_EQ(be.error().code(), ErrorCode::kUnsupported);
+  CpuBackend cpu(1);
+  EXPECT_TRUE(take_vulkan_gpu_times(cpu).empty());
+  EXPECT_EQ(vulkan_submissions(cpu), 0u);
   GTEST_SKIP() << "this build has no Vulkan backend (LOOM_VULKAN=OFF)";
 }
 #else
@@ -356,6 +367,7 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   auto storage = be->create_kv_storage(cfg);
   ASSERT_TRUE(storage.ok()) << storage.message();
   ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
+  ASSERT_TRUE((*dev_kv)->storage()->set_layer_resident(0, true).ok());
   const int64_t n_tok = c.n_past + c.T, kv_dim = c.n_kv_heads * c.head_dim, q_dim = c.n_heads * c.head_dim;
   ASSERT_TRUE((*dev_kv)->reserve(n_tok).ok());
   ASSERT_TRUE((*host_kv)->reserve(n_tok).ok());
@@ -404,6 +416,400 @@ INSTANTIATE_TEST_SUITE_P(Cases, VulkanAttention,
                                            AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
                                            AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}),
                          [](const auto& pi) { return attn_name(pi.param); });
+
+// ---- KV residency and transfers -----------------------------------------------------
+
+size_t kv_row_bytes(DType t, int64_t head_dim) {
+  return static_cast<size_t>(*dtype_row_bytes(t, static_cast<uint64_t>(head_dim)));
+}
+
+// Host rows of n tokens ([n, n_kv_heads * head_dim] floats) in the export
+// format, [n_kv_heads][n][row], written by the CPU backend's kv_store.
+std::vector<uint8_t> cpu_rows(DType t, int64_t n_kv_heads, int64_t head_dim, int64_t n,
+                              const std::vector<float>& x) {
+  const size_t rb = kv_row_bytes(t, head_dim);
+  std::vector<uint8_t> rows(rb * static_cast<size_t>(n_kv_heads * n));
+  for (int64_t i = 0; i < n; ++i) {
+    cpu::kv_store(t, rows.data(), rb * static_cast<size_t>(n), n_kv_heads, head_dim, i,
+                  x.data() + i * n_kv_heads * head_dim);
+  }
+  return rows;
+}
+
+// One row's values, dequantized.
+std::vector<float> row_values(DType t, const uint8_t* row, int64_t head_dim) {
+  std::vector<float> f(static_cast<size_t>(head_dim));
+  EXPECT_TRUE(ref::dequantize_row(t, row, f.data(), head_dim).ok());
+  return f;
+}
+
+class VulkanKv : public VulkanTest, public ::testing::WithParamInterface<DType> {
+ protected:
+  void TearDown() override {
+    if (be_) be_->set_transfer_chunk(0);
+    VulkanTest::TearDown();
+  }
+};
+
+TEST_P(VulkanKv, ExportImportRoundTripIsBitExact) {
+  const DType t = GetParam();
+  const int64_t n_kv = 3, hd = 64, n = 37, kv_dim = n_kv * hd;
+  KvCacheConfig cfg{3, n_kv, hd, 50, 16, t};
+  auto st = be_->create_kv_storage(cfg);
+  ASSERT_TRUE(st.ok()) << st.message();
+  KvStorage& s = **st;
+  EXPECT_FALSE(s.layer_resident(0));
+  EXPECT_EQ(s.allocated_bytes(), 0u);  // nothing until a layer is made resident
+  ASSERT_TRUE(s.set_layer_resident(1, true).ok());
+  EXPECT_TRUE(s.layer_resident(1));
+  EXPECT_FALSE(s.layer_resident(0));
+  EXPECT_FALSE(s.layer_resident(2));
+  EXPECT_GT(s.allocated_bytes(), 0u);
+  const auto k = random_floats(static_cast<size_t>(n * kv_dim), 91, -3.0f, 3.0f);
+  const auto v = random_floats(static_cast<size_t>(n * kv_dim), 92);
+  const auto hk = cpu_rows(t, n_kv, hd, n, k), hv = cpu_rows(t, n_kv, hd, n, v);
+  // Whole ring, then chunks of a few rows (several submissions, rows split
+  // between chunks) over the same data.
+  for (uint64_t chunk : {uint64_t{0}, uint64_t{1500}}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    be_->set_transfer_chunk(chunk);
+    ASSERT_TRUE(s.import_layer(1, n, hk.data(), hv.data()).ok());
+    std::vector<uint8_t> ek(hk.size(), 0xAB), ev(hv.size(), 0xCD);
+    ASSERT_TRUE(s.export_layer(1, n, ek.data(), ev.data()).ok());
+    EXPECT_TRUE(ek == hk) << "K differs after the round trip";
+    EXPECT_TRUE(ev == hv) << "V differs after the round trip";
+    // A prefix: the first 20 rows of each head, packed [head][20][row].
+    const size_t rb = kv_row_bytes(t, hd);
+    std::vector<uint8_t> pk(rb * 20 * n_kv), pv(pk.size());
+    ASSERT_TRUE(s.export_layer(1, 20, pk.data(), pv.data()).ok());
+    for (int64_t h = 0; h < n_kv; ++h) {
+      EXPECT_EQ(std::memcmp(pk.data() + rb * 20 * h, hk.data() + rb * n * h, rb * 20), 0)
+          << "head " << h;
+      EXPECT_EQ(std::memcmp(pv.data() + rb * 20 * h, hv.data() + rb * n * h, rb * 20), 0)
+          << "head " << h;
+    }
+  }
+}
+
+TEST_P(VulkanKv, ExportOfStoredRowsMatchesTheCpu) {
+  // kv_store on the device, then export: the rows the CPU would have written
+  // (the GPU may round a quant or an F16 value the other way).
+  const DType t = GetParam();
+  const int64_t n_kv = 2, hd = 64, n = 37, kv_dim = n_kv * hd;
+  KvCacheConfig cfg{1, n_kv, hd, 40, 16, t};
+  auto kv = KvCache::create(cfg);
+  ASSERT_TRUE(kv.ok());
+  auto storage = be_->create_kv_storage(cfg);
+  ASSERT_TRUE(storage.ok());
+  ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
+  KvStorage& s = *(*kv)->storage();
+  ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+  const auto k = random_floats(static_cast<size_t>(n * kv_dim), 93, -3.0f, 3.0f);
+  const auto v = random_floats(static_cast<size_t>(n * kv_dim), 94);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  DevMat dk(be_, n, kv_dim, k), dv(be_, n, kv_dim, v);
+  be_->kv_store(**kv, 0, dk.act(), dv.act(), pos.data());
+  const size_t rb = kv_row_bytes(t, hd);
+  std::vector<uint8_t> ek(rb * static_cast<size_t>(n * n_kv)), ev(ek.size());
+  ASSERT_TRUE(s.export_layer(0, n, ek.data(), ev.data()).ok());
+  const auto hk = cpu_rows(t, n_kv, hd, n, k), hv = cpu_rows(t, n_kv, hd, n, v);
+  for (size_t r = 0; r < static_cast<size_t>(n * n_kv); ++r) {
+    for (const auto& [dev, cpu] : {std::pair{&ek, &hk}, std::pair{&ev, &hv}}) {
+      const auto a = row_values(t, dev->data() + r * rb, hd),
+                 b = row_values(t, cpu->data() + r * rb, hd);
+      float amax = 0;
+      for (float x : b) amax = std::max(amax, std::abs(x));
+      // One F16 ulp (2^-10 relative), or one Q8_0 step (amax / 127).
+      const float tol = t == DType::kF16 ? amax * 1e-3f : amax / 126.0f;
+      for (int64_t e = 0; e < hd; ++e) {
+        ASSERT_NEAR(a[static_cast<size_t>(e)], b[static_cast<size_t>(e)], tol)
+            << "row " << r << " element " << e;
+      }
+    }
+  }
+}
+
+TEST_P(VulkanKv, AttentionAfterImportMatchesTheCpuCache) {
+  const DType t = GetParam();
+  const int64_t n_heads = 4, n_kv = 2, hd = 64, n = 37, kv_dim = n_kv * hd, q_dim = n_heads * hd;
+  KvCacheConfig cfg{2, n_kv, hd, 45, 16, t};
+  auto dev_kv = KvCache::create(cfg), host_kv = KvCache::create(cfg);
+  ASSERT_TRUE(dev_kv.ok() && host_kv.ok());
+  auto storage = be_->create_kv_storage(cfg);
+  ASSERT_TRUE(storage.ok());
+  ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
+  KvStorage& s = *(*dev_kv)->storage();
+  ASSERT_TRUE(s.set_layer_resident(1, true).ok());
+  ASSERT_TRUE((*host_kv)->reserve(n).ok());
+  const auto k = random_floats(static_cast<size_t>(n * kv_dim), 95, -2.0f, 2.0f);
+  const auto v = random_floats(static_cast<size_t>(n * kv_dim), 96);
+  for (int64_t i = 0; i < n; ++i)
+    (*host_kv)->store(1, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
+  const auto hk = cpu_rows(t, n_kv, hd, n, k), hv = cpu_rows(t, n_kv, hd, n, v);
+  ASSERT_TRUE(s.import_layer(1, n, hk.data(), hv.data()).ok());
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Prefill (tiles) over the last 5 positions, decode (splits) at the last.
+  for (int64_t T : {5, 1}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const auto q = random_floats(static_cast<size_t>(T * q_dim), 97, -2.0f, 2.0f);
+    DevMat dq(be_, T, q_dim, q), dout(be_, T, q_dim);
+    be_->attention(**dev_kv, 1, dq.act(), pos.data() + n - T, n_heads, scale, dout.act());
+    const auto out = dout.fetch();
+    std::vector<float> r(static_cast<size_t>(T * q_dim));
+    ref::attention(q.data(), T, pos.data() + n - T, n_heads, (*host_kv)->view(1), scale, r.data(),
+                   0, n_heads);
+    EXPECT_TRUE(all_finite(out));
+    // The very same K/V bytes on both sides: only the float sums differ.
+    EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())), 1e-5);
+  }
+}
+
+TEST_P(VulkanKv, ResidencyCanBeDroppedAndRestored) {
+  const DType t = GetParam();
+  const int64_t n_kv = 1, hd = 32, n = 9;
+  KvCacheConfig cfg{2, n_kv, hd, 16, 16, t};
+  auto st = be_->create_kv_storage(cfg);
+  ASSERT_TRUE(st.ok());
+  KvStorage& s = **st;
+  ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+  const uint64_t one = s.allocated_bytes();
+  ASSERT_TRUE(s.set_layer_resident(0, true).ok());  // already there: nothing changes
+  EXPECT_EQ(s.allocated_bytes(), one);
+  ASSERT_TRUE(s.set_layer_resident(1, true).ok());
+  EXPECT_EQ(s.allocated_bytes(), 2 * one);
+  const auto hk = cpu_rows(t, n_kv, hd, n, random_floats(static_cast<size_t>(n * hd), 98));
+  const auto hv = cpu_rows(t, n_kv, hd, n, random_floats(static_cast<size_t>(n * hd), 99));
+  ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+  ASSERT_TRUE(s.set_layer_resident(0, false).ok());
+  EXPECT_FALSE(s.layer_resident(0));
+  EXPECT_TRUE(s.layer_resident(1));
+  EXPECT_EQ(s.allocated_bytes(), one);
+  std::vector<uint8_t> ek(hk.size()), ev(hv.size());
+  Status e = s.export_layer(0, n, ek.data(),
+                            ev.data());  // not there: an error, not a read of freed memory
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code(), ErrorCode::kInternal);
+  EXPECT_NE(e.message().find("layer 0"), std::string::npos) << e.message();
+  EXPECT_FALSE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+  EXPECT_FALSE(s.set_layer_resident(2, true).ok());  // no such layer
+  EXPECT_FALSE(
+      s.export_layer(1, 17, ek.data(), ev.data()).ok());  // more tokens than the cache holds
+  ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+  ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+  ASSERT_TRUE(s.export_layer(0, n, ek.data(), ev.data()).ok());
+  EXPECT_TRUE(ek == hk && ev == hv);
+  ASSERT_TRUE(s.set_layer_resident(0, false).ok());
+  ASSERT_TRUE(s.set_layer_resident(1, false).ok());
+  EXPECT_EQ(s.allocated_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, VulkanKv, ::testing::Values(DType::kF16, DType::kQ8_0),
+                         [](const auto& pi) { return std::string(dtype_name(pi.param)); });
+
+// ---- weights ------------------------------------------------------------------------
+
+TEST(VulkanWeights, WeightBytesFollowUploadsAndReleases) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  // A backend of its own: uploads replace stale copies of freed host tensors,
+  // which the shared backend holds from earlier tests.
+  VulkanOptions o;
+  o.validation = test::vulkan_validation_on();
+  auto own = VulkanBackend::create(o);
+  ASSERT_TRUE(own.ok()) << own.message();
+  VulkanBackend* be = own->get();
+  const uint64_t before = be->weight_bytes();
+  HostWeight a = make_weight(DType::kQ8_0, 96, 37, 111), b = make_weight(DType::kF32, 67, 13, 112);
+  ASSERT_TRUE(be->upload_weight(a.w).ok());
+  const uint64_t da = be->weight_bytes() - before;
+  EXPECT_GE(da, a.bytes.size());  // repacked (scales as floats), padded to the allocation unit
+  EXPECT_LT(da, 2 * a.bytes.size() + 4096);
+  ASSERT_TRUE(be->upload_weight(a.w).ok());  // resident already: no second copy
+  EXPECT_EQ(be->weight_bytes(), before + da);
+  ASSERT_TRUE(be->upload_weight(b.w).ok());
+  const uint64_t db = be->weight_bytes() - before - da;
+  EXPECT_GE(db, b.bytes.size());
+  be->release_weight(a.w.rows(5, 3));  // a row range names its whole tensor
+  EXPECT_FALSE(be->has_weight(OpKind::kMatmul, a.w));
+  EXPECT_TRUE(be->has_weight(OpKind::kMatmul, b.w));
+  EXPECT_EQ(be->weight_bytes(), before + db);
+  be->release_weight(a.w);  // gone already: nothing happens
+  HostWeight never = make_weight(DType::kF32, 8, 2, 113);
+  be->release_weight(never.w);
+  EXPECT_EQ(be->weight_bytes(), before + db);
+  be->release_weight(b.w);
+  EXPECT_EQ(be->weight_bytes(), before);
+  EXPECT_EQ(before, 0u);
+  ASSERT_TRUE(be->upload_weight(a.w).ok());
+  be->release_weights();
+  EXPECT_EQ(be->weight_bytes(), 0u);
+  EXPECT_EQ(be->validation_messages(), 0u);
+  EXPECT_EQ(CpuBackend(1).weight_bytes(), 0u);
+}
+
+// ---- scope timing ----------------------------------------------------------------------
+
+class VulkanScopes : public VulkanTest {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    if (!be_) return;
+    if (!be_->device_timing()) GTEST_SKIP() << "the device's compute queue has no timestamps";
+    be_->set_scope_timing(true);
+    std::vector<Backend::ScopeTime> drop;
+    be_->take_scope_times(&drop);
+  }
+  void TearDown() override {
+    if (be_) be_->set_scope_timing(false);
+    VulkanTest::TearDown();
+  }
+  std::vector<Backend::ScopeTime> take() {
+    std::vector<Backend::ScopeTime> t;
+    be_->take_scope_times(&t);
+    return t;
+  }
+};
+
+TEST_F(VulkanScopes, OneEntryPerScopeWithinTheWallTime) {
+  HostWeight w = make_weight(DType::kQ8_0, 256, 192, 121);
+  ASSERT_TRUE(be_->upload_weight(w.w).ok());
+  DevMat x(be_, 8, 256, random_floats(8 * 256, 122)), y(be_, 8, 192), z(be_, 8, 192);
+  ASSERT_TRUE(be_->synchronize().ok());
+  const uint64_t subs = be_->submissions();
+  const auto t0 = std::chrono::steady_clock::now();
+  be_->begin_scope(3);
+  be_->matmul(w.w, x.act().rows_view(0, 1), y.act().rows_view(0, 1), nullptr);
+  be_->begin_scope(1);
+  be_->add(y.act(), y.act(), z.act());
+  be_->begin_scope(2);
+  be_->matmul(w.w, x.act(), y.act(), nullptr);
+  be_->begin_scope(-1);
+  ASSERT_TRUE(be_->synchronize().ok());
+  const auto wall_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  EXPECT_EQ(be_->submissions(), subs + 1);  // timing adds no submission
+  const auto t = take();
+  ASSERT_EQ(t.size(), 3u);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const std::array<int32_t, 3> want = {3, 1, 2};
+    EXPECT_EQ(t[i].id, want[i]);
+    EXPECT_GT(t[i].ns, 0u) << "scope " << t[i].id;
+    sum += t[i].ns;
+  }
+  EXPECT_LE(sum, wall_ns);
+  EXPECT_TRUE(take().empty());  // taken
+}
+
+TEST_F(VulkanScopes, AScopeCutByAFlushIsOneEntry) {
+  DevMat a(be_, 2, 100, random_floats(200, 123)), b(be_, 2, 100);
+  std::vector<float> host(200);
+  be_->begin_scope(5);
+  be_->add(a.act(), a.act(), b.act());
+  ASSERT_TRUE(be_->download(b.act(), host.data()).ok());  // a submission inside the scope
+  be_->add(b.act(), a.act(), b.act());
+  be_->begin_scope(-1);
+  ASSERT_TRUE(be_->synchronize().ok());
+  auto t = take();
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].id, 5);
+  EXPECT_GT(t[0].ns, 0u);
+  // Open over a synchronize: not finished, so not reported until it ends.
+  be_->begin_scope(7);
+  be_->add(a.act(), a.act(), b.act());
+  ASSERT_TRUE(be_->synchronize().ok());
+  EXPECT_TRUE(take().empty());
+  be_->begin_scope(8);  // nothing queued: 7 ends with what it had, 8 starts
+  be_->add(a.act(), a.act(), b.act());
+  be_->begin_scope(-1);
+  ASSERT_TRUE(be_->synchronize().ok());
+  t = take();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].id, 7);
+  EXPECT_EQ(t[1].id, 8);
+  EXPECT_GT(t[0].ns, 0u);
+  EXPECT_GT(t[1].ns, 0u);
+}
+
+TEST_F(VulkanScopes, ManyScopesFillAndGrowThePool) {
+  // More boundaries than the first pools hold: early flushes, then larger pools.
+  DevMat a(be_, 1, 64, random_floats(64, 124)), b(be_, 1, 64);
+  constexpr int32_t kN = 2600;
+  for (int32_t i = 0; i < kN; ++i) {
+    be_->begin_scope(i);
+    be_->add(a.act(), b.act(), b.act());
+  }
+  be_->begin_scope(-1);
+  ASSERT_TRUE(be_->synchronize().ok());
+  const auto t = take();
+  ASSERT_EQ(t.size(), static_cast<size_t>(kN));
+  for (int32_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(t[static_cast<size_t>(i)].id, i);
+    ASSERT_GT(t[static_cast<size_t>(i)].ns, 0u) << i;
+  }
+}
+
+TEST_F(VulkanScopes, OffRecordsNothing) {
+  be_->set_scope_timing(false);
+  DevMat a(be_, 1, 64, random_floats(64, 125)), b(be_, 1, 64);
+  ASSERT_TRUE(be_->synchronize().ok());
+  const uint64_t subs = be_->submissions();
+  be_->begin_scope(1);
+  be_->add(a.act(), a.act(), b.act());
+  be_->begin_scope(-1);
+  be_->begin_scope(2);  // nothing queued in it: no submission either
+  be_->begin_scope(-1);
+  ASSERT_TRUE(be_->synchronize().ok());
+  EXPECT_EQ(be_->submissions(), subs + 1);
+  EXPECT_TRUE(take().empty());
+}
+
+TEST(VulkanProfile, PerDispatchTimesNextToScopes) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  VulkanOptions o;
+  o.profile = true;
+  o.validation = test::vulkan_validation_on();
+  auto be = VulkanBackend::create(o);
+  ASSERT_TRUE(be.ok()) << be.message();
+  Backend& b = **be;
+  if (!b.device_timing()) GTEST_SKIP() << "the device's compute queue has no timestamps";
+  b.set_scope_timing(true);
+  const uint64_t subs = vulkan_submissions(b);
+  {
+    DevMat x(be->get(), 2, 50, random_floats(100, 126)), y(be->get(), 2, 50);
+    b.begin_scope(0);
+    b.add(x.act(), x.act(), y.act());
+    b.silu_mul(x.act(), y.act(), y.act());
+    b.begin_scope(-1);
+    ASSERT_TRUE(b.synchronize().ok());
+  }
+  EXPECT_GT(vulkan_submissions(b), subs);
+  auto times = take_vulkan_gpu_times(b);
+  ASSERT_EQ(times.size(), 2u);
+  for (const GpuOpTime& t : times) {
+    EXPECT_TRUE(t.name == "add" || t.name == "silu_mul") << t.name;
+    EXPECT_EQ(t.calls, 1u);
+    EXPECT_GT(t.ms, 0.0);
+  }
+  EXPECT_TRUE(take_vulkan_gpu_times(b).empty());  // taken
+  std::vector<Backend::ScopeTime> scopes;
+  b.take_scope_times(&scopes);
+  ASSERT_EQ(scopes.size(), 1u);
+  EXPECT_GT(scopes[0].ns, 0u);
+  EXPECT_EQ((*be)->validation_messages(), 0u);
+  // Other backends have neither.
+  CpuBackend cpu(1);
+  EXPECT_TRUE(take_vulkan_gpu_times(cpu).empty());
+  EXPECT_EQ(vulkan_submissions(cpu), 0u);
+  EXPECT_FALSE(cpu.device_timing());
+  // The shared backend was made without profiling.
+  EXPECT_TRUE(take_vulkan_gpu_times(*test::vulkan_backend(&why)).empty());
+}
 
 // ---- shared-memory fallbacks ---------------------------------------------------------
 
@@ -465,10 +871,15 @@ TEST(VulkanErrors, OutOfDeviceMemoryIsAnError) {
   EXPECT_NE(st.message().find("out of device memory"), std::string::npos) << st.message();
   HostWeight small = make_weight(DType::kF32, 64, 4, 82);  // still fits: the backend keeps working
   EXPECT_TRUE((*be)->upload_weight(small.w).ok());
-  KvCacheConfig cfg{4, 8, 128, 4096, 16, DType::kF16};  // 64 MiB
+  // 5 MiB for K, as much for V: K fits in the block the small weight opened, V does not.
+  KvCacheConfig cfg{2, 4, 128, 5120, 16, DType::kF16};
   auto kv = (*be)->create_kv_storage(cfg);
-  ASSERT_FALSE(kv.ok());
-  EXPECT_EQ(kv.error().code(), ErrorCode::kOutOfMemory);
+  ASSERT_TRUE(kv.ok()) << kv.message();  // holds no layer yet
+  st = (*kv)->set_layer_resident(0, true);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kOutOfMemory) << st.message();
+  EXPECT_FALSE((*kv)->layer_resident(0));
+  EXPECT_EQ((*kv)->allocated_bytes(), 0u);  // K fitted, V did not: K was given back
 }
 
 TEST(VulkanErrors, DeviceLostIsReportedAndSticky) {
@@ -500,6 +911,7 @@ TEST(VulkanErrors, PositionOutsideTheCacheIsAnError) {
   auto storage = (*be)->create_kv_storage(cfg);
   ASSERT_TRUE(storage.ok());
   ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
+  ASSERT_TRUE((*kv)->storage()->set_layer_resident(0, true).ok());
   const std::vector<float> k(32, 1.0f);
   DevMat dk(be->get(), 1, 32, k);
   const int32_t pos = 8;  // the cache holds positions 0..7
@@ -508,6 +920,60 @@ TEST(VulkanErrors, PositionOutsideTheCacheIsAnError) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code(), ErrorCode::kOutOfRange);
   EXPECT_NE(st.message().find("position 8 is outside the KV cache"), std::string::npos) << st.message();
+}
+
+TEST(VulkanErrors, KvOpsOnANonResidentLayerAreErrors) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  KvCacheConfig cfg{2, 1, 32, 8, 16, DType::kQ8_0};
+  const std::vector<float> k(32, 1.0f);
+  const int32_t pos = 0;
+  // The first error sticks to a backend: one backend per op.
+  for (const char* op : {"kv_store", "attention"}) {
+    SCOPED_TRACE(op);
+    auto be = VulkanBackend::create(VulkanOptions{});
+    ASSERT_TRUE(be.ok()) << be.message();
+    auto kv = KvCache::create(cfg);
+    ASSERT_TRUE(kv.ok());
+    auto storage = (*be)->create_kv_storage(cfg);
+    ASSERT_TRUE(storage.ok());
+    ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
+    ASSERT_TRUE((*kv)->storage()->set_layer_resident(0, true).ok());  // layer 1 stays on the host
+    DevMat dk(be->get(), 1, 32, k), dout(be->get(), 1, 32);
+    if (std::string(op) == "kv_store") {
+      (*be)->kv_store(**kv, 1, dk.act(), dk.act(), &pos);
+    } else {
+      (*be)->attention(**kv, 1, dk.act(), &pos, 1, 1.0f, dout.act());
+    }
+    Status st = (*be)->synchronize();
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().code(), ErrorCode::kInternal);
+    EXPECT_NE(st.message().find(std::string(op) + ": layer 1 of the KV cache is not resident"),
+              std::string::npos)
+        << st.message();
+  }
+}
+
+TEST(VulkanErrors, MatmulOnAReleasedWeightIsAnError) {
+  std::string why;
+  if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
+  auto be = VulkanBackend::create(VulkanOptions{});
+  ASSERT_TRUE(be.ok()) << be.message();
+  HostWeight w = make_weight(DType::kQ4_0, 64, 8, 131);
+  ASSERT_TRUE((*be)->upload_weight(w.w).ok());
+  EXPECT_GT((*be)->weight_bytes(), 0u);
+  DevMat x(be->get(), 1, 64, random_floats(64, 132)), y(be->get(), 1, 8);
+  (*be)->matmul(w.w, x.act(), y.act(), nullptr);
+  ASSERT_TRUE((*be)->synchronize().ok());
+  (*be)->matmul(w.w, x.act(), y.act(), nullptr);  // queued, then the weight goes: it runs first
+  (*be)->release_weight(w.w);
+  EXPECT_EQ((*be)->weight_bytes(), 0u);
+  ASSERT_TRUE((*be)->synchronize().ok());
+  (*be)->matmul(w.w, x.act(), y.act(), nullptr);
+  Status st = (*be)->synchronize();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kInternal);
+  EXPECT_NE(st.message().find("is not on the GPU"), std::string::npos) << st.message();
 }
 
 TEST(VulkanErrors, BadDeviceIndex) {

@@ -75,7 +75,8 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
   ASSERT_TRUE(kv.ok());
   {
     ForwardPass fwd(model, *be, **kv, /*max_chunk=*/4);
-    ASSERT_TRUE(fwd.prepare().ok());
+    const Status prep = fwd.prepare();
+    ASSERT_TRUE(prep.ok()) << prep.message();
     EXPECT_TRUE(fwd.notes().empty()) << fwd.notes().front();
     std::vector<float> logits(static_cast<size_t>(7 * V));
     ASSERT_TRUE(fwd.eval(std::span<const int32_t>(tokens.data(), 7), 0, logits.data(), true).ok());
@@ -158,7 +159,8 @@ TEST(VulkanFallback, OutOfDeviceMemoryRunsTheRestOnTheCpu) {
   auto kv = KvCache::create({(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 32, 16, DType::kF16});
   ASSERT_TRUE(kv.ok());
   ForwardPass fwd(**m, **be, **kv);
-  ASSERT_TRUE(fwd.prepare().ok());
+  const Status prep = fwd.prepare();
+  ASSERT_TRUE(prep.ok()) << prep.message();
   ASSERT_FALSE(fwd.notes().empty());
   EXPECT_NE(fwd.notes()[0].find("out of device memory"), std::string::npos) << fwd.notes()[0];
   std::vector<float> logits(static_cast<size_t>((*m)->hp.n_vocab));

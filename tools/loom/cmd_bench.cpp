@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "engine/backends/vulkan/vulkan.h"
+#include "engine/profile/profiler.h"
 #include "tools/loom/engine_setup.h"
+#include "tools/loom/plan_print.h"
 
 namespace loom::cli {
 namespace {
@@ -44,8 +46,9 @@ double percentile(std::vector<double> v, double p) {
 int cmd_bench(const BenchOptions& o) {
   EngineOptions eo = o.engine;
   if (eo.ctx == 0) eo.ctx = o.n_prompt + o.n_gen + 1;
-  if (eo.batch < o.n_prompt) eo.batch = std::max<int64_t>(eo.batch, std::min<int64_t>(o.n_prompt, 512));
-  auto e = open_engine(eo, "loom bench");
+  if (eo.batch < o.n_prompt)
+    eo.batch = std::max<int64_t>(eo.batch, std::min<int64_t>(o.n_prompt, 512));
+  auto e = open_engine(eo, "loom bench", /*calibrate=*/true);
   if (!e) return 1;
   const Model& m = *e->model;
   ForwardPass& fwd = e->session->forward();
@@ -54,11 +57,15 @@ int cmd_bench(const BenchOptions& o) {
 
   // Deterministic ordinary tokens (ids spread over the vocabulary).
   std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(n_vocab));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(n_vocab));
   std::vector<float> logits(static_cast<size_t>(n_vocab));
 
   std::vector<double> prefill_tps, decode_tps, ttft, itl;
   OpStats stats;
+  // The profiler runs in every rep unless --no-profiler (compare the two to see its cost).
+  Profiler prof(m.hp.n_layer);
+  if (!o.no_profiler) fwd.set_profiler(&prof);
   for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up (page-in of the weights)
     kv.clear();
     const auto t0 = Clock::now();
@@ -67,9 +74,11 @@ int cmd_bench(const BenchOptions& o) {
       std::fprintf(stderr, "loom bench: %s\n", s.message().c_str());
       return 1;
     }
-    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const auto t1 = Clock::now();
     const double pre_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    if (rep == 0) prof.reset();  // the warm-up's figures go
     if (rep == o.reps - 1) fwd.set_stats(&stats);
     auto last = t1;
     for (int64_t i = 0; i < o.n_gen; ++i) {
@@ -90,6 +99,10 @@ int cmd_bench(const BenchOptions& o) {
     decode_tps.push_back(1000.0 * static_cast<double>(o.n_gen) / dec_ms);
     ttft.push_back(pre_ms);
   }
+  fwd.set_profiler(nullptr);
+  const Profiler::Snapshot snap = prof.snapshot();
+  const std::vector<GpuOpTime> gpu_ops =
+      e->gpu ? take_vulkan_gpu_times(*e->gpu) : std::vector<GpuOpTime>();
   const MeanSd pp = mean_sd(prefill_tps), tg = mean_sd(decode_tps), tt = mean_sd(ttft);
   const double p50 = percentile(itl, 50), p99 = percentile(itl, 99);
   const uint64_t rss = peak_rss_bytes();
@@ -117,20 +130,63 @@ int cmd_bench(const BenchOptions& o) {
     const double total = static_cast<double>(stats.total_ns());
     for (int i = 0; i < static_cast<int>(OpLabel::kCount); ++i) {
       if (stats.calls[static_cast<size_t>(i)] == 0) continue;
-      ops[op_label_name(static_cast<OpLabel>(i))] = total > 0 ? static_cast<double>(stats.ns[static_cast<size_t>(i)]) / total : 0.0;
+      ops[op_label_name(static_cast<OpLabel>(i))] =
+          total > 0 ? static_cast<double>(stats.ns[static_cast<size_t>(i)]) / total : 0.0;
     }
     j["decode_op_share"] = ops;
+    j["strategy"] = e->planned.strategy;
+    j["profiler"] = !o.no_profiler;
+    j["predicted_step_ms"] =
+        e->cost.predict(m, e->planned, o.n_prompt + o.n_gen / 2, e->strategy.kv_dtype).step_ms;
+    if (!o.no_profiler) {
+      nlohmann::json layers = nlohmann::json::array();
+      for (const auto& l : snap.layers) {
+        layers.push_back({{"p50_ms", l[Profiler::kLayerTotal].p50_ms},
+                          {"p99_ms", l[Profiler::kLayerTotal].p99_ms}});
+      }
+      j["layers"] = layers;
+      j["step_p50_ms"] = snap.step.p50_ms;
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   std::printf("model:    %s\n          %s\n", o.engine.model.c_str(), m.describe().c_str());
   std::printf("backend:  %s\n", e->backend_name().c_str());
-  std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps)\n", pp.mean, pp.sd, static_cast<long long>(o.n_prompt), o.reps);
-  std::printf("decode:   %8.1f ± %.1f tokens/s  (tg%lld)\n", tg.mean, tg.sd, static_cast<long long>(o.n_gen));
+  std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps)\n", pp.mean, pp.sd,
+              static_cast<long long>(o.n_prompt), o.reps);
+  std::printf("decode:   %8.1f ± %.1f tokens/s  (tg%lld)\n", tg.mean, tg.sd,
+              static_cast<long long>(o.n_gen));
   std::printf("ttft:     %8.2f ms\n", tt.mean);
   std::printf("itl:      P50 %.2f ms, P99 %.2f ms\n", p50, p99);
-  std::printf("memory:   peak RSS %.1f MiB (weights %.1f MiB, KV %.1f MiB)\n", static_cast<double>(rss) / 1048576.0,
-              static_cast<double>(m.weight_bytes()) / 1048576.0, static_cast<double>(kv.allocated_bytes()) / 1048576.0);
+  std::printf("memory:   peak RSS %.1f MiB (weights %.1f MiB, KV %.1f MiB)\n",
+              static_cast<double>(rss) / 1048576.0,
+              static_cast<double>(m.weight_bytes()) / 1048576.0,
+              static_cast<double>(kv.allocated_bytes()) / 1048576.0);
+  if (!o.no_profiler) {
+    std::printf(
+        "placement and per-layer decode time (profiler, last %d reps) against the cost model:\n",
+        o.reps);
+    print_plan(*e, &snap, stdout);
+  }
+  if (!gpu_ops.empty()) {
+    double total_ms = 0;
+    uint64_t calls = 0;
+    for (const auto& g : gpu_ops) total_ms += g.ms, calls += g.calls;
+    std::vector<GpuOpTime> sorted = gpu_ops;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const GpuOpTime& a, const GpuOpTime& b) { return a.ms > b.ms; });
+    const double steps = static_cast<double>((o.reps + 1) * (o.n_gen + 1));
+    std::printf(
+        "GPU shaders (timestamps around every dispatch, all reps; %.0f dispatches per step):\n",
+        static_cast<double>(calls) / steps);
+    for (const auto& g : sorted) {
+      std::printf("  %-28s %5.1f%%  %9.1f us/step  %8llu calls\n", g.name.c_str(),
+                  total_ms > 0 ? 100.0 * g.ms / total_ms : 0.0, 1000.0 * g.ms / steps,
+                  static_cast<unsigned long long>(g.calls));
+    }
+    std::printf("  submissions: %llu\n",
+                static_cast<unsigned long long>(vulkan_submissions(*e->gpu)));
+  }
   std::printf("decode step, share of time per op (last rep):\n");
   const double total = static_cast<double>(stats.total_ns());
   for (int i = 0; i < static_cast<int>(OpLabel::kCount); ++i) {
@@ -138,7 +194,8 @@ int cmd_bench(const BenchOptions& o) {
     if (stats.calls[k] == 0) continue;
     std::printf("  %-24s %5.1f%%  %8.1f us/token\n", op_label_name(static_cast<OpLabel>(i)),
                 total > 0 ? 100.0 * static_cast<double>(stats.ns[k]) / total : 0.0,
-                static_cast<double>(stats.ns[k]) / 1000.0 / static_cast<double>(std::max<int64_t>(1, o.n_gen)));
+                static_cast<double>(stats.ns[k]) / 1000.0 /
+                    static_cast<double>(std::max<int64_t>(1, o.n_gen)));
   }
   return 0;
 }

@@ -9,8 +9,9 @@
 namespace loom::cli {
 
 int cmd_devices(const DevicesOptions&) {
-  std::printf("cpu:     %u threads, kernels %s (best available: %s)\n", std::thread::hardware_concurrency(),
-              cpu::isa_name(cpu::active_isa()), cpu::isa_name(cpu::detected_isa()));
+  std::printf("cpu:     %u threads, kernels %s (best available: %s)\n",
+              std::thread::hardware_concurrency(), cpu::isa_name(cpu::active_isa()),
+              cpu::isa_name(cpu::detected_isa()));
   if (!vulkan_built()) {
     std::printf("vulkan:  not built into this binary\n");
     return 0;
@@ -22,10 +23,11 @@ int cmd_devices(const DevicesOptions&) {
   }
   if (devs->empty()) std::printf("vulkan:  no devices\n");
   for (const auto& d : *devs) {
-    std::printf("vulkan %d: %s (%s), %.1f GiB device memory, Vulkan %s, %s%s%s\n", d.index, d.name.c_str(),
-                d.type.c_str(), static_cast<double>(d.device_local_bytes) / (1024.0 * 1024.0 * 1024.0),
-                d.api_version.c_str(), d.driver.c_str(), d.usable ? "" : " — not usable: ",
-                d.usable ? "" : d.why_not.c_str());
+    std::printf("vulkan %d: %s (%s), %.1f GiB device memory, Vulkan %s, %s%s%s\n", d.index,
+                d.name.c_str(), d.type.c_str(),
+                static_cast<double>(d.device_local_bytes) / (1024.0 * 1024.0 * 1024.0),
+                d.api_version.c_str(), d.driver.c_str(),
+                d.usable ? "" : " — not usable: ", d.usable ? "" : d.why_not.c_str());
   }
   std::printf("cuda:    not built into this binary\n");
   return 0;

@@ -26,13 +26,17 @@ std::string human_bytes(uint64_t b) {
 std::string value_string(const GgufValue& v) {
   char buf[64];
   switch (v.type) {
-    case GgufType::kString: return v.s.size() > 80 ? "\"" + v.s.substr(0, 77) + "...\"" : "\"" + v.s + "\"";
+    case GgufType::kString:
+      return v.s.size() > 80 ? "\"" + v.s.substr(0, 77) + "...\"" : "\"" + v.s + "\"";
     case GgufType::kF32:
     case GgufType::kF64: std::snprintf(buf, sizeof buf, "%g", v.f); return buf;
     case GgufType::kBool: return v.i ? "true" : "false";
-    case GgufType::kU64: std::snprintf(buf, sizeof buf, "%" PRIu64, static_cast<uint64_t>(v.i)); return buf;
+    case GgufType::kU64:
+      std::snprintf(buf, sizeof buf, "%" PRIu64, static_cast<uint64_t>(v.i));
+      return buf;
     case GgufType::kArray:
-      std::snprintf(buf, sizeof buf, "[%s × %" PRIu64 "]", gguf_type_name(v.elem_type), v.array_size());
+      std::snprintf(buf, sizeof buf, "[%s × %" PRIu64 "]", gguf_type_name(v.elem_type),
+                    v.array_size());
       return buf;
     default: std::snprintf(buf, sizeof buf, "%" PRId64, v.i); return buf;
   }
@@ -80,7 +84,8 @@ int cmd_info(const InfoOptions& o) {
   std::printf("tensors:       %zu, %.3f M parameters, %s\n", f.tensors().size(),
               static_cast<double>(n_params) / 1e6, human_bytes(n_bytes).c_str());
   for (const auto& [name, e] : per_dtype) {
-    std::printf("  %-8s %6" PRIu64 " tensors  %12s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
+    std::printf("  %-8s %6" PRIu64 " tensors  %12s\n", name.c_str(), e.first,
+                human_bytes(e.second).c_str());
   }
 
   // Tokenizer.
@@ -96,11 +101,13 @@ int cmd_info(const InfoOptions& o) {
     std::printf("tokenizer:     (none)\n");
   }
   const GgufValue* tmpl = f.find("tokenizer.chat_template");
-  std::printf("chat template: %s\n", tmpl && tmpl->type == GgufType::kString ? "present" : "absent");
+  std::printf("chat template: %s\n",
+              tmpl && tmpl->type == GgufType::kString ? "present" : "absent");
 
   if (o.list_metadata) {
     std::printf("metadata (%zu keys):\n", f.metadata().size());
-    for (const auto& [key, v] : f.metadata()) std::printf("  %-48s %s\n", key.c_str(), value_string(v).c_str());
+    for (const auto& [key, v] : f.metadata())
+      std::printf("  %-48s %s\n", key.c_str(), value_string(v).c_str());
   }
   if (o.list_tensors) {
     std::printf("tensor list:\n");

@@ -15,7 +15,8 @@ int cmd_run(const RunOptions& o) {
     prompt = s.tokenize_raw(o.prompt);
   } else {
     // The model's warnings are about its chat template: only chat mode uses it.
-    for (const auto& w : e->model->warnings) std::fprintf(stderr, "loom run: warning: %s\n", w.c_str());
+    for (const auto& w : e->model->warnings)
+      std::fprintf(stderr, "loom run: warning: %s\n", w.c_str());
     std::vector<ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({"system", o.system});
     msgs.push_back({"user", o.prompt});
@@ -53,14 +54,17 @@ int cmd_run(const RunOptions& o) {
     return 1;
   }
   const GenerateStats& st = *r;
-  std::fprintf(stderr, "\nloom run: %s | %s\n", e->model->describe().c_str(), e->backend_name().c_str());
+  std::fprintf(stderr, "\nloom run: %s | %s\n", e->model->describe().c_str(),
+               e->backend_name().c_str());
   std::fprintf(stderr, "loom run: prompt %lld tokens in %.1f ms (%.1f tokens/s)%s\n",
                static_cast<long long>(st.n_prompt), st.prefill_ms,
                st.prefill_ms > 0 ? 1000.0 * static_cast<double>(st.n_prompt) / st.prefill_ms : 0.0,
                st.n_reused ? " (cache reused)" : "");
-  const double gen_tps = st.decode_ms > 0 ? 1000.0 * static_cast<double>(st.n_generated) / st.decode_ms : 0.0;
+  const double gen_tps =
+      st.decode_ms > 0 ? 1000.0 * static_cast<double>(st.n_generated) / st.decode_ms : 0.0;
   std::fprintf(stderr, "loom run: generated %lld tokens in %.1f ms (%.1f tokens/s), stopped: %s\n",
-               static_cast<long long>(st.n_generated), st.decode_ms, gen_tps, stop_reason_text(st.reason));
+               static_cast<long long>(st.n_generated), st.decode_ms, gen_tps,
+               stop_reason_text(st.reason));
   return 0;
 }
 

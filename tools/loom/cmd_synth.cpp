@@ -47,10 +47,13 @@ int cmd_synth(const SynthOptions& o) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& n : r->notes) std::fprintf(stderr, "loom synth: note: %s\n", n.c_str());
-  std::fprintf(stderr, "%sloom synth: wrote %s: %s, %lld layers, %.2f M parameters, %lld tokens, %.1f MiB in %.1f s\n",
-               last_pct >= 0 && r->file_bytes > (64u << 20) ? "\n" : "", o.out.c_str(), spec.arch.c_str(),
-               static_cast<long long>(spec.n_layer), static_cast<double>(r->n_params) / 1e6,
-               static_cast<long long>(r->n_vocab), static_cast<double>(r->file_bytes) / (1024.0 * 1024.0), secs);
+  std::fprintf(stderr,
+               "%sloom synth: wrote %s: %s, %lld layers, %.2f M parameters, %lld tokens, %.1f MiB "
+               "in %.1f s\n",
+               last_pct >= 0 && r->file_bytes > (64u << 20) ? "\n" : "", o.out.c_str(),
+               spec.arch.c_str(), static_cast<long long>(spec.n_layer),
+               static_cast<double>(r->n_params) / 1e6, static_cast<long long>(r->n_vocab),
+               static_cast<double>(r->file_bytes) / (1024.0 * 1024.0), secs);
   return 0;
 }
 

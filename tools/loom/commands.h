@@ -8,35 +8,35 @@
 namespace loom::cli {
 
 struct InfoOptions {
-  std::string model;      ///< GGUF file
+  std::string model;  ///< GGUF file
   bool list_tensors = false;
   bool list_metadata = false;
 };
 int cmd_info(const InfoOptions& o);
 
 struct TokenizeOptions {
-  std::string model;      ///< GGUF file with tokenizer metadata
+  std::string model;  ///< GGUF file with tokenizer metadata
   std::string prompt;
   bool no_bos = false;
   bool parse_special = false;
-  bool pieces = false;    ///< print "id 'piece'" pairs instead of ids only
+  bool pieces = false;  ///< print "id 'piece'" pairs instead of ids only
 };
 int cmd_tokenize(const TokenizeOptions& o);
 
 struct SynthOptions {
   std::string out;
-  std::string preset;     ///< stories-like | tinyllama-1.1b | qwen2-0.5b | phi3-mini | llama3-8b
+  std::string preset;  ///< stories-like | tinyllama-1.1b | qwen2-0.5b | phi3-mini | llama3-8b
   std::string arch = "llama";
   int64_t layers = 2;
   int64_t dim = 64;
   int64_t ffn = 172;
   int64_t heads = 4;
   int64_t kv_heads = 2;
-  int64_t vocab = 0;      ///< 0: size of the tokenizer used
+  int64_t vocab = 0;  ///< 0: size of the tokenizer used
   int64_t ctx = 512;
   std::string dtype = "f32";
   uint64_t seed = 1;
-  std::string vocab_from; ///< GGUF to copy the tokenizer from; empty: built-in byte-level vocab
+  std::string vocab_from;  ///< GGUF to copy the tokenizer from; empty: built-in byte-level vocab
   // Which of the above were given explicitly (they override a preset).
   bool set_arch = false, set_layers = false, set_dim = false, set_ffn = false, set_heads = false,
        set_kv_heads = false, set_vocab = false, set_ctx = false;
@@ -46,13 +46,25 @@ int cmd_synth(const SynthOptions& o);
 /// Options shared by run and bench.
 struct EngineOptions {
   std::string model;
-  int threads = 0;          ///< 0: all cores
-  int64_t ctx = 0;          ///< 0: the model's (capped at 4096)
+  int threads = 0;  ///< 0: all cores
+  int64_t ctx = 0;  ///< 0: the model's (capped at 4096)
   std::string kv_type = "f16";
-  int64_t batch = 256;      ///< prefill chunk
+  int64_t batch = 256;          ///< prefill chunk
   std::string backend = "cpu";  ///< cpu | vulkan
-  int device = -1;          ///< Vulkan device index (loom devices); -1: the best
+  int device = -1;              ///< Vulkan device index (loom devices); -1: the best
+  std::string strategy;         ///< placement strategy; empty: gpu with --backend vulkan, else cpu
+  std::string placement;        ///< placement JSON file (strategy custom)
+  std::string vram_budget;      ///< "8G": the GPU behaves as if it had this much memory
+  std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
+  bool gpu_profile = false;  ///< timestamp every GPU dispatch (bench prints the shaders' times)
 };
+
+struct PlanOptions {
+  EngineOptions engine;
+  bool json = false;  ///< print the placement as JSON
+  std::string save;   ///< write the placement JSON here
+};
+int cmd_plan(const PlanOptions& o);
 
 struct DevicesOptions {};
 int cmd_devices(const DevicesOptions& o);
@@ -61,7 +73,7 @@ struct RunOptions {
   EngineOptions engine;
   std::string prompt;
   std::string system;
-  bool raw = false;         ///< no chat template
+  bool raw = false;  ///< no chat template
   int64_t n_predict = 256;
   float temp = 0.8f;
   int32_t top_k = 40;
@@ -80,6 +92,7 @@ struct BenchOptions {
   int64_t n_gen = 64;
   int reps = 3;
   bool json = false;
+  bool no_profiler = false;
 };
 int cmd_bench(const BenchOptions& o);
 

@@ -1,16 +1,31 @@
 #include "tools/loom/engine_setup.h"
 
-#include "engine/backends/vulkan/vulkan.h"
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "engine/backends/vulkan/vulkan.h"
+
 namespace loom::cli {
 
-std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who) {
+namespace {
+bool parse_dtype_opt(const std::string& s, std::optional<DType>* out, const char* what,
+                     const char* who) {
+  if (s.empty() || s == "keep") return true;
+  auto d = dtype_from_name(s);
+  if (!d) {
+    std::fprintf(stderr, "%s: unknown %s '%s'\n", who, what, s.c_str());
+    return false;
+  }
+  *out = *d;
+  return true;
+}
+}  // namespace
+
+std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, bool calibrate_always,
+                                    bool session) {
   auto e = std::make_unique<Engine>();
   auto m = load_model(o.model);
   if (!m.ok()) {
@@ -18,49 +33,101 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who) {
     return nullptr;
   }
   e->model = std::move(m).value();
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Model& model = *e->model;
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   e->cpu = std::make_unique<CpuBackend>(threads);
   e->backend = e->cpu.get();
-  if (o.backend == "vulkan") {
+
+  StrategyOptions& so = e->strategy;
+  if (o.backend != "cpu" && o.backend != "vulkan") {
+    std::fprintf(stderr, "%s: unknown backend '%s' (cpu, vulkan)\n", who, o.backend.c_str());
+    return nullptr;
+  }
+  so.strategy = !o.strategy.empty()
+                    ? o.strategy
+                    : (!o.placement.empty() ? "custom" : (o.backend == "vulkan" ? "gpu" : "cpu"));
+  so.placement_file = o.placement;
+  if (!o.vram_budget.empty()) {
+    auto b = parse_size(o.vram_budget);
+    if (!b) {
+      std::fprintf(stderr, "%s: --vram-budget '%s' is not a size (e.g. 8G, 512M)\n", who,
+                   o.vram_budget.c_str());
+      return nullptr;
+    }
+    so.vram_budget = *b;
+  }
+  if (!parse_dtype_opt(o.cpu_dtype, &so.cpu_dtype, "--cpu-dtype", who) ||
+      !parse_dtype_opt(o.gpu_dtype, &so.gpu_dtype, "--gpu-dtype", who)) {
+    return nullptr;
+  }
+  auto kv = dtype_from_name(o.kv_type);
+  if (!kv || (*kv != DType::kF16 && *kv != DType::kQ8_0)) {
+    std::fprintf(stderr, "%s: unknown KV cache type '%s' (f16, q8_0)\n", who, o.kv_type.c_str());
+    return nullptr;
+  }
+  so.kv_dtype = *kv;
+  so.n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
+  so.max_chunk = o.batch;
+
+  // The GPU, when the strategy or the backend asks for it.
+  if (so.strategy != "cpu" || o.backend == "vulkan") {
     VulkanOptions vo;
     vo.device = o.device;
+    vo.profile = o.gpu_profile;
+    vo.memory_limit = so.vram_budget;
     auto vb = create_vulkan_backend(vo);
     if (vb.ok()) {
       e->gpu = std::move(vb).value();
       e->backend = e->gpu.get();
     } else {
-      std::fprintf(stderr, "%s: Vulkan unavailable: %s; using the CPU\n", who, vb.message().c_str());
+      std::fprintf(stderr, "%s: Vulkan unavailable: %s; using the CPU\n", who,
+                   vb.message().c_str());
+      so.strategy = "cpu";
+      so.placement_file.clear();
     }
-  } else if (o.backend != "cpu") {
-    std::fprintf(stderr, "%s: unknown backend '%s' (cpu, vulkan)\n", who, o.backend.c_str());
+  }
+  so.has_gpu = e->gpu != nullptr;
+
+  if (calibrate_always || so.strategy == "auto") {
+    auto c = calibrate(model, *e->cpu, e->gpu.get());
+    if (c.ok())
+      e->cost = *c;
+    else
+      std::fprintf(stderr, "%s: note: could not measure the cost model (%s); using defaults\n", who,
+                   c.message().c_str());
+  }
+  auto p = make_placement(model, so, e->cost);
+  if (!p.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, p.message().c_str());
     return nullptr;
   }
+  if (!session) {
+    e->planned = std::move(p).value();
+    return e;
+  }
+
   SessionConfig sc;
-  sc.n_ctx = o.ctx;
+  sc.n_ctx = so.n_ctx;
   sc.max_chunk = o.batch;
-  auto kv = dtype_from_name(o.kv_type);
-  if (!kv) {
-    std::fprintf(stderr, "%s: unknown KV cache type '%s' (f16, q8_0)\n", who, o.kv_type.c_str());
-    return nullptr;
-  }
-  sc.kv_dtype = *kv;
-  auto s = Session::create(*e->model, *e->backend, sc);
+  sc.kv_dtype = so.kv_dtype;
+  auto s = Session::create(model, *e->backend, sc);
   if (!s.ok()) {
     std::fprintf(stderr, "%s: %s\n", who, s.message().c_str());
     return nullptr;
   }
   e->session = std::move(s).value();
-  if (e->gpu) {
-    // Weights the GPU cannot take (dtype without a shader, out of memory) run
-    // on the CPU, with explicit transfers; say which.
-    e->session->forward().set_fallback(e->cpu.get());
-    Status st = e->session->forward().prepare();
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s: %s\n", who, st.message().c_str());
-      return nullptr;
-    }
-    for (const auto& n : e->session->forward().notes()) std::fprintf(stderr, "%s: note: %s\n", who, n.c_str());
+  ForwardPass& fwd = e->session->forward();
+  fwd.set_fallback(e->cpu.get());
+  Status st = fwd.set_placement(*p);
+  if (st.ok()) st = fwd.prepare();
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, st.message().c_str());
+    return nullptr;
   }
+  for (const auto& n : fwd.notes()) std::fprintf(stderr, "%s: note: %s\n", who, n.c_str());
+  e->planned = fwd.placement();
   return e;
 }
 

@@ -1,6 +1,5 @@
 // loom: the command-line front end. Parses arguments and hands them to cmd_*.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "tools/loom/commands.h"
@@ -11,7 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   InfoOptions info;
-  auto* c_info = app.add_subcommand("info", "Describe a GGUF model: architecture, shapes, dtypes, tokenizer");
+  auto* c_info =
+      app.add_subcommand("info", "Describe a GGUF model: architecture, shapes, dtypes, tokenizer");
   c_info->add_option("model", info.model, "GGUF file")->required();
   c_info->add_option("-m,--model", info.model, "GGUF file");
   c_info->add_flag("--tensors", info.list_tensors, "List every tensor");
@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   opt("--kv-heads", syn.kv_heads, syn.set_kv_heads, "KV heads (GQA)");
   opt("--vocab", syn.vocab, syn.set_vocab, "Vocabulary size (default: the tokenizer's)");
   opt("--ctx", syn.ctx, syn.set_ctx, "Context length");
-  c_syn->add_option("--dtype", syn.dtype, "Weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k..q6_k");
+  c_syn->add_option("--dtype", syn.dtype,
+                    "Weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k..q6_k");
   c_syn->add_option("--seed", syn.seed, "Random seed");
   c_syn->add_option("--vocab-from", syn.vocab_from, "Copy the tokenizer from this GGUF");
 
@@ -51,26 +52,49 @@ int main(int argc, char** argv) {
     c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
     c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
     c->add_option("-b,--batch", e.batch, "Prefill chunk size in tokens");
-    c->add_option("--backend", e.backend, "cpu | vulkan (falls back to the CPU when Vulkan is unavailable)");
+    c->add_option("--backend", e.backend,
+                  "cpu | vulkan (falls back to the CPU when Vulkan is unavailable)");
     c->add_option("--device", e.device, "Vulkan device index (see `loom devices`)");
+    c->add_option("--strategy", e.strategy,
+                  "Placement: gpu | cpu | layers:N | attn-gpu | auto | custom (default: gpu with "
+                  "--backend vulkan, else cpu)");
+    c->add_option("--placement", e.placement,
+                  "Placement JSON file (strategy custom; `loom plan --save` writes one)");
+    c->add_option("--vram-budget", e.vram_budget,
+                  "GPU memory Loom may use, e.g. 8G (default: all of it)");
+    c->add_option("--cpu-dtype", e.cpu_dtype,
+                  "Requantize weights placed on the CPU to this type (e.g. q4_0)");
+    c->add_option("--gpu-dtype", e.gpu_dtype,
+                  "Requantize weights placed on the GPU to this type (e.g. q8_0)");
   };
   DevicesOptions dev;
   auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");
   RunOptions run;
-  auto* c_run = app.add_subcommand("run", "Generate text from a prompt (streams to stdout, timings to stderr)");
+  auto* c_run = app.add_subcommand(
+      "run", "Generate text from a prompt (streams to stdout, timings to stderr)");
   engine_opts(c_run, run.engine);
   c_run->add_option("-p,--prompt", run.prompt, "Prompt (chat message, or raw text with --raw)");
   c_run->add_option("--system", run.system, "System prompt (chat mode)");
   c_run->add_flag("--raw", run.raw, "Feed the prompt as is, without the chat template");
-  c_run->add_option("-n,--n-predict", run.n_predict, "Tokens to generate (-1: until the context is full)");
+  c_run->add_option("-n,--n-predict", run.n_predict,
+                    "Tokens to generate (-1: until the context is full)");
   c_run->add_option("--temp", run.temp, "Temperature (0: greedy)");
   c_run->add_option("--top-k", run.top_k, "Top-k (0: off)");
   c_run->add_option("--top-p", run.top_p, "Top-p (1: off)");
   c_run->add_option("--min-p", run.min_p, "Min-p (0: off)");
   c_run->add_option("--repeat-penalty", run.repeat_penalty, "Repetition penalty (1: off)");
   c_run->add_option("-s,--seed", run.seed, "Random seed");
-  c_run->add_flag("--context-shift", run.context_shift, "When the context is full, drop its older half and go on");
+  c_run->add_flag("--context-shift", run.context_shift,
+                  "When the context is full, drop its older half and go on");
   c_run->add_flag("--ignore-eos", run.ignore_eos, "Do not stop at end-of-generation tokens");
+
+  PlanOptions plan;
+  auto* c_plan = app.add_subcommand("plan",
+                                    "Show the placement a strategy makes: per layer and op group, "
+                                    "bytes per device, predicted step time");
+  engine_opts(c_plan, plan.engine);
+  c_plan->add_flag("--json", plan.json, "Print the placement as JSON");
+  c_plan->add_option("--save", plan.save, "Write the placement JSON to this file");
 
   BenchOptions bench;
   auto* c_bench = app.add_subcommand("bench", "Measure prefill and decode speed");
@@ -79,11 +103,16 @@ int main(int argc, char** argv) {
   c_bench->add_option("-n,--n-gen", bench.n_gen, "Generated tokens");
   c_bench->add_option("-r,--reps", bench.reps, "Repetitions");
   c_bench->add_flag("--json", bench.json, "Print one JSON object on stdout");
+  c_bench->add_flag("--gpu-profile", bench.engine.gpu_profile,
+                    "Time every GPU dispatch (slower) and print the shaders' share");
+  c_bench->add_flag("--no-profiler", bench.no_profiler,
+                    "Run without the per-layer profiler (to measure its overhead)");
 
   CLI11_PARSE(app, argc, argv);
   if (c_run->parsed()) return cmd_run(run);
   if (c_dev->parsed()) return cmd_devices(dev);
   if (c_bench->parsed()) return cmd_bench(bench);
+  if (c_plan->parsed()) return cmd_plan(plan);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);

@@ -45,6 +45,7 @@ struct PhysInfo {
   VkPhysicalDeviceMemoryProperties mem{};
   uint32_t queue_family = UINT32_MAX;
   float timestamp_period = 0;
+  uint32_t timestamp_bits = 0;
   uint32_t subgroup_ops = 0;
   uint32_t subgroup_stages = 0;
   bool f16_storage = false;
@@ -106,6 +107,7 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
     if (p.queue_family == UINT32_MAX || (qf[q].timestampValidBits > 0 && p.timestamp_period == 0)) {
       p.queue_family = q;
       p.timestamp_period = qf[q].timestampValidBits > 0 ? p.props.limits.timestampPeriod : 0.0f;
+      p.timestamp_bits = qf[q].timestampValidBits;
     }
   }
   if (p.queue_family == UINT32_MAX) {
@@ -271,6 +273,7 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   for (int k = 0; k < 3; ++k) c.max_groups[k] = pick->props.limits.maxComputeWorkGroupCount[k];
   c.max_shared_bytes = pick->props.limits.maxComputeSharedMemorySize;
   c.timestamp_period_ns = pick->timestamp_period;
+  c.timestamp_bits = pick->timestamp_period > 0 ? pick->timestamp_bits : 0;
   c.subgroup_size = pick->info.subgroup_size;
   c.subgroup_arithmetic = opts.use_subgroups && pick->info.subgroup_arithmetic;
   c.f16_storage = opts.use_f16_storage && pick->f16_storage;

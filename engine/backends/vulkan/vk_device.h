@@ -23,6 +23,7 @@ struct DeviceCaps {
   uint32_t max_groups[3] = {0, 0, 0};
   uint32_t max_shared_bytes = 0;
   float timestamp_period_ns = 0;     ///< 0: no timestamps on the compute queue
+  uint32_t timestamp_bits = 0;       ///< valid low bits of a timestamp (timestampValidBits)
   uint32_t device_local_type = 0;    ///< memory type index for weights, activations, KV
   uint32_t host_type = 0;            ///< memory type index for staging (host-visible, coherent)
   uint64_t device_local_heap = 0;    ///< bytes of the heap of device_local_type

@@ -34,11 +34,18 @@ struct VulkanDeviceInfo {
 struct VulkanOptions {
   int device = -1;          ///< index in list_vulkan_devices(); -1: the best (discrete GPU first)
   bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation and count its messages
-  bool profile = false;     ///< timestamp queries around every dispatch (VulkanBackend::gpu_times)
+  bool profile = false;     ///< timestamp queries around every dispatch (take_vulkan_gpu_times)
   bool use_subgroups = true;    ///< false: shared-memory reductions even where subgroups exist
   bool use_f16_storage = true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;    ///< bytes of device memory Loom may take; 0: the device's heap
   uint32_t matvec_rows = 0;     ///< tuning: rows per subgroup in single-token matvecs (1..8); 0: default
+};
+
+/// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).
+struct GpuOpTime {
+  std::string name;  ///< shader variant, "matvec1_q4_k_sg"
+  double ms = 0;     ///< total
+  uint64_t calls = 0;
 };
 
 /// True when this build has the Vulkan backend (LOOM_VULKAN).
@@ -52,5 +59,13 @@ Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices();
 /// the user): no loader, no usable device, the index out of range, device
 /// creation failed. The caller then keeps using the CPU backend.
 Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions& opts);
+
+/// The GPU time per shader variant since the last call, longest first, and
+/// resets it: empty unless `b` is a Vulkan backend made with VulkanOptions::profile.
+std::vector<GpuOpTime> take_vulkan_gpu_times(Backend& b);
+
+/// Submissions `b` has made so far (a decode step should add one); 0 when `b`
+/// is not a Vulkan backend.
+uint64_t vulkan_submissions(Backend& b);
 
 }  // namespace loom

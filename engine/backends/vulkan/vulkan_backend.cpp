@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/ref/blocks.h"
+#include "cpu/ref/fp16.h"
 #include "cpu/ref/ops_ref.h"
 #include "engine/backends/vulkan/vk_shaders.h"
 #include "engine/backends/vulkan/vk_weights.h"
@@ -24,6 +26,10 @@ constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
 constexpr uint64_t kRingBytes = 32ull << 20;
 constexpr uint64_t kBlockBytes = 256ull << 20;
 constexpr uint32_t kMaxQueries = 4096;  // two per dispatch
+// Scope timestamps per submission: the pool starts with this many and doubles
+// (up to the most) whenever a submission fills it, which then flushes early.
+constexpr uint32_t kScopeQueries = 1024;
+constexpr uint32_t kMaxScopeQueries = 65536;
 constexpr uint32_t kDescSetsPerPool = 256;
 constexpr uint32_t kPushBytes = 128;
 
@@ -56,6 +62,19 @@ const char* dtype_suffix(DType t) {
 
 uint32_t u32(uint64_t v) { return static_cast<uint32_t>(v); }
 
+uint64_t round256(uint64_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+// An op on a layer whose K/V are in host blocks (or a layer that does not
+// exist): the forward pass placed it wrong, and the shader must not run on
+// memory that is not there.
+Status not_resident(int64_t layer, const char* op) {
+  return make_error(ErrorCode::kInternal,
+                    "Vulkan %s: layer %" PRId64 " of the KV cache is not resident on the GPU", op,
+                    layer);
+}
+
 }  // namespace
 
 namespace vk {
@@ -84,17 +103,23 @@ class VkActBuffer final : public ActBuffer {
   Alloc a_;
 };
 
-/// One KV cache's layers in device memory: per layer a K and a V allocation of
-/// [n_kv_heads][n_ctx][head_dim] (F16 words, or Q8_0 quants then scales).
+/// One KV cache's layers in device memory: per resident layer a K and a V
+/// allocation of [n_kv_heads][n_ctx][head_dim] (F16 words, or Q8_0 quants
+/// then scales). Layers not resident hold nothing (the KvCache keeps them in
+/// host blocks).
 class VkKvStorage final : public KvStorage {
  public:
-  VkKvStorage(VulkanBackend* owner, const KvCacheConfig& cfg) : owner_(owner), cfg_(cfg) {}
+  VkKvStorage(VulkanBackend* owner, const KvCacheConfig& cfg)
+      : owner_(owner),
+        cfg_(cfg),
+        k_(static_cast<size_t>(cfg.n_layer)),
+        v_(static_cast<size_t>(cfg.n_layer)) {}
   ~VkKvStorage() override {
     for (auto& a : k_) owner_->device_pool_->free(a);
     for (auto& a : v_) owner_->device_pool_->free(a);
   }
   Status reserve(int64_t n) override {
-    // Every layer holds n_ctx rows from the start (allocated in create_kv_storage).
+    // Resident layers hold n_ctx rows from the start (set_layer_resident).
     if (n > cfg_.n_ctx) return make_error(ErrorCode::kOutOfRange, "Vulkan KV cache: %" PRId64 " tokens exceed %" PRId64, n, cfg_.n_ctx);
     return {};
   }
@@ -103,6 +128,62 @@ class VkKvStorage final : public KvStorage {
     for (const auto& a : k_) b += a.size;
     for (const auto& a : v_) b += a.size;
     return b;
+  }
+  bool layer_resident(int64_t layer) const override {
+    return layer >= 0 && layer < cfg_.n_layer && k_[static_cast<size_t>(layer)];
+  }
+  Status set_layer_resident(int64_t layer, bool resident) override {
+    LOOM_TRY(check_layer(layer, "set_layer_resident"));
+    const auto l = static_cast<size_t>(layer);
+    if (resident == static_cast<bool>(k_[l])) return {};
+    if (!resident) {
+      // Recorded work may still read or write the layer: run it first.
+      Status st = owner_->flush();
+      owner_->device_pool_->free(k_[l]);
+      owner_->device_pool_->free(v_[l]);
+      k_[l] = v_[l] = Alloc{};
+      return st;
+    }
+    LOOM_ASSIGN_OR_RETURN(Alloc k, owner_->device_pool_->alloc(layer_bytes(), "the KV cache"));
+    auto v = owner_->device_pool_->alloc(layer_bytes(), "the KV cache");
+    if (!v.ok()) {
+      owner_->device_pool_->free(k);
+      return v.status();
+    }
+    k_[l] = k;
+    v_[l] = *v;
+    return {};
+  }
+  Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) override {
+    LOOM_TRY(check_transfer(layer, n, "export_layer"));
+    return owner_->kv_transfer(*this, layer, n, k, v, nullptr, nullptr);
+  }
+  Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) override {
+    LOOM_TRY(check_transfer(layer, n, "import_layer"));
+    return owner_->kv_transfer(*this, layer, n, nullptr, nullptr, k, v);
+  }
+
+  Status check_layer(int64_t layer, const char* op) const {
+    if (layer < 0 || layer >= cfg_.n_layer) {
+      return make_error(ErrorCode::kOutOfRange,
+                        "Vulkan KV cache %s: layer %" PRId64 " does not exist (%" PRId64 " layers)",
+                        op, layer, cfg_.n_layer);
+    }
+    return {};
+  }
+  Status check_transfer(int64_t layer, int64_t n, const char* op) const {
+    LOOM_TRY(check_layer(layer, op));
+    if (!k_[static_cast<size_t>(layer)]) {
+      return make_error(ErrorCode::kInternal,
+                        "Vulkan KV cache %s: layer %" PRId64 " is not resident on the GPU", op,
+                        layer);
+    }
+    if (n < 0 || n > cfg_.n_ctx) {
+      return make_error(ErrorCode::kOutOfRange,
+                        "Vulkan KV cache %s: %" PRId64 " tokens (the cache holds %" PRId64 ")", op,
+                        n, cfg_.n_ctx);
+    }
+    return {};
   }
   /// Bytes of the quants of one layer's K (or V); the Q8_0 scales follow at this offset.
   uint64_t quant_bytes() const {
@@ -117,7 +198,7 @@ class VkKvStorage final : public KvStorage {
 
   VulkanBackend* owner_;
   KvCacheConfig cfg_;
-  std::vector<Alloc> k_, v_;
+  std::vector<Alloc> k_, v_;  ///< per layer; empty when the layer is not resident
 };
 
 // ---- set-up -----------------------------------------------------------------
@@ -214,6 +295,7 @@ VulkanBackend::~VulkanBackend() {
     if (set_layouts_[n]) fn.vkDestroyDescriptorSetLayout(d, set_layouts_[n], nullptr);
   }
   if (query_pool_) fn.vkDestroyQueryPool(d, query_pool_, nullptr);
+  if (scope_pool_) fn.vkDestroyQueryPool(d, scope_pool_, nullptr);
   if (pipeline_cache_) fn.vkDestroyPipelineCache(d, pipeline_cache_, nullptr);
   if (fence_) fn.vkDestroyFence(d, fence_, nullptr);
   if (cmd_pool_) fn.vkDestroyCommandPool(d, cmd_pool_, nullptr);
@@ -280,6 +362,14 @@ Status VulkanBackend::begin() {
   // Writes of earlier submissions (previous decode steps, uploads) reach this
   // one's reads through a barrier: its first scope is every command submitted before.
   full_barrier();
+  scope_marks_.clear();
+  scope_reset_ = false;
+  if (scope_on_) {
+    // The last submission filled the pool: a bigger one now that none is in flight.
+    if (scope_want_ > scope_cap_ && !make_scope_pool(scope_want_).ok()) scope_want_ = scope_cap_;
+    // The scope the last flush paused goes on.
+    if (scope_open_ >= 0) write_scope_mark(scope_open_, false);
+  }
   return {};
 }
 
@@ -321,6 +411,8 @@ Status VulkanBackend::flush() {
   if (!recording_) return status_;
   recording_ = false;
   const vk::Fns& fn = dev_->fn();
+  // A scope still open pauses here; the next submission resumes it.
+  if (scope_open_ >= 0 && !scope_marks_.empty()) write_scope_mark(-1, false);
   // Transfers into the ring (downloads) must be visible to the host after the fence.
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
@@ -370,7 +462,105 @@ Status VulkanBackend::flush() {
       }
     }
   }
+  resolve_scopes();
   return status_;
+}
+
+// ---- scope timing -----------------------------------------------------------------
+
+Status VulkanBackend::make_scope_pool(uint32_t n) {
+  const vk::Fns& fn = dev_->fn();
+  VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+  qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+  qi.queryCount = n;
+  VkQueryPool pool = VK_NULL_HANDLE;
+  const VkResult r = fn.vkCreateQueryPool(dev_->device(), &qi, nullptr, &pool);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateQueryPool");
+  if (scope_pool_) fn.vkDestroyQueryPool(dev_->device(), scope_pool_, nullptr);
+  scope_pool_ = pool;
+  scope_cap_ = n;
+  return {};
+}
+
+void VulkanBackend::set_scope_timing(bool on) {
+  if (on == scope_on_) return;
+  if (!on) {
+    mark_scope(-1);  // the open scope ends here
+    scope_on_ = false;
+    return;
+  }
+  // No timestamps on this queue: stays off (the caller sees device_timing() false).
+  if (!device_timing()) return;
+  if (!scope_pool_) {
+    scope_want_ = kScopeQueries;
+    if (!make_scope_pool(scope_want_).ok()) return;
+  }
+  scope_on_ = true;
+}
+
+void VulkanBackend::write_scope_mark(int32_t starts, bool ends) {
+  const vk::Fns& fn = dev_->fn();
+  if (!scope_reset_) {
+    fn.vkCmdResetQueryPool(cmd_, scope_pool_, 0, scope_cap_);
+    scope_reset_ = true;
+  }
+  // Bottom of pipe: the time when every command recorded before has finished,
+  // so consecutive marks split the submission's time with no gap or overlap.
+  fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, scope_pool_,
+                         u32(scope_marks_.size()));
+  scope_marks_.push_back(ScopeMark{starts, ends});
+}
+
+void VulkanBackend::mark_scope(int32_t id) {
+  if (id < 0) id = -1;
+  // Keep one query for the pause mark of flush(); a full pool flushes early
+  // and the next submission gets a bigger one.
+  if (recording_ && scope_marks_.size() + 2 > scope_cap_) {
+    (void)flush();  // an error stays in status_ for the next synchronize()
+    scope_want_ = std::min(scope_cap_ * 2, kMaxScopeQueries);
+  }
+  if (!recording_) {
+    // Nothing queued since the last flush: the open scope's time is all in the carry.
+    if (scope_open_ >= 0) scope_done_.push_back(ScopeTime{scope_open_, ticks_to_ns(scope_carry_)});
+    scope_carry_ = 0;
+    scope_open_ = id;
+    return;
+  }
+  write_scope_mark(id, true);
+  scope_open_ = id;
+}
+
+void VulkanBackend::resolve_scopes() {
+  if (scope_marks_.empty()) return;
+  const size_t n = scope_marks_.size();
+  std::vector<uint64_t> ts(n);
+  const VkResult r = dev_->fn().vkGetQueryPoolResults(
+      dev_->device(), scope_pool_, 0, u32(n), n * sizeof(uint64_t), ts.data(), sizeof(uint64_t),
+      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  const uint32_t bits = dev_->caps().timestamp_bits;
+  // The counter wraps at its valid bits.
+  const uint64_t mask = bits >= 64 ? ~0ull : (1ull << bits) - 1;
+  uint64_t acc = scope_carry_;  // ticks of the scope of the current interval
+  for (size_t i = 0; i + 1 < n; ++i) {
+    const int32_t id = scope_marks_[i].starts;
+    if (id < 0) {
+      acc = 0;
+      continue;
+    }
+    if (r == VK_SUCCESS) acc += (ts[i + 1] - ts[i]) & mask;
+    if (scope_marks_[i + 1].ends) {
+      scope_done_.push_back(ScopeTime{id, ticks_to_ns(acc)});
+      acc = 0;
+    }
+  }
+  // The pause mark closes the submission with the scope still open: carry its time.
+  scope_carry_ = scope_open_ >= 0 ? acc : 0;
+  scope_marks_.clear();
+}
+
+void VulkanBackend::take_scope_times(std::vector<ScopeTime>* out) {
+  out->insert(out->end(), scope_done_.begin(), scope_done_.end());
+  scope_done_.clear();
 }
 
 Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader, const Spec& spec,
@@ -629,6 +819,20 @@ void VulkanBackend::release_weights() {
   (void)flush();  // recorded work may still read them
   for (auto& [b, r] : weights_) device_pool_->free(r.alloc);
   weights_.clear();
+  weight_bytes_ = 0;
+}
+
+void VulkanBackend::release_weight(const Weight& w) {
+  // The resident tensor whose host range holds w (w may be a row range of it).
+  const auto* p = static_cast<const uint8_t*>(w.data);
+  auto it = weights_.upper_bound(p);
+  if (!p || it == weights_.begin()) return;
+  --it;
+  if (p >= it->second.end) return;
+  (void)flush();  // recorded work may still read it; an error stays in status_
+  weight_bytes_ -= it->second.alloc.size;
+  device_pool_->free(it->second.alloc);
+  weights_.erase(it);
 }
 
 Status VulkanBackend::upload_weight(const Weight& w) {
@@ -654,6 +858,7 @@ Status VulkanBackend::upload_weight(const Weight& w) {
     if (it->first < begin + src_bytes && begin < it->second.end) {
       if (!stale) (void)flush();
       stale = true;
+      weight_bytes_ -= it->second.alloc.size;
       device_pool_->free(it->second.alloc);
       it = weights_.erase(it);
     } else {
@@ -699,6 +904,7 @@ Status VulkanBackend::upload_weight(const Weight& w) {
   r.row_units = l.row_units;
   r.off2 = l.off2;
   weights_.emplace(begin, r);
+  weight_bytes_ += a.size;
   return {};
 }
 
@@ -711,13 +917,8 @@ Result<std::unique_ptr<KvStorage>> VulkanBackend::create_kv_storage(const KvCach
     return make_error(ErrorCode::kUnsupported, "Vulkan: head size %" PRId64 " is not supported for a %s KV cache",
                       cfg.head_dim, std::string(dtype_name(cfg.dtype)).c_str());
   }
+  // No layer is resident yet: the KvCache decides which live here (set_layer_resident).
   auto s = std::make_unique<VkKvStorage>(this, cfg);
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    LOOM_ASSIGN_OR_RETURN(Alloc k, device_pool_->alloc(s->layer_bytes(), "the KV cache"));
-    s->k_.push_back(k);
-    LOOM_ASSIGN_OR_RETURN(Alloc v, device_pool_->alloc(s->layer_bytes(), "the KV cache"));
-    s->v_.push_back(v);
-  }
   return std::unique_ptr<KvStorage>(std::move(s));
 }
 
@@ -728,6 +929,105 @@ Status VulkanBackend::ensure_scratch(uint64_t bytes) {
   scratch_ = Alloc{};
   LOOM_ASSIGN_OR_RETURN(scratch_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "attention scratch"));
   return {};
+}
+
+// ---- KV transfers -----------------------------------------------------------------
+
+// Rows go through the staging ring in chunks of whole rows of one head; the
+// conversion between the host row format and the device layout is done on
+// the host while staged. F16 rows are the same bytes on both sides. A Q8_0
+// host row is head_dim / 32 blocks of (fp16 d, 32 int8); the device keeps the
+// quants of a row contiguous and the scales apart as floats holding fp16
+// values, so fp16 -> float -> fp16 gives back the same bits.
+Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint8_t* k_out,
+                                  uint8_t* v_out, const uint8_t* k_in, const uint8_t* v_in) {
+  LOOM_TRY(status_);
+  const bool out = k_out != nullptr;
+  const KvCacheConfig& c = s.cfg_;
+  const bool f16 = c.dtype == DType::kF16;
+  const auto hd = static_cast<uint64_t>(c.head_dim);
+  const uint64_t nb = hd / 32;  // Q8_0 blocks per row
+  const uint64_t host_row = f16 ? hd * 2 : nb * sizeof(ref::BlockQ8_0);
+  const uint64_t q_row = f16 ? hd * 2 : hd;  // device bytes of a row's values
+  const uint64_t d_row = f16 ? 0 : nb * 4;   // and of its scales
+  const uint64_t limit = transfer_chunk_ ? std::min(transfer_chunk_, ring_.size) : ring_.size;
+  const uint64_t chunk = std::max<uint64_t>(1, (limit > 512 ? limit - 512 : 0) / (q_row + d_row));
+  const auto ctx = static_cast<uint64_t>(c.n_ctx), un = static_cast<uint64_t>(n);
+  const auto l = static_cast<size_t>(layer);
+
+  // Export: chunks copied into the ring, converted once their submission ran.
+  struct Staged {
+    uint64_t q_off, d_off, n_tok;
+    uint8_t* dst;
+  };
+  std::vector<Staged> staged;
+  auto drain = [&]() -> Status {
+    LOOM_TRY(flush());
+    const uint8_t* m = ring_.block->mapped;
+    for (const Staged& g : staged) {
+      if (f16) {
+        std::memcpy(g.dst, m + g.q_off, g.n_tok * host_row);
+        continue;
+      }
+      for (uint64_t r = 0; r < g.n_tok; ++r) {
+        for (uint64_t b = 0; b < nb; ++b) {
+          float d;
+          std::memcpy(&d, m + g.d_off + (r * nb + b) * 4, 4);
+          ref::BlockQ8_0 blk;
+          blk.d = ref::fp32_to_fp16(d);
+          std::memcpy(blk.qs, m + g.q_off + r * hd + b * 32, 32);
+          std::memcpy(g.dst + r * host_row + b * sizeof(blk), &blk, sizeof(blk));
+        }
+      }
+    }
+    staged.clear();
+    return {};
+  };
+
+  for (int which = 0; which < 2; ++which) {
+    const Alloc& a = which == 0 ? s.k_[l] : s.v_[l];
+    for (uint64_t h = 0; h < static_cast<uint64_t>(c.n_kv_heads); ++h) {
+      for (uint64_t t0 = 0; t0 < un; t0 += chunk) {
+        const uint64_t m = std::min(chunk, un - t0);
+        const uint64_t row = h * ctx + t0;  // device row of token t0
+        const uint64_t host = (h * un + t0) * host_row;
+        const uint64_t qb = m * q_row, db = m * d_row;
+        const uint64_t q_dev = a.offset + row * q_row,
+                       d_dev = a.offset + s.quant_bytes() + row * d_row;
+        if (out) {
+          if (ring_used_ + round256(qb) + round256(db) > ring_.size) LOOM_TRY(drain());
+          const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
+          copy_buffer(a.block, q_dev, ring_.block, qo, qb);
+          if (db) copy_buffer(a.block, d_dev, ring_.block, d_o, db);
+          staged.push_back(Staged{qo, d_o, m, (which == 0 ? k_out : v_out) + host});
+        } else {
+          // A flush here runs the copies out of the ring staged before.
+          LOOM_TRY(ring_reserve(round256(qb) + round256(db)));
+          const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
+          const uint8_t* src = (which == 0 ? k_in : v_in) + host;
+          uint8_t* mp = ring_.block->mapped;
+          if (f16) {
+            std::memcpy(mp + qo, src, qb);
+          } else {
+            for (uint64_t r = 0; r < m; ++r) {
+              for (uint64_t b = 0; b < nb; ++b) {
+                ref::BlockQ8_0 blk;
+                std::memcpy(&blk, src + r * host_row + b * sizeof(blk), sizeof(blk));
+                const float d = ref::fp16_to_fp32(blk.d);
+                std::memcpy(mp + d_o + (r * nb + b) * 4, &d, 4);
+                std::memcpy(mp + qo + r * hd + b * 32, blk.qs, 32);
+              }
+            }
+          }
+          copy_buffer(ring_.block, qo, a.block, q_dev, qb);
+          if (db) copy_buffer(ring_.block, d_o, a.block, d_dev, db);
+        }
+        LOOM_TRY(status_);
+      }
+    }
+  }
+  if (out && !staged.empty()) LOOM_TRY(drain());
+  return status_;
 }
 
 // ---- ops ----------------------------------------------------------------------
@@ -854,6 +1154,7 @@ void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int
   if (!status_.ok() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
   if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
+  if (!s->layer_resident(layer)) return fail(not_resident(layer, "kv_store"));
   const KvCacheConfig& c = s->cfg_;
   if (!positions_in_range(pos, k.rows, c.n_ctx, "kv_store")) return;
   auto po = put_ints(pos, k.rows);
@@ -878,6 +1179,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   if (!status_.ok() || !check_act(q, "attention") || !check_act(out, "attention")) return;
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
   if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan attention: the KV cache is not on this GPU"));
+  if (!s->layer_resident(layer)) return fail(not_resident(layer, "attention"));
   const KvCacheConfig& c = s->cfg_;
   const int64_t T = q.rows, hd = c.head_dim;
   if (!positions_in_range(pos, T, c.n_ctx, "attention")) return;
@@ -977,6 +1279,19 @@ Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices() { return vk::Device:
 Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions& opts) {
   LOOM_ASSIGN_OR_RETURN(auto be, VulkanBackend::create(opts));
   return std::unique_ptr<Backend>(std::move(be));
+}
+
+std::vector<GpuOpTime> take_vulkan_gpu_times(Backend& b) {
+  auto* v = dynamic_cast<VulkanBackend*>(&b);
+  if (!v || !v->profiling()) return {};
+  std::vector<GpuOpTime> t = v->gpu_times();
+  v->reset_gpu_times();
+  return t;
+}
+
+uint64_t vulkan_submissions(Backend& b) {
+  auto* v = dynamic_cast<VulkanBackend*>(&b);
+  return v ? v->submissions() : 0;
 }
 
 }  // namespace loom

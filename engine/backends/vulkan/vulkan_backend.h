@@ -9,8 +9,14 @@
 // factors) go through a host-visible ring the shaders read directly.
 //
 // Memory: weights are repacked once into device-local blocks (upload_weight,
-// keyed by the host address range of their tensor); activations and the KV
-// cache (per layer, [kv_head][n_ctx][head_dim]) are device-local too.
+// keyed by the host address range of their tensor; release_weight drops one);
+// activations and the KV cache are device-local too. A KV storage holds only
+// the layers made resident in it (each [kv_head][n_ctx][head_dim]); rows move
+// to and from the host's block rows through the staging ring (export/import).
+//
+// Timing: VulkanOptions::profile brackets every dispatch with timestamps
+// (per shader variant, take_vulkan_gpu_times); scope timing (set_scope_timing)
+// writes one timestamp per scope boundary, for the forward pass's profiler.
 //
 // Errors: an op cannot return one, so the first failure (device lost, out of
 // memory, a missing weight) is kept and every later op is skipped; the next
@@ -37,12 +43,7 @@
 
 namespace loom {
 
-/// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).
-struct GpuOpTime {
-  std::string name;  ///< shader variant, "matvec1_q4_k_sg"
-  double ms = 0;     ///< total
-  uint64_t calls = 0;
-};
+class VkKvStorage;
 
 class VulkanBackend final : public Backend {
  public:
@@ -59,8 +60,17 @@ class VulkanBackend final : public Backend {
   Status synchronize() override;
   Status upload_weight(const Weight& w) override;
   void release_weights() override;
+  void release_weight(const Weight& w) override;
+  uint64_t weight_bytes() const override { return weight_bytes_; }
   bool has_weight(OpKind op, const Weight& w) const override;
   Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
+
+  bool device_timing() const override { return dev_->caps().timestamp_period_ns > 0; }
+  void set_scope_timing(bool on) override;
+  void begin_scope(int32_t id) override {
+    if (scope_on_) mark_scope(id);  // off: one test, nothing recorded
+  }
+  void take_scope_times(std::vector<ScopeTime>* out) override;
 
   void get_rows(const Weight& w, const int32_t* ids, Act out) override;
   void rms_norm(Act x, const Weight& w, float eps, Act out) override;
@@ -83,10 +93,14 @@ class VulkanBackend final : public Backend {
   /// Per shader variant GPU times since the last reset (empty unless profiling).
   std::vector<GpuOpTime> gpu_times() const;
   void reset_gpu_times() { times_.clear(); }
+  bool profiling() const { return profile_; }
   /// Submissions so far (a decode step should add one).
   uint64_t submissions() const { return submissions_; }
   /// Test hook: the next submission fails as a lost device would.
   void simulate_device_lost() { simulate_lost_ = true; }
+  /// Test hook: KV export/import stage at most this many bytes per submission
+  /// (0: the whole staging ring), so small caches exercise the chunking.
+  void set_transfer_chunk(uint64_t bytes) { transfer_chunk_ = bytes; }
 
   /// A weight's device copy: where its data starts and how it is laid out
   /// (shaders/dequant.glsl). Public for the KV and activation helpers only.
@@ -179,6 +193,19 @@ class VulkanBackend final : public Backend {
   bool check_act(const Act& a, const char* op);
   bool positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op);
   Status ensure_scratch(uint64_t bytes);
+  // KvStorage::export_layer (out set) or import_layer (in set) of tokens [0, n).
+  Status kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint8_t* k_out, uint8_t* v_out,
+                     const uint8_t* k_in, const uint8_t* v_in);
+
+  // Scope timing: a timestamp at each boundary (begin_scope), resolved in flush().
+  void mark_scope(int32_t id);
+  void write_scope_mark(int32_t starts, bool ends);
+  Status make_scope_pool(uint32_t n);
+  void resolve_scopes();
+  uint64_t ticks_to_ns(uint64_t ticks) const {
+    return static_cast<uint64_t>(static_cast<double>(ticks) * dev_->caps().timestamp_period_ns +
+                                 0.5);
+  }
 
   std::unique_ptr<vk::Device> dev_;
   std::unique_ptr<vk::MemoryPool> device_pool_, host_pool_;
@@ -218,12 +245,33 @@ class VulkanBackend final : public Backend {
   vk::Alloc scratch_;  ///< attention partials
 
   std::map<const uint8_t*, Resident> weights_;  ///< by host begin address
+  uint64_t weight_bytes_ = 0;                   ///< sum of their allocations
+  uint64_t transfer_chunk_ = 0;                 ///< set_transfer_chunk
 
   // Timestamps: two queries per dispatch, labelled; summed at each flush.
   bool profile_ = false;
   uint32_t n_queries_ = 0;
   std::vector<std::string> query_labels_;
   std::map<std::string, GpuOpTime> times_;
+
+  // Scope timing (set_scope_timing). Timestamp i of a submission ends the
+  // scope that was open before it (when `ends`) and starts scope `starts`
+  // (-1: none); the last one of a submission with a scope still open only
+  // pauses it, and the next submission's first one resumes it, so a scope cut
+  // by a flush still comes out as one entry.
+  struct ScopeMark {
+    int32_t starts;
+    bool ends;
+  };
+  bool scope_on_ = false;
+  VkQueryPool scope_pool_ = VK_NULL_HANDLE;
+  uint32_t scope_cap_ = 0;    ///< queries in scope_pool_
+  uint32_t scope_want_ = 0;   ///< capacity for the next submission (grows when one fills the pool)
+  bool scope_reset_ = false;  ///< scope_pool_ reset in the command buffer being recorded
+  std::vector<ScopeMark> scope_marks_;  ///< this submission's timestamps
+  int32_t scope_open_ = -1;
+  uint64_t scope_carry_ = 0;  ///< ticks of the open scope in earlier submissions
+  std::vector<ScopeTime> scope_done_;
 
   friend class VkActBuffer;
   friend class VkKvStorage;

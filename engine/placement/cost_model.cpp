@@ -1,0 +1,221 @@
+#include "engine/placement/cost_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "cpu/ops.h"
+
+namespace loom {
+
+CostModel CostModel::defaults() {
+  CostModel c;
+  c.unit[static_cast<size_t>(Unit::kCpu)] = {20e9, 5e-6};
+  c.unit[static_cast<size_t>(Unit::kGpu)] = {1000e9, 10e-6};
+  c.xfer_latency_s = 50e-6;
+  c.xfer_bytes_per_s = 10e9;
+  return c;
+}
+
+std::string CostModel::describe() const {
+  char buf[320];
+  const UnitCost& c = unit[0];
+  const UnitCost& g = unit[1];
+  std::snprintf(
+      buf, sizeof(buf),
+      "%s: CPU %.1f GB/s + %.1f us/op; GPU %.1f GB/s + %.1f us/op; transfers %.1f us + %.2f GB/s",
+      measured ? "measured" : "defaults (not measured)", c.bytes_per_s / 1e9, c.op_s * 1e6,
+      g.bytes_per_s / 1e9, g.op_s * 1e6, xfer_latency_s * 1e6, xfer_bytes_per_s / 1e9);
+  return buf;
+}
+
+namespace {
+uint64_t group_bytes(const Model& m, int64_t l, OpGroup g, std::optional<DType> dt) {
+  uint64_t b = 0;
+  for (const Weight* w : group_weights(m, l, g))
+    b += weight_bytes_as(*w, w->n_out > 1 ? dt : std::nullopt);
+  return b;
+}
+}  // namespace
+
+double CostModel::layer_s(const Model& m, int64_t l, const LayerPlace& lp, Unit x_on,
+                          int64_t n_past, DType kv_dtype, int64_t* transfers,
+                          double* xfer_s) const {
+  const HParams& hp = m.hp;
+  const Unit uw = lp[OpGroup::kAttnW].unit, ua = lp[OpGroup::kAttn].unit,
+             uf = lp[OpGroup::kFfn].unit, un = lp[OpGroup::kNorm].unit;
+  auto uc = [this](Unit u) -> const UnitCost& { return unit[static_cast<size_t>(u)]; };
+  double t = 0;
+  // Compute: weight bytes streamed plus a fixed cost per op.
+  t += static_cast<double>(group_bytes(m, l, OpGroup::kAttnW, lp[OpGroup::kAttnW].dtype)) /
+           uc(uw).bytes_per_s +
+       4 * uc(uw).op_s;
+  t += static_cast<double>(group_bytes(m, l, OpGroup::kFfn, lp[OpGroup::kFfn].dtype)) /
+           uc(uf).bytes_per_s +
+       4 * uc(uf).op_s;
+  t += 6 * uc(un).op_s;
+  const auto row = static_cast<double>(
+      dtype_row_bytes(kv_dtype, static_cast<uint64_t>(hp.head_dim)).value_or(0));
+  t += 2.0 * row * static_cast<double>(hp.n_head_kv * (n_past + 1)) / uc(ua).bytes_per_s +
+       2 * uc(ua).op_s;
+  // Transfers: the executor's data flow (forward.cpp), one token.
+  enum { X, XB, Q, K, V, ATT, HB, HB2, N };
+  std::array<uint8_t, N> valid{};
+  valid[X] = static_cast<uint8_t>(1u << static_cast<unsigned>(x_on));
+  const std::array<int64_t, N> cols = {hp.n_embd,
+                                       hp.n_embd,
+                                       hp.n_head * hp.head_dim,
+                                       hp.n_head_kv * hp.head_dim,
+                                       hp.n_head_kv * hp.head_dim,
+                                       hp.n_head * hp.head_dim,
+                                       hp.n_ff,
+                                       hp.n_ff};
+  int64_t n_xfer = 0;
+  auto in = [&](int a, Unit u) {
+    const auto b = static_cast<uint8_t>(1u << static_cast<unsigned>(u));
+    if (!(valid[static_cast<size_t>(a)] & b)) {
+      const double x = xfer_latency_s +
+                       4.0 * static_cast<double>(cols[static_cast<size_t>(a)]) / xfer_bytes_per_s;
+      t += x;
+      if (xfer_s) *xfer_s += x;
+      ++n_xfer;
+      valid[static_cast<size_t>(a)] |= b;
+    }
+  };
+  auto out = [&](int a, Unit u) {
+    valid[static_cast<size_t>(a)] = static_cast<uint8_t>(1u << static_cast<unsigned>(u));
+  };
+  in(X, un), out(XB, un);
+  in(XB, uw), out(Q, uw), out(K, uw), out(V, uw);
+  in(Q, un), in(K, un), out(Q, un), out(K, un);
+  in(K, ua), in(V, ua), in(Q, ua), out(ATT, ua);
+  in(ATT, uw), out(XB, uw);
+  in(X, un), in(XB, un), out(X, un), out(XB, un);
+  in(XB, uf), out(HB, uf), out(HB2, uf), out(XB, uf);
+  in(X, un), in(XB, un);
+  if (transfers) *transfers += n_xfer;
+  return t;
+}
+
+CostModel::Prediction CostModel::predict(const Model& m, const Placement& p, int64_t n_past,
+                                         DType kv_dtype) const {
+  Prediction r;
+  const HParams& hp = m.hp;
+  const double xfer_embd = xfer_latency_s + 4.0 * static_cast<double>(hp.n_embd) / xfer_bytes_per_s;
+  r.embed_ms = unit[static_cast<size_t>(p.embed.unit)].op_s * 1e3;
+  Unit x_on = p.embed.unit;
+  for (int64_t l = 0; l < hp.n_layer && l < static_cast<int64_t>(p.layers.size()); ++l) {
+    const LayerPlace& lp = p.layers[static_cast<size_t>(l)];
+    double xs = 0;
+    const double s = layer_s(m, l, lp, x_on, n_past, kv_dtype, &r.transfers, &xs);
+    r.xfer_ms += xs * 1e3;
+    r.layer_ms.push_back(s * 1e3);
+    x_on = lp[OpGroup::kNorm].unit;
+  }
+  const UnitCost& uo = unit[static_cast<size_t>(p.output.unit)];
+  r.output_ms = (static_cast<double>(weight_bytes_as(m.output, p.output.dtype)) / uo.bytes_per_s +
+                 2 * uo.op_s) *
+                1e3;
+  if (x_on != p.output.unit) {
+    r.output_ms += xfer_embd * 1e3;
+    r.xfer_ms += xfer_embd * 1e3;
+    ++r.transfers;
+  }
+  if (p.output.unit != Unit::kCpu) {  // logits come back to the host
+    const double x =
+        (xfer_latency_s + 4.0 * static_cast<double>(hp.n_vocab) / xfer_bytes_per_s) * 1e3;
+    r.output_ms += x;
+    r.xfer_ms += x;
+    ++r.transfers;
+  }
+  r.step_ms = r.embed_ms + r.output_ms;
+  for (double x : r.layer_ms) r.step_ms += x;
+  return r;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Seconds per call of `op` (n calls queued, then one wait), best of 3 rounds.
+template <typename F>
+Result<double> time_ops(Backend& be, int n, F&& op) {
+  double best = 1e30;
+  for (int round = 0; round < 4; ++round) {  // round 0 warms up
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) op();
+    LOOM_TRY(be.synchronize());
+    const double s = seconds_since(t0) / n;
+    if (round > 0) best = std::min(best, s);
+  }
+  return best;
+}
+
+Result<UnitCost> measure_unit(const Model& m, Backend& be) {
+  const HParams& hp = m.hp;
+  // The largest per-layer matrix of the middle layer: what decode streams most.
+  const LayerWeights& lw = m.layers[static_cast<size_t>(hp.n_layer / 2)];
+  const Weight* w = &lw.w_down;
+  for (const Weight* x : {&lw.w_gate, &lw.w_up, &lw.wq}) {
+    if (x->present() && x->row_bytes * static_cast<uint64_t>(x->n_out) >
+                            w->row_bytes * static_cast<uint64_t>(w->n_out))
+      w = x;
+  }
+  if (!be.supports(OpKind::kMatmul, w->dtype)) {
+    return make_error(ErrorCode::kUnsupported, "%s has no matmul for %s", be.name().c_str(),
+                      std::string(dtype_name(w->dtype)).c_str());
+  }
+  const bool uploaded_here = !be.host_memory() && !be.has_weight(OpKind::kMatmul, *w);
+  LOOM_TRY(be.upload_weight(*w));
+  LOOM_TRY(be.upload_weight(lw.attn_norm));
+  LOOM_ASSIGN_OR_RETURN(auto xbuf, be.alloc_act(w->n_in));
+  LOOM_ASSIGN_OR_RETURN(auto ybuf, be.alloc_act(std::max(w->n_out, w->n_in)));
+  std::vector<float> ones(static_cast<size_t>(std::max(w->n_in, w->n_out)), 0.01f);
+  Act x = xbuf->view(1, w->n_in), y = ybuf->view(1, w->n_out);
+  LOOM_TRY(be.upload(ones.data(), x));
+  UnitCost c;
+  LOOM_ASSIGN_OR_RETURN(double mm, time_ops(be, 8, [&] { be.matmul(*w, x, y, nullptr); }));
+  Act n_in = xbuf->view(1, hp.n_embd), n_out = ybuf->view(1, hp.n_embd);
+  LOOM_ASSIGN_OR_RETURN(
+      double small, time_ops(be, 32, [&] { be.rms_norm(n_in, lw.attn_norm, hp.rms_eps, n_out); }));
+  c.op_s = small;
+  const double bytes = static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
+  c.bytes_per_s = bytes / std::max(mm - small, mm * 0.05);
+  if (uploaded_here) be.release_weight(*w);
+  return c;
+}
+}  // namespace
+
+Result<CostModel> calibrate(const Model& m, Backend& cpu, Backend* gpu) {
+  CostModel c = CostModel::defaults();
+  LOOM_ASSIGN_OR_RETURN(c.unit[0], measure_unit(m, cpu));
+  if (gpu) {
+    LOOM_ASSIGN_OR_RETURN(c.unit[1], measure_unit(m, *gpu));
+    // Activation copies: a row of n_embd floats (latency), and 1M floats (bandwidth), up and back.
+    const int64_t big = int64_t{1} << 20;
+    LOOM_ASSIGN_OR_RETURN(auto buf, gpu->alloc_act(big));
+    std::vector<float> host(static_cast<size_t>(big), 1.0f);
+    auto round_trip = [&](int64_t n) -> Result<double> {
+      double best = 1e30;
+      for (int r = 0; r < 6; ++r) {
+        const auto t0 = Clock::now();
+        LOOM_TRY(gpu->upload(host.data(), buf->view(1, n)));
+        LOOM_TRY(gpu->download(buf->view(1, n), host.data()));
+        if (r > 0) best = std::min(best, seconds_since(t0) / 2);
+      }
+      return best;
+    };
+    LOOM_ASSIGN_OR_RETURN(double t_small, round_trip(m.hp.n_embd));
+    LOOM_ASSIGN_OR_RETURN(double t_big, round_trip(big));
+    c.xfer_latency_s = t_small;
+    c.xfer_bytes_per_s = 4.0 * static_cast<double>(big) / std::max(t_big - t_small, 1e-7);
+  }
+  c.measured = true;
+  return c;
+}
+
+}  // namespace loom

@@ -1,0 +1,276 @@
+#include "engine/placement/strategy.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cinttypes>
+#include <cmath>
+#include <limits>
+
+namespace loom {
+
+std::optional<uint64_t> parse_size(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  double v = 0;
+  try {
+    v = std::stod(s.substr(0, i));
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::string unit = s.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit.empty() || unit == "b")
+    mul = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    mul = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    mul = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return std::nullopt;
+  return static_cast<uint64_t>(v * mul);
+}
+
+uint64_t kv_bytes_per_layer(const Model& m, int64_t n_ctx, DType kv_dtype) {
+  const uint64_t row = dtype_row_bytes(kv_dtype, static_cast<uint64_t>(m.hp.head_dim))
+                           .value_or(2 * static_cast<uint64_t>(m.hp.head_dim));
+  return 2 * row * static_cast<uint64_t>(m.hp.n_head_kv) * static_cast<uint64_t>(n_ctx);
+}
+
+uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk) {
+  const HParams& hp = m.hp;
+  const auto C = static_cast<uint64_t>(max_chunk);
+  const uint64_t acts = 4 * C *
+                        static_cast<uint64_t>(2 * hp.n_embd + 2 * hp.n_head * hp.head_dim +
+                                              2 * hp.n_head_kv * hp.head_dim + 2 * hp.n_ff);
+  return acts + 4 * static_cast<uint64_t>(hp.n_vocab) +
+         (64ull << 20);  // logits, scratch and blocks' slack
+}
+
+namespace {
+
+void set_dtypes(Placement* p, const StrategyOptions& o) {
+  auto fix = [&o](GroupPlace& g) { g.dtype = g.unit == Unit::kGpu ? o.gpu_dtype : o.cpu_dtype; };
+  fix(p->embed);
+  fix(p->output);
+  for (auto& l : p->layers) {
+    for (auto& g : l.g) fix(g);
+  }
+}
+
+struct Budget {
+  uint64_t left;
+  bool take(uint64_t b) {
+    if (b > left) return false;
+    left -= b;
+    return true;
+  }
+};
+
+uint64_t gpu_bytes_of(const Model& m, const Placement& p, uint64_t kv_layer) {
+  return placement_bytes(m, p, kv_layer).on(Unit::kGpu);
+}
+
+Placement layers_n(const Model& m, int64_t n) {
+  const int64_t L = m.hp.n_layer;
+  Placement p = Placement::uniform(L, Unit::kCpu);
+  n = std::clamp<int64_t>(n, 0, L);
+  for (int64_t l = 0; l < n; ++l) {
+    for (auto& g : p.layers[static_cast<size_t>(l)].g) g.unit = Unit::kGpu;
+  }
+  if (n == L) p.output.unit = Unit::kGpu;
+  p.strategy = "layers:" + std::to_string(n);
+  return p;
+}
+
+// Dynamic programming over layers: per layer, attention side (attn_w, attn,
+// norm) and FFN each on the CPU or the GPU; state = where the residual stream
+// is and how much of the budget is used (in kSteps buckets, rounded up).
+Placement auto_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
+                         uint64_t budget, uint64_t kv_layer) {
+  const int64_t L = m.hp.n_layer;
+  constexpr int kSteps = 256;
+  const double step = std::max(1.0, static_cast<double>(budget) / kSteps);
+  const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
+  auto buckets = [&](uint64_t bytes) {
+    return static_cast<int>(std::ceil(static_cast<double>(bytes) / step));
+  };
+  auto group_gpu_bytes = [&](int64_t l, OpGroup g) {
+    uint64_t b = 0;
+    for (const Weight* w : group_weights(m, l, g))
+      b += weight_bytes_as(*w, w->n_out > 1 ? o.gpu_dtype : std::nullopt);
+    return b;
+  };
+  Placement best;
+  double best_s = std::numeric_limits<double>::infinity();
+  // The output matrix on the GPU or not, each solved over the rest of the budget.
+  for (const Unit out_unit : {Unit::kGpu, Unit::kCpu}) {
+    Placement base = Placement::uniform(L, Unit::kCpu);
+    base.output.unit = out_unit;
+    set_dtypes(&base, o);
+    const uint64_t out_bytes = out_unit == Unit::kGpu ? placement_bytes(m, base, 0).weights[1] : 0;
+    if (out_bytes > budget) continue;
+    const int B = std::min(kSteps, static_cast<int>((budget - out_bytes) / step));
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    // cost[l + 1][residual unit][buckets used], with the choice that led there.
+    struct Cell {
+      double s = kInf;
+      int prev_r = 0, prev_b = 0, choice = 0;
+    };
+    std::vector<std::vector<std::vector<Cell>>> dp(
+        static_cast<size_t>(L + 1),
+        std::vector<std::vector<Cell>>(2, std::vector<Cell>(static_cast<size_t>(B + 1))));
+    dp[0][0][0].s = 0;  // the embedding runs on the CPU
+    for (int64_t l = 0; l < L; ++l) {
+      const int attn_b = buckets(group_gpu_bytes(l, OpGroup::kAttnW) +
+                                 group_gpu_bytes(l, OpGroup::kNorm) + kv_layer);
+      const int ffn_b = buckets(group_gpu_bytes(l, OpGroup::kFfn));
+      for (int r = 0; r < 2; ++r) {
+        for (int b = 0; b <= B; ++b) {
+          const Cell& c =
+              dp[static_cast<size_t>(l)][static_cast<size_t>(r)][static_cast<size_t>(b)];
+          if (c.s == kInf) continue;
+          for (int choice = 0; choice < 4;
+               ++choice) {  // bit 0: attention side on the GPU, bit 1: FFN
+            const Unit ua = (choice & 1) ? Unit::kGpu : Unit::kCpu,
+                       uf = (choice & 2) ? Unit::kGpu : Unit::kCpu;
+            const int nb = b + ((choice & 1) ? attn_b : 0) + ((choice & 2) ? ffn_b : 0);
+            if (nb > B) continue;
+            LayerPlace lp = base.layers[static_cast<size_t>(l)];
+            for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
+            lp[OpGroup::kFfn].unit = uf;
+            for (auto& g : lp.g) g.dtype = g.unit == Unit::kGpu ? o.gpu_dtype : o.cpu_dtype;
+            const double s =
+                c.s + cost.layer_s(m, l, lp, r ? Unit::kGpu : Unit::kCpu, n_past, o.kv_dtype);
+            Cell& n = dp[static_cast<size_t>(l + 1)][static_cast<size_t>(ua == Unit::kGpu)]
+                        [static_cast<size_t>(nb)];
+            if (s < n.s) n = Cell{s, r, b, choice};
+          }
+        }
+      }
+    }
+    // Best end state, then walk the choices back.
+    int er = 0, eb = 0;
+    double es = kInf;
+    for (int r = 0; r < 2; ++r) {
+      for (int b = 0; b <= B; ++b) {
+        const double s =
+            dp[static_cast<size_t>(L)][static_cast<size_t>(r)][static_cast<size_t>(b)].s;
+        if (s < es) es = s, er = r, eb = b;
+      }
+    }
+    if (es == kInf) continue;
+    Placement p = base;
+    for (int64_t l = L; l > 0; --l) {
+      const Cell& c = dp[static_cast<size_t>(l)][static_cast<size_t>(er)][static_cast<size_t>(eb)];
+      LayerPlace& lp = p.layers[static_cast<size_t>(l - 1)];
+      const Unit ua = (c.choice & 1) ? Unit::kGpu : Unit::kCpu,
+                 uf = (c.choice & 2) ? Unit::kGpu : Unit::kCpu;
+      for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
+      lp[OpGroup::kFfn].unit = uf;
+      er = c.prev_r;
+      eb = c.prev_b;
+    }
+    set_dtypes(&p, o);
+    const double total = cost.predict(m, p, n_past, o.kv_dtype).step_ms;
+    if (total < best_s) {
+      best_s = total;
+      best = p;
+    }
+  }
+  if (best.layers.empty()) {
+    best = Placement::uniform(L, Unit::kCpu);
+    set_dtypes(&best, o);
+  }
+  best.strategy = "auto";
+  return best;
+}
+
+}  // namespace
+
+Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const CostModel& cost) {
+  const int64_t L = m.hp.n_layer;
+  const std::string& s = o.strategy;
+  if (s == "custom" || !o.placement_file.empty()) {
+    if (o.placement_file.empty())
+      return make_error(ErrorCode::kInvalidArgument,
+                        "strategy custom needs a placement file (--placement FILE.json)");
+    LOOM_ASSIGN_OR_RETURN(Placement p, Placement::load(o.placement_file, L));
+    if (p.uses(Unit::kGpu) && !o.has_gpu) {
+      return make_error(ErrorCode::kUnsupported,
+                        "placement '%s' puts work on the GPU, but no GPU is available",
+                        o.placement_file.c_str());
+    }
+    LOOM_TRY(validate_placement(m, p));
+    p.strategy = "custom";
+    return p;
+  }
+  if (s == "cpu") {
+    Placement p = Placement::uniform(L, Unit::kCpu);
+    set_dtypes(&p, o);
+    return p;
+  }
+  const bool gpu_strategy =
+      s == "gpu" || s == "attn-gpu" || s == "auto" || s.rfind("layers:", 0) == 0;
+  if (!gpu_strategy) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "unknown strategy '%s' (gpu, cpu, layers:N, attn-gpu, auto, custom)",
+                      s.c_str());
+  }
+  if (!o.has_gpu) {
+    return make_error(ErrorCode::kUnsupported,
+                      "strategy '%s' needs a GPU, and none is available (use --strategy cpu)",
+                      s.c_str());
+  }
+  const uint64_t kv_layer = kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype);
+  const uint64_t overhead = gpu_overhead_bytes(m, o.max_chunk);
+  const uint64_t budget = o.vram_budget == 0
+                              ? std::numeric_limits<uint64_t>::max() / 4
+                              : (o.vram_budget > overhead ? o.vram_budget - overhead : 0);
+  Placement p;
+  if (s == "gpu") {
+    p = Placement::uniform(L, Unit::kGpu);
+  } else if (s.rfind("layers:", 0) == 0) {
+    char* end = nullptr;
+    const long long n = std::strtoll(s.c_str() + 7, &end, 10);
+    if (end == s.c_str() + 7 || *end != '\0' || n < 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "strategy '%s': N must be a number of layers (0..%" PRId64 ")", s.c_str(),
+                        L);
+    }
+    p = layers_n(m, n);
+  } else if (s == "attn-gpu") {
+    p = Placement::uniform(L, Unit::kCpu);
+    for (auto& lp : p.layers) {
+      for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = Unit::kGpu;
+    }
+    set_dtypes(&p, o);
+    // Then the output matrix, then FFNs from the first layer on, while the budget lasts.
+    Placement t = p;
+    t.output.unit = Unit::kGpu;
+    set_dtypes(&t, o);
+    if (gpu_bytes_of(m, t, kv_layer) <= budget) p = t;
+    for (int64_t l = 0; l < L; ++l) {
+      t = p;
+      t.layers[static_cast<size_t>(l)][OpGroup::kFfn].unit = Unit::kGpu;
+      set_dtypes(&t, o);
+      if (gpu_bytes_of(m, t, kv_layer) > budget) break;
+      p = t;
+    }
+    p.strategy = "attn-gpu";
+  } else {
+    return auto_placement(m, o, cost, budget, kv_layer);
+  }
+  set_dtypes(&p, o);
+  if (p.strategy.empty()) p.strategy = s;
+  LOOM_TRY(validate_placement(m, p));
+  return p;
+}
+
+}  // namespace loom

@@ -1,0 +1,46 @@
+// Placement strategies: how a Placement is made for a model.
+//   gpu        everything on the GPU
+//   cpu        everything on the CPU
+//   layers:N   the first N layers on the GPU, the rest on the CPU (llama.cpp's -ngl)
+//   attn-gpu   attention and KV of every layer on the GPU; FFN weights there
+//              while the budget lasts, the rest on the CPU
+//   auto       the placement with the lowest predicted step time (CostModel)
+//              under the budget, by dynamic programming over layers
+//   custom     a JSON file (Placement::load)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/model/model.h"
+#include "engine/placement/cost_model.h"
+#include "engine/placement/placement.h"
+
+namespace loom {
+
+struct StrategyOptions {
+  std::string strategy = "gpu";
+  std::string placement_file;  ///< for custom
+  uint64_t vram_budget = 0;    ///< bytes the GPU may hold (weights, KV, activations); 0: no limit
+  std::optional<DType> cpu_dtype;  ///< requantize weights of groups on the CPU to this
+  std::optional<DType> gpu_dtype;  ///< requantize weights of groups on the GPU to this
+  bool has_gpu = true;             ///< false: every strategy but cpu fails
+  int64_t n_ctx = 4096;            ///< KV cache size (tokens) the budget must hold
+  DType kv_dtype = DType::kF16;
+  int64_t max_chunk = 256;  ///< activations the GPU needs, with the budget
+};
+
+/// Parses a size: "8G", "512M", "1.5GiB", "4096" (bytes).
+std::optional<uint64_t> parse_size(const std::string& s);
+/// Bytes of K and V of one layer at n_ctx tokens.
+uint64_t kv_bytes_per_layer(const Model& m, int64_t n_ctx, DType kv_dtype);
+/// GPU bytes the forward pass needs besides weights and KV (activations, logits, margin).
+uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk);
+
+/// Makes the placement `o.strategy` names. Errors: unknown strategy, a GPU
+/// strategy without a GPU, a bad custom file.
+Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const CostModel& cost);
+
+}  // namespace loom

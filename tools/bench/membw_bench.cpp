@@ -1,0 +1,80 @@
+// Host memory read bandwidth with N threads: the bound on decode speed for the
+// weights a placement leaves on the CPU (each decode step streams them once).
+// Usage: loom_membw_bench [threads...] (default: 1, 2, 4, ... up to all cores)
+// Each thread sums its own slice of a buffer (4 GiB, or less when memory is
+// short) several times; the best pass counts.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace {
+
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint8_t* p, size_t n) {
+  __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    acc0 = _mm256_add_epi64(acc0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    acc1 = _mm256_add_epi64(acc1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+  }
+  acc0 = _mm256_add_epi64(acc0, acc1);
+  alignas(32) uint64_t v[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(v), acc0);
+  return v[0] + v[1] + v[2] + v[3];
+}
+
+double read_gbps(const uint8_t* buf, size_t bytes, unsigned threads) {
+  double best = 0;
+  std::vector<uint64_t> sink(threads);
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    const size_t slice = bytes / threads / 64 * 64;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] { sink[t] += sum_avx2(buf + t * slice, slice); });
+    }
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(slice * threads) / s / 1e9);
+  }
+  uint64_t x = 0;
+  for (uint64_t v : sink) x += v;
+  if (x == 42) std::printf(" ");  // keep the sums alive
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<unsigned> counts;
+  for (int i = 1; i < argc; ++i)
+    counts.push_back(static_cast<unsigned>(std::max(1, std::atoi(argv[i]))));
+  if (counts.empty()) {
+    for (unsigned t = 1; t < hw; t *= 2) counts.push_back(t);
+    counts.push_back(hw);
+  }
+  size_t bytes = size_t{4} << 30;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(nullptr, &std::free);
+  while (bytes >= (size_t{64} << 20)) {
+    buf.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
+    if (buf) break;
+    bytes /= 2;
+  }
+  if (!buf) {
+    std::fprintf(stderr, "loom_membw_bench: cannot allocate a buffer\n");
+    return 1;
+  }
+  std::memset(buf.get(), 1, bytes);  // touch every page
+  std::printf("buffer %.1f GiB, %u hardware threads\n", static_cast<double>(bytes) / (1u << 30),
+              hw);
+  for (unsigned t : counts)
+    std::printf("threads %3u: read %7.1f GB/s\n", t, read_gbps(buf.get(), bytes, t));
+  return 0;
+}
