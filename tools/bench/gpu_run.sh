@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Benchmarks on a GPU machine (the H200 of the device tool), side by side with
+# llama.cpp's Vulkan build, from a bundle of prebuilt binaries:
+#
+#   tools/bench/gpu_run.sh BUNDLE_DIR OUT_DIR [stages...]
+#
+# BUNDLE_DIR holds loom, loom_gpu_tests, loom_unit_tests, loom_membw_bench,
+# lib/ (the shared libraries they need) and llama/ (llama-bench with its ggml
+# libraries; llama.cpp is never part of this repository). Stages: info, tests,
+# issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, and a
+# per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
+# strategies against llama.cpp's -ngl and --override-tensor placements, and
+# CPU-only). Models are written by `loom synth` into /tmp/models.
+set -uo pipefail
+B="$1"; OUT="$2"; shift 2
+stages="${*:-info tests issue4 issue5}"
+export LD_LIBRARY_PATH="$B/lib"
+L="$B/loom"
+LB() { LD_LIBRARY_PATH="$B/llama:$B/lib" "$B/llama/llama-bench" "$@"; }
+T="$(nproc)"
+M=/tmp/models
+mkdir -p "$M" "$OUT"
+model() {  # model DTYPE -> path (written once)
+  local p="$M/llama3-8b-$1.gguf"
+  [ -f "$p" ] || { /usr/bin/time -f "synth $1: %e s" "$L" synth --preset llama3-8b --dtype "$1" -o "$p" > /dev/null; }
+  echo "$p"
+}
+for s in $stages; do
+  echo "=== stage $s ($(date +%T))"
+  case "$s" in
+    info)
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+      lscpu | grep -E "Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)|L3"
+      "$L" devices
+      "$B/loom_membw_bench" 1 4 8 "$T"
+      ;;
+    tests)
+      "$B/loom_gpu_tests" --gtest_brief=1 2>&1 | tail -n 15
+      "$B/loom_unit_tests" --gtest_brief=1 --gtest_filter='Vulkan*' 2>&1 | tail -n 5
+      ;;
+    issue4)
+      for d in q4_0 q4_k_m; do
+        m="$(model $d)"
+        echo "--- $d: Loom Vulkan"
+        "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^(prefill|decode|itl|memory|backend)"
+        echo "--- $d: llama.cpp Vulkan"
+        LB -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
+        echo "--- $d: Loom Vulkan, per-shader profile"
+        "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 30
+      done
+      ;;
+    issue5)
+      m="$(model q4_k_m)"
+      half="$(( $(stat -c %s "$m") / 2 ))"
+      echo "--- Q4_K_M, VRAM budget $half bytes (half the file), $T threads"
+      for st in auto attn-gpu layers:16; do
+        echo "--- Loom --strategy $st"
+        "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
+          grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU)"
+      done
+      echo "--- llama.cpp -ngl 16"
+      LB -m "$m" -ngl 16 -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      echo "--- llama.cpp -ngl 99, FFN of layers 16-31 on the CPU (-ot)"
+      LB -m "$m" -ngl 99 -ot 'blk\.(1[6-9]|2[0-9]|3[01])\.ffn_.*=CPU' -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      echo "--- llama.cpp -ngl 99, FFN up/gate of every layer on the CPU (-ot)"
+      LB -m "$m" -ngl 99 -ot 'ffn_(up|gate)=CPU' -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      echo "--- CPU only: Loom, llama.cpp"
+      "$L" bench -m "$m" --strategy cpu -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^(prefill|decode)"
+      LB -m "$m" -ngl 0 -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^\|"
+      ;;
+  esac
+done
+echo "=== done ($(date +%T))"
