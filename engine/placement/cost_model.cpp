@@ -155,37 +155,66 @@ Result<double> time_ops(Backend& be, int n, F&& op) {
   return best;
 }
 
+// Weight bandwidth: single-token matmuls over the FFN matrices of successive
+// layers until more than kStreamBytes went through, so the weights come from
+// memory as in a real decode step, not from a cache (host L3 caches reach
+// hundreds of MB, GPU L2 tens). The fixed cost per op: a small op repeated.
+constexpr double kStreamBytes = 768.0 * 1024 * 1024;
+
 Result<UnitCost> measure_unit(const Model& m, Backend& be) {
   const HParams& hp = m.hp;
-  // The largest per-layer matrix of the middle layer: what decode streams most.
-  const LayerWeights& lw = m.layers[static_cast<size_t>(hp.n_layer / 2)];
-  const Weight* w = &lw.w_down;
-  for (const Weight* x : {&lw.w_gate, &lw.w_up, &lw.wq}) {
-    if (x->present() && x->row_bytes * static_cast<uint64_t>(x->n_out) >
-                            w->row_bytes * static_cast<uint64_t>(w->n_out))
-      w = x;
+  std::vector<const Weight*> ws;
+  double bytes = 0;
+  for (int64_t i = 0; i < hp.n_layer && bytes < kStreamBytes; ++i) {
+    const LayerWeights& lw = m.layers[static_cast<size_t>((hp.n_layer / 2 + i) % hp.n_layer)];
+    for (const Weight* w : {&lw.w_gate, &lw.w_up, &lw.w_down}) {
+      if (!w->present() || !be.supports(OpKind::kMatmul, w->dtype)) continue;
+      ws.push_back(w);
+      bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
+    }
   }
-  if (!be.supports(OpKind::kMatmul, w->dtype)) {
-    return make_error(ErrorCode::kUnsupported, "%s has no matmul for %s", be.name().c_str(),
-                      std::string(dtype_name(w->dtype)).c_str());
+  if (ws.empty()) return make_error(ErrorCode::kUnsupported, "%s has no matmul for the model's FFN weights", be.name().c_str());
+  std::vector<const Weight*> uploaded;
+  auto release = [&] {
+    for (const Weight* w : uploaded) be.release_weight(*w);
+  };
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (!be.host_memory() && !be.has_weight(OpKind::kMatmul, *ws[i])) {
+      if (!be.upload_weight(*ws[i]).ok()) {  // the budget: measure on what fits
+        ws.resize(i);
+        break;
+      }
+      uploaded.push_back(ws[i]);
+    }
   }
-  const bool uploaded_here = !be.host_memory() && !be.has_weight(OpKind::kMatmul, *w);
-  LOOM_TRY(be.upload_weight(*w));
-  LOOM_TRY(be.upload_weight(lw.attn_norm));
-  LOOM_ASSIGN_OR_RETURN(auto xbuf, be.alloc_act(w->n_in));
-  LOOM_ASSIGN_OR_RETURN(auto ybuf, be.alloc_act(std::max(w->n_out, w->n_in)));
-  std::vector<float> ones(static_cast<size_t>(std::max(w->n_in, w->n_out)), 0.01f);
-  Act x = xbuf->view(1, w->n_in), y = ybuf->view(1, w->n_out);
-  LOOM_TRY(be.upload(ones.data(), x));
+  if (ws.empty()) return make_error(ErrorCode::kOutOfMemory, "no room on %s to measure a matmul", be.name().c_str());
+  const LayerWeights& l0 = m.layers[0];
+  Status s = be.upload_weight(l0.attn_norm);
+  int64_t max_in = hp.n_embd, max_out = hp.n_embd;
+  for (const Weight* w : ws) max_in = std::max(max_in, w->n_in), max_out = std::max(max_out, w->n_out);
+  auto xbuf = be.alloc_act(max_in);
+  auto ybuf = be.alloc_act(max_out);
+  if (!s.ok() || !xbuf.ok() || !ybuf.ok()) {
+    release();
+    return !s.ok() ? s.error() : (!xbuf.ok() ? xbuf.error() : ybuf.error());
+  }
+  std::vector<float> ones(static_cast<size_t>(max_in), 0.01f);
+  s = be.upload(ones.data(), (*xbuf)->view(1, max_in));
+  bytes = 0;
+  for (const Weight* w : ws) bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
+  auto pass = [&] {
+    for (const Weight* w : ws) be.matmul(*w, (*xbuf)->view(1, w->n_in), (*ybuf)->view(1, w->n_out), nullptr);
+  };
+  Result<double> all = s.ok() ? time_ops(be, 1, pass) : Result<double>(s.error());
+  Act n_in = (*xbuf)->view(1, hp.n_embd), n_out = (*ybuf)->view(1, hp.n_embd);
+  Result<double> small = time_ops(be, 32, [&] { be.rms_norm(n_in, l0.attn_norm, hp.rms_eps, n_out); });
+  release();
+  if (!all.ok()) return all.error();
+  if (!small.ok()) return small.error();
   UnitCost c;
-  LOOM_ASSIGN_OR_RETURN(double mm, time_ops(be, 8, [&] { be.matmul(*w, x, y, nullptr); }));
-  Act n_in = xbuf->view(1, hp.n_embd), n_out = ybuf->view(1, hp.n_embd);
-  LOOM_ASSIGN_OR_RETURN(
-      double small, time_ops(be, 32, [&] { be.rms_norm(n_in, lw.attn_norm, hp.rms_eps, n_out); }));
-  c.op_s = small;
-  const double bytes = static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
-  c.bytes_per_s = bytes / std::max(mm - small, mm * 0.05);
-  if (uploaded_here) be.release_weight(*w);
+  c.op_s = *small;
+  const double per_op = *all / static_cast<double>(ws.size());
+  c.bytes_per_s = bytes / static_cast<double>(ws.size()) / std::max(per_op - *small, per_op * 0.05);
   return c;
 }
 }  // namespace

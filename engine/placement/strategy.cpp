@@ -95,7 +95,7 @@ Placement layers_n(const Model& m, int64_t n) {
 Placement auto_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
                          uint64_t budget, uint64_t kv_layer) {
   const int64_t L = m.hp.n_layer;
-  constexpr int kSteps = 256;
+  constexpr int kSteps = 4096;  // budget resolution: rounding loses at most one step per item
   const double step = std::max(1.0, static_cast<double>(budget) / kSteps);
   const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
   auto buckets = [&](uint64_t bytes) {
