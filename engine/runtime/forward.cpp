@@ -110,6 +110,10 @@ Status ForwardPass::alloc_acts(Unit u) {
 Status ForwardPass::build_weights(const Placement& p, Weights* out) {
   out->layers = m_.layers;
   for (size_t l = 0; l < out->layers.size(); ++l) {
+    // Requantization is the slow part of a CPU placement: first half of the progress.
+    if (progress_ && !progress_(0.5 * static_cast<double>(l) / static_cast<double>(out->layers.size()))) {
+      return make_error(ErrorCode::kCancelled, "loading cancelled");
+    }
     LayerWeights& w = out->layers[l];
     for (auto [g, list] :
          {std::pair{OpGroup::kAttnW, std::array<Weight*, 4>{&w.wq, &w.wk, &w.wv, &w.wo}},
@@ -227,6 +231,9 @@ Status ForwardPass::apply(const Placement& want) {
       return {};
     };
     for (int64_t l = 0; l < L; ++l) {
+      if (progress_ && !progress_(0.5 + 0.5 * static_cast<double>(l) / static_cast<double>(L))) {
+        return make_error(ErrorCode::kCancelled, "loading cancelled");
+      }
       LayerPlace& lp = p.layers[static_cast<size_t>(l)];
       const LayerWeights& w = nw.layers[static_cast<size_t>(l)];
       const std::string at = "layer " + std::to_string(l) + " ";
@@ -319,6 +326,7 @@ Status ForwardPass::apply(const Placement& want) {
   notes_ = std::move(notes);
   if (prof_) prof_->reset();
   if (layer_stats_) layer_stats_->reset();
+  if (progress_) (void)progress_(1.0);
   return {};
 }
 
@@ -340,7 +348,9 @@ Status ForwardPass::set_placement(const Placement& p) {
   if (s.ok()) return {};
   // Put the previous placement back (its weights are still where they were, or come back).
   std::vector<std::string> keep_notes = notes_;
+  std::function<bool(double)> cb = std::exchange(progress_, nullptr);  // the way back is not cancellable
   Status back = apply(before);
+  progress_ = std::move(cb);
   if (!back.ok())
     return make_error(s.error().code(), "%s (and the previous placement could not be restored: %s)",
                       s.message().c_str(), back.message().c_str());

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -74,6 +75,10 @@ class ForwardPass {
   void set_fallback(Backend* cpu) { units_[0] = cpu; }
   /// The unit's backend, or null when there is none.
   Backend* unit(Unit u) const { return units_[static_cast<size_t>(u)]; }
+  /// Called while prepare()/set_placement() move weights, with the fraction
+  /// done (0..1); returning false cancels (kCancelled; the previous placement
+  /// stays). Any callable; null to remove.
+  void set_progress(std::function<bool(double)> cb) { progress_ = std::move(cb); }
   /// Bytes of requantized weight copies held on the host.
   uint64_t requant_bytes() const { return requant_.bytes(); }
 
@@ -140,6 +145,7 @@ class ForwardPass {
       gpu_tensors_;   ///< tensors uploaded to the GPU, by first byte
   Status op_status_;  ///< first transfer error inside a step
   std::vector<std::string> notes_;
+  std::function<bool(double)> progress_;
 
   // Profiling state of the step being run (decode steps only).
   bool profiling_ = false;

@@ -400,3 +400,40 @@ TEST(LivePlacement, SwitchMidGenerationOnTheCpu) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(LivePlacement, ProgressIsReportedAndCancelKeepsThePlacement) {
+  auto m = synth_model("q8_0", 3, 256);
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  auto kv = KvCache::create({3, 2, 64, 64, 16, DType::kF16});
+  ASSERT_TRUE(kv.ok());
+  ForwardPass fwd(*m, cpu, **kv);
+  std::vector<double> seen;
+  fwd.set_progress([&](double f) {
+    seen.push_back(f);
+    return true;
+  });
+  ASSERT_TRUE(fwd.prepare().ok());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), 1.0);
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i], seen[i - 1]);
+
+  std::vector<float> before(static_cast<size_t>(m->hp.n_vocab)), after(before.size());
+  ASSERT_TRUE(fwd.eval(std::vector<int32_t>{1, 2, 3}, 0, before.data()).ok());
+  Placement q4 = Placement::uniform(3, Unit::kCpu);
+  for (auto& lp : q4.layers) lp[OpGroup::kFfn].dtype = DType::kQ4_0;
+  fwd.set_progress([](double f) { return f < 0.3; });  // cancel on the way
+  const Status s = fwd.set_placement(q4);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kCancelled);
+  EXPECT_FALSE(fwd.placement().layers[0][OpGroup::kFfn].dtype.has_value());
+  (*kv)->clear();
+  ASSERT_TRUE(fwd.eval(std::vector<int32_t>{1, 2, 3}, 0, after.data()).ok());
+  EXPECT_EQ(before, after);
+}
+
+}  // namespace
+}  // namespace loom
