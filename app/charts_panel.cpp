@@ -229,7 +229,7 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_histLegend = new QLabel;
   v->addWidget(framed(makeView(m_histChart, 150, content), tr("Inter-token latency"), m_histLegend, content));
 
-  // Per-layer decode time.
+  // Per-layer decode time (the profiler's whole-layer figures).
   m_layerChart = makeChart();
   m_layerP50 = new QBarSet(tr("P50"));
   m_layerP50->setColor(theme::kP50);
@@ -492,4 +492,6 @@ void ChartsPanel::buildMemory(const LiveSnapshot& s) {
   const double topMib = static_cast<double>(top) / mib;
   setNiceRange(m_memAxis, topMib * 1.1, QStringLiteral(" MiB"));
   m_shown.ramBytes = s.ram.weights + s.ram.kv;
+  m_shown.gpuBytes = s.gpu.weights + s.gpu.kv;
+  m_shown.gpuPresent = s.gpuPresent;
 }

@@ -39,6 +39,8 @@ class ChartsPanel : public QWidget {
     int layersWithData = 0;
     int tpsPoints = 0;
     uint64_t ramBytes = 0;
+    uint64_t gpuBytes = 0;
+    bool gpuPresent = false;
   };
   const Shown& shown() const { return m_shown; }
 

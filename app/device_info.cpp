@@ -46,6 +46,7 @@ DeviceInfo cpuDevice(int nThreads) {
   d.kind = QStringLiteral("CPU");
   d.backendId = QStringLiteral("cpu");
   d.present = true;
+  d.inUse = true;
   d.status = QObject::tr("in use");
   d.color = theme::kCpu;
   d.name = procValue(QStringLiteral("/proc/cpuinfo"), QStringLiteral("model name"));
@@ -108,9 +109,8 @@ QVector<DeviceInfo> vulkanDevices(bool probe) {
     d.status = v.usable ? QObject::tr("found") : QObject::tr("not usable");
     d.details << QObject::tr("Type: %1 · Vulkan %2").arg(QString::fromStdString(v.type), QString::fromStdString(v.api_version));
     if (!v.driver.empty()) d.details << QObject::tr("Driver: %1").arg(QString::fromStdString(v.driver));
-    if (v.device_local_bytes) d.details << QObject::tr("Device memory: %1").arg(formatBytes(static_cast<qint64>(v.device_local_bytes)));
     if (!v.usable && !v.why_not.empty()) d.details << QString::fromStdString(v.why_not);
-    if (v.usable) d.details << QObject::tr("Not used yet: placing layers on a GPU arrives with the placement engine.");
+    if (v.device_local_bytes) d.memTotal = static_cast<qint64>(v.device_local_bytes);
     out << d;
   }
   return out;
@@ -129,19 +129,25 @@ QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus) {
 
 QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices) {
   QVector<BackendInfo> out;
+  QString gpuInUse;
+  for (const DeviceInfo& d : devices) {
+    if (d.inUse && d.backendId != QLatin1String("cpu")) gpuInUse = d.name;
+  }
   for (const DeviceInfo& d : devices) {
     BackendInfo b;
     b.id = d.backendId;
-    b.label = d.kind;
     b.color = d.color;
-    // Only the CPU runs layers today: a GPU that is found still waits for the
-    // engine's placement (the grid shows it, disabled, saying so).
-    b.available = d.present && d.backendId == QLatin1String("cpu");
+    b.device = d.name;
+    b.available = d.present && d.inUse;
+    // The engine has one GPU unit: the device in use is "the GPU" of the grid.
+    b.label = d.backendId == QLatin1String("cpu") ? QStringLiteral("CPU") : b.available ? QStringLiteral("GPU") : d.kind;
+    if (b.available && d.backendId != QLatin1String("cpu")) b.memoryBytes = d.memTotal;
     if (!d.present) {
       b.reason = QStringLiteral("%1: %2").arg(d.kind, d.status);
     } else if (!b.available) {
-      b.reason = QObject::tr("%1: %2 found; placing layers on it needs the placement engine (not built yet)")
-                     .arg(d.kind, d.name);
+      b.reason = gpuInUse.isEmpty()
+                     ? QObject::tr("%1: %2 %3").arg(d.kind, d.name, d.status)
+                     : QObject::tr("%1: %2 is not used (Loom runs on one GPU at a time: %3)").arg(d.kind, d.name, gpuInUse);
     }
     out << b;
   }
@@ -156,17 +162,16 @@ QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends) {
     if (b.available) gpu = true;
     else why << b.reason;
   }
-  const QString noGpu = QObject::tr("Needs a GPU backend (%1)").arg(why.join(QStringLiteral("; ")));
-  const QString noPlanner = QObject::tr("Needs the engine's placement planner, which is not built yet");
+  const QString noGpu = QObject::tr("Needs a GPU (%1)").arg(why.join(QStringLiteral("; ")));
   QVector<StrategyInfo> s;
   s << StrategyInfo{QStringLiteral("cpu"), QObject::tr("CPU only"), true, {}, false, false};
-  s << StrategyInfo{QStringLiteral("gpu"), QObject::tr("All on GPU"), gpu, gpu ? QString() : noGpu, false, true};
+  s << StrategyInfo{QStringLiteral("gpu"), QObject::tr("All on GPU"), gpu, gpu ? QString() : noGpu, false, false};
   s << StrategyInfo{QStringLiteral("layers"), QObject::tr("First N layers on GPU"), gpu, gpu ? QString() : noGpu, true,
-                    true};
-  s << StrategyInfo{QStringLiteral("attn-gpu"), QObject::tr("Attention on GPU, FFN split"), gpu,
+                    false};
+  s << StrategyInfo{QStringLiteral("attn-gpu"), QObject::tr("Attention on GPU, FFN while the budget lasts"), gpu,
                     gpu ? QString() : noGpu, false, true};
-  s << StrategyInfo{QStringLiteral("auto"), QObject::tr("Auto (cost model)"), false, gpu ? noPlanner : noGpu, false,
-                    true};
+  s << StrategyInfo{QStringLiteral("auto"), QObject::tr("Auto (cost model, within the budget)"), gpu,
+                    gpu ? QString() : noGpu, false, true};
   s << StrategyInfo{QStringLiteral("custom"), QObject::tr("Custom (edit cells)"), true, {}, false, false};
   return s;
 }

@@ -1,7 +1,7 @@
 // The compute devices this machine and this build offer: the CPU (its ISA
 // level and features, RAM), and the GPU backends (Vulkan, CUDA) with their
-// memory once those backends are built. The placement grid's backends and
-// the strategy selector's choices are derived from this list.
+// memory. The placement grid's backends and the strategy selector's choices
+// are derived from this list (the engine worker marks the GPU it opened).
 #pragma once
 
 #include <QColor>
@@ -17,6 +17,7 @@ struct DeviceInfo {
   QString name;        ///< the device's own name, or the kind when absent
   QString status;      ///< "in use", "not built", "none found"
   bool present = false;
+  bool inUse = false;   ///< the engine runs on it (the CPU; the GPU backend the worker opened)
   QStringList details;  ///< one fact per line
   qint64 memTotal = 0, memAvailable = 0;  ///< bytes (host RAM for the CPU)
   QColor color;
@@ -29,7 +30,7 @@ Q_DECLARE_METATYPE(DeviceInfo)
 /// milliseconds, so the worker thread does it); without it GPU entries say
 /// "looking…" when the backend is built.
 QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus = true);
-/// One BackendInfo per device kind (absent ones unavailable, with the reason).
+/// One BackendInfo per device (those not in use unavailable, with the reason).
 QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices);
 /// The strategy selector's entries, enabled as the backends allow.
 QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends);

@@ -92,11 +92,12 @@ ModelSummary summarizeModel(const loom::Model& m, const QString& path, bool isDe
 }
 
 QStringList kvPrecisionChoices(const ModelSummary& model, QString* note) {
-  // The CPU KV cache stores F16, or Q8_0 in blocks of 32 values along a head.
+  // The KV cache (host blocks and the GPU's storage alike) stores F16, or Q8_0
+  // in blocks of 32 values along a head.
   QStringList choices{QStringLiteral("F16")};
   if (model.headDim > 0 && model.headDim % 32 == 0) {
     choices << QStringLiteral("Q8_0");
-    if (note) *note = QObject::tr("One KV precision for the whole model (the CPU engine's cache is uniform)");
+    if (note) *note = QObject::tr("One KV precision for every layer; changing it makes a new KV cache (the chat is re-read)");
   } else if (note) {
     *note = QObject::tr("Q8_0 needs a head size that is a multiple of 32 (this model: %1)").arg(model.headDim);
   }

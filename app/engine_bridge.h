@@ -15,8 +15,8 @@ struct SamplerParams;
 /// What the GUI shows about `model`, loaded from `path`.
 ModelSummary summarizeModel(const loom::Model& model, const QString& path, bool isDemo);
 
-/// KV cache precisions the CPU engine can use for this model, and a note
-/// saying why others are not offered (shown in the grid's menu).
+/// KV cache precisions the engine can use for this model, and a note saying
+/// why others are not offered (shown in the grid's menu).
 QStringList kvPrecisionChoices(const ModelSummary& model, QString* note);
 
 /// The engine's sampler parameters for a chat's settings; a negative seed

@@ -37,7 +37,7 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
   auto* kind = new QLabel(d.kind, f);
   kind->setObjectName(QStringLiteral("CardTitle"));
   auto* status = new QLabel(d.status, f);
-  const bool inUse = d.present && d.backendId == QLatin1String("cpu");
+  const bool inUse = d.present && d.inUse;
   status->setStyleSheet(inUse ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
                                                "font-size:8.5pt;font-weight:600;")
                         : d.present ? QStringLiteral("background:#eef0ff;color:#4338ca;border-radius:6px;padding:2px 8px;"
@@ -55,7 +55,7 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
     name->setWordWrap(true);
     v->addWidget(name);
   } else {
-    auto* why = new QLabel(QObject::tr("%1: %2. Its cells and strategies are shown disabled.").arg(d.kind, d.status), f);
+    auto* why = new QLabel(QObject::tr("%1: %2. The grid shows it, disabled.").arg(d.kind, d.status), f);
     why->setObjectName(QStringLiteral("Muted"));
     why->setWordWrap(true);
     v->addWidget(why);
@@ -67,7 +67,11 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
     l->setTextInteractionFlags(Qt::TextSelectableByMouse);
     v->addWidget(l);
   }
-  if (d.memTotal > 0) {
+  if (d.memTotal > 0 && d.memAvailable <= 0 && d.present) {
+    auto* mem = new QLabel(QObject::tr("Memory: %1").arg(formatBytes(d.memTotal)), f);
+    mem->setObjectName(QStringLiteral("Muted"));
+    v->addWidget(mem);
+  } else if (d.memTotal > 0 && d.memAvailable > 0) {
     const qint64 used = d.memTotal - d.memAvailable;
     auto* mem = new QLabel(QObject::tr("Memory: %1 free of %2").arg(formatBytes(d.memAvailable), formatBytes(d.memTotal)), f);
     mem->setObjectName(QStringLiteral("Muted"));
@@ -85,11 +89,12 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
 
 }  // namespace
 
-EnginePanel::EnginePanel(PlacementModel* placement, std::shared_ptr<LiveStats> stats, QWidget* parent)
+EnginePanel::EnginePanel(PlacementModel* placement, PresetListModel* presets, std::shared_ptr<LiveStats> stats,
+                         QWidget* parent)
     : QTabWidget(parent) {
   setObjectName(QStringLiteral("RightPanel"));
   setDocumentMode(true);
-  m_placement = new PlacementPanel(placement, this);
+  m_placement = new PlacementPanel(placement, presets, stats, this);
   m_placement->setObjectName(QStringLiteral("RightPanel"));
   m_charts = new ChartsPanel(std::move(stats), this);
   m_chatSettings = new ChatSettingsPanel;
@@ -109,8 +114,8 @@ void EnginePanel::setDevices(const QVector<DeviceInfo>& devices) {
     delete li;
   }
   for (const DeviceInfo& d : devices) m_deviceList->addWidget(deviceCard(d, m_devices));
-  auto* note = new QLabel(tr("Memory tiers: GPU memory when a GPU backend runs attention, host RAM, and SSD "
-                             "spill for long contexts (the SSD tier is not built yet)."),
+  auto* note = new QLabel(tr("Memory tiers: GPU memory for the weights and KV cache placed there, host RAM for "
+                             "the rest, and SSD spill for long contexts (the SSD tier is not built yet)."),
                           m_devices);
   note->setObjectName(QStringLiteral("Muted"));
   note->setWordWrap(true);

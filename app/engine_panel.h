@@ -14,6 +14,7 @@ class ChatSettingsPanel;
 class LiveStats;
 class PlacementModel;
 class PlacementPanel;
+class PresetListModel;
 class QVBoxLayout;
 
 class EnginePanel : public QTabWidget {
@@ -21,7 +22,8 @@ class EnginePanel : public QTabWidget {
  public:
   enum Tab { PlacementTab = 0, PerformanceTab, DevicesTab, ChatTab };
 
-  EnginePanel(PlacementModel* placement, std::shared_ptr<LiveStats> stats, QWidget* parent = nullptr);
+  EnginePanel(PlacementModel* placement, PresetListModel* presets, std::shared_ptr<LiveStats> stats,
+              QWidget* parent = nullptr);
 
   PlacementPanel* placementPanel() const { return m_placement; }
   ChartsPanel* chartsPanel() const { return m_charts; }

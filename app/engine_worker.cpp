@@ -11,8 +11,13 @@
 #include "app/engine_bridge.h"
 #include "app/live_stats.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/backends/vulkan/vulkan.h"
 #include "engine/model/model.h"
 #include "engine/model/synth.h"
+#include "engine/placement/cost_model.h"
+#include "engine/placement/placement.h"
+#include "engine/placement/strategy.h"
+#include "engine/profile/profiler.h"
 #include "engine/runtime/session.h"
 #include "storage/store.h"
 
@@ -32,6 +37,15 @@ int defaultThreads(int requested) {
 // helper thread waiting for milliseconds), so tiny models run on one thread.
 constexpr uint64_t kTinyModelBytes = 32ull << 20;
 
+// Which Vulkan device to open: a discrete GPU first, a software renderer last.
+int deviceRank(const loom::VulkanDeviceInfo& d) {
+  if (d.type == "discrete") return 0;
+  if (d.type == "integrated") return 1;
+  if (d.type == "virtual") return 2;
+  if (d.type == "cpu") return 3;
+  return 4;
+}
+
 }  // namespace
 
 EngineWorker::EngineWorker(QString dbPath, int nThreads, std::shared_ptr<LiveStats> stats)
@@ -40,11 +54,13 @@ EngineWorker::EngineWorker(QString dbPath, int nThreads, std::shared_ptr<LiveSta
       m_nThreads(defaultThreads(nThreads)),
       m_stats(std::move(stats)) {}
 
-// The session refers to the model and the backend: it goes first.
+// The session refers to the model and the backends: it goes first.
 EngineWorker::~EngineWorker() {
   m_session.reset();
+  m_planner.reset();
   m_model.reset();
-  m_backend.reset();
+  m_gpu.reset();
+  m_cpu.reset();
 }
 
 void EngineWorker::openStore() {
@@ -57,7 +73,73 @@ void EngineWorker::openStore() {
   m_store = std::move(s).value();
 }
 
-void EngineWorker::probeDevices() { emit devicesFound(detectDevices(m_nThreads, /*probeGpus=*/true)); }
+// ---- devices ------------------------------------------------------------------
+
+void EngineWorker::ensureGpu() {
+  if (m_gpuTried) return;
+  m_gpuTried = true;
+  if (!loom::vulkan_built()) {
+    m_gpuWhyNot = tr("Vulkan: not built");
+    return;
+  }
+  auto list = loom::list_vulkan_devices();
+  if (!list.ok()) {
+    const QString why = qstr(list.message());
+    m_gpuWhyNot = why.startsWith(QLatin1String("Vulkan")) ? why : tr("Vulkan: %1").arg(why);
+    return;
+  }
+  const loom::VulkanDeviceInfo* best = nullptr;
+  QStringList unusable;
+  for (const loom::VulkanDeviceInfo& d : *list) {
+    if (!d.usable) {
+      unusable << QStringLiteral("%1: %2").arg(qstr(d.name), qstr(d.why_not));
+      continue;
+    }
+    if (!best || deviceRank(d) < deviceRank(*best)) best = &d;
+  }
+  if (!best) {
+    m_gpuWhyNot = list->empty() ? tr("Vulkan: no device found")
+                                : tr("Vulkan: no usable device (%1)").arg(unusable.join(QStringLiteral("; ")));
+    return;
+  }
+  loom::VulkanOptions vo;
+  vo.device = best->index;
+  auto vb = loom::create_vulkan_backend(vo);
+  if (!vb.ok()) {
+    m_gpuWhyNot = tr("Vulkan: %1 could not be opened: %2").arg(qstr(best->name), qstr(vb.message()));
+    return;
+  }
+  m_gpu = std::move(vb).value();
+  m_gpuId = QStringLiteral("vulkan:%1").arg(best->index);
+  m_gpuName = qstr(best->name);
+  m_gpuType = qstr(best->type);
+  m_gpuMemory = static_cast<qint64>(best->device_local_bytes);
+}
+
+void EngineWorker::probeDevices() {
+  ensureGpu();
+  QVector<DeviceInfo> devices = detectDevices(m_nThreads, /*probeGpus=*/true);
+  for (DeviceInfo& d : devices) {
+    if (d.kind != QLatin1String("Vulkan")) continue;
+    if (m_gpu && d.backendId == m_gpuId) {
+      d.inUse = true;
+      d.status = tr("in use");
+      d.memTotal = m_gpuMemory;
+      d.details << tr("Runs the cells placed on the GPU; the CPU runs the others.");
+      if (m_gpuType == QLatin1String("cpu")) {
+        d.details << tr("A software renderer (the CPU emulating a GPU): correct, but slower than the CPU itself.");
+      }
+    } else if (d.present && m_gpu) {
+      d.status = tr("not used");
+      d.details << tr("Loom runs on one GPU at a time: %1.").arg(m_gpuName);
+    } else if (d.present) {
+      d.status = tr("could not be opened");
+      d.details << m_gpuWhyNot;
+    }
+  }
+  m_devices = devices;
+  emit devicesFound(devices);
+}
 
 // ---- models -------------------------------------------------------------------
 
@@ -96,10 +178,13 @@ void EngineWorker::loadDemoModel(quint64 requestId, const QString& path) {
 }
 
 void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo) {
-  emit loadProgress(requestId, tr("Reading %1…").arg(QFileInfo(path).fileName()), -1);
+  // Stages: reading the file (one engine call: no progress inside it), measuring
+  // the units for the cost model, then placing the weights (uploads and
+  // re-quantization, one call too). Cancel is honoured between stages.
+  const QString file = QFileInfo(path).fileName();
+  emit loadProgress(requestId, tr("Reading %1… (step 1 of 3)").arg(file), -1);
   auto loaded = loom::load_model(path.toStdString());
-  // load_model is one call: a cancel cannot interrupt it, so its result is dropped here.
-  if (m_cancelLoad.load() == requestId || m_shutdown.load()) {
+  if (loadCancelled(requestId)) {
     emit modelLoadCancelled(requestId);
     return;
   }
@@ -107,36 +192,103 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     emit modelLoadFailed(requestId, qstr(loaded.message()));
     return;
   }
-  std::unique_ptr<loom::Model> model = std::move(loaded).value();
+  std::shared_ptr<loom::Model> model = std::move(loaded).value();
+  // What runs now, to be put back if this load does not go through.
+  const bool hadSession = m_session != nullptr;
+  const loom::Placement oldPlacement =
+      hadSession ? m_session->forward().placement() : loom::Placement::uniform(0, loom::Unit::kCpu);
+  const QString oldKv = m_kvDtype;
+  const int oldCtx = m_sessionCtx;
+  ensureGpu();
   const int threads = m_threadsAsked > 0 ? m_threadsAsked : model->weight_bytes() < kTinyModelBytes ? 1 : m_nThreads;
-  if (!m_backend || m_backend->n_threads() != threads) {
-    m_session.reset();  // it refers to the old backend
-    m_backend = std::make_unique<loom::CpuBackend>(threads);
+  if (!m_cpu || m_cpu->n_threads() != threads) {
+    // Measuring needs the backend the model will run on; a session on the old
+    // one is rebuilt below if this load does not go through.
+    dropSession();
+    m_cpu = std::make_unique<loom::CpuBackend>(threads);
   }
 
-  // The new model gets its session before the old one is let go: a failure
-  // leaves the previous model working (unless the thread count changed above).
-  loom::SessionConfig sc;
-  sc.kv_dtype = loom::DType::kF16;
-  auto session = loom::Session::create(*model, *m_backend, sc);
-  loom::Status prepared = session.ok() ? (*session)->forward().prepare() : session.status();
-  if (!prepared.ok()) {
-    // Keep the previous model usable if the backend was replaced for this one.
-    QString ignored;
-    if (m_model && !m_session) createSession(m_sessionCtx, m_kvDtype, &ignored);
-    emit modelLoadFailed(requestId, qstr(prepared.message()));
+  emit loadProgress(requestId,
+                    m_gpu ? tr("Measuring the CPU and the GPU for the cost model… (step 2 of 3)")
+                          : tr("Measuring the CPU for the cost model… (step 2 of 3)"),
+                    33);
+  loom::CostModel cost = loom::CostModel::defaults();
+  QStringList notes;
+  if (auto c = loom::calibrate(*model, *m_cpu, m_gpu.get()); c.ok()) {
+    cost = *c;
+  } else {
+    notes << tr("The cost model could not measure this machine (%1); its predictions use rough defaults.")
+                 .arg(qstr(c.message()));
+  }
+  if (loadCancelled(requestId)) {
+    emit modelLoadCancelled(requestId);
     return;
   }
-  m_session.reset();
+  if (!m_gpu) notes << tr("CPU only: %1.").arg(m_gpuWhyNot);
+
+  ModelSummary summary = summarizeModel(*model, path, isDemo);
+  auto planner = std::make_shared<PlacementPlanner>(model, summary, cost, m_gpu ? m_gpuId : QString(), m_gpuMemory);
+  // The first placement: the cost model's best under the whole device memory
+  // on a real GPU; on a software renderer (or none) the CPU, with the GPU one
+  // click away in the grid.
+  loom::StrategyOptions so;
+  so.has_gpu = m_gpu != nullptr;
+  so.strategy = !m_gpu || m_gpuType == QLatin1String("cpu") ? "cpu" : (cost.measured ? "auto" : "gpu");
+  so.vram_budget = static_cast<uint64_t>(m_gpuMemory);
+  so.n_ctx = std::min<int64_t>(model->hp.n_ctx_train, 4096);
+  loom::Placement first = loom::Placement::uniform(model->hp.n_layer, loom::Unit::kCpu);
+  if (auto p = loom::make_placement(*model, so, cost); p.ok()) first = *p;
+  if (m_gpu && m_gpuType == QLatin1String("cpu")) {
+    notes << tr("The GPU is %1, a software renderer: the placement starts on the CPU.").arg(m_gpuName);
+  }
+
+  const QString stage3 = first.uses(loom::Unit::kGpu) ? tr("Uploading weights to the GPU… (step 3 of 3)")
+                                                      : tr("Preparing the weights… (step 3 of 3)");
+  emit loadProgress(requestId, stage3, 66);
+  // Re-quantization and uploads report per layer, and stop when the load is cancelled.
+  int lastPercent = 66;
+  auto progress = [&](double done) {
+    const int pct = 66 + static_cast<int>(done * 33.0);
+    if (pct != lastPercent) emit loadProgress(requestId, stage3, lastPercent = pct);
+    return !loadCancelled(requestId);
+  };
+  // The old session goes first (the GPU holds one model's weights at a time);
+  // if the new one fails, the old model gets its session back.
+  dropSession();
+  auto restoreOld = [&] {
+    if (m_gpu) m_gpu->release_weights();
+    if (!m_model) return;
+    QString ignored;
+    auto back = makeSession(*m_model, oldCtx, oldKv,
+                            hadSession ? oldPlacement : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu),
+                            &ignored);
+    if (!back) back = makeSession(*m_model, oldCtx, oldKv, loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
+    if (back) setSession(std::move(back), oldKv, oldCtx);
+  };
+  QString error;
+  auto session = makeSession(*model, 0, QStringLiteral("F16"), first, &error, progress);
+  if (!session || loadCancelled(requestId)) {
+    session.reset();
+    restoreOld();
+    if (loadCancelled(requestId)) emit modelLoadCancelled(requestId);
+    else emit modelLoadFailed(requestId, error);
+    return;
+  }
+
+  // A placement asked for on the old model does not apply to this one.
+  std::optional<Wanted> stale;
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    stale.swap(m_wanted);
+    m_planner = planner;
+  }
+  if (stale) emit placementFailed(stale->requestId, tr("Another model was loaded before the placement was applied."));
   m_model = std::move(model);
-  m_session = std::move(session).value();
-  m_kvDtype = QStringLiteral("F16");
-  m_sessionCtx = 0;
-  m_summary = summarizeModel(*m_model, path, isDemo);
+  m_profiler = m_stats->resetForModel(m_model->hp.n_layer);
+  setSession(std::move(session), QStringLiteral("F16"), 0);
+  m_summary = summary;
   m_summary.nCtx = static_cast<int>(m_session->n_ctx());
   m_summary.kvDtype = m_kvDtype;
-  m_layerStats = m_stats->resetForModel(m_model->hp.n_layer);
-  m_session->forward().set_layer_stats(m_layerStats.get());
   publishMemory();
 
   openStore();
@@ -148,45 +300,230 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     rm.size_bytes = m_summary.fileBytes;
     (void)m_store->touch_recent_model(rm);  // a list for convenience: not worth failing a load over
   }
-  emit modelLoaded(requestId, m_summary, currentPlacement());
+  const QString note = placementNote() + (notes.isEmpty() ? QString() : QStringLiteral("\n") + notes.join(QStringLiteral("\n")));
+  emit modelLoaded(requestId, m_summary, currentPlan(), m_planner, note);
 }
 
-bool EngineWorker::createSession(int nCtx, const QString& kvDtype, QString* error) {
-  loom::SessionConfig sc;
-  sc.n_ctx = nCtx;
+std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& model, int nCtx, const QString& kvDtype,
+                                                         const loom::Placement& placement, QString* error,
+                                                         std::function<bool(double)> progress) {
   const auto dt = loom::dtype_from_name(kvDtype.toStdString());
   if (!dt) {
     *error = tr("Unknown KV cache precision %1").arg(kvDtype);
-    return false;
+    return nullptr;
   }
+  loom::SessionConfig sc;
+  sc.n_ctx = nCtx;
   sc.kv_dtype = *dt;
-  auto session = loom::Session::create(*m_model, *m_backend, sc);
-  loom::Status prepared = session.ok() ? (*session)->forward().prepare() : session.status();
-  if (!prepared.ok()) {
-    *error = qstr(prepared.message());
-    return false;
+  // On the GPU backend when there is one: the CPU is then the other unit.
+  loom::Backend& primary = m_gpu ? *m_gpu : static_cast<loom::Backend&>(*m_cpu);
+  auto session = loom::Session::create(model, primary, sc);
+  if (!session.ok()) {
+    *error = qstr(session.message());
+    return nullptr;
   }
-  m_session = std::move(session).value();
-  m_session->forward().set_layer_stats(m_layerStats.get());
-  m_kvDtype = kvDtype;
-  m_sessionCtx = nCtx;
-  m_summary.nCtx = static_cast<int>(m_session->n_ctx());
-  m_summary.kvDtype = kvDtype;
-  return true;
+  loom::ForwardPass& fwd = (*session)->forward();
+  fwd.set_fallback(m_cpu.get());
+  fwd.set_progress(std::move(progress));
+  loom::Status st = fwd.set_placement(placement);
+  if (st.ok()) st = fwd.prepare();
+  fwd.set_progress(nullptr);
+  if (!st.ok()) {
+    *error = qstr(st.message());
+    return nullptr;
+  }
+  return std::move(session).value();
 }
 
-PlacementPlan EngineWorker::currentPlacement() const {
-  QString note;
-  const QStringList kv = kvPrecisionChoices(m_summary, &note);
-  return PlacementPlan::allOn(QStringLiteral("cpu"), m_summary, m_kvDtype, kv, note);
+void EngineWorker::setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype, int nCtxAsked) {
+  std::optional<Wanted> again;
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    m_session = std::move(s);
+    m_kvDtype = kvDtype;
+    // A placement asked for on the session just replaced: ask this one.
+    if (m_wanted && m_wanted->kvDtype == kvDtype) again = m_wanted;
+  }
+  m_sessionCtx = nCtxAsked;
+  m_session->set_profiler(m_profiler.get());
+  // Live re-placements report how far they are (they run on this thread, between two tokens).
+  m_session->forward().set_progress([this](double done) {
+    emit placementProgress(static_cast<int>(done * 100.0));
+    return true;
+  });
+  m_summary.nCtx = static_cast<int>(m_session->n_ctx());
+  m_summary.kvDtype = kvDtype;
+  if (again) {
+    const quint64 id = again->requestId;
+    m_session->request_placement(*again->placement, [this, id](const loom::Status& st) {
+      onPlacementDone(id, st.ok(), st.ok() ? QString() : qstr(st.message()));
+    });
+    QMetaObject::invokeMethod(this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
+  }
+}
+
+void EngineWorker::dropSession() {
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    m_session.reset();
+  }
+  // Nothing else uses the GPU: every copy it holds was this session's.
+  if (m_gpu) m_gpu->release_weights();
+}
+
+bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement, QString* error) {
+  if (!m_model) {
+    *error = tr("No model is loaded.");
+    return false;
+  }
+  const loom::Placement old = m_session ? m_session->forward().placement()
+                                        : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu);
+  const QString oldKv = m_kvDtype;
+  const int oldCtx = m_sessionCtx;
+  dropSession();
+  auto progress = [this](double done) {
+    emit placementProgress(static_cast<int>(done * 100.0));
+    return true;
+  };
+  if (auto s = makeSession(*m_model, nCtx, kvDtype, placement ? *placement : old, error, progress)) {
+    setSession(std::move(s), kvDtype, nCtx);
+    return true;
+  }
+  // Back to what there was, so the model stays usable (the chat lives in the store).
+  if (m_gpu) m_gpu->release_weights();
+  QString ignored;
+  auto back = makeSession(*m_model, oldCtx, oldKv, old, &ignored);
+  if (!back) {
+    if (m_gpu) m_gpu->release_weights();
+    back = makeSession(*m_model, oldCtx, oldKv, loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
+  }
+  if (back) setSession(std::move(back), oldKv, oldCtx);
+  return false;
+}
+
+PlacementPlan EngineWorker::currentPlan() const {
+  if (!m_session || !m_planner) return {};
+  return m_planner->toPlan(m_session->forward().placement(), m_kvDtype, static_cast<int>(m_session->n_ctx()));
+}
+
+QString EngineWorker::placementNote() const {
+  if (!m_session || !m_model) return {};
+  const loom::Placement& p = m_session->forward().placement();
+  int onGpu = 0, total = 0;
+  auto count = [&](const loom::GroupPlace& g) {
+    ++total;
+    if (g.unit == loom::Unit::kGpu) ++onGpu;
+  };
+  count(p.embed);
+  count(p.output);
+  for (const auto& l : p.layers) {
+    for (const auto& g : l.g) count(g);
+  }
+  QString note = onGpu == 0       ? tr("Everything runs on the CPU.")
+                 : onGpu == total ? tr("Everything runs on the GPU: %1.").arg(m_gpuName)
+                                  : tr("%1 of %2 op groups run on the GPU (%3), the rest on the CPU.")
+                                        .arg(onGpu)
+                                        .arg(total)
+                                        .arg(m_gpuName.section(QStringLiteral(" ("), 0, 0));
+  note += tr(" KV cache %1.").arg(m_kvDtype);
+  const auto& fell = m_session->forward().notes();
+  if (!fell.empty()) {
+    note += tr("\nFell back to the CPU:");
+    for (const std::string& n : fell) note += QStringLiteral("\n· ") + qstr(n);
+  }
+  return note;
 }
 
 void EngineWorker::publishMemory() {
-  TierBytes ram;
-  if (m_model) ram.weights = m_model->weight_bytes();  // memory-mapped: resident once read
-  if (m_session) ram.kv = m_session->kv().allocated_bytes();
-  // No GPU backend and no SSD KV tier in this engine yet: their rows say so.
-  m_stats->setMemory(TierBytes{}, ram, TierBytes{}, /*gpuPresent=*/false, /*ssdPresent=*/false);
+  TierBytes gpu, ram;
+  if (m_model && m_session) {
+    // Weights as the placement holds them (re-quantized sizes); host weights
+    // are memory-mapped or re-quantized copies, resident once read.
+    const loom::PlacementBytes b = loom::placement_bytes(*m_model, m_session->forward().placement(), 0);
+    gpu.weights = b.weights[static_cast<size_t>(loom::Unit::kGpu)];
+    ram.weights = b.weights[static_cast<size_t>(loom::Unit::kCpu)];
+    const loom::KvCache& kv = m_session->kv();
+    const uint64_t onDevice = kv.storage() ? kv.storage()->allocated_bytes() : 0;
+    gpu.kv = onDevice;
+    ram.kv = kv.allocated_bytes() - std::min(onDevice, kv.allocated_bytes());
+  }
+  // No SSD KV tier in this engine yet: its row says so.
+  m_stats->setMemory(gpu, ram, TierBytes{}, /*gpuPresent=*/m_gpu != nullptr, /*ssdPresent=*/false);
+}
+
+// ---- placement ------------------------------------------------------------------
+
+bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error, bool* waitsForReply) {
+  if (waitsForReply) *waitsForReply = false;
+  std::lock_guard<std::mutex> lock(m_mu);
+  if (!m_session || !m_planner) {
+    *error = tr("No model is loaded.");
+    return false;
+  }
+  if (plan.rows.size() != m_planner->layerCount() + 2) {
+    *error = tr("This placement is for another model.");
+    return false;
+  }
+  if (!m_planner->check(plan, error)) return false;
+  Wanted w;
+  w.requestId = requestId;
+  w.placement = std::make_shared<loom::Placement>(m_planner->toPlacement(plan));
+  w.kvDtype = plan.kvPrecision();
+  m_wanted = w;
+  if (w.kvDtype != m_kvDtype) {
+    // A new KV precision is a new KV cache: after the reply that streams, if any.
+    if (waitsForReply) *waitsForReply = m_generating.load();
+    QMetaObject::invokeMethod(this, [this] { applyWithNewKv(); }, Qt::QueuedConnection);
+    return true;
+  }
+  m_session->request_placement(*w.placement, [this, requestId](const loom::Status& st) {
+    onPlacementDone(requestId, st.ok(), st.ok() ? QString() : qstr(st.message()));
+  });
+  // Idle: applied at once (while a reply streams, generate() applies it between two tokens first).
+  QMetaObject::invokeMethod(this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
+  return true;
+}
+
+void EngineWorker::applyPendingPlacement() {
+  if (m_session) (void)m_session->apply_pending_placement();  // the outcome goes through onPlacementDone
+}
+
+void EngineWorker::applyWithNewKv() {
+  std::optional<Wanted> w;
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    if (!m_wanted || m_wanted->kvDtype == m_kvDtype) return;  // answered already, or asked on the session
+    w.swap(m_wanted);
+  }
+  const int kept = m_session ? static_cast<int>(m_session->tokens().size()) : 0;
+  const QString before = m_kvDtype;
+  QString error;
+  if (!rebuildSession(m_sessionCtx, w->kvDtype, w->placement.get(), &error)) {
+    publishMemory();
+    emit placementFailed(w->requestId, tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
+    return;
+  }
+  m_stats->resetTimings();
+  publishMemory();
+  const QString note = tr("KV cache now %1 (was %2): the chat is kept, and the next reply re-reads its %n token(s).",
+                          "", kept)
+                           .arg(w->kvDtype, before);
+  emit placementApplied(w->requestId, currentPlan(), note + QStringLiteral("\n") + placementNote());
+}
+
+void EngineWorker::onPlacementDone(quint64 requestId, bool ok, const QString& error) {
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    if (m_wanted && m_wanted->requestId == requestId) m_wanted.reset();
+  }
+  if (!ok) {
+    emit placementFailed(requestId, tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
+    return;
+  }
+  m_stats->resetTimings();
+  publishMemory();
+  const QString when = m_generating.load() ? tr("Applied between two tokens of the reply. ") : QString();
+  emit placementApplied(requestId, currentPlan(), when + placementNote());
 }
 
 // ---- generation -----------------------------------------------------------------
@@ -225,7 +562,7 @@ void EngineWorker::generate(const GenerationRequest& req) {
   }
   if (req.sampling.nCtx != m_sessionCtx) {
     QString err;
-    if (!createSession(req.sampling.nCtx, m_kvDtype, &err)) return fail(err);
+    if (!rebuildSession(req.sampling.nCtx, m_kvDtype, nullptr, &err)) return fail(err);
     m_stats->resetTimings();
   }
 
@@ -263,7 +600,14 @@ void EngineWorker::generate(const GenerationRequest& req) {
   };
 
   m_stats->generationStarted();
-  auto stats = m_session->generate(*prompt, gp, onPiece, &m_shutdown);
+  m_generating.store(true);
+  // The engine checks m_cancelNow before every token: requestStop sets it for this
+  // request (a stop asked before this line is seen by the check after it).
+  m_generatingRequest.store(req.requestId);
+  m_cancelNow.store(m_shutdown.load() || m_stopRequest.load() == req.requestId);
+  auto stats = m_session->generate(*prompt, gp, onPiece, &m_cancelNow);
+  m_generatingRequest.store(0);
+  m_generating.store(false);
   if (!stats.ok()) {
     m_stats->generationFinished(0, 0);
     return fail(qstr(stats.message()));
@@ -290,43 +634,4 @@ void EngineWorker::generate(const GenerationRequest& req) {
        r.meta.toStdString());
   emit textUpdated(req.requestId, req.messageId, r.text);
   emit generationFinished(r);
-}
-
-// ---- placement ------------------------------------------------------------------
-
-void EngineWorker::applyPlacement(const PlacementPlan& plan) {
-  if (!m_model) return emit placementFailed(tr("No model is loaded."));
-  for (const QString& b : plan.backendsUsed()) {
-    if (b != QLatin1String("cpu")) {
-      return emit placementFailed(
-          tr("This engine build runs on the CPU only; %1 cannot be used (no GPU backend is built).").arg(b));
-    }
-  }
-  const QString kv = plan.kvPrecision();
-  if (kv.isEmpty()) return emit placementFailed(tr("The CPU engine keeps one KV precision for all layers."));
-  // Weights run as the file stores them: only the KV precision can change here.
-  const PlacementPlan now = currentPlacement();
-  for (int r = 0; r < plan.rows.size() && r < now.rows.size(); ++r) {
-    for (int c = 0; c < plan.rows[r].size(); ++c) {
-      if (c != kColAttnKv && plan.rows[r][c].precision != now.rows[r][c].precision) {
-        return emit placementFailed(tr("Re-quantizing weights is not built yet."));
-      }
-    }
-  }
-  QString note = tr("Placement unchanged.");
-  if (kv != m_kvDtype) {
-    const int kept = m_session ? static_cast<int>(m_session->tokens().size()) : 0;
-    const QString before = m_kvDtype;
-    QString err;
-    if (!createSession(m_sessionCtx, kv, &err)) return emit placementFailed(err);
-    note = tr("KV cache now %1 (was %2). The chat is kept; the next reply re-reads its %n token(s).", "", kept)
-               .arg(kv, before);
-  }
-  m_stats->resetTimings();
-  publishMemory();
-  PlacementPlan applied = currentPlacement();
-  applied.strategy = plan.strategy;
-  applied.gpuLayers = plan.gpuLayers;
-  applied.vramBudgetMiB = plan.vramBudgetMiB;
-  emit placementApplied(applied, note);
 }

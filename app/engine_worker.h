@@ -1,29 +1,46 @@
 // The engine on its own thread. One EngineWorker lives on a QThread; the GUI
-// talks to it only through queued signals and slots, plus the few atomic
-// flags below that must work while a slot is busy (stop, cancel a load).
+// talks to it through queued signals and slots, plus the few thread-safe
+// calls below that must work while a slot is busy (stop, cancel a load, ask
+// for a placement while a reply streams).
 //
-// The worker owns the model, the CPU backend and the session, and its own
-// connection to the store: while a reply streams it saves the text every
+// The worker owns the model, the CPU backend, the GPU backend (Vulkan, when a
+// usable device exists) and the session, which runs on the GPU backend with
+// the CPU as its other unit; a profiler records every decode step. It has its
+// own connection to the store: while a reply streams it saves the text every
 // batch (~16 ms), so killing the app loses at most the last batch, and it
 // finalizes the message (state, stats) itself before telling the GUI.
+//
+// Placements: requestPlacement() hands the engine's Placement to
+// Session::request_placement, which applies it between two tokens of the
+// reply that is streaming (weights and KV move, generation goes on), or at
+// once when nothing streams. A new KV precision needs a new KV cache: that
+// waits for the reply to end. The outcome (the placement in force after
+// fallbacks, the engine's notes, or its error with the previous placement
+// kept) comes back as placementApplied / placementFailed.
 #pragma once
 
 #include <QObject>
 #include <QString>
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "app/app_types.h"
 #include "app/device_info.h"
 #include "app/placement_model.h"
+#include "app/placement_planner.h"
 
 class LiveStats;
 namespace loom {
 struct Model;
+struct Placement;
+class Backend;
 class CpuBackend;
 class Session;
-class LayerStats;
+class Profiler;
 namespace storage {
 class Store;
 }
@@ -40,12 +57,25 @@ class EngineWorker : public QObject {
   /// @name Any thread: flags read by the busy worker.
   /// @{
   /// Stops generation `requestId` at the next token (ignored if it already ended).
-  void requestStop(quint64 requestId) { m_stopRequest.store(requestId); }
-  /// Discards the result of load `requestId` when it arrives.
+  void requestStop(quint64 requestId) {
+    m_stopRequest.store(requestId);
+    // Also between two tokens whose text is not out yet (a UTF-8 character split over tokens).
+    if (m_generatingRequest.load() == requestId) m_cancelNow.store(true);
+  }
+  /// Stops load `requestId` at its next stage and discards its result.
   void cancelLoad(quint64 requestId) { m_cancelLoad.store(requestId); }
   /// Closing: stop whatever runs, as soon as possible.
-  void shutdown() { m_shutdown.store(true); }
+  void shutdown() {
+    m_shutdown.store(true);
+    m_cancelNow.store(true);
+  }
   /// @}
+
+  /// Any thread: asks for `plan` (see the header comment). False, with the
+  /// reason in `error`, when it cannot even be asked for (no model, a GPU cell
+  /// without a GPU...); otherwise the answer comes later with `requestId`.
+  /// `waitsForReply` says whether it waits for the streaming reply to end.
+  bool requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error, bool* waitsForReply = nullptr);
 
   int threads() const { return m_nThreads; }
 
@@ -58,33 +88,64 @@ class EngineWorker : public QObject {
   /// Writes the built-in demo model to `path` when absent (progress), then loads it.
   void loadDemoModel(quint64 requestId, const QString& path);
   void generate(const GenerationRequest& request);
-  /// Re-places the model; the conversation survives (it lives in the store,
-  /// and the next reply re-reads it into the new KV cache).
-  void applyPlacement(const PlacementPlan& plan);
   /// Opens the worker's own store connection (on this thread).
   void openStore();
-  /// Asks every backend for its devices (slow for GPUs: here, not on the GUI thread).
+  /// Asks every backend for its devices and opens the GPU backend on the best
+  /// usable Vulkan device (slow: here, not on the GUI thread).
   void probeDevices();
 
  signals:
   void loadProgress(quint64 requestId, const QString& stage, int percent);  // percent < 0: unknown
-  void modelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement);
+  void modelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
+                   const PlannerPtr& planner, const QString& note);
   void modelLoadFailed(quint64 requestId, const QString& message);
   void modelLoadCancelled(quint64 requestId);
   /// The whole text so far of a streaming reply (not a delta: a view that
   /// reloads the chat meanwhile cannot double or drop pieces).
   void textUpdated(quint64 requestId, qint64 messageId, const QString& text);
   void generationFinished(const GenerationResult& result);
-  void placementApplied(const PlacementPlan& placement, const QString& note);
-  void placementFailed(const QString& message);
+  /// A requested placement is in force (`placement`: after the engine's
+  /// fallbacks); `note` says what moved and what fell back.
+  void placementApplied(quint64 requestId, const PlacementPlan& placement, const QString& note);
+  /// It could not be applied; the previous placement stays, and so does the chat.
+  void placementFailed(quint64 requestId, const QString& message);
+  /// How far the placement being applied is (weights re-quantized and moved), 0..100.
+  void placementProgress(int percent);
   void devicesFound(const QVector<DeviceInfo>& devices);
   /// A problem that is not tied to a request (the store could not be opened...).
   void warning(const QString& message);
 
  private:
-  bool createSession(int nCtx, const QString& kvDtype, QString* error);
+  struct Wanted {
+    quint64 requestId = 0;
+    std::shared_ptr<loom::Placement> placement;
+    QString kvDtype;
+  };
+  void ensureGpu();
+  /// A session for the current model: KV `kvDtype` for `nCtx` tokens, running
+  /// `placement`. Null with the reason in `error`.
+  /// `progress` (optional) hears the weights' placement (0..1) and may cancel it.
+  std::unique_ptr<loom::Session> makeSession(const loom::Model& model, int nCtx, const QString& kvDtype,
+                                             const loom::Placement& placement, QString* error,
+                                             std::function<bool(double)> progress = {});
+  /// Replaces the session (same model): new context or KV precision. The old
+  /// one goes first (the GPU holds one copy of the weights); on failure a
+  /// session like the old one is made again, so the model stays usable.
+  bool rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement, QString* error);
+  void setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype, int nCtxAsked);
+  /// Lets the current session go, releasing its GPU memory.
+  void dropSession();
+  /// Applies a placement asked for while idle (queued by requestPlacement).
+  void applyPendingPlacement();
+  /// Applies a placement that needs a new KV cache (queued by requestPlacement).
+  void applyWithNewKv();
+  void onPlacementDone(quint64 requestId, bool ok, const QString& error);
+  QString placementNote() const;
+  PlacementPlan currentPlan() const;
   void publishMemory();
-  PlacementPlan currentPlacement() const;
+  bool loadCancelled(quint64 requestId) const {
+    return m_shutdown.load() || m_cancelLoad.load() == requestId;
+  }
   bool stopWanted(quint64 requestId) const {
     return m_shutdown.load(std::memory_order_relaxed) || m_stopRequest.load(std::memory_order_relaxed) == requestId;
   }
@@ -94,15 +155,31 @@ class EngineWorker : public QObject {
   int m_nThreads;      ///< the machine's threads, or --threads
   std::shared_ptr<LiveStats> m_stats;
   std::unique_ptr<loom::storage::Store> m_store;
-  std::unique_ptr<loom::Model> m_model;
-  std::unique_ptr<loom::CpuBackend> m_backend;
-  std::unique_ptr<loom::Session> m_session;
-  std::shared_ptr<loom::LayerStats> m_layerStats;
+  std::shared_ptr<loom::Model> m_model;
+  std::unique_ptr<loom::CpuBackend> m_cpu;
+  std::unique_ptr<loom::Backend> m_gpu;
+  bool m_gpuTried = false;
+  QString m_gpuId;          ///< "vulkan:N" of the open GPU
+  QString m_gpuName;
+  QString m_gpuType;        ///< "discrete", "cpu" (a software renderer)...
+  qint64 m_gpuMemory = 0;
+  QString m_gpuWhyNot;      ///< when no GPU is open
+  QVector<DeviceInfo> m_devices;
+  std::shared_ptr<loom::Profiler> m_profiler;
+  PlannerPtr m_planner;
   ModelSummary m_summary;
-  QString m_kvDtype = QStringLiteral("F16");
   int m_sessionCtx = 0;  ///< the n_ctx asked for when the session was made (0: default)
 
+  // Shared with requestPlacement (any thread).
+  mutable std::mutex m_mu;
+  std::unique_ptr<loom::Session> m_session;  ///< replaced (on this thread) under m_mu only
+  QString m_kvDtype = QStringLiteral("F16");
+  std::optional<Wanted> m_wanted;  ///< asked for, not answered yet
+
   std::atomic<quint64> m_stopRequest{0};
+  std::atomic<quint64> m_generatingRequest{0};  ///< the request generate() runs (0: none)
+  std::atomic<bool> m_cancelNow{false};         ///< the engine's cancel flag for that request
   std::atomic<quint64> m_cancelLoad{0};
   std::atomic<bool> m_shutdown{false};
+  std::atomic<bool> m_generating{false};
 };

@@ -9,18 +9,18 @@ constexpr uint64_t kWindowTokens = 32;
 constexpr size_t kMaxPoints = 4800;
 }  // namespace
 
-LiveStats::LiveStats() : m_layers(std::make_shared<loom::LayerStats>(0)) {}
+LiveStats::LiveStats() : m_profiler(std::make_shared<loom::Profiler>(0)) {}
 
 double LiveStats::generationSeconds(Clock::time_point t) const {
   return m_generationBase + (m_generating ? std::chrono::duration<double>(t - m_generationStart).count() : 0.0);
 }
 
-std::shared_ptr<loom::LayerStats> LiveStats::resetForModel(int64_t nLayer) {
-  auto layers = std::make_shared<loom::LayerStats>(nLayer);
+std::shared_ptr<loom::Profiler> LiveStats::resetForModel(int64_t nLayer) {
+  auto profiler = std::make_shared<loom::Profiler>(nLayer);
   m_itl.reset();
   {
     std::lock_guard<std::mutex> lock(m_mutex);
-    m_layers = layers;
+    m_profiler = profiler;
     m_tps.clear();
     m_generationBase = 0;
     m_lastTtftMs = m_lastTps = 0;
@@ -28,14 +28,14 @@ std::shared_ptr<loom::LayerStats> LiveStats::resetForModel(int64_t nLayer) {
     m_generating = false;
   }
   bump();
-  return layers;
+  return profiler;
 }
 
 void LiveStats::resetTimings() {
   m_itl.reset();
   {
     std::lock_guard<std::mutex> lock(m_mutex);
-    m_layers->reset();
+    m_profiler->reset();
   }
   bump();
 }
@@ -106,10 +106,10 @@ LiveSnapshot LiveStats::snapshot() const {
   LiveSnapshot s;
   s.version = version();
   s.itl = m_itl.snapshot();
-  std::shared_ptr<loom::LayerStats> layers;
+  std::shared_ptr<loom::Profiler> profiler;
   {
     std::lock_guard<std::mutex> lock(m_mutex);
-    layers = m_layers;
+    profiler = m_profiler;
     s.tokensPerSecond = m_tps;
     s.gpu = m_gpu;
     s.ram = m_ram;
@@ -121,6 +121,12 @@ LiveSnapshot LiveStats::snapshot() const {
     s.tokensTotal = m_tokensTotal;
     s.generating = m_generating;
   }
-  s.layers = layers->snapshot();  // lock-free reads, outside the mutex
+  // Lock-free reads, outside the mutex.
+  const loom::Profiler::Snapshot p = profiler->snapshot();
+  s.layers.reserve(p.layers.size());
+  for (const auto& l : p.layers) s.layers.push_back(l[loom::Profiler::kLayerTotal]);
+  s.embed = p.embed;
+  s.output = p.output;
+  s.step = p.step;
   return s;
 }

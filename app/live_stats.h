@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/profile/latency_histogram.h"
-#include "engine/profile/layer_stats.h"
+#include "engine/profile/profiler.h"
 
 /// Bytes held in one memory tier.
 struct TierBytes {
@@ -24,7 +24,10 @@ struct TierBytes {
 struct LiveSnapshot {
   uint64_t version = 0;  ///< changes whenever anything below may have changed
   loom::LatencyHistogram::Snapshot itl;        ///< inter-token latency
-  std::vector<loom::LayerStats::Layer> layers; ///< per-layer decode time
+  /// Per-layer decode time (the profiler's whole-layer figures), the
+  /// embedding, the output and the whole step.
+  std::vector<loom::ProfileStat> layers;
+  loom::ProfileStat embed, output, step;
   /// (seconds spent generating, tokens/s): idle time between replies is left
   /// out, so the line has no long flat gaps.
   std::vector<std::pair<double, double>> tokensPerSecond;
@@ -42,8 +45,8 @@ class LiveStats {
 
   // ---- worker side ----
   /// A new model (n_layer layers): every figure starts again. Returns the
-  /// per-layer stats for the forward pass to record into.
-  std::shared_ptr<loom::LayerStats> resetForModel(int64_t nLayer);
+  /// profiler for the session to record into.
+  std::shared_ptr<loom::Profiler> resetForModel(int64_t nLayer);
   /// Forgets timings but keeps the model (after a placement change).
   void resetTimings();
   void generationStarted();
@@ -65,7 +68,7 @@ class LiveStats {
   loom::LatencyHistogram m_itl;
 
   mutable std::mutex m_mutex;  // guards everything below
-  std::shared_ptr<loom::LayerStats> m_layers;
+  std::shared_ptr<loom::Profiler> m_profiler;
   std::vector<std::pair<double, double>> m_tps;
   TierBytes m_gpu, m_ram, m_ssd;
   bool m_gpuPresent = false, m_ssdPresent = false;

@@ -34,6 +34,7 @@
 #include "app/engine_worker.h"
 #include "app/live_stats.h"
 #include "app/placement_panel.h"
+#include "app/preset_list_model.h"
 #include "app/sidebar.h"
 #include "app/start_screen.h"
 #include "app/theme.h"
@@ -46,6 +47,7 @@ void registerTypes() {
   qRegisterMetaType<GenerationRequest>();
   qRegisterMetaType<GenerationResult>();
   qRegisterMetaType<PlacementPlan>();
+  qRegisterMetaType<PlannerPtr>();
   qRegisterMetaType<QVector<DeviceInfo>>();
 }
 
@@ -90,6 +92,7 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow
   const QVector<DeviceInfo> devices = detectDevices(m_worker->threads(), /*probeGpus=*/false);
   m_placement = new PlacementModel(this);
   m_chats = new ChatListModel(m_store.get(), this);
+  m_presets = new PresetListModel(m_store.get(), this);
 
   buildUi();
   setDevices(devices);
@@ -198,7 +201,7 @@ void MainWindow::buildUi() {
   m_center->addWidget(m_chatArea);
   cv->addWidget(m_center, 1);
 
-  m_engine = new EnginePanel(m_placement, m_stats, split);
+  m_engine = new EnginePanel(m_placement, m_presets, m_stats, split);
   m_engine->setMinimumWidth(380);
   split->addWidget(m_sidebar);
   split->addWidget(center);
@@ -232,20 +235,18 @@ void MainWindow::buildUi() {
 
   PlacementPanel* pp = m_engine->placementPanel();
   connect(pp, &PlacementPanel::strategyChosen, this, &MainWindow::planStrategy);
-  connect(pp, &PlacementPanel::applyRequested, this, [this] {
-    if (!m_hasModel || m_placing) return;
-    m_placing = true;
-    m_engine->placementPanel()->setBusy(true);
-    m_engine->placementPanel()->setNote(tr("Applying…"));
-    emit workerApplyPlacement(m_placement->pending());
-  });
+  connect(pp, &PlacementPanel::applyRequested, this, &MainWindow::applyPlacement);
+  connect(pp, &PlacementPanel::savePresetRequested, this, &MainWindow::savePreset);
+  connect(pp, &PlacementPanel::presetChosen, this, &MainWindow::applyPreset);
+  connect(pp, &PlacementPanel::deletePresetRequested, this, &MainWindow::deletePreset);
+  connect(m_placement, &PlacementModel::pendingChanged, this, &MainWindow::updateEstimate);
+  connect(m_presets, &PresetListModel::errorOccurred, this, [this](const QString& e) { showError(tr("Presets"), e); });
 }
 
 void MainWindow::connectWorker() {
   EngineWorker* w = m_worker;
   connect(this, &MainWindow::workerLoad, w, &EngineWorker::loadModel);
   connect(this, &MainWindow::workerLoadDemo, w, &EngineWorker::loadDemoModel);
-  connect(this, &MainWindow::workerApplyPlacement, w, &EngineWorker::applyPlacement);
   connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
   connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
   connect(w, &EngineWorker::devicesFound, this, &MainWindow::setDevices);
@@ -260,27 +261,14 @@ void MainWindow::connectWorker() {
   connect(w, &EngineWorker::textUpdated, m_chat, &ChatController::onTextUpdated);
   connect(w, &EngineWorker::generationFinished, m_chat, &ChatController::onGenerationFinished);
   connect(w, &EngineWorker::warning, this, [this](const QString& m) { showError(tr("Warning"), m); });
-  connect(w, &EngineWorker::placementApplied, this, [this](const PlacementPlan& plan, const QString& note) {
-    m_placing = false;
-    m_placement->setApplied(plan);
-    m_model.kvDtype = plan.kvPrecision();
-    m_sidebar->setModel(&m_model);
-    m_engine->placementPanel()->setBusy(m_chat->isBusy());
-    m_engine->placementPanel()->setNote(note);
-    updateHeader();
-    emit placementDone(true, note);
-  });
-  connect(w, &EngineWorker::placementFailed, this, [this](const QString& message) {
-    m_placing = false;
-    m_engine->placementPanel()->setBusy(m_chat->isBusy());
-    m_engine->placementPanel()->setNote(message, /*isError=*/true);
-    emit placementDone(false, message);
+  connect(w, &EngineWorker::placementApplied, this, &MainWindow::onPlacementApplied);
+  connect(w, &EngineWorker::placementFailed, this, &MainWindow::onPlacementFailed);
+  connect(w, &EngineWorker::placementProgress, this, [this](int percent) {
+    if (m_placing && percent < 100) m_engine->placementPanel()->setNote(tr("Applying… %1%").arg(percent));
   });
 
-  connect(m_chat, &ChatController::busyChanged, this, [this](bool busy) {
-    m_engine->placementPanel()->setBusy(busy || m_placing);
-    updateHeader();
-  });
+  // Placements apply while a reply streams (between two tokens): Apply does not wait for it.
+  connect(m_chat, &ChatController::busyChanged, this, [this] { updateHeader(); });
   connect(m_chat, &ChatController::chatChanged, this, [this] { updateHeader(); });
   connect(m_chat, &ChatController::errorOccurred, this, [this](const QString& e) { showError(tr("Something went wrong"), e); });
 }
@@ -290,6 +278,27 @@ void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
   m_placement->setBackends(backendsFromDevices(devices));
   m_placement->setStrategies(strategiesFor(m_placement->backends()));
   m_engine->placementPanel()->refreshChoices();
+  // What the engine runs on, in one line under the strategy (the details in its tooltip).
+  QString units;
+  QStringList whyNot, details;
+  bool looking = false;
+  for (const DeviceInfo& d : devices) {
+    if (d.backendId == QLatin1String("cpu")) continue;
+    if (d.inUse) {
+      units = tr("Runs on the CPU and the GPU: %1 (%2%3).")
+                  .arg(d.name, d.kind, d.memTotal > 0 ? tr(", %1").arg(formatBytes(d.memTotal)) : QString());
+    } else if (d.status == tr("looking…")) {
+      looking = true;
+    } else {
+      whyNot << QStringLiteral("%1: %2").arg(d.kind, d.status);
+    }
+    details << QStringLiteral("%1 — %2: %3").arg(d.kind, d.name, d.status) + (d.details.isEmpty() ? QString() : QStringLiteral("\n  ") + d.details.join(QStringLiteral("\n  ")));
+  }
+  if (units.isEmpty()) {
+    units = looking ? tr("Looking for GPUs…")
+                    : tr("CPU only: no usable GPU (%1). Every cell runs on the CPU.").arg(whyNot.join(QStringLiteral("; ")));
+  }
+  m_engine->placementPanel()->setUnitsText(units, details.join(QStringLiteral("\n")));
 }
 
 // ---- models -----------------------------------------------------------------------
@@ -318,33 +327,44 @@ void MainWindow::loadDemoModel() {
 
 void MainWindow::cancelLoad() {
   if (!m_loadRequest) return;
-  // The engine reads the file in one call; it finishes in the background and its result is dropped.
+  // The worker stops at its next step (reading the file is one engine call:
+  // that finishes in the background) and drops the result.
   m_worker->cancelLoad(m_loadRequest);
   m_loadRequest = 0;
   m_loadBanner->hide();
-  m_status->setText(tr("Load cancelled (the engine finishes reading in the background; the result is discarded)"));
+  m_status->setText(tr("Load cancelled (the engine stops at its next step; the result is discarded)"));
 }
 
 void MainWindow::onLoadProgress(quint64 requestId, const QString& stage, int percent) {
   if (requestId != m_loadRequest) return;
   m_loadText->setText(stage);
   if (percent < 0) {
-    m_loadBar->setRange(0, 0);  // busy indicator: load_model reports no progress
+    m_loadBar->setRange(0, 0);  // busy indicator: reading the file is one engine call, with no progress
   } else {
     m_loadBar->setRange(0, 100);
     m_loadBar->setValue(percent);
   }
   m_loadBanner->show();
+  emit loadProgressShown(stage, percent);
 }
 
-void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement) {
+void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
+                               const PlannerPtr& planner, const QString& note) {
   if (requestId != m_loadRequest) return;  // cancelled meanwhile: the worker dropped it too
   m_loadRequest = 0;
   m_loadBanner->hide();
   m_model = model;
   m_hasModel = true;
-  m_placement->setApplied(placement);
-  m_engine->placementPanel()->setNote(tr("%1 layers on the CPU, weights as the file stores them.").arg(model.nLayer));
+  m_planner = planner;
+  m_placing = false;
+  m_placeRequest = 0;
+  m_engine->placementPanel()->setBusy(false);
+  PlacementPlan plan = placement;
+  // The budget starts at the whole device memory.
+  if (planner && planner->hasGpu()) plan.vramBudgetMiB = static_cast<int>(std::min<qint64>(planner->gpuMemoryBytes() >> 20, 1 << 30));
+  m_placement->setApplied(plan);
+  m_presets->setLayerCount(model.nLayer);
+  m_engine->placementPanel()->setNote(note);
   m_sidebar->setModel(&m_model);
   m_engine->chatSettings()->setModelContext(model.nCtxTrain);
   m_chat->setModelReady(true, model.isDemo ? tr("Loom demo") : model.name);
@@ -402,26 +422,111 @@ void MainWindow::updateHeader() {
   const auto* c = m_chats->chat(m_chat->currentChat());
   m_chatTitle->setText(c ? QString::fromStdString(c->title) : tr("No chat open"));
   const QString name = m_model.isDemo ? tr("Loom demo") : m_model.name;
-  m_modelChip->setText(QStringLiteral("<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5</span>")
-                           .arg(theme::css(theme::kCpu), name.toHtmlEscaped(), theme::css(theme::kMuted), m_model.quant,
-                                m_model.kvDtype));
+  const QStringList used = m_placement->applied().backendsUsed();
+  const bool gpu = used.size() > 1 || (used.size() == 1 && used.first() != QLatin1String("cpu"));
+  const QString units = gpu ? (used.contains(QStringLiteral("cpu")) ? tr("CPU + GPU") : tr("GPU")) : tr("CPU");
+  m_modelChip->setText(QStringLiteral("<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5 · %6</span>")
+                           .arg(theme::css(gpu ? theme::kVulkan : theme::kCpu), name.toHtmlEscaped(),
+                                theme::css(theme::kMuted), m_model.quant, m_model.kvDtype, units));
   m_modelChip->setToolTip(m_model.path);
   m_status->setText(m_chat->isBusy() ? tr("Generating…") : tr("Ready"));
 }
 
 void MainWindow::planStrategy(const QString& strategy, int gpuLayers, int budgetMiB) {
-  // The engine's placement planner is not built yet: "cpu" is planned here
-  // (every cell on the CPU, precisions kept); the GPU strategies are offered
-  // only when a GPU backend exists, and will call the planner.
-  PlacementPlan planned = m_placement->pending();
-  if (strategy == QLatin1String("cpu")) {
-    for (int r = 0; r < planned.rows.size(); ++r) {
-      for (auto& cell : planned.rows[r]) cell.backend = QStringLiteral("cpu");
-    }
-    m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB, &planned);
-  } else {
+  if (!m_planner) {
     m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB);
+    return;
   }
+  PlacementPlan planned;
+  QString error;
+  if (!m_planner->plan(strategy, gpuLayers, budgetMiB, m_placement->pending(), &planned, &error)) {
+    m_engine->placementPanel()->setNote(error, /*isError=*/true);
+    return;
+  }
+  m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB, &planned);
+}
+
+void MainWindow::updateEstimate() {
+  if (m_planner) m_placement->setEstimate(m_planner->estimate(m_placement->pending()));
+}
+
+void MainWindow::applyPlacement() {
+  PlacementPanel* pp = m_engine->placementPanel();
+  if (!m_hasModel || m_placing) return;
+  const quint64 id = m_nextPlace++;
+  QString error;
+  bool waits = false;
+  if (!m_worker->requestPlacement(id, m_placement->pending(), &error, &waits)) {
+    pp->setNote(error, /*isError=*/true);
+    emit placementDone(false, error);
+    return;
+  }
+  m_placing = true;
+  m_placeRequest = id;
+  pp->setBusy(true);
+  pp->setNote(waits ? tr("A new KV precision needs a new KV cache: it is applied when the reply ends…")
+              : m_chat->isBusy() ? tr("Applying between two tokens of the reply…")
+                                 : tr("Applying…"));
+}
+
+void MainWindow::onPlacementApplied(quint64 requestId, const PlacementPlan& plan, const QString& note) {
+  if (requestId != m_placeRequest) return;
+  m_placing = false;
+  m_placeRequest = 0;
+  PlacementPlan p = plan;
+  p.vramBudgetMiB = m_placement->pending().vramBudgetMiB;
+  m_placement->setApplied(p);
+  m_model.kvDtype = plan.kvPrecision();
+  m_model.nCtx = plan.nCtx;
+  m_sidebar->setModel(&m_model);
+  m_engine->placementPanel()->setBusy(false);
+  m_engine->placementPanel()->setNote(note);
+  m_engine->placementPanel()->refreshMeasured();
+  updateHeader();
+  emit placementDone(true, note);
+}
+
+void MainWindow::onPlacementFailed(quint64 requestId, const QString& message) {
+  if (requestId != m_placeRequest) return;
+  m_placing = false;
+  m_placeRequest = 0;
+  // The grid keeps the pending edits (Revert goes back); the engine kept the old placement.
+  m_engine->placementPanel()->setBusy(false);
+  m_engine->placementPanel()->setNote(message, /*isError=*/true);
+  emit placementDone(false, message);
+}
+
+void MainWindow::savePreset(const QString& name) {
+  PlacementPanel* pp = m_engine->placementPanel();
+  if (!m_planner) return pp->setNote(tr("Open a model first."), true);
+  QString error;
+  const QString spec = m_planner->toPresetJson(m_placement->pending());
+  if (!m_presets->save(name, spec, m_model.nLayer, m_model.isDemo ? tr("Loom demo") : m_model.name, &error)) {
+    return pp->setNote(error, /*isError=*/true);
+  }
+  pp->setNote(tr("Saved the placement as “%1”.").arg(name.simplified()));
+}
+
+void MainWindow::applyPreset(qint64 presetId) {
+  PlacementPanel* pp = m_engine->placementPanel();
+  const loom::storage::PlacementPreset* preset = m_presets->preset(presetId);
+  if (!preset || !m_planner) return;
+  const QString name = QString::fromStdString(preset->name);
+  PlacementPlan plan;
+  QString error;
+  if (!m_planner->fromPresetJson(QString::fromStdString(preset->spec), m_placement->pending(), &plan, &error)) {
+    return pp->setNote(tr("Preset “%1”: %2").arg(name, error), /*isError=*/true);
+  }
+  plan.vramBudgetMiB = m_placement->pending().vramBudgetMiB;
+  m_placement->setPending(plan);
+  if (!m_placement->isDirty()) return pp->setNote(tr("Preset “%1” is the placement in force.").arg(name));
+  if (m_placing) return pp->setNote(tr("Preset “%1” is in the grid: Apply once the current placement is done.").arg(name));
+  applyPlacement();
+}
+
+void MainWindow::deletePreset(qint64 presetId) {
+  QString error;
+  if (!m_presets->remove(presetId, &error)) m_engine->placementPanel()->setNote(error, /*isError=*/true);
 }
 
 void MainWindow::confirmDeleteChat(qint64 chatId) {
@@ -507,6 +612,7 @@ void MainWindow::finishScreenshot() {
                                     QStringLiteral("chat")};
   m_engine->setCurrentIndex(std::max<int>(0, static_cast<int>(kTabs.indexOf(m_options.screenshotTab))));
   m_engine->chartsPanel()->refresh();
+  m_engine->placementPanel()->refreshMeasured();
   m_transcript->scrollToBottom();
   // One more turn of the event loop so layouts settle before the grab.
   QTimer::singleShot(250, this, [this] {

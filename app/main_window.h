@@ -13,6 +13,7 @@
 #include "app/app_types.h"
 #include "app/device_info.h"
 #include "app/placement_model.h"
+#include "app/placement_planner.h"
 #include "storage/store.h"
 
 class ChatController;
@@ -21,6 +22,7 @@ class Composer;
 class EnginePanel;
 class EngineWorker;
 class LiveStats;
+class PresetListModel;
 class QLabel;
 class QProgressBar;
 class QPushButton;
@@ -49,6 +51,10 @@ class MainWindow : public QMainWindow {
   Sidebar* sidebar() const { return m_sidebar; }
   EnginePanel* enginePanel() const { return m_engine; }
   PlacementModel* placement() const { return m_placement; }
+  PresetListModel* presets() const { return m_presets; }
+  /// The loaded model's planner (null before a model is loaded).
+  const PlannerPtr& planner() const { return m_planner; }
+  bool isPlacing() const { return m_placing; }
   StartScreen* startScreen() const { return m_start; }
   const ModelSummary* model() const { return m_hasModel ? &m_model : nullptr; }
   bool isLoading() const { return m_loadRequest != 0; }
@@ -59,16 +65,24 @@ class MainWindow : public QMainWindow {
   void loadModel(const QString& path);
   void loadDemoModel();
   void cancelLoad();
+  /// Asks the engine for the grid's pending placement (live while a reply streams).
+  void applyPlacement();
+  /// Saves the grid's pending placement as a preset.
+  void savePreset(const QString& name);
+  /// Puts a preset in the grid and applies it.
+  void applyPreset(qint64 presetId);
+  void deletePreset(qint64 presetId);
 
  signals:
   void modelReady(const ModelSummary& model);
   void modelFailed(const QString& message);
   void placementDone(bool ok, const QString& note);
+  /// The load banner changed: its text and percent (< 0: busy, no figure).
+  void loadProgressShown(const QString& stage, int percent);
 
  signals:  // to the worker (queued)
   void workerLoad(quint64 requestId, const QString& path, bool isDemo);
   void workerLoadDemo(quint64 requestId, const QString& path);
-  void workerApplyPlacement(const PlacementPlan& plan);
   void workerOpenStore();
   void workerProbeDevices();
 
@@ -81,7 +95,11 @@ class MainWindow : public QMainWindow {
   void buildUi();
   void setDevices(const QVector<DeviceInfo>& devices);
   void connectWorker();
-  void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement);
+  void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
+                     const PlannerPtr& planner, const QString& note);
+  void onPlacementApplied(quint64 requestId, const PlacementPlan& plan, const QString& note);
+  void onPlacementFailed(quint64 requestId, const QString& message);
+  void updateEstimate();
   void onLoadFailed(quint64 requestId, const QString& message);
   void onLoadProgress(quint64 requestId, const QString& stage, int percent);
   void showError(const QString& title, const QString& message);
@@ -102,6 +120,8 @@ class MainWindow : public QMainWindow {
   EngineWorker* m_worker = nullptr;
   ChatListModel* m_chats = nullptr;
   PlacementModel* m_placement = nullptr;
+  PresetListModel* m_presets = nullptr;
+  PlannerPtr m_planner;
   ChatController* m_chat = nullptr;
 
   Sidebar* m_sidebar = nullptr;
@@ -126,6 +146,8 @@ class MainWindow : public QMainWindow {
   quint64 m_loadRequest = 0;  ///< the load the UI waits for (0: none)
   quint64 m_nextLoad = 1;
   bool m_placing = false;
+  quint64 m_placeRequest = 0;  ///< the placement the UI waits for (0: none)
+  quint64 m_nextPlace = 1;
   bool m_stopped = false;
   int m_screenshotStage = 0;
 };

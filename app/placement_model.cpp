@@ -18,9 +18,10 @@ QString groupDetail(const QString& what, const TensorGroupInfo& g) {
 PlacementCell weightCell(const QString& backend, const QString& what, const TensorGroupInfo& g) {
   PlacementCell c;
   c.backend = backend;
-  c.precision = g.dtype.isEmpty() ? QStringLiteral("—") : g.dtype;
-  c.precisions = {c.precision};
-  c.precisionNote = QObject::tr("Weights run in the format the file stores (re-quantizing is not built yet)");
+  c.fileDtype = g.dtype.isEmpty() ? QStringLiteral("—") : g.dtype;
+  c.precision = c.fileDtype;
+  c.precisions = {kKeepPrecision};
+  c.precisionNote = QObject::tr("Weights run in the format the file stores");
   c.detail = groupDetail(what, g);
   return c;
 }
@@ -72,6 +73,7 @@ PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary&
                                    const QStringList& kvChoices, const QString& kvNote) {
   PlacementPlan p;
   p.strategy = backendId == QLatin1String("cpu") ? QStringLiteral("cpu") : QStringLiteral("gpu");
+  p.nCtx = m.nCtx;
   const int n = m.nLayer;
   p.rows.resize(n + 2);
   for (auto& row : p.rows) row.resize(kColCount);
@@ -83,17 +85,17 @@ PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary&
     if (l < m.ffnWeights.size()) row[kColFfnWeights] = weightCell(backendId, QObject::tr("FFN weights"), m.ffnWeights[l]);
     if (l < m.norms.size()) {
       row[kColNormRope] = weightCell(backendId, QObject::tr("Norms + RoPE"), m.norms[l]);
+      row[kColNormRope].precisions.clear();
+      row[kColNormRope].precisionNote = QObject::tr("Norm weights are vectors: they stay F32");
     }
     PlacementCell& kv = row[kColAttnKv];
     kv.backend = backendId;
     kv.precision = kvDtype;
+    kv.dtype = kvDtype;
     kv.precisions = kvChoices.isEmpty() ? QStringList{kvDtype} : kvChoices;
     kv.precisionNote = kvNote;
     kv.linkGroup = QStringLiteral("kv");
-    kv.detail = QObject::tr("Attention + KV cache · %1 · %2 heads × %3 dims per token")
-                    .arg(kvDtype)
-                    .arg(m.nHeadKv)
-                    .arg(m.headDim);
+    kv.detail = QObject::tr("Attention + KV cache · %1 heads × %2 dims per token").arg(m.nHeadKv).arg(m.headDim);
   }
   return p;
 }
@@ -114,6 +116,13 @@ const BackendInfo* PlacementModel::backend(const QString& id) const {
   return nullptr;
 }
 
+const BackendInfo* PlacementModel::gpuBackend() const {
+  for (const BackendInfo& b : m_backends) {
+    if (b.available && b.id != QLatin1String("cpu")) return &b;
+  }
+  return nullptr;
+}
+
 void PlacementModel::setStrategies(const QVector<StrategyInfo>& strategies) {
   m_strategies = strategies;
   emit pendingChanged();
@@ -121,7 +130,11 @@ void PlacementModel::setStrategies(const QVector<StrategyInfo>& strategies) {
 
 void PlacementModel::setApplied(const PlacementPlan& plan) {
   const bool shape = plan.rows.size() != m_applied.rows.size();
-  if (shape) beginResetModel();
+  if (shape) {
+    beginResetModel();
+    m_measured = {};
+    m_estimate = {};
+  }
   m_applied = plan;
   m_pending = plan;
   if (shape) {
@@ -138,9 +151,21 @@ void PlacementModel::revertPending() {
   emit pendingChanged();
 }
 
-bool PlacementModel::setCellBackend(int row, int column, const QString& backendId) {
+bool PlacementModel::setPending(const PlacementPlan& plan) {
+  if (plan.rows.size() != m_pending.rows.size()) return false;
+  m_pending = plan;
+  cellsChanged();
+  emit pendingChanged();
+  return true;
+}
+
+bool PlacementModel::validCell(int row, int column) const {
   if (row < 0 || row >= m_pending.rows.size() || column < 0 || column >= kColCount) return false;
-  if (m_pending.isEdgeRow(row) && column != 0) return false;
+  return !(m_pending.isEdgeRow(row) && column != 0);
+}
+
+bool PlacementModel::setCellBackend(int row, int column, const QString& backendId) {
+  if (!validCell(row, column)) return false;
   const BackendInfo* b = backend(backendId);
   if (!b || !b->available) return false;
   PlacementCell& c = m_pending.rows[row][column];
@@ -153,18 +178,38 @@ bool PlacementModel::setCellBackend(int row, int column, const QString& backendI
   return true;
 }
 
+bool PlacementModel::cycleCellBackend(int row, int column) {
+  if (!validCell(row, column)) return false;
+  QStringList ids;
+  for (const BackendInfo& b : m_backends) {
+    if (b.available) ids << b.id;
+  }
+  if (ids.size() < 2) return false;
+  const qsizetype at = ids.indexOf(m_pending.rows[row][column].backend);
+  return setCellBackend(row, column, ids[(at + 1) % ids.size()]);
+}
+
 bool PlacementModel::setCellPrecision(int row, int column, const QString& precision) {
-  if (row < 0 || row >= m_pending.rows.size() || column < 0 || column >= kColCount) return false;
+  if (!validCell(row, column)) return false;
   PlacementCell& cell = m_pending.rows[row][column];
   if (!cell.precisions.contains(precision)) return false;
+  auto set = [&precision](PlacementCell& c) {
+    if (precision == kKeepPrecision || (!c.fileDtype.isEmpty() && precision == c.fileDtype)) {
+      c.dtype.clear();
+      c.precision = c.fileDtype;
+    } else {
+      c.dtype = precision;
+      c.precision = precision;
+    }
+  };
   if (cell.linkGroup.isEmpty()) {
-    cell.precision = precision;
+    set(cell);
   } else {
-    // Linked cells (the KV cache: one precision for the whole model today) change together.
+    // Linked cells (the KV cache: one precision for the whole model) change together.
     const QString group = cell.linkGroup;
     for (auto& r : m_pending.rows) {
       for (auto& c : r) {
-        if (c.linkGroup == group) c.precision = precision;
+        if (c.linkGroup == group) set(c);
       }
     }
   }
@@ -184,20 +229,36 @@ void PlacementModel::setPendingStrategy(const QString& strategy, int gpuLayers, 
   emit pendingChanged();
 }
 
+void PlacementModel::setEstimate(const PlanEstimate& e) {
+  m_estimate = e;
+  timingColumnChanged();
+}
+
+void PlacementModel::setMeasured(const MeasuredTimes& m) {
+  m_measured = m;
+  timingColumnChanged();
+}
+
 void PlacementModel::cellsChanged() {
-  if (rowCount() > 0) emit dataChanged(index(0, 0), index(rowCount() - 1, kColCount - 1));
+  if (rowCount() > 0) emit dataChanged(index(0, 0), index(rowCount() - 1, columnCount() - 1));
+}
+
+void PlacementModel::timingColumnChanged() {
+  if (rowCount() > 0) emit dataChanged(index(0, kColTiming), index(rowCount() - 1, kColTiming));
+  emit timingChanged();
 }
 
 int PlacementModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : m_pending.rows.size(); }
 
-int PlacementModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColCount; }
+int PlacementModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColCount + 1; }
 
 QString PlacementModel::columnTitle(int column) {
   switch (column) {
-    case kColAttnWeights: return tr("Attn weights");
-    case kColAttnKv: return tr("Attn + KV");
-    case kColFfnWeights: return tr("FFN weights");
-    case kColNormRope: return tr("Norms / RoPE");
+    case kColAttnWeights: return tr("attn_w");
+    case kColAttnKv: return tr("attn + KV");
+    case kColFfnWeights: return tr("ffn");
+    case kColNormRope: return tr("norm");
+    case kColTiming: return tr("ms: ≈ pred\nP50 / P99");
     default: return {};
   }
 }
@@ -208,13 +269,31 @@ QString PlacementModel::rowTitle(int row) const {
   return tr("Layer %1").arg(row - 1);
 }
 
+QString PlacementModel::precisionLabel(const PlacementCell& cell, const QString& choice) {
+  if (choice == kKeepPrecision) return tr("As the file stores it (%1)").arg(cell.fileDtype);
+  return choice;
+}
+
 QVariant PlacementModel::headerData(int section, Qt::Orientation orientation, int role) const {
+  if (role == Qt::ToolTipRole && orientation == Qt::Horizontal) {
+    switch (section) {
+      case kColAttnWeights: return tr("Attention weights: the q, k, v and o projections");
+      case kColAttnKv: return tr("Attention compute and the layer's KV cache (the cache lives on this unit)");
+      case kColFfnWeights: return tr("FFN: gate, up and down projections");
+      case kColNormRope: return tr("RMS norms, RoPE and residual adds");
+      case kColTiming:
+        return tr("Predicted time of the row (cost model, pending placement), then the measured P50 / P99 of "
+                  "decode steps (profiler, applied placement)");
+      default: return {};
+    }
+  }
   if (role != Qt::DisplayRole) return {};
   return orientation == Qt::Horizontal ? QVariant(columnTitle(section)) : QVariant(rowTitle(section));
 }
 
 Qt::ItemFlags PlacementModel::flags(const QModelIndex& index) const {
   if (!index.isValid()) return Qt::NoItemFlags;
+  if (index.column() == kColTiming) return Qt::ItemIsEnabled;
   if (m_pending.isEdgeRow(index.row()) && index.column() != 0) return Qt::NoItemFlags;
   return Qt::ItemIsEnabled | Qt::ItemIsSelectable;
 }
@@ -222,19 +301,50 @@ Qt::ItemFlags PlacementModel::flags(const QModelIndex& index) const {
 QVariant PlacementModel::data(const QModelIndex& index, int role) const {
   if (!index.isValid() || index.row() >= m_pending.rows.size()) return {};
   const int r = index.row(), c = index.column();
+  if (c == kColTiming) {
+    auto at = [r](const QVector<double>& v) -> QVariant {
+      return r < v.size() && v[r] > 0 ? QVariant(v[r]) : QVariant();
+    };
+    switch (role) {
+      case PredictedMsRole: return m_estimate.valid ? at(m_estimate.rowMs) : QVariant();
+      case P50MsRole: return at(m_measured.p50Ms);
+      case P99MsRole: return at(m_measured.p99Ms);
+      case Qt::ToolTipRole: {
+        const QVariant pred = m_estimate.valid ? at(m_estimate.rowMs) : QVariant();
+        const QVariant p50 = at(m_measured.p50Ms), p99 = at(m_measured.p99Ms);
+        QString tip = tr("%1\nPredicted: %2").arg(rowTitle(r), pred.isValid() ? tr("%1 ms").arg(pred.toDouble(), 0, 'f', 3) : tr("—"));
+        tip += tr("\nMeasured: %1").arg(p50.isValid() ? tr("P50 %1 ms, P99 %2 ms over %3 steps")
+                                                            .arg(p50.toDouble(), 0, 'f', 3)
+                                                            .arg(p99.toDouble(), 0, 'f', 3)
+                                                            .arg(r < m_measured.counts.size() ? m_measured.counts[r] : 0)
+                                                      : tr("no decode step yet"));
+        return tip;
+      }
+      default: return {};
+    }
+  }
   if (m_pending.isEdgeRow(r) && c != 0) return {};
   const PlacementCell& cell = m_pending.rows[r][c];
   const BackendInfo* b = backend(cell.backend);
   const QString label = b ? b->label : cell.backend.toUpper();
   const bool dirty = r < m_applied.rows.size() && !(m_applied.rows[r][c] == cell);
   switch (role) {
-    case Qt::DisplayRole: return cell.precision;
+    case Qt::DisplayRole: {
+      // A mixture ("Q4_K + Q6_K") shows its largest part and a "+"; the tooltip has it all.
+      const QString main = cell.precision.section(QStringLiteral(" + "), 0, 0);
+      return QStringLiteral("%1 %2%3").arg(label, main, main == cell.precision ? QString() : QStringLiteral("+"));
+    }
+    case PrecisionRole: return cell.precision;
     case Qt::ToolTipRole: {
-      QString tip = QStringLiteral("%1 — %2\n%3").arg(rowTitle(r), label, cell.detail);
+      QString tip = QStringLiteral("%1 · %2 — %3 %4\n%5").arg(rowTitle(r), m_pending.isEdgeRow(r) ? tr("weights") : columnTitle(c),
+                                                            label, cell.precision, cell.detail);
+      if (!cell.dtype.isEmpty() && cell.dtype != cell.fileDtype && !cell.fileDtype.isEmpty()) {
+        tip += tr("\nRe-quantized from %1 when applied").arg(cell.fileDtype);
+      }
       if (dirty) {
         const PlacementCell& was = m_applied.rows[r][c];
         const BackendInfo* wb = backend(was.backend);
-        tip += tr("\n\nPending: was %1 · %2 (press Apply)").arg(wb ? wb->label : was.backend, was.precision);
+        tip += tr("\n\nPending: was %1 %2 (press Apply)").arg(wb ? wb->label : was.backend, was.precision);
       }
       return tip;
     }

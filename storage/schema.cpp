@@ -62,7 +62,15 @@ CREATE TABLE placement_presets(
 );
 )sql";
 
-constexpr const char* kSteps[] = {kStep1, kStep2};
+// Version 3: a placement preset remembers the model it was saved for (its
+// layer count, which a placement must match, and its name for the list).
+// Presets of version 2 read as "any model" (0 layers).
+constexpr const char* kStep3 = R"sql(
+ALTER TABLE placement_presets ADD COLUMN n_layer INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE placement_presets ADD COLUMN model   TEXT    NOT NULL DEFAULT '';
+)sql";
+
+constexpr const char* kSteps[] = {kStep1, kStep2, kStep3};
 static_assert(sizeof(kSteps) / sizeof(kSteps[0]) == kSchemaVersion, "one step per schema version");
 
 Result<int> user_version(sqlite3* db) {

@@ -349,24 +349,28 @@ Status Store::forget_recent_model(const std::string& path) {
 
 // ---- placement presets ----------------------------------------------------------
 
-Result<int64_t> Store::save_preset(const std::string& name, const std::string& spec) {
+Result<int64_t> Store::save_preset(const std::string& name, const std::string& spec, int64_t n_layer,
+                                   const std::string& model) {
   LOOM_TRY(check_thread());
   Stmt st(db_,
-          "INSERT INTO placement_presets(name, spec, created_at) VALUES(?1, ?2, ?3) "
-          "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec RETURNING id");
+          "INSERT INTO placement_presets(name, spec, created_at, n_layer, model) VALUES(?1, ?2, ?3, ?4, ?5) "
+          "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, n_layer = excluded.n_layer, model = excluded.model "
+          "RETURNING id");
   if (!st.ok()) return st.error("saving a placement preset");
-  st.bind(1, name).bind(2, spec).bind(3, now_ms());
+  st.bind(1, name).bind(2, spec).bind(3, now_ms()).bind(4, n_layer).bind(5, model);
   if (st.step() != SQLITE_ROW) return st.error("saving a placement preset");
   return st.i64(0);
 }
 
 Result<std::vector<PlacementPreset>> Store::list_presets() {
   LOOM_TRY(check_thread());
-  Stmt st(db_, "SELECT id, name, spec, created_at FROM placement_presets ORDER BY name");
+  Stmt st(db_, "SELECT id, name, spec, created_at, n_layer, model FROM placement_presets ORDER BY name");
   if (!st.ok()) return st.error("listing placement presets");
   std::vector<PlacementPreset> out;
   int rc;
-  while ((rc = st.step()) == SQLITE_ROW) out.push_back(PlacementPreset{st.i64(0), st.text(1), st.text(2), st.i64(3)});
+  while ((rc = st.step()) == SQLITE_ROW) {
+    out.push_back(PlacementPreset{st.i64(0), st.text(1), st.text(2), st.i64(3), st.i64(4), st.text(5)});
+  }
   if (rc != SQLITE_DONE) return st.error("listing placement presets");
   return out;
 }

@@ -28,7 +28,7 @@ struct sqlite3_stmt;
 namespace loom::storage {
 
 /// The schema this build writes. Older files are migrated on open.
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 /// Where a message stands. Stored as an integer: never renumber.
 enum class MessageState : int {
@@ -85,6 +85,8 @@ struct PlacementPreset {
   std::string name;
   std::string spec;  ///< the placement as text (JSON written by the app)
   int64_t created_ms = 0;
+  int64_t n_layer = 0;  ///< layers of the model it was saved for (0: not recorded)
+  std::string model;    ///< that model's name, for the list
 };
 
 class Store {
@@ -147,7 +149,8 @@ class Store {
 
   /// @name Placement presets (the name is unique: saving again replaces).
   /// @{
-  Result<int64_t> save_preset(const std::string& name, const std::string& spec);
+  Result<int64_t> save_preset(const std::string& name, const std::string& spec, int64_t n_layer = 0,
+                              const std::string& model = {});
   Result<std::vector<PlacementPreset>> list_presets();
   Status delete_preset(int64_t preset_id);
   /// @}

@@ -8,10 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QComboBox>
+#include <QLabel>
 #include <QListView>
 #include <QMenu>
 #include <QPushButton>
 #include <QSignalSpy>
+#include <QSlider>
+#include <QTableView>
 #include <QTest>
 #include <QTimer>
 
@@ -22,6 +26,7 @@
 #include "app/engine_panel.h"
 #include "app/main_window.h"
 #include "app/placement_panel.h"
+#include "app/preset_list_model.h"
 #include "app/sidebar.h"
 #include "app/start_screen.h"
 #include "app/transcript_view.h"
@@ -106,6 +111,7 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
   qint64 chatId = 0;
   int expectedMessages = 0;
   QString firstReply;
+  bool stoppedByClose = true;
   {
     MainWindow w(opts);
     w.show();
@@ -132,12 +138,17 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     EXPECT_EQ(w.model()->quant, QStringLiteral("Q8_0"));
     EXPECT_FALSE(w.startScreen()->isVisible());
     EXPECT_TRUE(w.errorText().isEmpty());  // a successful load clears the old error
-    // The grid: every cell on the CPU, real dtypes.
+    // The grid: the model's layers and real dtypes, on the unit the first placement chose.
     PlacementModel* pm = w.placement();
     ASSERT_EQ(pm->rowCount(), 5);
-    EXPECT_EQ(pm->data(pm->index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("Q8_0"));
-    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("F16"));
-    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::BackendIdRole).toString(), QStringLiteral("cpu"));
+    EXPECT_EQ(pm->data(pm->index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q8_0"));
+    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::PrecisionRole).toString(), QStringLiteral("F16"));
+    EXPECT_TRUE(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString().endsWith(QStringLiteral(" F16")));
+    EXPECT_TRUE(w.planner() != nullptr);
+    EXPECT_EQ(w.planner() && w.planner()->hasGpu(), pm->gpuBackend() != nullptr);
+    if (!pm->gpuBackend()) {
+      EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::BackendIdRole).toString(), QStringLiteral("cpu"));
+    }
 
     // Ctrl+N: a new chat; its settings make a reply long enough to stream in batches.
     QTest::keyClick(&w, Qt::Key_N, Qt::ControlModifier);
@@ -178,40 +189,90 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     EXPECT_TRUE(w.transcript()->plainText().contains(QStringLiteral("Hello,\nLoom!")));
     EXPECT_EQ(w.transcript()->messageCount(), 2);
 
-    // Change one layer's placement: the KV cell of layer 1 to Q8_0 (the CPU
-    // engine keeps one KV precision, so its whole column follows), then Apply.
+    // Change one layer's placement: with a GPU, a click moves layer 1's FFN
+    // to the other unit; without one, its precision changes on the CPU.
     w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
     PlacementPanel* pp = w.enginePanel()->placementPanel();
     EXPECT_FALSE(pp->applyButton()->isEnabled());
-    pickInNextMenu(QStringLiteral("Q8_0"));
-    pp->openCellMenu(2, kColAttnKv);
+    const BackendInfo* gpu = pm->gpuBackend();
+    const QString gpuId = gpu ? gpu->id : QString();
+    // The panel says what the engine runs on.
+    EXPECT_TRUE(pp->unitsText().contains(gpu ? QStringLiteral("and the GPU") : QStringLiteral("CPU only")))
+        << pp->unitsText().toStdString();
+    QString expectBackend = QStringLiteral("cpu"), expectText;
+    if (gpu) {
+      const bool wasCpu = pm->pending().rows[2][kColFfnWeights].backend == QLatin1String("cpu");
+      expectBackend = wasCpu ? gpuId : QStringLiteral("cpu");
+      expectText = (wasCpu ? QStringLiteral("GPU ") : QStringLiteral("CPU ")) + QStringLiteral("Q8_0");
+      const QRect cell = pp->grid()->visualRect(pm->index(2, kColFfnWeights));
+      ASSERT_TRUE(cell.isValid());
+      QTest::mouseClick(pp->grid()->viewport(), Qt::LeftButton, {}, cell.center());
+    } else {
+      std::printf("[   INFO   ] no Vulkan device: the placement change is a precision change on the CPU\n");
+      expectText = QStringLiteral("CPU Q4_0");
+      pickInNextMenu(QStringLiteral("Q4_0"));
+      pp->openCellMenu(2, kColFfnWeights);
+    }
     EXPECT_TRUE(pm->isDirty());
-    EXPECT_TRUE(pm->data(pm->index(2, kColAttnKv), PlacementModel::DirtyRole).toBool());
-    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("Q8_0"));
+    EXPECT_TRUE(pm->data(pm->index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
+    EXPECT_EQ(pm->data(pm->index(2, kColFfnWeights), Qt::DisplayRole).toString(), expectText);
+    EXPECT_EQ(pm->estimate().valid, true);  // the cost model follows the pending plan
     ASSERT_TRUE(pp->applyButton()->isEnabled());
     QSignalSpy placed(&w, &MainWindow::placementDone);
     QTest::mouseClick(pp->applyButton(), Qt::LeftButton);
     ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
     EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
     EXPECT_FALSE(pm->isDirty());
-    EXPECT_EQ(pm->applied().kvPrecision(), QStringLiteral("Q8_0"));
-    EXPECT_FALSE(pm->data(pm->index(2, kColAttnKv), PlacementModel::DirtyRole).toBool());
-    EXPECT_EQ(w.model()->kvDtype, QStringLiteral("Q8_0"));
+    EXPECT_FALSE(pm->data(pm->index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
+    EXPECT_EQ(pm->applied().rows[2][kColFfnWeights].backend, expectBackend) << pp->noteText().toStdString();
+    EXPECT_EQ(pm->data(pm->index(2, kColFfnWeights), Qt::DisplayRole).toString(), expectText);
+    EXPECT_EQ(pm->applied().rows[1][kColFfnWeights].backend, pm->applied().rows[3][kColFfnWeights].backend);
     EXPECT_EQ(w.transcript()->messageCount(), 2);  // the chat survived the re-placement
 
-    // The charts follow the next reply, on their timer.
+    // The charts and the grid's timing column follow the next reply.
     ChartsPanel* charts = w.enginePanel()->chartsPanel();
     w.enginePanel()->setCurrentIndex(EnginePanel::PerformanceTab);
     setChatSettings(w, 64, 12);
     typeAndSend(w, QStringLiteral("Tell me more."));
     ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 1; }, kWaitMs));
-    ASSERT_TRUE(QTest::qWaitFor([&] { return charts->shown().layersWithData == 3; }, kWaitMs));
+    // (Refreshed here: what the timer drew last may be from before the Apply.)
+    ASSERT_TRUE(QTest::qWaitFor(
+        [&] {
+          charts->refresh();
+          return charts->shown().layersWithData == 3;
+        },
+        kWaitMs));
     EXPECT_GT(charts->shown().itlSamples, 0u);
     EXPECT_GT(charts->shown().p99Ms, 0.0);
     EXPECT_GE(charts->shown().p99Ms, charts->shown().p50Ms);
     EXPECT_GT(charts->shown().tpsPoints, 0);
     EXPECT_GT(charts->shown().ramBytes, 0u);
+    EXPECT_EQ(charts->shown().gpuPresent, gpu != nullptr);
+    if (gpu && expectBackend == gpuId) {
+      EXPECT_GT(charts->shown().gpuBytes, 0u);
+    }
+    pp->refreshMeasured();
+    EXPECT_TRUE(pm->data(pm->index(2, kColTiming), PlacementModel::P50MsRole).isValid());
+    EXPECT_GE(pm->data(pm->index(2, kColTiming), PlacementModel::P99MsRole).toDouble(),
+              pm->data(pm->index(2, kColTiming), PlacementModel::P50MsRole).toDouble());
+    EXPECT_TRUE(pm->data(pm->index(2, kColTiming), PlacementModel::PredictedMsRole).isValid());
+    EXPECT_GT(pm->measured().steps, 0u);
+    EXPECT_TRUE(pp->summaryText().contains(QStringLiteral("measured P50"))) << pp->summaryText().toStdString();
     EXPECT_EQ(w.transcript()->messageCount(), 4);
+
+    // The KV cache to Q8_0 (one precision for every layer: the column follows).
+    // A new KV cache: the chat is kept and re-read by the next reply.
+    w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
+    pickInNextMenu(QStringLiteral("Q8_0"));
+    pp->openCellMenu(2, kColAttnKv);
+    EXPECT_EQ(pm->pending().kvPrecision(), QStringLiteral("Q8_0"));
+    placed.clear();
+    QTest::mouseClick(pp->applyButton(), Qt::LeftButton);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+    EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+    EXPECT_EQ(pm->applied().kvPrecision(), QStringLiteral("Q8_0"));
+    EXPECT_EQ(w.model()->kvDtype, QStringLiteral("Q8_0"));
+    EXPECT_EQ(pm->applied().rows[2][kColFfnWeights].backend, expectBackend);  // the rest stayed
 
     // Regenerate the last reply; edit-and-resend the last user message.
     MessageWidget* reply = lastMessage(w);
@@ -233,20 +294,81 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     EXPECT_TRUE(w.transcript()->plainText().contains(QStringLiteral("Tell me less.")));
     EXPECT_FALSE(w.transcript()->plainText().contains(QStringLiteral("Tell me more.")));
 
-    // Esc stops a reply that would otherwise run to the end of a long context
-    // (8192 tokens: changing the length also rebuilds the session).
+    // A placement applied while a reply streams: between two tokens, and the
+    // reply goes on (8192 tokens of context: changing the length also rebuilds
+    // the session). Random weights may end a reply at any token: when one ends
+    // before the placement lands (it is then applied at once, idle), try again.
     setChatSettings(w, -1, 13, 8192);
     int messages = 4;
-    ASSERT_TRUE(startLongReply(w, finished, &messages));
-    const auto before = finished.count();
-    QTest::keyClick(w.composer()->input(), Qt::Key_Escape);
-    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > before; }, kWaitMs));
-    EXPECT_TRUE(finished.last().first().value<GenerationResult>().cancelled);
+    PlacementPlan wanted;
+    QSignalSpy streamed(w.chat(), &ChatController::replyUpdated);
+    bool appliedLive = false;
+    for (int attempt = 0; attempt < 6 && !appliedLive; ++attempt) {
+      if (!w.chat()->isBusy()) {
+        ASSERT_TRUE(startLongReply(w, finished, &messages));
+      }
+      if (gpu) {
+        pp->clickCell(3, kColAttnKv);  // layer 2's attention and its KV cache move to the other unit
+      } else {
+        const bool keep = pm->pending().rows[3][kColFfnWeights].dtype.isEmpty();
+        ASSERT_TRUE(pm->setCellPrecision(3, kColFfnWeights, keep ? QStringLiteral("F16") : kKeepPrecision));
+      }
+      wanted = pm->pending();
+      placed.clear();
+      w.applyPlacement();
+      ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+      ASSERT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+      EXPECT_TRUE(pm->applied().sameCells(wanted));
+      appliedLive = placed.first().at(1).toString().contains(QStringLiteral("between two tokens"));
+    }
+    EXPECT_TRUE(appliedLive) << "no reply streamed long enough to take a placement between two tokens";
+    if (w.chat()->isBusy()) {  // and the reply goes on
+      const auto batches = streamed.count(), done = finished.count();
+      EXPECT_TRUE(QTest::qWaitFor([&] { return streamed.count() > batches || finished.count() > done; }, kWaitMs));
+    }
+
+    // Esc stops a reply (one that random weights end by themselves at that very token does not count: again).
+    bool stopped = false;
+    for (int attempt = 0; attempt < 4 && !stopped; ++attempt) {
+      if (!w.chat()->isBusy()) {
+        ASSERT_TRUE(startLongReply(w, finished, &messages));
+      }
+      const auto before = finished.count();
+      QTest::keyClick(w.composer()->input(), Qt::Key_Escape);
+      ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > before; }, kWaitMs))
+          << "busy " << w.chat()->isBusy() << ", reply so far: " << lastMessage(w)->text().size() << " characters";
+      stopped = finished.last().first().value<GenerationResult>().cancelled;
+    }
+    EXPECT_TRUE(stopped);
+    for (const auto& f : finished) EXPECT_TRUE(f.first().value<GenerationResult>().error.isEmpty());
     EXPECT_EQ(lastMessage(w)->status(), MessageStatus::Stopped);
+
+    // Presets: save this placement, go to "CPU only", then pick the preset: it is applied.
+    w.savePreset(QStringLiteral("e2e preset"));
+    ASSERT_EQ(w.presets()->rowCount(), 1);
+    QComboBox* strategies = pp->strategyBox();
+    strategies->setCurrentIndex(strategies->findData(QStringLiteral("cpu")));
+    EXPECT_EQ(pm->pending().strategy, QStringLiteral("cpu"));
+    ASSERT_TRUE(pm->isDirty());
+    placed.clear();
+    w.applyPlacement();
+    ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+    EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+    EXPECT_EQ(pm->applied().backendsUsed(), QStringList{QStringLiteral("cpu")});
+    placed.clear();
+    const qint64 presetId = w.presets()->index(0).data(PresetListModel::PresetIdRole).toLongLong();
+    emit pp->presetChosen(presetId);
+    ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+    EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+    EXPECT_TRUE(pm->applied().sameCells(wanted));
 
     // Close the window while a reply streams: it stops and what came is saved.
     ASSERT_TRUE(startLongReply(w, finished, &messages));
+    const auto beforeClose = finished.count();
     w.close();
+    QCoreApplication::processEvents();  // the worker's last word, if it had one before it stopped
+    // Random weights may have ended the reply by themselves just before: then it is complete, not stopped.
+    stoppedByClose = finished.count() == beforeClose || finished.last().first().value<GenerationResult>().cancelled;
     expectedMessages = messages;
   }
 
@@ -262,8 +384,9 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
   MessageWidget* interrupted = lastMessage(w2);
   ASSERT_NE(interrupted, nullptr);
   EXPECT_EQ(interrupted->role(), QStringLiteral("assistant"));
-  EXPECT_EQ(interrupted->status(), MessageStatus::Stopped);
+  EXPECT_EQ(interrupted->status(), stoppedByClose ? MessageStatus::Stopped : MessageStatus::Complete);
   EXPECT_FALSE(interrupted->text().isEmpty());
+  EXPECT_EQ(w2.presets()->rowCount(), 1);  // and the preset
   // The recent models list remembers the model.
   auto store = loom::storage::Store::open(opts.dbPath().toStdString());
   ASSERT_TRUE(store.ok());
@@ -271,6 +394,77 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
   ASSERT_TRUE(recent.ok());
   ASSERT_FALSE(recent->empty());
   EXPECT_EQ(QString::fromStdString(recent->front().path), model);
+}
+
+// Everything on the GPU through the strategy selector, when there is a GPU;
+// the budget slider spans the device memory; replies run there.
+TEST(EndToEnd, AllOnGpuStrategy) {
+  MainWindow w(optionsFor(QStringLiteral("gpu")));
+  w.show();
+  w.start();
+  ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));
+  PlacementModel* pm = w.placement();
+  const BackendInfo* gpu = pm->gpuBackend();
+  if (!gpu) GTEST_SKIP() << "no usable Vulkan device: the GPU strategies are covered by PlacementPlanner tests";
+  PlacementPanel* pp = w.enginePanel()->placementPanel();
+  w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
+  EXPECT_EQ(pp->budgetSlider()->maximum(), static_cast<int>(std::min<qint64>(gpu->memoryBytes >> 20, 1 << 30)));
+  QComboBox* strategies = pp->strategyBox();
+  const int at = strategies->findData(QStringLiteral("gpu"));
+  ASSERT_GE(at, 0);
+  strategies->setCurrentIndex(at);
+  EXPECT_EQ(pm->pending().backendsUsed(), QStringList{gpu->id});
+  EXPECT_GT(pm->estimate().gpuWeights, 0);
+  QSignalSpy placed(&w, &MainWindow::placementDone);
+  QTest::mouseClick(pp->applyButton(), Qt::LeftButton);
+  ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+  ASSERT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+  // Groups the GPU could not take would be back on the CPU, and the note would say why.
+  const QString note = placed.first().at(1).toString();
+  EXPECT_TRUE(pm->applied().backendsUsed().contains(gpu->id)) << note.toStdString();
+  if (pm->applied().backendsUsed().contains(QStringLiteral("cpu"))) {
+    EXPECT_TRUE(note.contains(QStringLiteral("Fell back"))) << note.toStdString();
+  }
+  ChartsPanel* charts = w.enginePanel()->chartsPanel();
+  charts->refresh();
+  EXPECT_TRUE(charts->shown().gpuPresent);
+  EXPECT_GT(charts->shown().gpuBytes, 0u);
+
+  QTest::keyClick(&w, Qt::Key_N, Qt::ControlModifier);
+  setChatSettings(w, 24, 5);
+  QSignalSpy finished(w.chat(), &ChatController::replyFinished);
+  typeAndSend(w, QStringLiteral("Hello, GPU."));
+  ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 0; }, kWaitMs));
+  const auto r = finished.first().first().value<GenerationResult>();
+  EXPECT_TRUE(r.error.isEmpty()) << r.error.toStdString();
+  EXPECT_GT(r.nGenerated, 0);
+}
+
+// Loading shows its steps: reading the file (one engine call: a busy bar),
+// measuring the units, then placing the weights layer by layer (a figure).
+TEST(EndToEnd, LoadReportsProgressInSteps) {
+  MainWindow w(optionsFor(QStringLiteral("progress")));
+  w.show();
+  w.start();
+  QList<int> percents;
+  QStringList stages;
+  QObject::connect(&w, &MainWindow::loadProgressShown, [&](const QString& stage, int percent) {
+    percents << percent;
+    if (!stages.contains(stage)) stages << stage;
+  });
+  ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));
+  ASSERT_GE(stages.size(), 3) << stages.join(QStringLiteral(" | ")).toStdString();
+  EXPECT_TRUE(stages.last().contains(QStringLiteral("step 3 of 3"))) << stages.last().toStdString();
+  EXPECT_TRUE(percents.contains(-1));  // reading the file
+  int last = -1, determinate = 0;
+  for (int p : percents) {
+    if (p < 0) continue;
+    EXPECT_GE(p, last);  // never backwards
+    last = p;
+    if (p > 66 && p < 100) ++determinate;
+  }
+  EXPECT_GE(determinate, 3) << "the weights' placement should report per layer";
+  EXPECT_FALSE(w.isLoading());
 }
 
 TEST(EndToEnd, CancelledLoadIsDiscarded) {

@@ -77,7 +77,7 @@ ModelSummary threeLayers() {
 
 QVector<BackendInfo> cpuAndGpu(bool gpuAvailable) {
   return {BackendInfo{QStringLiteral("cpu"), QStringLiteral("CPU"), theme::kCpu, true, {}},
-          BackendInfo{QStringLiteral("vulkan:0"), QStringLiteral("Vulkan"), theme::kVulkan, gpuAvailable,
+          BackendInfo{QStringLiteral("vulkan:0"), QStringLiteral("GPU"), theme::kVulkan, gpuAvailable,
                       gpuAvailable ? QString() : QStringLiteral("Vulkan: not built")}};
 }
 
@@ -130,7 +130,8 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
   EXPECT_FALSE(pm.data(pm.index(1, kColFfnWeights), PlacementModel::DirtyRole).toBool());
   EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::BackendColorRole).value<QColor>(), theme::kVulkan);
-  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("GPU Q4_K + Q6_K"));
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("GPU Q4_K+"));
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K + Q6_K"));
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), Qt::ToolTipRole).toString().contains(QStringLiteral("Pending")));
   EXPECT_TRUE(pm.pending().toJson().contains(QStringLiteral("vulkan:0")));
   pm.revertPending();
