@@ -50,6 +50,11 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
 }
 
 ForwardPass::~ForwardPass() {
+  // The device copies this pass uploaded go (a later pass uploads its own).
+  if (Backend* gpu = unit(Unit::kGpu)) {
+    (void)gpu->synchronize();
+    for (auto& [key, w] : gpu_tensors_) gpu->release_weight(w);
+  }
   // Device buffers go back to their backend before it may be destroyed.
   for (auto& ua : acts_) {
     for (auto& b : ua.buf) b.reset();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <utility>
 
 namespace loom {
 
@@ -80,10 +81,15 @@ Status Session::shift_context() {
 }
 
 void Session::request_placement(const Placement& p, std::function<void(const Status&)> done) {
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  pending_ = p;
-  pending_done_ = std::move(done);
-  has_pending_.store(true, std::memory_order_release);
+  std::function<void(const Status&)> replaced;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    replaced = std::exchange(pending_done_, std::move(done));
+    pending_ = p;
+    has_pending_.store(true, std::memory_order_release);
+  }
+  // An earlier request not applied yet is dropped: its requester hears so (on this thread).
+  if (replaced) replaced(make_error(ErrorCode::kCancelled, "replaced by a newer placement request"));
 }
 
 Status Session::apply_pending_placement() {

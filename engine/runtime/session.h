@@ -80,7 +80,8 @@ class Session {
   /// Asks for a new placement: applied between two tokens of a running
   /// generate() (or at the start of the next one), moving weights and KV;
   /// generation then continues. `done` is called on the generating thread
-  /// with the outcome (on error the old placement stays). Any thread.
+  /// with the outcome (on error the old placement stays). Any thread. A
+  /// request not applied yet is replaced: its `done` gets kCancelled at once.
   void request_placement(const Placement& p, std::function<void(const Status&)> done = {});
   /// Applies a requested placement now, if any (the thread that runs generate()).
   Status apply_pending_placement();
