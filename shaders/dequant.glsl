@@ -119,80 +119,174 @@ void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w
 #endif
 }
 
-#ifdef WANT_DOT_UNIT
-// dot(row r's unit u, x) for the matrix-vector shaders, with the block scales
-// and offsets taken out of the inner loop: sum_e (d q_e - m) x_e is computed as
-// d * sum q_e x_e - m * sum x_e (xsum = sum of the unit's 32 x values). This
-// roughly halves the ALU work per weight byte, which matters on GPUs whose
-// bandwidth outruns their FP32 rate for 4-bit weights (H100/H200). The sums
-// differ from dq_unit's only by float rounding.
-float dot_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, const vec4 xv[8], float xsum) {
+#ifdef WANT_DOT_RAW
+// The single-token matvec (mul_mat_vec.comp, NC 1 with subgroups) splits each
+// unit into load_raw (every load of row r's unit u, no arithmetic on it) and
+// dot_raw (dot with x), so a thread can issue the loads of several units and
+// rows before it waits on any of them.
+//
+// Quants become floats without int-to-float conversions (a quarter-rate
+// instruction on NVIDIA, which made 4-bit matvecs ALU bound): a value v < 2^k
+// placed in the mantissa of 2^23 (bits p..p+k-1, p+k <= 23) reads as the float
+// 2^23 + v * 2^p, and fma(f, 2^-p, -(2^(23-p) + bias)) is v - bias exactly.
+// Block scales multiply the integer dot products, as cpu/ref's
+// dequantizers' d * q products would up to float rounding.
+const uint MAGIC = 0x4B000000u;  // 2^23 as a float
+
+// The four bytes of c (each any of 0..255), as floats minus bias: exact.
+vec4 bytes_f(uint c, float bias) {
+  const uint hi = c >> 16;
+  return vec4(uintBitsToFloat((c & 0xFFu) | MAGIC) - (8388608.0 + bias),
+              fma(uintBitsToFloat((c & 0xFF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
+              uintBitsToFloat((hi & 0xFFu) | MAGIC) - (8388608.0 + bias),
+              fma(uintBitsToFloat((hi & 0xFF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)));
+}
+// The low nibbles of the four bytes of v, as floats minus bias: exact.
+vec4 nib4_f(uint v, float bias) {
+  return vec4(uintBitsToFloat((v & 0xFu) | MAGIC) - (8388608.0 + bias),
+              fma(uintBitsToFloat((v & 0xF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
+              fma(uintBitsToFloat((v & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)),
+              fma(uintBitsToFloat(((v >> 12) & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)));
+}
+// All eight nibbles of w minus bias: lo = the low nibbles of bytes 0..3, hi = the high ones.
+void nibbles_f(uint w, float bias, out vec4 lo, out vec4 hi) {
+  const uint w2 = w >> 12;  // bits 20..31 to 8..19 (a nibble must stay below bit 23)
+  lo = vec4(uintBitsToFloat((w & 0xFu) | MAGIC) - (8388608.0 + bias),
+            fma(uintBitsToFloat((w & 0xF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
+            fma(uintBitsToFloat((w & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)),
+            fma(uintBitsToFloat((w2 & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)));
+  hi = vec4(fma(uintBitsToFloat((w & 0xF0u) | MAGIC), 1.0 / 16.0, -(524288.0 + bias)),
+            fma(uintBitsToFloat((w & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)),
+            fma(uintBitsToFloat((w2 & 0xF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
+            fma(uintBitsToFloat((w2 & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)));
+}
+
+#if defined(DT_Q4_K) || defined(DT_Q5_K)
+#define DOT_NEEDS_XSUM  // the sub-block minimum multiplies the sum of x
+// scale_min_k4 from a block's first 16 bytes (d, dmin, 12 scale bytes).
+void k4_scale_min(uvec4 hdr, uint j, out float sc, out float mn) {
+  const uint sh = 8u * (j & 3u);
+  const uint a = (hdr.y >> sh) & 0xFFu, b = (hdr.z >> sh) & 0xFFu, c = (hdr.w >> sh) & 0xFFu;
+  sc = float(j < 4u ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4)));
+  mn = float(j < 4u ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+}
+#endif
+
+struct Raw {
+#if defined(DT_F32) || defined(DT_F16)
+  vec4 v[8];
+#elif defined(DT_Q8_0)
+  uvec4 a, b;
+  float d;
+#elif defined(DT_Q4_0)
+  uvec4 q;
+  float d;
+#elif defined(DT_Q4_K)
+  uvec4 hdr, qa, qb;
+#elif defined(DT_Q5_K)
+  uvec4 hdr, qa, qb, ha, hb;
+#elif defined(DT_Q6_K)
+  uint ql[8], qh[8];
+  uint sc;  // the word holding the unit's two int8 scales
+  float d;
+#endif
+};
+
+Raw load_raw(uint w_off, uint w_off2, uint row_units, uint r, uint u) {
+  Raw w;
   const uint bi = r * row_units + u;
 #if defined(DT_F32) || defined(DT_F16)
-  vec4 w[8];
-  dq_unit(w_off, w_off2, row_units, r, u, w);
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(w[i], xv[i]);
-  return s;
+  dq_unit(w_off, w_off2, row_units, r, u, w.v);
 #elif defined(DT_Q8_0)
-  const float d = half_at(w_off2, bi);
-  const uvec4 q0 = wu4[w_off / 4 + bi * 2];
-  const uvec4 q1 = wu4[w_off / 4 + bi * 2 + 1];
-  const float s = dot(i8x4(q0.x), xv[0]) + dot(i8x4(q0.y), xv[1]) + dot(i8x4(q0.z), xv[2]) + dot(i8x4(q0.w), xv[3]) +
-                  dot(i8x4(q1.x), xv[4]) + dot(i8x4(q1.y), xv[5]) + dot(i8x4(q1.z), xv[6]) + dot(i8x4(q1.w), xv[7]);
-  return d * s;
+  w.d = half_at(w_off2, bi);
+  w.a = wu4[w_off / 4 + bi * 2];
+  w.b = wu4[w_off / 4 + bi * 2 + 1];
 #elif defined(DT_Q4_0)
-  const float d = half_at(w_off2, bi);
-  const uvec4 q = wu4[w_off / 4 + bi];
-  const float s = dot(bits4(q.x, 0, 15), xv[0]) + dot(bits4(q.y, 0, 15), xv[1]) + dot(bits4(q.z, 0, 15), xv[2]) +
-                  dot(bits4(q.w, 0, 15), xv[3]) + dot(bits4(q.x, 4, 15), xv[4]) + dot(bits4(q.y, 4, 15), xv[5]) +
-                  dot(bits4(q.z, 4, 15), xv[6]) + dot(bits4(q.w, 4, 15), xv[7]);
-  return d * (s - 8.0 * xsum);
+  w.d = half_at(w_off2, bi);
+  w.q = wu4[w_off / 4 + bi];
 #elif defined(DT_Q4_K)
-  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;
-  const uint j = u % 8;
-  const vec2 dm = unpackHalf2x16(wu[bb]);
-  float sc, mn;
-  scale_min_k4(bb + 1, j, sc, mn);
-  const uint qw = bb + 4 + 8 * (j / 2), sh = 4 * (j % 2);
-  const uvec4 qa = wu4[qw / 4], qb = wu4[qw / 4 + 1];
-  const float s = dot(bits4(qa.x, sh, 15), xv[0]) + dot(bits4(qa.y, sh, 15), xv[1]) + dot(bits4(qa.z, sh, 15), xv[2]) +
-                  dot(bits4(qa.w, sh, 15), xv[3]) + dot(bits4(qb.x, sh, 15), xv[4]) + dot(bits4(qb.y, sh, 15), xv[5]) +
-                  dot(bits4(qb.z, sh, 15), xv[6]) + dot(bits4(qb.w, sh, 15), xv[7]);
-  return (dm.x * sc) * s - (dm.y * mn) * xsum;
+  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;  // 36 words: bb % 4 == 0
+  const uint qw = bb + 4 + 8 * ((u % 8) / 2);
+  w.hdr = wu4[bb / 4];
+  w.qa = wu4[qw / 4];
+  w.qb = wu4[qw / 4 + 1];
 #elif defined(DT_Q5_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 44;
-  const uint j = u % 8;
-  const vec2 dm = unpackHalf2x16(wu[bb]);
-  float sc, mn;
-  scale_min_k4(bb + 1, j, sc, mn);
-  const uint qw = bb + 12 + 8 * (j / 2), sh = 4 * (j % 2);
-  const uvec4 qa = wu4[qw / 4], qb = wu4[qw / 4 + 1], ha = wu4[bb / 4 + 1], hb = wu4[bb / 4 + 2];
-  const uint q[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
-  const uint qh[8] = uint[8](ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
+  const uint qw = bb + 12 + 8 * ((u % 8) / 2);
+  w.hdr = wu4[bb / 4];
+  w.ha = wu4[bb / 4 + 1];
+  w.hb = wu4[bb / 4 + 2];
+  w.qa = wu4[qw / 4];
+  w.qb = wu4[qw / 4 + 1];
+#elif defined(DT_Q6_K)
+  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;  // 53 words: word loads only
+  const uint j = u % 8, h = j / 4, k = j % 4;
+  const uint lw = bb + 16 * h + 8 * (k % 2), hw = bb + 32 + 8 * h;
+  [[unroll]] for (uint i = 0; i < 8; ++i) w.ql[i] = wu[lw + i];
+  [[unroll]] for (uint i = 0; i < 8; ++i) w.qh[i] = wu[hw + i];
+  w.sc = wu[bb + 48 + (8 * h + 2 * k) / 4];
+  w.d = unpackHalf2x16(wu[bb + 52]).x;
+#endif
+  return w;
+}
+
+// dot(row unit, x unit); xsum = the sum of the unit's x (used where DOT_NEEDS_XSUM).
+float dot_raw(const Raw w, uint u, const vec4 xv[8], float xsum) {
+#if defined(DT_F32) || defined(DT_F16)
   float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(bits4(q[i], sh, 15) + 16.0 * bits4(qh[i], j, 1), xv[i]);
+  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(w.v[i], xv[i]);
+  return s;
+#elif defined(DT_Q8_0)
+  const uint q[8] = uint[8](w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w);
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(bytes_f(q[i] ^ 0x80808080u, 128.0), xv[i]);
+  return w.d * s;
+#elif defined(DT_Q4_0)
+  // Byte b of word i: element 4i + b in its low nibble, 16 + 4i + b in its high one.
+  const uint q[4] = uint[4](w.q.x, w.q.y, w.q.z, w.q.w);
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    vec4 lo, hi;
+    nibbles_f(q[i], 8.0, lo, hi);
+    s += dot(lo, xv[i]) + dot(hi, xv[4 + i]);
+  }
+  return w.d * s;
+#elif defined(DT_Q4_K)
+  const uint j = u % 8, sh = 4 * (j % 2);
+  const vec2 dm = unpackHalf2x16(w.hdr.x);
+  float sc, mn;
+  k4_scale_min(w.hdr, j, sc, mn);
+  const uint q[8] = uint[8](w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w);
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(nib4_f(q[i] >> sh, 0.0), xv[i]);
+  return (dm.x * sc) * s - (dm.y * mn) * xsum;
+#elif defined(DT_Q5_K)
+  const uint j = u % 8, sh = 4 * (j % 2);
+  const vec2 dm = unpackHalf2x16(w.hdr.x);
+  float sc, mn;
+  k4_scale_min(w.hdr, j, sc, mn);
+  const uint q[8] = uint[8](w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w);
+  const uint qh[8] = uint[8](w.ha.x, w.ha.y, w.ha.z, w.ha.w, w.hb.x, w.hb.y, w.hb.z, w.hb.w);
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < 8; ++i) {
+    const uint c = ((q[i] >> sh) & 0x0F0F0F0Fu) | (((qh[i] >> j) & 0x01010101u) << 4);
+    s += dot(bytes_f(c, 0.0), xv[i]);
+  }
   return (dm.x * sc) * s - (dm.y * mn) * xsum;
 #elif defined(DT_Q6_K)
-  // Two 16-element halves with their own scales: sum_half d_h * (sum q x - 32 sum x).
-  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;
-  const uint j = u % 8, h = j / 4, k = j % 4;
-  const float d = unpackHalf2x16(wu[bb + 52]).x;
-  const uint lw = bb + 16 * h + 8 * (k % 2), hw = bb + 32 + 8 * h;
-  const uint s0 = 8 * h + 2 * k, s1 = s0 + 1;
-  const float d0 = d * float(int(wu[bb + 48 + s0 / 4] << (24 - 8 * (s0 % 4))) >> 24);
-  const float d1 = d * float(int(wu[bb + 48 + s1 / 4] << (24 - 8 * (s1 % 4))) >> 24);
-  float a = 0.0, b = 0.0, xa = 0.0;
+  // Two 16-element halves with their own int8 scales.
+  const uint j = u % 8, k = j % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in w.sc
+  const float d0 = w.d * float(int(w.sc << (24 - 8 * (s0 % 4))) >> 24);
+  const float d1 = w.d * float(int(w.sc << (16 - 8 * (s0 % 4))) >> 24);
+  const uint lsh = 4 * (k / 2), hsh = 2 * k;
+  float a = 0.0, b = 0.0;
   [[unroll]] for (uint i = 0; i < 8; ++i) {
-    const vec4 q = bits4(wu[lw + i], 4 * (k / 2), 15) + 16.0 * bits4(wu[hw + i], 2 * k, 3);
-    if (i < 4) {
-      a += dot(q, xv[i]);
-      xa += dot(vec4(1.0), xv[i]);
-    } else {
-      b += dot(q, xv[i]);
-    }
+    const uint c = ((w.ql[i] >> lsh) & 0x0F0F0F0Fu) | (((w.qh[i] >> hsh) & 0x03030303u) << 4);
+    const float p = dot(bytes_f(c, 32.0), xv[i]);
+    if (i < 4) a += p;
+    else b += p;
   }
-  return d0 * (a - 32.0 * xa) + d1 * (b - 32.0 * (xsum - xa));
+  return d0 * a + d1 * b;
 #endif
 }
 #endif

@@ -2,35 +2,47 @@
 // y[c][r] = sum_k W[r][k] * x[c][k] (+ bias[r]) for a few columns c (decode):
 // matrix-vector products, memory bound on the weights.
 //
+// NC: columns per workgroup, a variant define (1 for single-token decode, 8
+// for small batches).
+#ifndef NC
+#define NC 8
+#endif
+
+#if NC == 1 && defined(USE_SUBGROUP)
+// ---- single token, subgroups (matvec1_*_sg): the decode hot path ----------
+// The workgroup (WG threads) is split into row groups of TPR threads (a
+// multiple of the subgroup size, chosen on the host from M so that the grid
+// fills the GPU); a row group owns NR consecutive rows, and its threads stride
+// over the rows' 32-element units, UNROLL units at a time: all weight loads of
+// UNROLL units x NR rows are issued before any of them is used (dequant.glsl's
+// load_raw / dot_raw), so each thread keeps several loads in flight. Each x
+// unit (8 vec4) is loaded once for the NR rows. Sums: subgroupAdd, then (TPR
+// larger than a subgroup) one shared-memory step.
+// Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
+#define NR_MAX 4
+#define UNROLL 2
+layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
+layout(constant_id = 2) const uint TPR = 32;  // threads per row group, a power of two dividing WG
+#include "common.glsl"
+#define WANT_DOT_RAW
+#include "dequant.glsl"
+#else
+// ---- several columns, or no subgroups --------------------------------------
 // A workgroup owns NR consecutive rows; all its threads stride over the
 // 32-element units of those rows, so each x unit is loaded once per NR rows
 // and a warp reads consecutive units (coalesced). Partial sums are reduced
 // across the workgroup (subgroupAdd, then shared memory) at the end.
 // Grid: x (spilling into z) = row groups (NR rows, or NSG * NR with subgroups),
 // y = ceil(N / NC) column blocks.
-
-// NC: columns per workgroup, a variant define (1 for single-token decode, so
-// only 2 sums are reduced; 8 for small batches).
-#ifndef NC
-#define NC 8
-#endif
-// Rows handled together (each x unit is loaded once for all of them): up to 8
-// for one column, where x loads would otherwise outnumber weight loads; 2 for
-// several columns (their dequantized weights stay in registers) and for the
-// workgroup-reduction path.
-#if NC == 1 && defined(USE_SUBGROUP)
-#define NR_MAX 8
-#else
 #define NR_MAX 2
-#endif
 layout(constant_id = 1) const uint NR = 2;  // rows together, 1..NR_MAX (the host keeps to it)
 #define ACC_N (NR_MAX * NC)  // accumulators per thread
 #ifndef USE_SUBGROUP
 #define RED_N ACC_N  // common.glsl's shared-memory reductions
 #endif
 #include "common.glsl"
-#define WANT_DOT_UNIT
 #include "dequant.glsl"
+#endif
 
 layout(binding = 1) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
@@ -66,12 +78,120 @@ void load_x(uint c, uint u, out vec4 xv[8]) {
   }
 }
 
-#ifdef USE_SUBGROUP
-// Subgroup per row group: each subgroup owns NR consecutive rows at a time,
-// its lanes stride over the row's units, and subgroupAdd finishes the sums:
-// no shared memory and no barrier. A workgroup covers NSG * NR rows; NSG is
-// the host's guess of subgroups per workgroup (WG / subgroupSize), but the
-// loop below is correct for any actual subgroup count.
+#if NC == 1 && defined(USE_SUBGROUP)
+shared float red1[NR_MAX][WG];
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  // Row group and index inside it. Whole subgroups make a row group (so
+  // subgroupAdd sums one row group) whenever the subgroup is no wider than
+  // TPR; otherwise (a device whose subgroups are wider than the host
+  // thought) threads are grouped by index and summed in shared memory only.
+  const uint S = gl_SubgroupSize;
+  const bool by_sg = S <= TPR;  // uniform
+  uint rg, t;
+  if (by_sg) {
+    const uint per = TPR / S;
+    rg = gl_SubgroupID / per;
+    t = (gl_SubgroupID % per) * S + gl_SubgroupInvocationID;
+  } else {
+    rg = tid / TPR;
+    t = tid % TPR;
+  }
+  const uint r0 = (linear_group() * (WG / TPR) + rg) * NR;
+  uint rows[NR_MAX];
+  // Rows past M repeat the last row (their sums are dropped) so loads stay in bounds.
+  [[unroll]] for (uint r = 0; r < NR_MAX; ++r) rows[r] = pc.row0 + min(r0 + r, pc.M - 1);
+  float acc[NR_MAX];
+  [[unroll]] for (uint r = 0; r < NR_MAX; ++r) acc[r] = 0.0;
+
+  if (r0 < pc.M) {  // a row group wholly past M only joins the reduction
+    uint u = t;
+    for (; u + (UNROLL - 1) * TPR < pc.row_units; u += UNROLL * TPR) {
+      Raw w[UNROLL][NR_MAX];
+      [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
+        [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+          if (r < NR) w[k][r] = load_raw(pc.w_off, pc.w_off2, pc.row_units, rows[r], u + k * TPR);
+        }
+      }
+      [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
+        vec4 xv[8];
+        load_x(0, u + k * TPR, xv);
+        float xsum = 0.0;
+#ifdef DOT_NEEDS_XSUM
+        [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
+#endif
+        [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+          if (r < NR) acc[r] += dot_raw(w[k][r], u + k * TPR, xv, xsum);
+        }
+      }
+    }
+    for (; u < pc.row_units; u += TPR) {  // the last units, fewer than UNROLL per thread
+      Raw w[NR_MAX];
+      [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+        if (r < NR) w[r] = load_raw(pc.w_off, pc.w_off2, pc.row_units, rows[r], u);
+      }
+      vec4 xv[8];
+      load_x(0, u, xv);
+      float xsum = 0.0;
+#ifdef DOT_NEEDS_XSUM
+      [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
+#endif
+      [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+        if (r < NR) acc[r] += dot_raw(w[r], u, xv, xsum);
+      }
+    }
+  }
+
+  if (by_sg && TPR == S) {
+    // One subgroup per row group: no shared memory, no barrier.
+    [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+      if (r < NR) acc[r] = subgroupAdd(acc[r]);
+    }
+    [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+      if (r < NR && r % TPR == t && r0 + r < pc.M) {
+        float v = acc[r];
+        if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+        y[pc.y_off + r0 + r] = v;
+      }
+    }
+    return;
+  }
+  uint parts, first;  // the row group's partial sums in red1[r][first .. first + parts)
+  if (by_sg) {
+    [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+      if (r < NR) acc[r] = subgroupAdd(acc[r]);
+    }
+    if (subgroupElect()) {
+      [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+        if (r < NR) red1[r][gl_SubgroupID] = acc[r];
+      }
+    }
+    parts = TPR / S;
+    first = rg * parts;
+  } else {
+    [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+      if (r < NR) red1[r][tid] = acc[r];
+    }
+    parts = TPR;
+    first = rg * TPR;
+  }
+  barrier();
+  [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+    if (r < NR && r % TPR == t && r0 + r < pc.M) {
+      float v = 0.0;
+      for (uint i = 0; i < parts; ++i) v += red1[r][first + i];
+      if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+      y[pc.y_off + r0 + r] = v;
+    }
+  }
+}
+#elif defined(USE_SUBGROUP)
+// Several columns with subgroups: each subgroup owns NR consecutive rows at a
+// time, its lanes stride over the row's units, and subgroupAdd finishes the
+// sums: no shared memory and no barrier. A workgroup covers NSG * NR rows;
+// NSG is the host's guess of subgroups per workgroup (WG / subgroupSize), but
+// the loop below is correct for any actual subgroup count.
 layout(constant_id = 2) const uint NSG = 4;
 
 void main() {
@@ -84,17 +204,7 @@ void main() {
     float acc[ACC_N];
     [[unroll]] for (uint i = 0; i < ACC_N; ++i) acc[i] = 0.0;
     for (uint u = lane; u < pc.row_units; u += width) {
-#if NC == 1
-      // One column (decode): scales folded out of the inner loop (dot_unit).
-      vec4 xv[8];
-      load_x(c0, u, xv);
-      float xsum = 0.0;
-      [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
-      [[unroll]] for (uint r = 0; r < NR; ++r) {
-        acc[r] += dot_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(r0 + r, pc.M - 1), u, xv, xsum);
-      }
-#else
-      // Several columns: dequantize each unit once, dot it with every column.
+      // Dequantize each unit once, dot it with every column.
       vec4 w[NR_MAX][8];
       [[unroll]] for (uint r = 0; r < NR; ++r) {
         dq_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(r0 + r, pc.M - 1), u, w[r]);
@@ -110,7 +220,6 @@ void main() {
           }
         }
       }
-#endif
     }
     [[unroll]] for (uint i = 0; i < ACC_N; ++i) acc[i] = subgroupAdd(acc[i]);
     [[unroll]] for (uint i = 0; i < ACC_N; ++i) {

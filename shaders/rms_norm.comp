@@ -1,12 +1,21 @@
 #version 450
 // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w: one workgroup per row.
 // Grid: x (spilling into z) = rows.
+//
+// Decode normalizes one row, so the workgroup is wide (up to 512 threads on
+// GPUs) and latency is what counts: with 16-byte aligned rows every thread
+// loads its VPT vec4 of x and w up front, keeps them in registers through the
+// reduction, and scales them without reading x again. Longer rows (more than
+// VPT vec4 per thread) and unaligned ones take the plain loops for the rest.
 #define RED_N 1
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 1) readonly buffer W4 { vec4 w4[]; };
 layout(binding = 2) writeonly buffer O { float o[]; };
+layout(binding = 2) writeonly buffer O4 { vec4 o4[]; };
 
 layout(push_constant) uniform PC {
   uint x_off, x_ld;
@@ -15,18 +24,42 @@ layout(push_constant) uniform PC {
   uint n;
   uint rows;
   float eps;
+  uint vec4_ok;  // 1: every offset, stride and n a multiple of 4
 } pc;
+
+#define VPT 4  // vec4 per thread kept in registers
 
 void main() {
   const uint t = linear_group();
   if (t >= pc.rows) return;  // uniform per workgroup
   const uint tid = gl_LocalInvocationID.x;
   const uint xb = pc.x_off + t * pc.x_ld;
+  const uint ob = pc.o_off + t * pc.o_ld;
   float s[1];
   s[0] = 0.0;
-  for (uint i = tid; i < pc.n; i += WG) s[0] += x[xb + i] * x[xb + i];
-  wg_sum_n(s);
-  const float scale = 1.0 / sqrt(s[0] / float(pc.n) + pc.eps);
-  const uint ob = pc.o_off + t * pc.o_ld;
-  for (uint i = tid; i < pc.n; i += WG) o[ob + i] = (x[xb + i] * scale) * w[pc.w_off + i];
+  if (pc.vec4_ok != 0) {
+    const uint n4 = pc.n / 4, xb4 = xb / 4, wb4 = pc.w_off / 4, ob4 = ob / 4;
+    vec4 xv[VPT], wv[VPT];
+    [[unroll]] for (uint i = 0; i < VPT; ++i) {
+      const uint j = tid + i * WG;
+      xv[i] = j < n4 ? x4[xb4 + j] : vec4(0.0);
+      wv[i] = j < n4 ? w4[wb4 + j] : vec4(0.0);
+    }
+    float a = 0.0;
+    [[unroll]] for (uint i = 0; i < VPT; ++i) a += dot(xv[i], xv[i]);
+    for (uint j = tid + VPT * WG; j < n4; j += WG) a += dot(x4[xb4 + j], x4[xb4 + j]);
+    s[0] = a;
+    wg_sum_n(s);
+    const float scale = 1.0 / sqrt(s[0] / float(pc.n) + pc.eps);
+    [[unroll]] for (uint i = 0; i < VPT; ++i) {
+      const uint j = tid + i * WG;
+      if (j < n4) o4[ob4 + j] = (xv[i] * scale) * wv[i];
+    }
+    for (uint j = tid + VPT * WG; j < n4; j += WG) o4[ob4 + j] = (x4[xb4 + j] * scale) * w4[wb4 + j];
+  } else {
+    for (uint i = tid; i < pc.n; i += WG) s[0] += x[xb + i] * x[xb + i];
+    wg_sum_n(s);
+    const float scale = 1.0 / sqrt(s[0] / float(pc.n) + pc.eps);
+    for (uint i = tid; i < pc.n; i += WG) o[ob + i] = (x[xb + i] * scale) * w[pc.w_off + i];
+  }
 }

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const VulkanDeviceInfo& di = (*be)->device_info();
-  if (rows) std::printf("matvec rows per subgroup: %u\n", rows);
+  if (rows) std::printf("matvec rows per row group: %u\n", rows);
   std::printf("model: %s\ndevice: %s (%s, %s), subgroup %u%s%s\n", model.describe().c_str(), di.name.c_str(),
               di.type.c_str(), di.driver.c_str(), di.subgroup_size, (*be)->caps().subgroup_arithmetic ? ", subgroup ops" : "",
               (*be)->caps().f16_storage ? ", 16-bit storage" : "");

@@ -9,7 +9,7 @@
 // sqrt(sum (o - r)^2 / sum r^2) against the reference:
 //   matmul (all dtypes)   1e-5  float accumulation vs double; weights dequantize exactly
 //   get_rows              1e-6  the same products as the dequantizers (FMA may round once less)
-//   rms_norm              1e-6  float sum of squares vs double
+//   rms_norm              1e-6  float sum of squares vs double (vec4 path where n % 4 == 0)
 //   rope                  1e-6  same angle recurrence as the reference; cos/sin of the device
 //                         (1e-5 with frequency factors: some GPUs divide to within an ulp)
 //   silu_mul              1e-6  exp of the device;  add, copy: exact
@@ -221,6 +221,30 @@ TEST_P(VulkanMatmul, MatchesReference) {
   }
 }
 
+// Single-token matvecs (the decode path) over rows long enough for the
+// unrolled loop, with every way mul_mat_vec.comp may split a row: fewer
+// threads per row than a subgroup (shared memory only), one subgroup, several
+// subgroups (subgroupAdd, then shared memory); and 1 to 4 rows per row group.
+TEST_P(VulkanMatmul, DecodeRowSplits) {
+  const DType t = GetParam();
+  const bool dense = t == DType::kF32 || t == DType::kF16;
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = dense ? 1031 : kq ? 2304 : 1120;
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  uint32_t seed = 500;
+  // (threads per row group, rows per row group); 0: the backend's choice.
+  const std::pair<uint32_t, uint32_t> splits[] = {{0, 0}, {1, 3}, {2, 1}, {sg, 4}, {2 * sg, 3}, {128, 1}};
+  for (auto [tpr, nr] : splits) {
+    if (tpr > 128) continue;
+    SCOPED_TRACE("threads per row " + std::to_string(tpr) + ", rows " + std::to_string(nr));
+    be_->set_matvec_threads_per_row(tpr);
+    be_->set_matvec_rows(nr);
+    check_matmul(be_, t, n_in, 37, 1, /*bias=*/nr == 3, /*view=*/nr == 1, seed++);
+  }
+  be_->set_matvec_threads_per_row(0);
+  be_->set_matvec_rows(0);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanMatmul,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
                                            DType::kQ5_K, DType::kQ6_K),
@@ -253,7 +277,7 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanGetRows,
 // ---- element-wise, norm, RoPE ----------------------------------------------------
 
 TEST_F(VulkanTest, RmsNorm) {
-  for (int64_t n : {1, 67, 4101}) {
+  for (int64_t n : {1, 67, 4101, 4096}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     const int64_t rows = 3;
     const auto x = random_floats(static_cast<size_t>(rows * n), 11, -3.0f, 3.0f);

@@ -21,6 +21,7 @@ struct DeviceCaps {
   uint64_t max_storage_range = 0;    ///< bytes one storage-buffer binding may span
   uint64_t max_allocation = 0;       ///< maxMemoryAllocationSize
   uint32_t max_groups[3] = {0, 0, 0};
+  uint32_t max_wg_threads = 128;     ///< min(maxComputeWorkGroupInvocations, maxComputeWorkGroupSize[0])
   uint32_t max_shared_bytes = 0;
   float timestamp_period_ns = 0;     ///< 0: no timestamps on the compute queue
   uint32_t timestamp_bits = 0;       ///< valid low bits of a timestamp (timestampValidBits)

@@ -38,7 +38,7 @@ struct VulkanOptions {
   bool use_subgroups = true;    ///< false: shared-memory reductions even where subgroups exist
   bool use_f16_storage = true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;    ///< bytes of device memory Loom may take; 0: the device's heap
-  uint32_t matvec_rows = 0;     ///< tuning: rows per subgroup in single-token matvecs (1..8); 0: default
+  uint32_t matvec_rows = 0;     ///< tuning: rows per row group in single-token matvecs (1..4); 0: chosen per matrix
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

@@ -37,6 +37,12 @@ constexpr uint32_t kPushBytes = 128;
 constexpr uint32_t kWgMatvec = 64;
 constexpr uint32_t kMatvecRows = 2;
 constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this many tokens use them
+// Single-token matvecs (matvec1_*_sg): rows per row group up to NR_MAX, units
+// per thread and step (UNROLL in mul_mat_vec.comp), and the workgroup count
+// that fills a large GPU (H200: 132 SMs, four workgroups each).
+constexpr uint32_t kMatvecRowsMax = 4;
+constexpr uint32_t kMatvecUnroll = 2;
+constexpr uint32_t kManyGroups = 512;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTile = 64;
 constexpr uint32_t kWgSmall = 64;
@@ -267,7 +273,13 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // lavapipe: 32, where every barrier is a costly coroutine switch).
   reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
 
-  if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, 8);
+  if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, kMatvecRowsMax);
+  matvec_rows_opt_ = matvec_rows_;
+  // Four 32-wide subgroups (NVIDIA) or two 64-wide ones per matvec workgroup.
+  matvec_wg_ = std::min(std::max<uint32_t>(128, c.subgroup_size), std::max<uint32_t>(c.max_wg_threads, 1));
+  // Norms of a row in one workgroup: wide on GPUs (the row stays in registers,
+  // a few vec4 per thread); CPU devices keep reduce_wg_ (barriers are costly there).
+  norm_wg_ = c.subgroup_arithmetic && c.subgroup_size >= 32 ? std::min<uint32_t>(512, c.max_wg_threads) : reduce_wg_;
 
   profile_ = opts.profile && c.timestamp_period_ns > 0;
   if (profile_) {
@@ -1070,12 +1082,36 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   struct {
     uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
     float eps;
-  } pc{u32(x.offset / 4), u32(x.cols), u32(w_off / 4), u32(out.offset / 4), u32(out.cols), u32(x.cols), u32(x.rows), eps};
+    uint32_t vec4_ok;
+  } pc{u32(x.offset / 4), u32(x.cols), u32(w_off / 4), u32(out.offset / 4), u32(out.cols), u32(x.cols), u32(x.rows), eps, 0};
+  pc.vec4_ok = (pc.x_off | pc.x_ld | pc.w_off | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
   uint32_t gx, gz;
   grid_1d(static_cast<uint64_t>(x.rows), &gx, &gz);
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
-  dispatch(plain("rms_norm", true), Spec{reduce_wg_},
+  // Narrower workgroups for short rows: at least a vec4 per thread.
+  uint32_t wg = norm_wg_;
+  while (wg > reduce_wg_ && wg / 2 * 4 >= pc.n) wg /= 2;
+  dispatch(plain("rms_norm", true), Spec{wg},
            {act_bind(x, false), wb, act_bind(out, true)}, &pc, sizeof(pc), gx, 1, gz);
+}
+
+VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units) const {
+  // Enough workgroups to give every SM of a large GPU several (kManyGroups),
+  // and enough rows per row group to share each x load: halve NR first, then
+  // split the row over more threads while each still gets UNROLL units.
+  const uint32_t S = std::max<uint32_t>(1, dev_->caps().subgroup_size);
+  MatvecShape s;
+  s.wg = matvec_wg_;
+  s.nr = matvec_rows_ ? matvec_rows_ : kMatvecRowsMax / 2;
+  s.tpr = matvec_tpr_ ? matvec_tpr_ : std::min(S, s.wg);
+  auto groups = [&] { return (M + s.wg / s.tpr * s.nr - 1) / (s.wg / s.tpr * s.nr); };
+  if (!matvec_rows_) {
+    while (s.nr > 1 && groups() < kManyGroups) s.nr /= 2;
+  }
+  if (!matvec_tpr_) {
+    while (groups() < kManyGroups && s.tpr * 2 <= s.wg && row_units >= 2 * s.tpr * kMatvecUnroll) s.tpr *= 2;
+  }
+  return s;
 }
 
 void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
@@ -1102,16 +1138,22 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
   if (x_off % 4 == 0 && x_ld % 4 == 0) pc.flags |= 2;
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
   const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false} : Bind{r->alloc.block, 0, 0, false};
-  if (T <= kMatvecCols) {
+  if (T == 1 && dev_->caps().subgroup_arithmetic) {
+    // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
+    const MatvecShape s = matvec1_shape(M, r->row_units);
+    const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
+    uint32_t gx, gz;
+    grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
+    dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr},
+             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
+  } else if (T <= kMatvecCols) {
     // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.
     const vk::DeviceCaps& c = dev_->caps();
     const uint32_t nsg = c.subgroup_arithmetic ? std::max<uint32_t>(1, kWgMatvec / c.subgroup_size) : 1;
-    // One token: several rows per subgroup share each x load (shader: NR_MAX 8).
-    const uint32_t nr = T == 1 && c.subgroup_arithmetic ? matvec_rows_ : kMatvecRows;
-    const uint32_t rows_per_group = nsg * nr;
+    const uint32_t rows_per_group = nsg * kMatvecRows;
     uint32_t gx, gz;
     grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
-    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, nr, nsg},
+    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, kMatvecRows, nsg},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
     dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul}, {wb, act_bind(x, false), act_bind(out, true), bb},
@@ -1239,35 +1281,34 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
 
 namespace {
 struct EltPush {
-  uint32_t a_off, a_ld, b_off, b_ld, o_off, o_ld, n;
+  uint32_t a_off, a_ld, b_off, b_ld, o_off, o_ld, n, v4;
 };
 }  // namespace
 
+// Element-wise ops: one vec4 per thread where alignment allows.
+void VulkanBackend::eltwise(const char* op, Act a, Act b, Act out) {
+  EltPush pc{u32(a.offset / 4), u32(a.cols), u32(b.offset / 4), u32(b.cols), u32(out.offset / 4), u32(out.cols), u32(a.cols), 0};
+  pc.v4 = (pc.a_off | pc.a_ld | pc.b_off | pc.b_ld | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
+  const uint64_t items = pc.v4 ? pc.n / 4 : pc.n;
+  uint32_t gx, gz;
+  grid_1d((items + kWgElt - 1) / kWgElt, &gx, &gz);
+  dispatch(plain(op), Spec{kWgElt}, {act_bind(a, false), act_bind(b, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
+           u32(a.rows), gz);
+}
+
 void VulkanBackend::silu_mul(Act gate, Act up, Act out) {
   if (!status_.ok() || !check_act(gate, "silu_mul") || !check_act(up, "silu_mul") || !check_act(out, "silu_mul")) return;
-  EltPush pc{u32(gate.offset / 4), u32(gate.cols), u32(up.offset / 4), u32(up.cols), u32(out.offset / 4), u32(out.cols), u32(gate.cols)};
-  uint32_t gx, gz;
-  grid_1d((static_cast<uint64_t>(gate.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
-  dispatch(plain("silu_mul"), Spec{kWgElt}, {act_bind(gate, false), act_bind(up, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
-           u32(gate.rows), gz);
+  eltwise("silu_mul", gate, up, out);
 }
 
 void VulkanBackend::add(Act a, Act b, Act out) {
   if (!status_.ok() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add")) return;
-  EltPush pc{u32(a.offset / 4), u32(a.cols), u32(b.offset / 4), u32(b.cols), u32(out.offset / 4), u32(out.cols), u32(a.cols)};
-  uint32_t gx, gz;
-  grid_1d((static_cast<uint64_t>(a.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
-  dispatch(plain("add"), Spec{kWgElt}, {act_bind(a, false), act_bind(b, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
-           u32(a.rows), gz);
+  eltwise("add", a, b, out);
 }
 
 void VulkanBackend::copy(Act src, Act dst) {
   if (!status_.ok() || !check_act(src, "copy") || !check_act(dst, "copy")) return;
-  EltPush pc{u32(src.offset / 4), u32(src.cols), u32(src.offset / 4), u32(src.cols), u32(dst.offset / 4), u32(dst.cols), u32(src.cols)};
-  uint32_t gx, gz;
-  grid_1d((static_cast<uint64_t>(src.cols) + kWgElt - 1) / kWgElt, &gx, &gz);
-  dispatch(plain("copy"), Spec{kWgElt}, {act_bind(src, false), act_bind(src, false), act_bind(dst, true)}, &pc, sizeof(pc), gx,
-           u32(src.rows), gz);
+  eltwise("copy", src, src, dst);
 }
 
 // ---- public entry points --------------------------------------------------------

@@ -27,6 +27,7 @@
 // be destroyed before it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -101,6 +102,12 @@ class VulkanBackend final : public Backend {
   /// Test hook: KV export/import stage at most this many bytes per submission
   /// (0: the whole staging ring), so small caches exercise the chunking.
   void set_transfer_chunk(uint64_t bytes) { transfer_chunk_ = bytes; }
+  /// Test hook: threads per row group of single-token matvecs (a power of two
+  /// up to the workgroup size; 0: chosen from the matrix), so small shapes
+  /// exercise every reduction path of mul_mat_vec.comp.
+  void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
+  /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
+  void set_matvec_rows(uint32_t nr) { matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_; }
 
   /// A weight's device copy: where its data starts and how it is laid out
   /// (shaders/dequant.glsl). Public for the KV and activation helpers only.
@@ -177,6 +184,7 @@ class VulkanBackend final : public Backend {
   Result<Pipeline*> pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings);
   void dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
                 const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz);
+  void eltwise(const char* op, Act a, Act b, Act out);  // add, silu_mul, copy (b unused)
   void copy_buffer(vk::Block* src, uint64_t src_off, vk::Block* dst, uint64_t dst_off, uint64_t bytes);
   // Splits a 1-D count of workgroups into x (<= the device limit) and z.
   void grid_1d(uint64_t n, uint32_t* gx, uint32_t* gz) const;
@@ -223,7 +231,16 @@ class VulkanBackend final : public Backend {
   std::unordered_map<std::string, Pipeline> pipelines_;
   std::unordered_map<FastKey, Pipeline*, FastKeyHash> fast_pipes_;
   uint32_t reduce_wg_ = 128;  ///< workgroup size of rms_norm and attention (see init)
-  uint32_t matvec_rows_ = 4;  ///< rows per subgroup of single-token matvecs (VulkanOptions::matvec_rows)
+  uint32_t matvec_rows_ = 0;  ///< rows per row group of single-token matvecs (VulkanOptions::matvec_rows; 0: auto)
+  uint32_t matvec_rows_opt_ = 0;  ///< matvec_rows_ as VulkanOptions set it
+  uint32_t matvec_tpr_ = 0;   ///< threads per row group of single-token matvecs (0: auto)
+  uint32_t matvec_wg_ = 128;  ///< workgroup size of single-token matvecs
+  uint32_t norm_wg_ = 128;    ///< workgroup size of rms_norm
+  // Single-token matvec launch shape: workgroup size, rows and threads per row group.
+  struct MatvecShape {
+    uint32_t wg, nr, tpr;
+  };
+  MatvecShape matvec1_shape(uint32_t M, uint32_t row_units) const;
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
