@@ -13,7 +13,7 @@
 # CPU-only). Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
-stages="${*:-info tests issue4 issue5}"
+stages="${*:-info tests issue4 issue5 overhead}"
 export LD_LIBRARY_PATH="$B/lib"
 L="$B/loom"
 LB() { LD_LIBRARY_PATH="$B/llama:$B/lib" "$B/llama/llama-bench" "$@"; }
@@ -67,6 +67,15 @@ for s in $stages; do
       echo "--- CPU only: Loom, llama.cpp"
       "$L" bench -m "$m" --strategy cpu -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^(prefill|decode)"
       LB -m "$m" -ngl 0 -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^\|"
+      ;;
+    overhead)
+      m="$(model q4_0)"
+      for b in vulkan cpu; do
+        for pr in "" --no-profiler; do
+          echo "--- profiler overhead: $b ${pr:-(profiler on)}"
+          "$L" bench -m "$m" --backend "$b" --strategy "$([ $b = cpu ] && echo cpu || echo gpu)" -t "$T" -p 16 -n 64 -r 3 $pr 2>&1 | grep -E "^decode"
+        done
+      done
       ;;
   esac
 done
