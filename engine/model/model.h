@@ -26,6 +26,9 @@ struct Weight {
   const GgufTensor* tensor = nullptr;  ///< where it came from (name, file offset)
 
   bool present() const { return data != nullptr; }
+  /// First byte of the whole tensor this weight is (a row range of): the key
+  /// under which backends and the requantizer keep their copies.
+  const void* tensor_begin() const { return tensor && tensor->data ? static_cast<const void*>(tensor->data) : data; }
   const std::string& name() const;
   /// Rows [r0, r0 + n) as a Weight of their own (fused tensors are split this way).
   Weight rows(int64_t r0, int64_t n) const;

@@ -116,7 +116,8 @@ Status ForwardPass::build_weights(const Placement& p, Weights* out) {
   out->layers = m_.layers;
   for (size_t l = 0; l < out->layers.size(); ++l) {
     // Requantization is the slow part of a CPU placement: first half of the progress.
-    if (progress_ && !progress_(0.5 * static_cast<double>(l) / static_cast<double>(out->layers.size()))) {
+    if (progress_ &&
+        !progress_(0.5 * static_cast<double>(l) / static_cast<double>(out->layers.size()))) {
       return make_error(ErrorCode::kCancelled, "loading cancelled");
     }
     LayerWeights& w = out->layers[l];
@@ -147,9 +148,7 @@ Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
                         std::string(dtype_name(w->dtype)).c_str(), where.c_str());
     }
     LOOM_TRY(gpu.upload_weight(*w));
-    const void* key =
-        w->tensor && w->tensor->data ? static_cast<const void*>(w->tensor->data) : w->data;
-    gpu_tensors_.emplace(key, *w);
+    gpu_tensors_.emplace(w->tensor_begin(), *w);
   }
   return {};
 }
@@ -196,9 +195,7 @@ Status ForwardPass::apply(const Placement& want) {
     {
       std::unordered_set<const void*> wanted;
       auto want_w = [&wanted](const Weight& w) {
-        if (w.present())
-          wanted.insert(w.tensor && w.tensor->data ? static_cast<const void*>(w.tensor->data)
-                                                   : w.data);
+        if (w.present()) wanted.insert(w.tensor_begin());
       };
       for (int64_t l = 0; l < L; ++l) {
         const LayerPlace& lp = p.layers[static_cast<size_t>(l)];
@@ -298,9 +295,7 @@ Status ForwardPass::apply(const Placement& want) {
   // Requantized copies no placement group uses any more.
   std::vector<std::pair<const void*, DType>> keep;
   auto src_key = [](const Weight& orig, const Weight& now) {
-    const void* k =
-        orig.tensor && orig.tensor->data ? static_cast<const void*>(orig.tensor->data) : orig.data;
-    return std::make_pair(k, now.dtype);
+    return std::make_pair(orig.tensor_begin(), now.dtype);
   };
   for (size_t l = 0; l < m_.layers.size(); ++l) {
     const LayerWeights& a = m_.layers[l];
@@ -353,7 +348,8 @@ Status ForwardPass::set_placement(const Placement& p) {
   if (s.ok()) return {};
   // Put the previous placement back (its weights are still where they were, or come back).
   std::vector<std::string> keep_notes = notes_;
-  std::function<bool(double)> cb = std::exchange(progress_, nullptr);  // the way back is not cancellable
+  std::function<bool(double)> cb =
+      std::exchange(progress_, nullptr);  // the way back is not cancellable
   Status back = apply(before);
   progress_ = std::move(cb);
   if (!back.ok())
