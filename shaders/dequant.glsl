@@ -119,11 +119,15 @@ void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w
 #endif
 }
 
-#ifdef WANT_DOT_RAW
-// The single-token matvec (mul_mat_vec.comp, NC 1 with subgroups) splits each
-// unit into load_raw (every load of row r's unit u, no arithmetic on it) and
-// dot_raw (dot with x), so a thread can issue the loads of several units and
-// rows before it waits on any of them.
+#ifdef WANT_DOT_PART
+// The single-token matvec (mul_mat_vec.comp, NC 1 with subgroups) gives each
+// 32-element unit to four threads: part s (0..3) takes the unit's vec4s s and
+// s + 4 (elements 4s..4s+3 and 16+4s..16+4s+3). In every layout below those
+// pair with the unit's quant words s and s + 4 (Q4_0: word s holds both), so
+// a subgroup's x loads cover whole stretches of x instead of one 128-byte
+// unit per thread. load_part does every load of row r's part (no arithmetic
+// on it) and dot_part the dot with x, so a thread can issue the loads of
+// several parts and rows before it waits on any of them.
 //
 // Quants become floats without int-to-float conversions (a quarter-rate
 // instruction on NVIDIA, which made 4-bit matvecs ALU bound): a value v < 2^k
@@ -148,18 +152,6 @@ vec4 nib4_f(uint v, float bias) {
               fma(uintBitsToFloat((v & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)),
               fma(uintBitsToFloat(((v >> 12) & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)));
 }
-// All eight nibbles of w minus bias: lo = the low nibbles of bytes 0..3, hi = the high ones.
-void nibbles_f(uint w, float bias, out vec4 lo, out vec4 hi) {
-  const uint w2 = w >> 12;  // bits 20..31 to 8..19 (a nibble must stay below bit 23)
-  lo = vec4(uintBitsToFloat((w & 0xFu) | MAGIC) - (8388608.0 + bias),
-            fma(uintBitsToFloat((w & 0xF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
-            fma(uintBitsToFloat((w & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)),
-            fma(uintBitsToFloat((w2 & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)));
-  hi = vec4(fma(uintBitsToFloat((w & 0xF0u) | MAGIC), 1.0 / 16.0, -(524288.0 + bias)),
-            fma(uintBitsToFloat((w & 0xF000u) | MAGIC), 1.0 / 4096.0, -(2048.0 + bias)),
-            fma(uintBitsToFloat((w2 & 0xF00u) | MAGIC), 1.0 / 256.0, -(32768.0 + bias)),
-            fma(uintBitsToFloat((w2 & 0xF0000u) | MAGIC), 1.0 / 65536.0, -(128.0 + bias)));
-}
 
 #if defined(DT_Q4_K) || defined(DT_Q5_K)
 #define DOT_NEEDS_XSUM  // the sub-block minimum multiplies the sum of x
@@ -172,121 +164,124 @@ void k4_scale_min(uvec4 hdr, uint j, out float sc, out float mn) {
 }
 #endif
 
-struct Raw {
+// One thread's part of a unit: the raw loads.
+struct Part {
 #if defined(DT_F32) || defined(DT_F16)
-  vec4 v[8];
+  vec4 a, b;
 #elif defined(DT_Q8_0)
-  uvec4 a, b;
+  uint qa, qb;
   float d;
 #elif defined(DT_Q4_0)
-  uvec4 q;
+  uint q;
   float d;
 #elif defined(DT_Q4_K)
-  uvec4 hdr, qa, qb;
+  uvec4 hdr;
+  uint qa, qb;
 #elif defined(DT_Q5_K)
-  uvec4 hdr, qa, qb, ha, hb;
+  uvec4 hdr;
+  uint qa, qb, ha, hb;
 #elif defined(DT_Q6_K)
-  uint ql[8], qh[8];
+  uint la, lb, ha, hb;
   uint sc;  // the word holding the unit's two int8 scales
   float d;
 #endif
 };
 
-Raw load_raw(uint w_off, uint w_off2, uint row_units, uint r, uint u) {
-  Raw w;
+Part load_part(uint w_off, uint w_off2, uint row_units, uint r, uint u, uint s) {
+  Part p;
   const uint bi = r * row_units + u;
-#if defined(DT_F32) || defined(DT_F16)
-  dq_unit(w_off, w_off2, row_units, r, u, w.v);
+#if defined(DT_F32)
+  const uint b4 = w_off / 4 + bi * 8;
+  p.a = wf4[b4 + s];
+  p.b = wf4[b4 + 4 + s];
+#elif defined(DT_F16)
+#ifdef USE_F16_STORAGE
+  const uint b4 = w_off / 2 + bi * 8;
+  p.a = vec4(wh4[b4 + s]);
+  p.b = vec4(wh4[b4 + 4 + s]);
+#else
+  const uint bw = w_off + bi * 16 + 2 * s;
+  p.a = vec4(unpackHalf2x16(wu[bw]), unpackHalf2x16(wu[bw + 1]));
+  p.b = vec4(unpackHalf2x16(wu[bw + 8]), unpackHalf2x16(wu[bw + 9]));
+#endif
 #elif defined(DT_Q8_0)
-  w.d = half_at(w_off2, bi);
-  w.a = wu4[w_off / 4 + bi * 2];
-  w.b = wu4[w_off / 4 + bi * 2 + 1];
+  p.d = half_at(w_off2, bi);
+  p.qa = wu[w_off + bi * 8 + s];
+  p.qb = wu[w_off + bi * 8 + 4 + s];
 #elif defined(DT_Q4_0)
-  w.d = half_at(w_off2, bi);
-  w.q = wu4[w_off / 4 + bi];
+  p.d = half_at(w_off2, bi);
+  p.q = wu[w_off + bi * 4 + s];
 #elif defined(DT_Q4_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;  // 36 words: bb % 4 == 0
   const uint qw = bb + 4 + 8 * ((u % 8) / 2);
-  w.hdr = wu4[bb / 4];
-  w.qa = wu4[qw / 4];
-  w.qb = wu4[qw / 4 + 1];
+  p.hdr = wu4[bb / 4];
+  p.qa = wu[qw + s];
+  p.qb = wu[qw + 4 + s];
 #elif defined(DT_Q5_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 44;
   const uint qw = bb + 12 + 8 * ((u % 8) / 2);
-  w.hdr = wu4[bb / 4];
-  w.ha = wu4[bb / 4 + 1];
-  w.hb = wu4[bb / 4 + 2];
-  w.qa = wu4[qw / 4];
-  w.qb = wu4[qw / 4 + 1];
+  p.hdr = wu4[bb / 4];
+  p.ha = wu[bb + 4 + s];
+  p.hb = wu[bb + 8 + s];
+  p.qa = wu[qw + s];
+  p.qb = wu[qw + 4 + s];
 #elif defined(DT_Q6_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;  // 53 words: word loads only
   const uint j = u % 8, h = j / 4, k = j % 4;
   const uint lw = bb + 16 * h + 8 * (k % 2), hw = bb + 32 + 8 * h;
-  [[unroll]] for (uint i = 0; i < 8; ++i) w.ql[i] = wu[lw + i];
-  [[unroll]] for (uint i = 0; i < 8; ++i) w.qh[i] = wu[hw + i];
-  w.sc = wu[bb + 48 + (8 * h + 2 * k) / 4];
-  w.d = unpackHalf2x16(wu[bb + 52]).x;
+  p.la = wu[lw + s];
+  p.lb = wu[lw + 4 + s];
+  p.ha = wu[hw + s];
+  p.hb = wu[hw + 4 + s];
+  p.sc = wu[bb + 48 + (8 * h + 2 * k) / 4];
+  p.d = unpackHalf2x16(wu[bb + 52]).x;
 #endif
-  return w;
+  return p;
 }
 
-// dot(row unit, x unit); xsum = the sum of the unit's x (used where DOT_NEEDS_XSUM).
-float dot_raw(const Raw w, uint u, const vec4 xv[8], float xsum) {
+// dot(the part of row unit u, its x vec4s xa and xb).
+float dot_part(const Part p, uint u, const vec4 xa, const vec4 xb) {
 #if defined(DT_F32) || defined(DT_F16)
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(w.v[i], xv[i]);
-  return s;
+  return dot(p.a, xa) + dot(p.b, xb);
 #elif defined(DT_Q8_0)
-  const uint q[8] = uint[8](w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w);
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(bytes_f(q[i] ^ 0x80808080u, 128.0), xv[i]);
-  return w.d * s;
+  return p.d * (dot(bytes_f(p.qa ^ 0x80808080u, 128.0), xa) + dot(bytes_f(p.qb ^ 0x80808080u, 128.0), xb));
 #elif defined(DT_Q4_0)
-  // Byte b of word i: element 4i + b in its low nibble, 16 + 4i + b in its high one.
-  const uint q[4] = uint[4](w.q.x, w.q.y, w.q.z, w.q.w);
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 4; ++i) {
-    vec4 lo, hi;
-    nibbles_f(q[i], 8.0, lo, hi);
-    s += dot(lo, xv[i]) + dot(hi, xv[4 + i]);
-  }
-  return w.d * s;
+  // Byte b of word s: element 4s + b in its low nibble, 16 + 4s + b in its high one.
+  const uint w2 = p.q >> 12;  // bits 20..31 to 8..19 (a nibble must stay below bit 23)
+  const vec4 lo = vec4(uintBitsToFloat((p.q & 0xFu) | MAGIC) - 8388616.0,
+                       fma(uintBitsToFloat((p.q & 0xF00u) | MAGIC), 1.0 / 256.0, -32776.0),
+                       fma(uintBitsToFloat((p.q & 0xF0000u) | MAGIC), 1.0 / 65536.0, -136.0),
+                       fma(uintBitsToFloat((w2 & 0xF000u) | MAGIC), 1.0 / 4096.0, -2056.0));
+  const vec4 hi = vec4(fma(uintBitsToFloat((p.q & 0xF0u) | MAGIC), 1.0 / 16.0, -524296.0),
+                       fma(uintBitsToFloat((p.q & 0xF000u) | MAGIC), 1.0 / 4096.0, -2056.0),
+                       fma(uintBitsToFloat((w2 & 0xF00u) | MAGIC), 1.0 / 256.0, -32776.0),
+                       fma(uintBitsToFloat((w2 & 0xF0000u) | MAGIC), 1.0 / 65536.0, -136.0));
+  return p.d * (dot(lo, xa) + dot(hi, xb));
 #elif defined(DT_Q4_K)
   const uint j = u % 8, sh = 4 * (j % 2);
-  const vec2 dm = unpackHalf2x16(w.hdr.x);
+  const vec2 dm = unpackHalf2x16(p.hdr.x);
   float sc, mn;
-  k4_scale_min(w.hdr, j, sc, mn);
-  const uint q[8] = uint[8](w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w);
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) s += dot(nib4_f(q[i] >> sh, 0.0), xv[i]);
-  return (dm.x * sc) * s - (dm.y * mn) * xsum;
+  k4_scale_min(p.hdr, j, sc, mn);
+  const float s = dot(nib4_f(p.qa >> sh, 0.0), xa) + dot(nib4_f(p.qb >> sh, 0.0), xb);
+  return (dm.x * sc) * s - (dm.y * mn) * dot(xa + xb, vec4(1.0));
 #elif defined(DT_Q5_K)
   const uint j = u % 8, sh = 4 * (j % 2);
-  const vec2 dm = unpackHalf2x16(w.hdr.x);
+  const vec2 dm = unpackHalf2x16(p.hdr.x);
   float sc, mn;
-  k4_scale_min(w.hdr, j, sc, mn);
-  const uint q[8] = uint[8](w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w);
-  const uint qh[8] = uint[8](w.ha.x, w.ha.y, w.ha.z, w.ha.w, w.hb.x, w.hb.y, w.hb.z, w.hb.w);
-  float s = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) {
-    const uint c = ((q[i] >> sh) & 0x0F0F0F0Fu) | (((qh[i] >> j) & 0x01010101u) << 4);
-    s += dot(bytes_f(c, 0.0), xv[i]);
-  }
-  return (dm.x * sc) * s - (dm.y * mn) * xsum;
+  k4_scale_min(p.hdr, j, sc, mn);
+  const uint ca = ((p.qa >> sh) & 0x0F0F0F0Fu) | (((p.ha >> j) & 0x01010101u) << 4);
+  const uint cb = ((p.qb >> sh) & 0x0F0F0F0Fu) | (((p.hb >> j) & 0x01010101u) << 4);
+  const float s = dot(bytes_f(ca, 0.0), xa) + dot(bytes_f(cb, 0.0), xb);
+  return (dm.x * sc) * s - (dm.y * mn) * dot(xa + xb, vec4(1.0));
 #elif defined(DT_Q6_K)
-  // Two 16-element halves with their own int8 scales.
-  const uint j = u % 8, k = j % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in w.sc
-  const float d0 = w.d * float(int(w.sc << (24 - 8 * (s0 % 4))) >> 24);
-  const float d1 = w.d * float(int(w.sc << (16 - 8 * (s0 % 4))) >> 24);
+  // Two 16-element halves with their own int8 scales: xa is in the first, xb in the second.
+  const uint j = u % 8, k = j % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in p.sc
+  const float d0 = p.d * float(int(p.sc << (24 - 8 * (s0 % 4))) >> 24);
+  const float d1 = p.d * float(int(p.sc << (16 - 8 * (s0 % 4))) >> 24);
   const uint lsh = 4 * (k / 2), hsh = 2 * k;
-  float a = 0.0, b = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) {
-    const uint c = ((w.ql[i] >> lsh) & 0x0F0F0F0Fu) | (((w.qh[i] >> hsh) & 0x03030303u) << 4);
-    const float p = dot(bytes_f(c, 32.0), xv[i]);
-    if (i < 4) a += p;
-    else b += p;
-  }
-  return d0 * a + d1 * b;
+  const uint ca = ((p.la >> lsh) & 0x0F0F0F0Fu) | (((p.ha >> hsh) & 0x03030303u) << 4);
+  const uint cb = ((p.lb >> lsh) & 0x0F0F0F0Fu) | (((p.hb >> hsh) & 0x03030303u) << 4);
+  return d0 * dot(bytes_f(ca, 32.0), xa) + d1 * dot(bytes_f(cb, 32.0), xb);
 #endif
 }
 #endif

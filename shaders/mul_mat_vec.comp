@@ -12,19 +12,22 @@
 // ---- single token, subgroups (matvec1_*_sg): the decode hot path ----------
 // The workgroup (WG threads) is split into row groups of TPR threads (a
 // multiple of the subgroup size, chosen on the host from M so that the grid
-// fills the GPU); a row group owns NR consecutive rows, and its threads stride
-// over the rows' 32-element units, UNROLL units at a time: all weight loads of
-// UNROLL units x NR rows are issued before any of them is used (dequant.glsl's
-// load_raw / dot_raw), so each thread keeps several loads in flight. Each x
-// unit (8 vec4) is loaded once for the NR rows. Sums: subgroupAdd, then (TPR
-// larger than a subgroup) one shared-memory step.
+// fills the GPU); a row group owns NR consecutive rows. Each 32-element unit
+// is split over four threads (dequant.glsl's parts), and the row group's
+// threads stride over the rows' parts, UNROLL parts at a time: all weight
+// loads of UNROLL parts x NR rows are issued before any of them is used
+// (load_part / dot_part), so each thread keeps several loads in flight, and
+// each x part (two vec4) is loaded once for the NR rows. Four threads per
+// unit make a subgroup's x loads cover a few whole cache lines rather than
+// one line per thread. Sums: subgroupAdd, then (TPR larger than a subgroup)
+// one shared-memory step.
 // Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
 #define NR_MAX 4
-#define UNROLL 2
+#define UNROLL 4
 layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
 layout(constant_id = 2) const uint TPR = 32;  // threads per row group, a power of two dividing WG
 #include "common.glsl"
-#define WANT_DOT_RAW
+#define WANT_DOT_PART
 #include "dequant.glsl"
 #else
 // ---- several columns, or no subgroups --------------------------------------
@@ -79,6 +82,22 @@ void load_x(uint c, uint u, out vec4 xv[8]) {
 }
 
 #if NC == 1 && defined(USE_SUBGROUP)
+// Part s of x unit u: its vec4s s and s + 4.
+void load_x_part(uint u, uint s, out vec4 xa, out vec4 xb) {
+  const uint base = pc.x_off + 32 * u;
+  if ((pc.flags & 2u) != 0 && 32 * u + 32 <= pc.K) {
+    xa = x4[base / 4 + s];
+    xb = x4[base / 4 + 4 + s];
+  } else {
+    // As load_x: past K, x belongs to the next row (maybe Inf), so mask it.
+    [[unroll]] for (uint e = 0; e < 4; ++e) {
+      const uint ka = 32 * u + 4 * s + e, kb = ka + 16;
+      xa[e] = ka < pc.K ? x[base + 4 * s + e] : 0.0;
+      xb[e] = kb < pc.K ? x[base + 16 + 4 * s + e] : 0.0;
+    }
+  }
+}
+
 shared float red1[NR_MAX][WG];
 
 void main() {
@@ -106,39 +125,34 @@ void main() {
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) acc[r] = 0.0;
 
   if (r0 < pc.M) {  // a row group wholly past M only joins the reduction
-    uint u = t;
-    for (; u + (UNROLL - 1) * TPR < pc.row_units; u += UNROLL * TPR) {
-      Raw w[UNROLL][NR_MAX];
+    const uint parts = 4 * pc.row_units;
+    uint q = t;
+    for (; q + (UNROLL - 1) * TPR < parts; q += UNROLL * TPR) {
+      Part w[UNROLL][NR_MAX];
       [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
+        const uint qk = q + k * TPR;
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (r < NR) w[k][r] = load_raw(pc.w_off, pc.w_off2, pc.row_units, rows[r], u + k * TPR);
+          if (r < NR) w[k][r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], qk / 4, qk % 4);
         }
       }
       [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
-        vec4 xv[8];
-        load_x(0, u + k * TPR, xv);
-        float xsum = 0.0;
-#ifdef DOT_NEEDS_XSUM
-        [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
-#endif
+        const uint qk = q + k * TPR;
+        vec4 xa, xb;
+        load_x_part(qk / 4, qk % 4, xa, xb);
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (r < NR) acc[r] += dot_raw(w[k][r], u + k * TPR, xv, xsum);
+          if (r < NR) acc[r] += dot_part(w[k][r], qk / 4, xa, xb);
         }
       }
     }
-    for (; u < pc.row_units; u += TPR) {  // the last units, fewer than UNROLL per thread
-      Raw w[NR_MAX];
+    for (; q < parts; q += TPR) {  // the last parts, fewer than UNROLL per thread
+      Part w[NR_MAX];
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) w[r] = load_raw(pc.w_off, pc.w_off2, pc.row_units, rows[r], u);
+        if (r < NR) w[r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], q / 4, q % 4);
       }
-      vec4 xv[8];
-      load_x(0, u, xv);
-      float xsum = 0.0;
-#ifdef DOT_NEEDS_XSUM
-      [[unroll]] for (uint i = 0; i < 8; ++i) xsum += dot(xv[i], vec4(1.0));
-#endif
+      vec4 xa, xb;
+      load_x_part(q / 4, q % 4, xa, xb);
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) acc[r] += dot_raw(w[r], u, xv, xsum);
+        if (r < NR) acc[r] += dot_part(w[r], q / 4, xa, xb);
       }
     }
   }

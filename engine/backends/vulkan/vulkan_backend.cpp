@@ -37,12 +37,14 @@ constexpr uint32_t kPushBytes = 128;
 constexpr uint32_t kWgMatvec = 64;
 constexpr uint32_t kMatvecRows = 2;
 constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this many tokens use them
-// Single-token matvecs (matvec1_*_sg): rows per row group up to NR_MAX, units
-// per thread and step (UNROLL in mul_mat_vec.comp), and the workgroup count
-// that fills a large GPU (H200: 132 SMs, four workgroups each).
+// Single-token matvecs (matvec1_*_sg): rows per row group up to NR_MAX, unit
+// parts per thread and step (UNROLL in mul_mat_vec.comp; a part is a quarter
+// of a 32-element unit), and the workgroup count that fills a large GPU
+// (H200: 132 SMs, eight workgroups each).
 constexpr uint32_t kMatvecRowsMax = 4;
-constexpr uint32_t kMatvecUnroll = 2;
-constexpr uint32_t kManyGroups = 512;
+constexpr uint32_t kMatvecUnroll = 4;
+constexpr uint32_t kMatvecParts = 4;  // parts per unit
+constexpr uint32_t kManyGroups = 1024;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTile = 64;
 constexpr uint32_t kWgSmall = 64;
@@ -1098,7 +1100,7 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
 VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units) const {
   // Enough workgroups to give every SM of a large GPU several (kManyGroups),
   // and enough rows per row group to share each x load: halve NR first, then
-  // split the row over more threads while each still gets UNROLL units.
+  // split the row over more threads while each still gets 2 x UNROLL parts.
   const uint32_t S = std::max<uint32_t>(1, dev_->caps().subgroup_size);
   MatvecShape s;
   s.wg = matvec_wg_;
@@ -1109,7 +1111,7 @@ VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row
     while (s.nr > 1 && groups() < kManyGroups) s.nr /= 2;
   }
   if (!matvec_tpr_) {
-    while (groups() < kManyGroups && s.tpr * 2 <= s.wg && row_units >= 2 * s.tpr * kMatvecUnroll) s.tpr *= 2;
+    while (groups() < kManyGroups && s.tpr * 2 <= s.wg && kMatvecParts * row_units >= 2 * 2 * s.tpr * kMatvecUnroll) s.tpr *= 2;
   }
   return s;
 }
