@@ -125,6 +125,22 @@ TEST(VulkanSession, GreedyEqualsCpuWithBothKvTypes) {
   be->release_weights();
 }
 
+// A batch split into command buffers of three dispatches each (submitted as
+// recorded, the GPU path) gives the same tokens, validation-clean.
+TEST(VulkanSession, GreedyEqualsCpuInSmallSubmissions) {
+  LOOM_VULKAN_OR_SKIP(be, true);
+  const uint64_t msgs0 = be->validation_messages();
+  auto m = load_model(synth("llama", "f32"));
+  ASSERT_TRUE(m.ok());
+  const std::vector<int32_t> prompt = {0, 77, 301, 5, 122};
+  CpuBackend cpu(2);
+  const uint64_t subs0 = be->submissions();
+  EXPECT_EQ(greedy(**m, *be, prompt, 12, DType::kF16), greedy(**m, cpu, prompt, 12, DType::kF16));
+  EXPECT_GT(be->submissions() - subs0, 12u * 4) << "batches were not split";
+  be->release_weights();
+  EXPECT_EQ(be->validation_messages(), msgs0);
+}
+
 // Weights the GPU cannot run stay on the CPU, with a note saying which and why,
 // and the results are unchanged.
 TEST(VulkanFallback, UnsupportedTypeRunsOnTheCpu) {

@@ -10,7 +10,7 @@
 # issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, and a
 # per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
 # strategies against llama.cpp's -ngl and --override-tensor placements, and
-# CPU-only). Models are written by `loom synth` into /tmp/models.
+# CPU-only), quick (Loom's full-GPU decode and shader profile alone). Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
 stages="${*:-info tests issue4 issue5 overhead}"
@@ -47,6 +47,14 @@ for s in $stages; do
         LB -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
         echo "--- $d: Loom Vulkan, per-shader profile"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 30
+      done
+      ;;
+    quick)  # Loom alone: full-GPU decode and the per-shader profile
+      for d in q4_0 q4_k_m; do
+        m="$(model $d)"
+        echo "--- $d: Loom Vulkan"
+        "$L" bench -m "$m" --backend vulkan -t "$T" -p 64 -n 128 -r 2 2>&1 | grep -E "^(prefill|decode|itl)"
+        "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 16
       done
       ;;
     issue5)

@@ -39,6 +39,10 @@ struct VulkanOptions {
   bool use_f16_storage = true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;    ///< bytes of device memory Loom may take; 0: the device's heap
   uint32_t matvec_rows = 0;     ///< tuning: rows per row group in single-token matvecs (1..4); 0: chosen per matrix
+  /// Dispatches per command buffer inside one batch: the GPU starts on the
+  /// first ones while the host records the rest. 0: chosen by device type
+  /// (GPUs: a short first buffer, then longer ones; CPU devices: one buffer).
+  uint32_t submit_every = 0;
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

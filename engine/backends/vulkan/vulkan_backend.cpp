@@ -32,6 +32,11 @@ constexpr uint32_t kScopeQueries = 1024;
 constexpr uint32_t kMaxScopeQueries = 65536;
 constexpr uint32_t kDescSetsPerPool = 256;
 constexpr uint32_t kPushBytes = 128;
+// Dispatches per command buffer on GPUs (VulkanOptions::submit_every): a
+// short first one so the GPU starts early, then longer ones (each submission
+// costs the host some microseconds).
+constexpr uint32_t kSubmitEvery = 64;
+constexpr uint32_t kSubmitFirst = 16;
 
 // Workgroup sizes (specialization constant 0) and rows per matvec workgroup.
 constexpr uint32_t kWgMatvec = 64;
@@ -242,6 +247,11 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   cai.commandBufferCount = 1;
   r = fn.vkAllocateCommandBuffers(d, &cai, &cmd_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkAllocateCommandBuffers");
+  cmds_.push_back(cmd_);
+  // GPUs run a batch's first dispatches while the host records the rest; a
+  // CPU device (lavapipe) shares the host's cores, so it gets one buffer.
+  submit_every_ = opts.submit_every ? opts.submit_every : dev_->info().type == "cpu" ? 0 : kSubmitEvery;
+  submit_first_ = std::min(submit_every_, kSubmitFirst);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateFence");
@@ -363,19 +373,52 @@ size_t VulkanBackend::DescKeyHash::operator()(const DescKey& k) const {
 
 // ---- recording ---------------------------------------------------------------
 
-Status VulkanBackend::begin() {
-  if (recording_) return {};
+Status VulkanBackend::begin_cmd() {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   const VkResult r = dev_->fn().vkBeginCommandBuffer(cmd_, &bi);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkBeginCommandBuffer");
+  chunk_dispatches_ = 0;
+  // Writes of earlier submissions (previous decode steps, uploads, the
+  // batch's earlier command buffers) reach this one's reads through a
+  // barrier: its first scope is every command submitted before.
+  full_barrier();
+  return {};
+}
+
+Status VulkanBackend::submit_chunk() {
+  const vk::Fns& fn = dev_->fn();
+  VkResult r = fn.vkEndCommandBuffer(cmd_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkEndCommandBuffer");
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd_;
+  r = fn.vkQueueSubmit(dev_->queue(), 1, &si, VK_NULL_HANDLE);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkQueueSubmit");
+  ++submissions_;
+  if (++cmd_index_ == cmds_.size()) {
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = cmd_pool_;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    r = fn.vkAllocateCommandBuffers(dev_->device(), &cai, &cb);
+    if (r != VK_SUCCESS) return vk::vk_error(r, "vkAllocateCommandBuffers");
+    cmds_.push_back(cb);
+  }
+  cmd_ = cmds_[cmd_index_];
+  return begin_cmd();
+}
+
+Status VulkanBackend::begin() {
+  if (recording_) return {};
+  cmd_index_ = 0;
+  cmd_ = cmds_[0];
+  LOOM_TRY(begin_cmd());
   recording_ = true;
   n_queries_ = 0;
   query_labels_.clear();
   if (profile_) dev_->fn().vkCmdResetQueryPool(cmd_, query_pool_, 0, kMaxQueries);
-  // Writes of earlier submissions (previous decode steps, uploads) reach this
-  // one's reads through a barrier: its first scope is every command submitted before.
-  full_barrier();
   scope_marks_.clear();
   scope_reset_ = false;
   if (scope_on_) {
@@ -440,9 +483,13 @@ Status VulkanBackend::flush() {
   VkResult r = fn.vkEndCommandBuffer(cmd_);
   if (r != VK_SUCCESS) {
     fail(vk::vk_error(r, "vkEndCommandBuffer"));
+    if (cmd_index_ > 0) (void)fn.vkDeviceWaitIdle(dev_->device());
     return status_;
   }
-  if (!status_.ok()) return status_;  // something failed while recording: do not run half a step
+  if (!status_.ok()) {  // something failed while recording: do not run the rest of the batch
+    if (cmd_index_ > 0) (void)fn.vkDeviceWaitIdle(dev_->device());  // earlier buffers went out: let them end
+    return status_;
+  }
   if (simulate_lost_) {
     fail(vk::vk_error(VK_ERROR_DEVICE_LOST, "vkQueueSubmit"));
     return status_;
@@ -691,6 +738,15 @@ void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initialize
     fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_ + 1);
     n_queries_ += 2;
     query_labels_.push_back((*p)->name);
+  }
+  ++chunk_dispatches_;
+  if (submit_every_ && chunk_dispatches_ >= (cmd_index_ == 0 ? submit_first_ : submit_every_)) {
+    st = submit_chunk();
+    if (!st.ok()) {  // the batch is cut short: let what went out end, record nothing more
+      (void)fn.vkDeviceWaitIdle(dev_->device());
+      recording_ = false;
+      fail(st);
+    }
   }
 }
 

@@ -218,7 +218,18 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<vk::Device> dev_;
   std::unique_ptr<vk::MemoryPool> device_pool_, host_pool_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
-  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;  ///< the one being recorded: cmds_[cmd_index_]
+  // A batch (begin() .. flush()) may go out in several command buffers: every
+  // submit_every_ dispatches the current one is submitted without waiting
+  // (submit_chunk) and recording goes on in the next; flush() submits the last
+  // with fence_, which covers every earlier submission of the queue.
+  std::vector<VkCommandBuffer> cmds_;
+  size_t cmd_index_ = 0;
+  uint32_t submit_every_ = 0;      ///< 0: one command buffer per batch
+  uint32_t submit_first_ = 0;      ///< dispatches in the batch's first command buffer
+  uint32_t chunk_dispatches_ = 0;  ///< dispatches in cmd_
+  Status submit_chunk();
+  Status begin_cmd();
   VkFence fence_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   VkQueryPool query_pool_ = VK_NULL_HANDLE;
