@@ -11,6 +11,7 @@
 // Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
 #define GM 8         // query heads per workgroup
 #define HD_MAX 256   // largest head_dim (checked by the host)
+#define UN 8         // K pairs / V rows loaded together
 #define RED_N GM
 #include "common.glsl"
 #include "kv_read.glsl"
@@ -67,7 +68,18 @@ void main() {
   [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = 0.0;
   if (j < end) {
     const uint row = kvh * pc.n_ctx + j;
-    for (uint i = 0; i < hp; ++i) {
+    // UN pairs' loads are issued before any is used (latency, not bandwidth, bounds short contexts).
+    uint i = 0;
+    for (; i + UN <= hp; i += UN) {
+      vec2 kv[UN];
+      [[unroll]] for (uint c = 0; c < UN; ++c) kv[c] = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i + c);
+      [[unroll]] for (uint c = 0; c < UN; ++c) {
+        [[unroll]] for (uint g = 0; g < GM; ++g) {
+          if (g < gn) sc[g] += qsh[g][2 * (i + c)] * kv[c].x + qsh[g][2 * (i + c) + 1] * kv[c].y;
+        }
+      }
+    }
+    for (; i < hp; ++i) {
       const vec2 kv = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i);
       [[unroll]] for (uint g = 0; g < GM; ++g) {
         if (g < gn) sc[g] += qsh[g][2 * i] * kv.x + qsh[g][2 * i + 1] * kv.y;
@@ -91,9 +103,14 @@ void main() {
   for (uint e = tid; e < gn * hp; e += WG) {
     const uint g = e / hp, i = e % hp;
     vec2 acc = vec2(0.0);
-    for (uint jj = 0; jj < nk; ++jj) {
-      acc += psh[g][jj] * v_pair(pc.vc_off, pc.vc_d_off, hd, kvh * pc.n_ctx + start + jj, i);
+    const uint vrow = kvh * pc.n_ctx + start;
+    uint jj = 0;
+    for (; jj + UN <= nk; jj += UN) {
+      vec2 vv[UN];
+      [[unroll]] for (uint c = 0; c < UN; ++c) vv[c] = v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj + c, i);
+      [[unroll]] for (uint c = 0; c < UN; ++c) acc += psh[g][jj + c] * vv[c];
     }
+    for (; jj < nk; ++jj) acc += psh[g][jj] * v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj, i);
     const uint h = h0 + g;
     if (pc.n_splits == 1) {
       const uint ob = pc.o_off + t * pc.o_ld + h * hd + 2 * i;

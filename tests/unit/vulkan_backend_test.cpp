@@ -426,13 +426,15 @@ class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<
 TEST_P(VulkanAttention, MatchesReference) { check_attention(be_, GetParam()); }
 
 // Decode (T = 1, attn_split): over 1 key, a full split and 300 keys (several
-// splits, merged); GQA groups of 2 and 12 (two head chunks of attn_split).
+// splits, merged); GQA groups of 2 and 12 (two head chunks of attn_split); a
+// head of 18 and 21 keys (tails of attn_split's unrolled K and V loops).
 // Prefill (T > 1, attn_tile): partial and several query tiles, odd head sizes,
 // the causal mask inside a tile; a head of 256 (too big for the tiles: split).
 INSTANTIATE_TEST_SUITE_P(Cases, VulkanAttention,
                          ::testing::Values(AttnCase{DType::kF16, 4, 2, 64, 0, 1}, AttnCase{DType::kF16, 4, 2, 64, 127, 1},
                                            AttnCase{DType::kF16, 4, 2, 64, 299, 1},
                                            AttnCase{DType::kF16, 12, 1, 32, 40, 1},
+                                           AttnCase{DType::kF16, 4, 2, 18, 20, 1},
                                            AttnCase{DType::kF16, 6, 3, 128, 130, 5},
                                            AttnCase{DType::kF16, 2, 2, 18, 0, 7},
                                            AttnCase{DType::kF16, 4, 2, 64, 40, 37},
