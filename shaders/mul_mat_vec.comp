@@ -23,9 +23,10 @@
 // one shared-memory step.
 // Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
 #define NR_MAX 4
-#define UNROLL 4
+#define UNROLL_MAX 8
 layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
 layout(constant_id = 2) const uint TPR = 32;  // threads per row group, a power of two dividing WG
+layout(constant_id = 3) const uint UNROLL = 4;  // parts per thread and step, 1..UNROLL_MAX
 #include "common.glsl"
 #define WANT_DOT_PART
 #include "dequant.glsl"
@@ -128,14 +129,15 @@ void main() {
     const uint parts = 4 * pc.row_units;
     uint q = t;
     for (; q + (UNROLL - 1) * TPR < parts; q += UNROLL * TPR) {
-      Part w[UNROLL][NR_MAX];
-      [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
+      Part w[UNROLL_MAX][NR_MAX];
+      [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
         const uint qk = q + k * TPR;
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (r < NR) w[k][r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], qk / 4, qk % 4);
+          if (k < UNROLL && r < NR) w[k][r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], qk / 4, qk % 4);
         }
       }
-      [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
+      [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
+        if (k >= UNROLL) break;
         const uint qk = q + k * TPR;
         vec4 xa, xb;
         load_x_part(qk / 4, qk % 4, xa, xb);

@@ -5,6 +5,8 @@
 //   loom_vulkan_bench MODEL.gguf [n_prompt] [n_gen]
 //   loom_vulkan_bench --synth PRESET DTYPE [n_prompt] [n_gen]   (writes /tmp/loom-bench-PRESET-DTYPE.gguf)
 //   --cpu also runs the CPU backend on the same prompt and compares the logits.
+//   --sweep "WG,UNROLL,GROUPS,ROWS,TPR;..." then times decode again with each
+//   single-token matvec tuning (0 = the default; see VulkanBackend::set_matvec_tuning).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,7 +41,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   bool with_cpu = false, profile = true;
   uint32_t rows = 0;
+  std::string sweep;
   for (size_t i = 0; i < args.size();) {
+    if (args[i] == "--sweep" && i + 1 < args.size()) {
+      sweep = args[i + 1];
+      args.erase(args.begin() + static_cast<ptrdiff_t>(i), args.begin() + static_cast<ptrdiff_t>(i) + 2);
+      continue;
+    }
     if (args[i] == "--cpu") {
       with_cpu = true;
     } else if (args[i] == "--no-profile") {
@@ -167,6 +175,38 @@ int main(int argc, char** argv) {
   if (profile) {
     print_times("prefill", prefill_times, 1);
     print_times("decode", (*be)->gpu_times(), static_cast<double>(n_gen));
+  }
+
+  // Decode again under each matvec tuning of --sweep.
+  for (size_t at = 0; !sweep.empty() && at != std::string::npos;) {
+    const size_t semi = sweep.find(';', at);
+    const std::string item = sweep.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
+    at = semi == std::string::npos ? semi : semi + 1;
+    uint32_t v[5] = {0, 0, 0, 0, 0};
+    if (std::sscanf(item.c_str(), "%u,%u,%u,%u,%u", &v[0], &v[1], &v[2], &v[3], &v[4]) < 1) continue;
+    (*be)->set_matvec_tuning(VulkanBackend::MatvecTuning{v[0], v[1], v[2]});
+    (*be)->set_matvec_rows(v[3]);
+    (*be)->set_matvec_threads_per_row(v[4]);
+    int32_t tok = 1;
+    for (int rep = 0; rep < 2; ++rep) {  // the first pass makes the pipelines
+      (*be)->reset_gpu_times();
+      (*kv)->set_n_tokens(n_prompt);  // decode the same positions again
+      t0 = Clock::now();
+      for (int64_t i = 0; i < n_gen; ++i) {
+        const Status e = fwd.eval(std::span<const int32_t>(&tok, 1), n_prompt + i, logits.data());
+        if (!e.ok()) {
+          std::fprintf(stderr, "sweep decode: %s\n", e.message().c_str());
+          return 1;
+        }
+      }
+    }
+    const double ms = ms_since(t0) / n_gen;
+    double mv = 0;
+    for (const auto& t : (*be)->gpu_times()) {
+      if (t.name.rfind("matvec1", 0) == 0) mv += t.ms;
+    }
+    std::printf("sweep wg,unroll,groups,rows,tpr = %-16s decode %.3f ms/token = %6.1f tokens/s, matvec1 GPU %.3f ms/token\n",
+                item.c_str(), ms, 1e3 / ms, mv / n_gen);
   }
 
   if (with_cpu) {

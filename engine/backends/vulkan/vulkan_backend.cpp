@@ -48,6 +48,7 @@ constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this 
 // (H200: 132 SMs, eight workgroups each).
 constexpr uint32_t kMatvecRowsMax = 4;
 constexpr uint32_t kMatvecUnroll = 4;
+constexpr uint32_t kMatvecUnrollMax = 8;  // UNROLL_MAX in mul_mat_vec.comp
 constexpr uint32_t kMatvecParts = 4;  // parts per unit
 constexpr uint32_t kManyGroups = 1024;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
@@ -361,7 +362,7 @@ std::string VulkanBackend::variant_name(const Variant& v) const {
 
 size_t VulkanBackend::FastKeyHash::operator()(const FastKey& k) const {
   size_t h = std::hash<const void*>()(k.op);
-  for (uint32_t v : {k.dtype, k.flags, k.wg, k.c1, k.c2}) h = h * 1000003u ^ v;
+  for (uint32_t v : {k.dtype, k.flags, k.wg, k.c1, k.c2, k.c3}) h = h * 1000003u ^ v;
   return h;
 }
 
@@ -627,7 +628,8 @@ void VulkanBackend::take_scope_times(std::vector<ScopeTime>* out) {
 Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader, const Spec& spec,
                                                           uint32_t n_bindings) {
   std::string key(shader);
-  key += '/' + std::to_string(spec.wg) + '/' + std::to_string(spec.c1) + '/' + std::to_string(spec.c2);
+  key += '/' + std::to_string(spec.wg) + '/' + std::to_string(spec.c1) + '/' + std::to_string(spec.c2) + '/' +
+         std::to_string(spec.c3);
   auto it = pipelines_.find(key);
   if (it != pipelines_.end()) return &it->second;
 
@@ -641,9 +643,9 @@ Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader
   VkShaderModule mod = VK_NULL_HANDLE;
   VkResult r = fn.vkCreateShaderModule(d, &mi, nullptr, &mod);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateShaderModule");
-  const uint32_t values[3] = {spec.wg, spec.c1, spec.c2};
-  const VkSpecializationMapEntry entries[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
-  VkSpecializationInfo si{3, entries, sizeof(values), values};
+  const uint32_t values[4] = {spec.wg, spec.c1, spec.c2, spec.c3};
+  const VkSpecializationMapEntry entries[4] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}, {3, 12, 4}};
+  VkSpecializationInfo si{4, entries, sizeof(values), values};
   VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
   ci.stage = VkPipelineShaderStageCreateInfo{VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
   ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -707,7 +709,7 @@ Result<VkDescriptorSet> VulkanBackend::descriptor_set(const Bind* binds, uint32_
 
 Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings) {
   const FastKey key{v.op, v.has_dtype ? static_cast<uint32_t>(v.dtype) : 0xFFFFFFFFu,
-                    (v.sg ? 1u : 0u) | (v.h ? 2u : 0u) | (n_bindings << 2), spec.wg, spec.c1, spec.c2};
+                    (v.sg ? 1u : 0u) | (v.h ? 2u : 0u) | (n_bindings << 2), spec.wg, spec.c1, spec.c2, spec.c3};
   auto it = fast_pipes_.find(key);
   if (it != fast_pipes_.end()) return it->second;
   LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline(variant_name(v), spec, n_bindings));
@@ -1157,17 +1159,20 @@ VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row
   // Enough workgroups to give every SM of a large GPU several (kManyGroups),
   // and enough rows per row group to share each x load: halve NR first, then
   // split the row over more threads while each still gets 2 x UNROLL parts.
+  // set_matvec_tuning() fixes any of these instead.
   const uint32_t S = std::max<uint32_t>(1, dev_->caps().subgroup_size);
   MatvecShape s;
-  s.wg = matvec_wg_;
+  s.wg = mv_tune_.wg ? std::max(mv_tune_.wg, S) : matvec_wg_;
+  s.unroll = mv_tune_.unroll ? std::min(mv_tune_.unroll, kMatvecUnrollMax) : kMatvecUnroll;
   s.nr = matvec_rows_ ? matvec_rows_ : kMatvecRowsMax / 2;
   s.tpr = matvec_tpr_ ? matvec_tpr_ : std::min(S, s.wg);
+  const uint32_t many = mv_tune_.groups ? mv_tune_.groups : kManyGroups;
   auto groups = [&] { return (M + s.wg / s.tpr * s.nr - 1) / (s.wg / s.tpr * s.nr); };
   if (!matvec_rows_) {
-    while (s.nr > 1 && groups() < kManyGroups) s.nr /= 2;
+    while (s.nr > 1 && groups() < many) s.nr /= 2;
   }
   if (!matvec_tpr_) {
-    while (groups() < kManyGroups && s.tpr * 2 <= s.wg && kMatvecParts * row_units >= 2 * 2 * s.tpr * kMatvecUnroll) s.tpr *= 2;
+    while (groups() < many && s.tpr * 2 <= s.wg && kMatvecParts * row_units >= 2 * 2 * s.tpr * s.unroll) s.tpr *= 2;
   }
   return s;
 }
@@ -1202,7 +1207,7 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
     const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
     uint32_t gx, gz;
     grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
-    dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr},
+    dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {
     // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.

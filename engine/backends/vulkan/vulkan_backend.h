@@ -108,6 +108,12 @@ class VulkanBackend final : public Backend {
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) { matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_; }
+  /// Tuning (benchmarks): single-token matvec workgroup size, parts per
+  /// thread and step, and the workgroup count to aim for; 0 keeps the default.
+  struct MatvecTuning {
+    uint32_t wg = 0, unroll = 0, groups = 0;
+  };
+  void set_matvec_tuning(const MatvecTuning& t) { mv_tune_ = t; }
 
   /// A weight's device copy: where its data starts and how it is laid out
   /// (shaders/dequant.glsl). Public for the KV and activation helpers only.
@@ -152,7 +158,7 @@ class VulkanBackend final : public Backend {
   // is compared by address, call sites pass literals).
   struct FastKey {
     const char* op;
-    uint32_t dtype, flags, wg, c1, c2;
+    uint32_t dtype, flags, wg, c1, c2, c3;
     bool operator==(const FastKey&) const = default;
   };
   struct FastKeyHash {
@@ -175,7 +181,7 @@ class VulkanBackend final : public Backend {
   }
   // Specialization constants: 0 = workgroup size, 1 and 2 as each shader says.
   struct Spec {
-    uint32_t wg = 64, c1 = 1, c2 = 1;
+    uint32_t wg = 64, c1 = 1, c2 = 1, c3 = 1;
   };
   Result<Pipeline*> pipeline(std::string_view shader, const Spec& spec, uint32_t n_bindings);
   Result<VkDescriptorSet> descriptor_set(const Bind* binds, uint32_t n);
@@ -246,10 +252,11 @@ class VulkanBackend final : public Backend {
   uint32_t matvec_rows_opt_ = 0;  ///< matvec_rows_ as VulkanOptions set it
   uint32_t matvec_tpr_ = 0;   ///< threads per row group of single-token matvecs (0: auto)
   uint32_t matvec_wg_ = 128;  ///< workgroup size of single-token matvecs
+  MatvecTuning mv_tune_;
   uint32_t norm_wg_ = 128;    ///< workgroup size of rms_norm
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
-    uint32_t wg, nr, tpr;
+    uint32_t wg, nr, tpr, unroll;
   };
   MatvecShape matvec1_shape(uint32_t M, uint32_t row_units) const;
   bool recording_ = false;
