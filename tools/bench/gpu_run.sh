@@ -10,7 +10,8 @@
 # issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, and a
 # per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
 # strategies against llama.cpp's -ngl and --override-tensor placements, and
-# CPU-only), quick (Loom's full-GPU decode and shader profile alone). Models are written by `loom synth` into /tmp/models.
+# CPU-only), quick (Loom's full-GPU decode and shader profile alone), sweep (matvec shapes
+# of $SWEEP for $SWEEP_DTYPES). Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
 stages="${*:-info tests issue4 issue5 overhead}"
@@ -55,6 +56,12 @@ for s in $stages; do
         echo "--- $d: Loom Vulkan"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 64 -n 128 -r 2 2>&1 | grep -E "^(prefill|decode|itl)"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 16
+      done
+      ;;
+    sweep)  # single-token matvec shapes (loom_vulkan_bench --sweep), full-GPU decode
+      for d in ${SWEEP_DTYPES:-q4_0 q4_k_m}; do
+        echo "--- $d"
+        "$B/loom_vulkan_bench" "$(model $d)" 16 32 --sweep "${SWEEP:-0}" 2>&1 | grep -E "^(decode:|sweep)"
       done
       ;;
     issue5)
