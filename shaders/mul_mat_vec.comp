@@ -50,7 +50,7 @@ layout(constant_id = 1) const uint NR = 2;  // rows together, 1..NR_MAX (the hos
 
 layout(binding = 1) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
-layout(binding = 2) writeonly buffer Y { float y[]; };
+layout(binding = 2) buffer Y { float y[]; };  // read too with flags & 4
 layout(binding = 3) readonly buffer B { float bias[]; };
 
 layout(push_constant) uniform PC {
@@ -61,7 +61,8 @@ layout(push_constant) uniform PC {
   uint x_off, x_ld;     // floats
   uint y_off, y_ld;     // floats
   uint b_off;           // floats
-  uint flags;           // 1: add bias; 2: x rows 16-byte aligned (vec4 loads)
+  uint flags;           // 1: add bias; 2: x rows 16-byte aligned (vec4 loads);
+                        // 4: y += W x (single-token subgroup variant only)
 } pc;
 
 void load_x(uint c, uint u, out vec4 xv[8]) {
@@ -168,6 +169,7 @@ void main() {
       if (r < NR && r % TPR == t && r0 + r < pc.M) {
         float v = acc[r];
         if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+        if ((pc.flags & 4u) != 0) v = y[pc.y_off + r0 + r] + v;  // as add(y, W x): y first
         y[pc.y_off + r0 + r] = v;
       }
     }
@@ -198,6 +200,7 @@ void main() {
       float v = 0.0;
       for (uint i = 0; i < parts; ++i) v += red1[r][first + i];
       if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
+      if ((pc.flags & 4u) != 0) v = y[pc.y_off + r0 + r] + v;
       y[pc.y_off + r0 + r] = v;
     }
   }

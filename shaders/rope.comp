@@ -1,15 +1,17 @@
 #version 450
-// RoPE in place on x [T, n_heads * head_dim]: token t at position pos[t]. One
-// thread per rotated pair. The angle is built as cpu/ref's rope builds it
+// RoPE in place on x [T, n_heads * head_dim] and, when n_heads2 > 0, on x2
+// [T, n_heads2 * head_dim] (q and k in one dispatch): token t at position
+// pos[t]. One thread per rotated pair. The angle is built as cpu/ref's rope builds it
 // (pos * theta_scale^i by repeated float multiplication, then freq factors,
 // linear scaling and YaRN), so results agree with the CPU to float rounding of
 // cos/sin. Normal ordering rotates (2i, 2i+1); NeoX rotates (i, i + n_rot/2).
-// Grid: x = ceil(n_heads * n_rot / 2 / WG), y = T.
+// Grid: x = ceil((n_heads + n_heads2) * n_rot / 2 / WG), y = T.
 #include "common.glsl"
 
 layout(binding = 0) buffer X { float x[]; };
 layout(binding = 1) readonly buffer P { int pos[]; };
 layout(binding = 2) readonly buffer F { float ff[]; };
+layout(binding = 3) buffer X2 { float x2[]; };
 
 layout(push_constant) uniform PC {
   uint x_off, x_ld;
@@ -21,14 +23,16 @@ layout(push_constant) uniform PC {
   float freq_scale;
   float ext_factor, attn_factor;
   float corr0, corr1;  // YaRN ramp ends (pair indices)
+  uint x2_off, x2_ld, n_heads2;
 } pc;
 
 void main() {
   const uint half_rot = pc.n_rot / 2;
   const uint g = gl_GlobalInvocationID.x;
   const uint t = gl_WorkGroupID.y;
-  if (g >= pc.n_heads * half_rot) return;
-  const uint h = g / half_rot, i = g % half_rot;
+  if (g >= (pc.n_heads + pc.n_heads2) * half_rot) return;
+  const bool second = g >= pc.n_heads * half_rot;
+  const uint h = (second ? g - pc.n_heads * half_rot : g) / half_rot, i = g % half_rot;
 
   precise float theta = float(pos[pc.pos_off + t]);
   for (uint k = 0; k < i; ++k) theta *= pc.theta_scale;
@@ -55,10 +59,17 @@ void main() {
   angle = r2;
   const float c = cos(angle) * mscale, s = sin(angle) * mscale;
 
-  const uint base = pc.x_off + t * pc.x_ld + h * pc.head_dim;
   const uint i0 = pc.neox != 0 ? i : 2 * i;
   const uint i1 = pc.neox != 0 ? i + half_rot : 2 * i + 1;
-  const float x0 = x[base + i0], x1 = x[base + i1];
-  x[base + i0] = x0 * c - x1 * s;
-  x[base + i1] = x0 * s + x1 * c;
+  if (second) {
+    const uint base = pc.x2_off + t * pc.x2_ld + h * pc.head_dim;
+    const float x0 = x2[base + i0], x1 = x2[base + i1];
+    x2[base + i0] = x0 * c - x1 * s;
+    x2[base + i1] = x0 * s + x1 * c;
+  } else {
+    const uint base = pc.x_off + t * pc.x_ld + h * pc.head_dim;
+    const float x0 = x[base + i0], x1 = x[base + i1];
+    x[base + i0] = x0 * c - x1 * s;
+    x[base + i1] = x0 * s + x1 * c;
+  }
 }

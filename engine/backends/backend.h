@@ -180,6 +180,25 @@ class Backend {
   /// out = a + b.                                                   [T, n]
   virtual void add(Act a, Act b, Act out) = 0;
   /// @}
+
+  /// @name Fused ops. The defaults run the plain ops above; a backend whose
+  /// dispatches cost more than their arithmetic (a GPU at decode) overrides
+  /// them with one kernel giving the same results.
+  /// @{
+
+  /// y += W x (the residual add after the attention output and FFN down
+  /// matrices); tmp [T, w.n_out] is scratch the default may use.
+  virtual void matmul_add(const Weight& w, Act x, Act y, Act tmp) {
+    matmul(w, x, tmp, nullptr);
+    add(y, tmp, y);
+  }
+  /// rope() of q [T, n_heads * head_dim] and k [T, n_kv_heads * head_dim].
+  virtual void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                       const cpu::RopeParams& p) {
+    rope(q, n_heads, head_dim, pos, p);
+    rope(k, n_kv_heads, head_dim, pos, p);
+  }
+  /// @}
 };
 
 }  // namespace loom

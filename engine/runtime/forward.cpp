@@ -593,8 +593,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     group_begin(scope(OpGroup::kNorm), un);
     Act q = in(kQ, un, T), k = in(kK, un, T);
     valid_[kQ] = valid_[kK] = bit(un);
-    be(un).rope(q, hp.n_head, hp.head_dim, pos_.data(), rope_);
-    be(un).rope(k, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+    be(un).rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
   }
   {
     OpTimer timer(stats_, OpLabel::kKvStore);
@@ -608,13 +607,20 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
                      1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));
   }
-  {
+  if (uw == un) {
+    // One op where the backend fuses them: x += wo att (timed with attn_w).
     OpTimer timer(stats_, OpLabel::kAttnOut);
     group_begin(scope(OpGroup::kAttnW), uw);
-    Act att = in(kAtt, uw, T);
-    be(uw).matmul(w.wo, att, out(kXb, uw, T), nullptr);
-  }
-  {
+    Act att = in(kAtt, uw, T), x = in(kX, uw, T);
+    valid_[kX] = bit(uw);
+    be(uw).matmul_add(w.wo, att, x, out(kXb, uw, T));
+  } else {
+    {
+      OpTimer timer(stats_, OpLabel::kAttnOut);
+      group_begin(scope(OpGroup::kAttnW), uw);
+      Act att = in(kAtt, uw, T);
+      be(uw).matmul(w.wo, att, out(kXb, uw, T), nullptr);
+    }
     OpTimer timer(stats_, OpLabel::kAdd);
     group_begin(scope(OpGroup::kNorm), un);
     Act x = in(kX, un, T), xb = in(kXb, un, T);
@@ -637,6 +643,13 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     Act hb = in(kHb, uf, T);
     be(uf).silu_mul(hb, in(kHb2, uf, T), hb);
     valid_[kHb] = bit(uf);
+  }
+  if (uf == un) {  // x += w_down hb, fused where the backend can (timed with ffn)
+    OpTimer timer(stats_, OpLabel::kFfnDown);
+    Act hb = in(kHb, uf, T), x = in(kX, uf, T);
+    valid_[kX] = bit(uf);
+    be(uf).matmul_add(w.w_down, hb, x, out(kXb, uf, T));
+    return;
   }
   {
     OpTimer timer(stats_, OpLabel::kFfnDown);

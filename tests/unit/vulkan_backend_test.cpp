@@ -171,10 +171,12 @@ struct MatmulCase {
   int64_t n_in, n_out;
 };
 
+// accumulate: matmul_add() into y that starts random (ref: y0 + W x).
 void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64_t T, bool bias, bool view,
-                  uint32_t seed) {
+                  uint32_t seed, bool accumulate = false) {
   SCOPED_TRACE(std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) +
-               " T=" + std::to_string(T) + (bias ? " bias" : "") + (view ? " rows-view" : ""));
+               " T=" + std::to_string(T) + (bias ? " bias" : "") + (view ? " rows-view" : "") +
+               (accumulate ? " matmul_add" : ""));
   HostWeight hw = make_weight(t, n_in, n_out, seed);
   HostWeight hb = make_weight(DType::kF32, n_out, 1, seed + 1);
   ASSERT_TRUE(be->upload_weight(hw.w).ok());
@@ -184,13 +186,16 @@ void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64
   const Weight w = hw.w.rows(r0, rows);
   ASSERT_TRUE(be->has_weight(OpKind::kMatmul, w));
   const auto x = random_floats(static_cast<size_t>(T * n_in), seed + 2);
-  DevMat dx(be, T, n_in, x), dy(be, T, rows);
-  be->matmul(w, dx.act(), dy.act(), bias ? &hb.w : nullptr);
+  const auto y0 = random_floats(static_cast<size_t>(T * rows), seed + 3);
+  DevMat dx(be, T, n_in, x), dy(be, T, rows, y0), tmp(be, T, rows);
+  if (accumulate) be->matmul_add(w, dx.act(), dy.act(), tmp.act());
+  else be->matmul(w, dx.act(), dy.act(), bias ? &hb.w : nullptr);
   const auto y = dy.fetch();
   std::vector<double> ref(static_cast<size_t>(T * rows));
   for (int64_t t0 = 0; t0 < T; ++t0) {
     for (int64_t r = 0; r < rows; ++r) {
       double s = bias ? hb.deq[static_cast<size_t>(r)] : 0.0;
+      if (accumulate) s = y0[static_cast<size_t>(t0 * rows + r)];
       for (int64_t k = 0; k < n_in; ++k) {
         s += static_cast<double>(hw.deq[static_cast<size_t>((r0 + r) * n_in + k)]) * x[static_cast<size_t>(t0 * n_in + k)];
       }
@@ -219,6 +224,19 @@ TEST_P(VulkanMatmul, MatchesReference) {
       check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 3 || T == 70, /*view=*/T == 9, seed++);
     }
   }
+}
+
+// matmul_add (y += W x): one fused matvec for a single token (both row
+// splits), the plain ops for more tokens.
+TEST_P(VulkanMatmul, MatmulAdd) {
+  const DType t = GetParam();
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = kq ? 512 : 96;
+  uint32_t seed = 900;
+  for (int64_t T : {1, 3}) check_matmul(be_, t, n_in, 37, T, false, /*view=*/T == 1, seed++, true);
+  be_->set_matvec_threads_per_row(2 * std::max<uint32_t>(1, be_->caps().subgroup_size));
+  check_matmul(be_, t, n_in * 3, 37, 1, false, false, seed++, true);
+  be_->set_matvec_threads_per_row(0);
 }
 
 // Single-token matvecs (the decode path) over rows long enough for the
@@ -363,7 +381,17 @@ TEST_F(VulkanTest, Rope) {
     std::vector<float> r = x;
     ref::rope(r.data(), T, n_heads, hd, pos.data(), p);
     EXPECT_TRUE(all_finite(y));
-    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), c.freq_factors ? 1e-5 : 1e-6);
+    const double tol = c.freq_factors ? 1e-5 : 1e-6;
+    EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), tol);
+    // q and k (fewer heads) in one dispatch.
+    const int64_t n_kv = 2;
+    const auto k = random_floats(static_cast<size_t>(T * n_kv * hd), 43);
+    DevMat dq(be_, T, n_heads * hd, x), dk(be_, T, n_kv * hd, k);
+    be_->rope_qk(dq.act(), dk.act(), n_heads, n_kv, hd, pos.data(), p);
+    std::vector<float> rk = k;
+    ref::rope(rk.data(), T, n_kv, hd, pos.data(), p);
+    EXPECT_LT(normalized_error(dq.fetch(), std::vector<double>(r.begin(), r.end())), tol);
+    EXPECT_LT(normalized_error(dk.fetch(), std::vector<double>(rk.begin(), rk.end())), tol);
   }
 }
 

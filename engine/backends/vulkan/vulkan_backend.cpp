@@ -1177,7 +1177,14 @@ VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row
   return s;
 }
 
-void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
+void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) { matmul_impl(w, x, out, bias, false); }
+
+void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
+  if (x.rows == 1 && dev_->caps().subgroup_arithmetic) return matmul_impl(w, x, y, nullptr, true);
+  Backend::matmul_add(w, x, y, tmp);
+}
+
+void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate) {
   if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
   const Resident* r = find_weight(w.data);
   if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: tensor '%s' is not on the GPU", w.name().c_str()));
@@ -1199,6 +1206,7 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
        x_off, x_ld, u32(out.offset / 4), u32(out.cols), u32(b_off), 0};
   if (rb) pc.flags |= 1;
   if (x_off % 4 == 0 && x_ld % 4 == 0) pc.flags |= 2;
+  if (accumulate) pc.flags |= 4;
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
   const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false} : Bind{r->alloc.block, 0, 0, false};
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
@@ -1225,7 +1233,18 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
 }
 
 void VulkanBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) {
-  if (!status_.ok() || !check_act(x, "rope")) return;
+  rope_impl(x, n_heads, x, 0, head_dim, pos, p);
+}
+
+void VulkanBackend::rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                            const cpu::RopeParams& p) {
+  rope_impl(q, n_heads, k, n_kv_heads, head_dim, pos, p);
+}
+
+void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim, const int32_t* pos,
+                              const cpu::RopeParams& p) {
+  if (!status_.ok() || !check_act(x, "rope") || (n_heads2 && !check_act(x2, "rope"))) return;
+  if (n_heads2 && x2.rows != x.rows) return fail(make_error(ErrorCode::kInternal, "Vulkan rope: q and k differ in rows"));
   auto po = put_ints(pos, x.rows);
   if (!po.ok()) return fail(po.status());
   uint32_t ff_off = 0xFFFFFFFFu;
@@ -1246,13 +1265,16 @@ void VulkanBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t
   struct {
     uint32_t x_off, x_ld, n_heads, head_dim, n_rot, neox, pos_off, ff_off;
     float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
+    uint32_t x2_off, x2_ld, n_heads2;
   } pc{u32(x.offset / 4), u32(x.cols), u32(n_heads), u32(head_dim), u32(p.n_rot), p.neox ? 1u : 0u, *po, ff_off,
        std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)), p.freq_scale, p.ext_factor, p.attn_factor,
-       corr[0], corr[1]};
+       corr[0], corr[1], u32(x2.offset / 4), u32(x2.cols), u32(n_heads2)};
   const Bind rb{ring_.block, 0, 0, false};
-  const uint64_t pairs = static_cast<uint64_t>(n_heads * (p.n_rot / 2));
-  dispatch(plain("rope"), Spec{kWgSmall}, {act_bind(x, true), rb, rb}, &pc, sizeof(pc), u32((pairs + kWgSmall - 1) / kWgSmall),
-           u32(x.rows), 1);
+  const uint64_t pairs = static_cast<uint64_t>((n_heads + n_heads2) * (p.n_rot / 2));
+  // Without a second tensor, binding 3 repeats x's buffer with no range (no hazard).
+  const Bind b2 = n_heads2 ? act_bind(x2, true) : Bind{static_cast<Block*>(x.buffer), 0, 0, false};
+  dispatch(plain("rope"), Spec{kWgSmall}, {act_bind(x, true), rb, rb, b2}, &pc, sizeof(pc),
+           u32((pairs + kWgSmall - 1) / kWgSmall), u32(x.rows), 1);
 }
 
 void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) {

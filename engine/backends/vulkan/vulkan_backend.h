@@ -77,6 +77,11 @@ class VulkanBackend final : public Backend {
   void rms_norm(Act x, const Weight& w, float eps, Act out) override;
   void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
   void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
+  /// Single-token steps: one matvec that adds into y. Otherwise the default.
+  void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  /// One dispatch for both.
+  void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+               const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
                  Act out) override;
@@ -259,6 +264,11 @@ class VulkanBackend final : public Backend {
     uint32_t wg, nr, tpr, unroll;
   };
   MatvecShape matvec1_shape(uint32_t M, uint32_t row_units) const;
+  // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
+  void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
+  // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
+  void rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim, const int32_t* pos,
+                 const cpu::RopeParams& p);
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
