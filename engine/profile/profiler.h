@@ -3,6 +3,12 @@
 // (Vulkan timestamp queries on the GPU, steady_clock on the CPU); plus the
 // whole step, time to first token and inter-token latency.
 //
+// Op groups and transfers are timed on one decode step in sample_every() (by
+// default every step when only the CPU runs, one in kGpuSampleEvery when the
+// GPU does: each GPU group boundary is a timestamp that drains the queue, and
+// each timed transfer waits for the device first); the step itself, TTFT and
+// ITL on every step.
+//
 // The thread running the forward pass records (ForwardPass::set_profiler);
 // any thread takes snapshots (the app's charts, `loom bench`) without locks:
 // every figure is a LatencyHistogram of relaxed atomics.
@@ -35,6 +41,13 @@ class Profiler {
 
   explicit Profiler(int64_t n_layer);
   int64_t n_layer() const { return n_layer_; }
+
+  /// Decode steps per step with group timing when the GPU runs part of the model.
+  static constexpr int kGpuSampleEvery = 8;
+  /// Groups are timed on one decode step in n (1: every step); 0: the default above.
+  void set_sample_every(int n) { sample_every_ = n < 0 ? 0 : n; }
+  /// The setting for a placement that does (`gpu`) or does not use the GPU.
+  int sample_every(bool gpu) const { return sample_every_ ? sample_every_ : gpu ? kGpuSampleEvery : 1; }
 
   /// Scope ids as the ForwardPass hands them to backends (Backend::begin_scope).
   int32_t scope(int64_t layer, OpGroup g) const {
@@ -69,6 +82,7 @@ class Profiler {
   }
 
   int64_t n_layer_;
+  int sample_every_ = 0;
   std::unique_ptr<LatencyHistogram[]> hist_;  ///< [n_layer * kPerLayer]
   LatencyHistogram embed_, output_, xfer_other_, step_, ttft_, itl_;
 };

@@ -504,9 +504,9 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
   }
   if (profiling_) {
     flush_device_times();
-    prof_->record_step(now_ns() - t_step);
     profiling_ = false;
   }
+  if (prof_ && T == 1) prof_->record_step(now_ns() - t_step);
   return {};
 }
 
@@ -514,7 +514,8 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
                                bool all_logits) {
   const HParams& hp = m_.hp;
   for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
-  profiling_ = prof_ != nullptr && T == 1;
+  profiling_ = prof_ != nullptr && T == 1 &&
+               decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) == 0;
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;
   {

@@ -148,7 +148,8 @@ class ForwardPass {
   std::function<bool(double)> progress_;
 
   // Profiling state of the step being run (decode steps only).
-  bool profiling_ = false;
+  bool profiling_ = false;     ///< this step's groups and transfers are timed
+  uint64_t decode_steps_ = 0;  ///< decode steps seen by the profiler (for its sampling)
   int64_t cur_layer_ = -1;
   int32_t cur_scope_ = -1;
   Unit cur_unit_ = Unit::kCpu;

@@ -169,6 +169,15 @@ TEST(VulkanPlacement, ProfilerTimesEveryGroupOnItsUnit) {
   EXPECT_GT(snap.ttft.count, 0u);
   EXPECT_GE(snap.itl.count, 10u);
   EXPECT_GE(snap.step.count, 11u);
+  // With the GPU in the placement, groups are timed on one step in 8; every
+  // step when asked.
+  const uint64_t every8 = (snap.step.count + Profiler::kGpuSampleEvery - 1) / Profiler::kGpuSampleEvery;
+  EXPECT_EQ(snap.layers[1][Profiler::kLayerTotal].count, every8);
+  Profiler all(3);
+  all.set_sample_every(1);
+  greedy(*m, *be, cpu, p, {0, 77, 301}, 12, {}, &all);
+  const auto snap1 = all.snapshot();
+  EXPECT_EQ(snap1.layers[1][Profiler::kLayerTotal].count, snap1.step.count);
   be->release_weights();
 }
 

@@ -11,7 +11,7 @@
 # per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
 # strategies against llama.cpp's -ngl and --override-tensor placements, and
 # CPU-only), quick (Loom's full-GPU decode and shader profile alone), sweep (matvec shapes
-# of $SWEEP for $SWEEP_DTYPES). Models are written by `loom synth` into /tmp/models.
+# of $SWEEP for $SWEEP_DTYPES). LLAMA=0 leaves llama.cpp out of issue5. Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
 stages="${*:-info tests issue4 issue5 overhead}"
@@ -68,11 +68,12 @@ for s in $stages; do
       m="$(model q4_k_m)"
       half="$(( $(stat -c %s "$m") / 2 ))"
       echo "--- Q4_K_M, VRAM budget $half bytes (half the file), $T threads"
-      for st in auto attn-gpu layers:16; do
+      for st in ${STRATEGIES:-auto attn-gpu layers:16}; do
         echo "--- Loom --strategy $st"
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
           grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU)"
       done
+      [ "${LLAMA:-1}" = 0 ] && continue  # Loom's figures only
       echo "--- llama.cpp -ngl 16"
       LB -m "$m" -ngl 16 -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
       echo "--- llama.cpp -ngl 99, FFN of layers 16-31 on the CPU (-ot)"

@@ -65,6 +65,7 @@ int cmd_bench(const BenchOptions& o) {
   OpStats stats;
   // The profiler runs in every rep unless --no-profiler (compare the two to see its cost).
   Profiler prof(m.hp.n_layer);
+  prof.set_sample_every(o.profile_every);
   if (!o.no_profiler) fwd.set_profiler(&prof);
   for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up (page-in of the weights)
     kv.clear();
@@ -164,8 +165,9 @@ int cmd_bench(const BenchOptions& o) {
               static_cast<double>(kv.allocated_bytes()) / 1048576.0);
   if (!o.no_profiler) {
     std::printf(
-        "placement and per-layer decode time (profiler, last %d reps) against the cost model:\n",
-        o.reps);
+        "placement and per-layer decode time (profiler, last %d reps, groups timed on one step in %d) "
+        "against the cost model:\n",
+        o.reps, prof.sample_every(e->planned.uses(Unit::kGpu)));
     print_plan(*e, &snap, stdout);
   }
   if (!gpu_ops.empty()) {

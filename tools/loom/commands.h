@@ -93,6 +93,7 @@ struct BenchOptions {
   int reps = 3;
   bool json = false;
   bool no_profiler = false;
+  int profile_every = 0;  ///< Profiler::set_sample_every (0: its default)
 };
 int cmd_bench(const BenchOptions& o);
 
