@@ -22,6 +22,11 @@
 // one line per thread. Sums: subgroupAdd, then (TPR larger than a subgroup)
 // one shared-memory step.
 // Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
+//
+// GLU (matvec1_glu_*): y = silu(gate x) * (up x) in one dispatch. The M rows
+// are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
+// at w_off, odd: up row i/2 at w_off_b, in the same buffer), NR even, so each
+// row group holds whole pairs and writes silu(g) * u itself.
 #define NR_MAX 4
 #define UNROLL_MAX 8
 layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
@@ -63,6 +68,7 @@ layout(push_constant) uniform PC {
   uint b_off;           // floats
   uint flags;           // 1: add bias; 2: x rows 16-byte aligned (vec4 loads);
                         // 4: y += W x (single-token subgroup variant only)
+  uint w_off_b, w_off2_b, row0_b;  // GLU: the up matrix (w_off..row0: gate)
 } pc;
 
 void load_x(uint c, uint u, out vec4 xv[8]) {
@@ -122,7 +128,15 @@ void main() {
   const uint r0 = (linear_group() * (WG / TPR) + rg) * NR;
   uint rows[NR_MAX];
   // Rows past M repeat the last row (their sums are dropped) so loads stay in bounds.
+#ifdef GLU
+  [[unroll]] for (uint r = 0; r < NR_MAX; ++r) rows[r] = (r % 2 == 0 ? pc.row0 : pc.row0_b) + min((r0 + r) / 2, pc.M / 2 - 1);
+#define W_OFF(r) ((r) % 2 == 0 ? pc.w_off : pc.w_off_b)
+#define W_OFF2(r) ((r) % 2 == 0 ? pc.w_off2 : pc.w_off2_b)
+#else
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) rows[r] = pc.row0 + min(r0 + r, pc.M - 1);
+#define W_OFF(r) pc.w_off
+#define W_OFF2(r) pc.w_off2
+#endif
   float acc[NR_MAX];
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) acc[r] = 0.0;
 
@@ -134,7 +148,7 @@ void main() {
       [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
         const uint qk = q + k * TPR;
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (k < UNROLL && r < NR) w[k][r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], qk / 4, qk % 4);
+          if (k < UNROLL && r < NR) w[k][r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], qk / 4, qk % 4);
         }
       }
       [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
@@ -150,7 +164,7 @@ void main() {
     for (; q < parts; q += TPR) {  // the last parts, fewer than UNROLL per thread
       Part w[NR_MAX];
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) w[r] = load_part(pc.w_off, pc.w_off2, pc.row_units, rows[r], q / 4, q % 4);
+        if (r < NR) w[r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], q / 4, q % 4);
       }
       vec4 xa, xb;
       load_x_part(q / 4, q % 4, xa, xb);
@@ -165,6 +179,14 @@ void main() {
     [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
       if (r < NR) acc[r] = subgroupAdd(acc[r]);
     }
+#ifdef GLU
+    [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
+      if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) {
+        const float g = acc[2 * j];
+        y[pc.y_off + r0 / 2 + j] = g / (1.0 + exp(-g)) * acc[2 * j + 1];  // as eltwise.comp's silu_mul
+      }
+    }
+#else
     [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
       if (r < NR && r % TPR == t && r0 + r < pc.M) {
         float v = acc[r];
@@ -173,6 +195,7 @@ void main() {
         y[pc.y_off + r0 + r] = v;
       }
     }
+#endif
     return;
   }
   uint parts, first;  // the row group's partial sums in red1[r][first .. first + parts)
@@ -195,6 +218,16 @@ void main() {
     first = rg * TPR;
   }
   barrier();
+#ifdef GLU
+  [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
+    if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) {
+      float g = 0.0, u = 0.0;
+      for (uint i = 0; i < parts; ++i) g += red1[2 * j][first + i];
+      for (uint i = 0; i < parts; ++i) u += red1[2 * j + 1][first + i];
+      y[pc.y_off + r0 / 2 + j] = g / (1.0 + exp(-g)) * u;
+    }
+  }
+#else
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
     if (r < NR && r % TPR == t && r0 + r < pc.M) {
       float v = 0.0;
@@ -204,6 +237,7 @@ void main() {
       y[pc.y_off + r0 + r] = v;
     }
   }
+#endif
 }
 #elif defined(USE_SUBGROUP)
 // Several columns with subgroups: each subgroup owns NR consecutive rows at a

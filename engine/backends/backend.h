@@ -192,6 +192,13 @@ class Backend {
     matmul(w, x, tmp, nullptr);
     add(y, tmp, y);
   }
+  /// out = silu(gate x) * (up x) (the FFN's first half); tmp [T, up.n_out]
+  /// is scratch the default uses.
+  virtual void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
+    matmul(gate, x, out, nullptr);
+    matmul(up, x, tmp, nullptr);
+    silu_mul(out, tmp, out);
+  }
   /// rope() of q [T, n_heads * head_dim] and k [T, n_kv_heads * head_dim].
   virtual void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
                        const cpu::RopeParams& p) {

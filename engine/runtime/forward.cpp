@@ -636,14 +636,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kFfnUpGate);
     group_begin(scope(OpGroup::kFfn), uf);
     Act xb = in(kXb, uf, T);
-    be(uf).matmul(w.w_gate, xb, out(kHb, uf, T), nullptr);
-    be(uf).matmul(w.w_up, xb, out(kHb2, uf, T), nullptr);
-  }
-  {
-    OpTimer timer(stats_, OpLabel::kSiluMul);
-    Act hb = in(kHb, uf, T);
-    be(uf).silu_mul(hb, in(kHb2, uf, T), hb);
-    valid_[kHb] = bit(uf);
+    // silu(gate) * up, one op where the backend fuses it.
+    be(uf).matmul_glu(w.w_gate, w.w_up, xb, out(kHb, uf, T), out(kHb2, uf, T));
   }
   if (uf == un) {  // x += w_down hb, fused where the backend can (timed with ffn)
     OpTimer timer(stats_, OpLabel::kFfnDown);

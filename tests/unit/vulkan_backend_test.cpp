@@ -239,6 +239,48 @@ TEST_P(VulkanMatmul, MatmulAdd) {
   be_->set_matvec_threads_per_row(0);
 }
 
+// matmul_glu (silu(gate x) * (up x)): one fused matvec for a single token,
+// under several row splits (pairs of rows per row group), the plain ops for
+// more tokens; against the double reference.
+TEST_P(VulkanMatmul, MatmulGlu) {
+  const DType t = GetParam();
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = kq ? 512 : 160, n_out = 37;
+  const HostWeight g = make_weight(t, n_in, n_out, 950), u = make_weight(t, n_in, n_out, 951);
+  ASSERT_TRUE(be_->upload_weight(g.w).ok());
+  ASSERT_TRUE(be_->upload_weight(u.w).ok());
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  const std::pair<uint32_t, uint32_t> splits[] = {{0, 0}, {sg, 4}, {2 * sg, 2}, {2, 1}};
+  for (int64_t T : {1, 3}) {
+    for (auto [tpr, nr] : splits) {
+      if (T > 1 && tpr) continue;
+      SCOPED_TRACE("T " + std::to_string(T) + ", threads per row " + std::to_string(tpr) + ", rows " + std::to_string(nr));
+      be_->set_matvec_threads_per_row(tpr);
+      be_->set_matvec_rows(nr);
+      const auto x = random_floats(static_cast<size_t>(T * n_in), 952);
+      DevMat dx(be_, T, n_in, x), dy(be_, T, n_out), tmp(be_, T, n_out);
+      be_->matmul_glu(g.w, u.w, dx.act(), dy.act(), tmp.act());
+      const auto y = dy.fetch();
+      std::vector<double> ref(static_cast<size_t>(T * n_out));
+      for (int64_t t0 = 0; t0 < T; ++t0) {
+        for (int64_t r = 0; r < n_out; ++r) {
+          double a = 0, b = 0;
+          for (int64_t k = 0; k < n_in; ++k) {
+            const double xv = x[static_cast<size_t>(t0 * n_in + k)];
+            a += g.deq[static_cast<size_t>(r * n_in + k)] * xv;
+            b += u.deq[static_cast<size_t>(r * n_in + k)] * xv;
+          }
+          ref[static_cast<size_t>(t0 * n_out + r)] = a / (1.0 + std::exp(-a)) * b;
+        }
+      }
+      EXPECT_TRUE(all_finite(y));
+      EXPECT_LT(normalized_error(y, ref), 1e-5);
+    }
+  }
+  be_->set_matvec_threads_per_row(0);
+  be_->set_matvec_rows(0);
+}
+
 // Single-token matvecs (the decode path) over rows long enough for the
 // unrolled loop, with every way mul_mat_vec.comp may split a row: fewer
 // threads per row than a subgroup (shared memory only), one subgroup, several

@@ -1184,6 +1184,37 @@ void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   Backend::matmul_add(w, x, y, tmp);
 }
 
+void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
+  const Resident* rg = find_weight(gate.data);
+  const Resident* ru = find_weight(up.data);
+  // One dispatch when both are whole tensors of one type in one memory block.
+  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
+                     rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype && rg->row_units == ru->row_units &&
+                     gate.n_out == up.n_out && gate.n_in == up.n_in && rg->n_rows == gate.n_out &&
+                     ru->n_rows == up.n_out && static_cast<const uint8_t*>(gate.data) == rg->end - rg->n_rows * rg->src_row_bytes &&
+                     static_cast<const uint8_t*>(up.data) == ru->end - ru->n_rows * ru->src_row_bytes &&
+                     check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
+  if (!fused) return Backend::matmul_glu(gate, up, x, out, tmp);
+  const uint32_t M = 2 * u32(gate.n_out);  // interleaved gate and up rows
+  const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
+  struct {
+    uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
+    uint32_t w_off_b, w_off2_b, row0_b;
+  } pc{u32(rg->alloc.offset / 4), u32((rg->alloc.offset + rg->off2) / 4), 0, rg->row_units, u32(gate.n_in), M, 1,
+       x_off, x_ld, u32(out.offset / 4), u32(out.cols), 0, (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
+       u32(ru->alloc.offset / 4), u32((ru->alloc.offset + ru->off2) / 4), 0};
+  MatvecShape s = matvec1_shape(M, rg->row_units);
+  s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole (gate, up) pairs per row group
+  const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
+  uint32_t gx, gz;
+  grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
+  const Bind wg{rg->alloc.block, rg->alloc.offset, rg->alloc.size, false};
+  // Binding 4 (not read by the shader) puts the up tensor's range in the hazard tracking.
+  const Bind wu{ru->alloc.block, ru->alloc.offset, ru->alloc.size, false};
+  dispatch(typed("matvec1_glu", rg->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
+           {wg, act_bind(x, false), act_bind(out, true), wg, wu}, &pc, sizeof(pc), gx, 1, gz);
+}
+
 void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate) {
   if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
   const Resident* r = find_weight(w.data);

@@ -79,6 +79,8 @@ class VulkanBackend final : public Backend {
   void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
   /// Single-token steps: one matvec that adds into y. Otherwise the default.
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  /// Single-token steps: one matvec over interleaved gate and up rows.
+  void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
   /// One dispatch for both.
   void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
                const cpu::RopeParams& p) override;
