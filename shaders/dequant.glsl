@@ -155,12 +155,13 @@ vec4 nib4_f(uint v, float bias) {
 
 #if defined(DT_Q4_K) || defined(DT_Q5_K)
 #define DOT_NEEDS_XSUM  // the sub-block minimum multiplies the sum of x
-// scale_min_k4 from a block's first 16 bytes (d, dmin, 12 scale bytes).
+// scale_min_k4 from a block's first 16 bytes (d, dmin, 12 scale bytes); the
+// 6-bit values become floats through the mantissa (as the quants do).
 void k4_scale_min(uvec4 hdr, uint j, out float sc, out float mn) {
   const uint sh = 8u * (j & 3u);
   const uint a = (hdr.y >> sh) & 0xFFu, b = (hdr.z >> sh) & 0xFFu, c = (hdr.w >> sh) & 0xFFu;
-  sc = float(j < 4u ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4)));
-  mn = float(j < 4u ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+  sc = uintBitsToFloat((j < 4u ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4))) | MAGIC) - 8388608.0;
+  mn = uintBitsToFloat((j < 4u ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4))) | MAGIC) - 8388608.0;
 }
 #endif
 
@@ -276,8 +277,10 @@ float dot_part(const Part p, uint u, const vec4 xa, const vec4 xb) {
 #elif defined(DT_Q6_K)
   // Two 16-element halves with their own int8 scales: xa is in the first, xb in the second.
   const uint j = u % 8, k = j % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in p.sc
-  const float d0 = p.d * float(int(p.sc << (24 - 8 * (s0 % 4))) >> 24);
-  const float d1 = p.d * float(int(p.sc << (16 - 8 * (s0 % 4))) >> 24);
+  // The two int8 scales, through the mantissa: byte ^ 0x80 is the scale + 128.
+  const uint sb = (p.sc >> (8 * (s0 % 4))) ^ 0x8080u;
+  const float d0 = p.d * (uintBitsToFloat((sb & 0xFFu) | MAGIC) - 8388736.0);
+  const float d1 = p.d * (uintBitsToFloat(((sb >> 8) & 0xFFu) | MAGIC) - 8388736.0);
   const uint lsh = 4 * (k / 2), hsh = 2 * k;
   const uint ca = ((p.la >> lsh) & 0x0F0F0F0Fu) | (((p.ha >> hsh) & 0x03030303u) << 4);
   const uint cb = ((p.lb >> lsh) & 0x0F0F0F0Fu) | (((p.hb >> hsh) & 0x03030303u) << 4);
