@@ -121,11 +121,12 @@ void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w
 
 #ifdef WANT_DOT_PART
 // The single-token matvec (mul_mat_vec.comp, NC 1 with subgroups) gives each
-// 32-element unit to four threads: part s (0..3) takes the unit's vec4s s and
-// s + 4 (elements 4s..4s+3 and 16+4s..16+4s+3). In every layout below those
-// pair with the unit's quant words s and s + 4 (Q4_0: word s holds both), so
-// a subgroup's x loads cover whole stretches of x instead of one 128-byte
-// unit per thread. load_part does every load of row r's part (no arithmetic
+// 32-element unit to PPU threads (parts): part s takes XV = 8 / PPU of the
+// unit's vec4s, XV/2 from each half: vec4s XV/2 s + i and 4 + XV/2 s + i.
+// In every layout below vec4 v pairs with the unit's quant word v (Q4_0: word
+// v holds vec4s v and v + 4), so a subgroup's x loads cover whole stretches
+// of x instead of one 128-byte unit per thread. K-quants take two parts per
+// unit (their block scales are decoded once for 16 elements), the rest four. load_part does every load of row r's part (no arithmetic
 // on it) and dot_part the dot with x, so a thread can issue the loads of
 // several parts and rows before it waits on any of them.
 //
@@ -136,6 +137,12 @@ void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w
 // Block scales multiply the integer dot products, as cpu/ref's
 // dequantizers' d * q products would up to float rounding.
 const uint MAGIC = 0x4B000000u;  // 2^23 as a float
+#if defined(DT_Q4_K) || defined(DT_Q5_K) || defined(DT_Q6_K)
+#define PPU 2
+#else
+#define PPU 4
+#endif
+#define XV (8 / PPU)  // vec4s of x per part
 
 // The four bytes of c (each any of 0..255), as floats minus bias: exact.
 vec4 bytes_f(uint c, float bias) {
@@ -165,50 +172,52 @@ void k4_scale_min(uvec4 hdr, uint j, out float sc, out float mn) {
 }
 #endif
 
-// One thread's part of a unit: the raw loads.
+// One thread's part of a unit: the raw loads. q[i] / a[i] pair with x vec4 i
+// of the part (load_x_part's order).
 struct Part {
 #if defined(DT_F32) || defined(DT_F16)
-  vec4 a, b;
+  vec4 a[XV];
 #elif defined(DT_Q8_0)
-  uint qa, qb;
+  uint q[XV];
   float d;
 #elif defined(DT_Q4_0)
-  uint q;
+  uint q;  // XV == 2: low nibbles pair with x vec4 0, high with 1
   float d;
 #elif defined(DT_Q4_K)
   uvec4 hdr;
-  uint qa, qb;
+  uint q[XV];
 #elif defined(DT_Q5_K)
   uvec4 hdr;
-  uint qa, qb, ha, hb;
+  uint q[XV], h[XV];
 #elif defined(DT_Q6_K)
-  uint la, lb, ha, hb;
+  uint l[XV], h[XV];
   uint sc;  // the word holding the unit's two int8 scales
   float d;
 #endif
 };
+
+// Word / vec4 index in the unit of the part's i-th vec4.
+uint part_vec(uint s, uint i) { return (i < XV / 2 ? 0 : 4 - XV / 2) + XV / 2 * s + i; }
 
 Part load_part(uint w_off, uint w_off2, uint row_units, uint r, uint u, uint s) {
   Part p;
   const uint bi = r * row_units + u;
 #if defined(DT_F32)
   const uint b4 = w_off / 4 + bi * 8;
-  p.a = wf4[b4 + s];
-  p.b = wf4[b4 + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) p.a[i] = wf4[b4 + part_vec(s, i)];
 #elif defined(DT_F16)
 #ifdef USE_F16_STORAGE
   const uint b4 = w_off / 2 + bi * 8;
-  p.a = vec4(wh4[b4 + s]);
-  p.b = vec4(wh4[b4 + 4 + s]);
+  [[unroll]] for (uint i = 0; i < XV; ++i) p.a[i] = vec4(wh4[b4 + part_vec(s, i)]);
 #else
-  const uint bw = w_off + bi * 16 + 2 * s;
-  p.a = vec4(unpackHalf2x16(wu[bw]), unpackHalf2x16(wu[bw + 1]));
-  p.b = vec4(unpackHalf2x16(wu[bw + 8]), unpackHalf2x16(wu[bw + 9]));
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    const uint bw = w_off + bi * 16 + 2 * part_vec(s, i);
+    p.a[i] = vec4(unpackHalf2x16(wu[bw]), unpackHalf2x16(wu[bw + 1]));
+  }
 #endif
 #elif defined(DT_Q8_0)
   p.d = half_at(w_off2, bi);
-  p.qa = wu[w_off + bi * 8 + s];
-  p.qb = wu[w_off + bi * 8 + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) p.q[i] = wu[w_off + bi * 8 + part_vec(s, i)];
 #elif defined(DT_Q4_0)
   p.d = half_at(w_off2, bi);
   p.q = wu[w_off + bi * 4 + s];
@@ -216,36 +225,39 @@ Part load_part(uint w_off, uint w_off2, uint row_units, uint r, uint u, uint s) 
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;  // 36 words: bb % 4 == 0
   const uint qw = bb + 4 + 8 * ((u % 8) / 2);
   p.hdr = wu4[bb / 4];
-  p.qa = wu[qw + s];
-  p.qb = wu[qw + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) p.q[i] = wu[qw + part_vec(s, i)];
 #elif defined(DT_Q5_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 44;
   const uint qw = bb + 12 + 8 * ((u % 8) / 2);
   p.hdr = wu4[bb / 4];
-  p.ha = wu[bb + 4 + s];
-  p.hb = wu[bb + 8 + s];
-  p.qa = wu[qw + s];
-  p.qb = wu[qw + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    p.h[i] = wu[bb + 4 + part_vec(s, i)];
+    p.q[i] = wu[qw + part_vec(s, i)];
+  }
 #elif defined(DT_Q6_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;  // 53 words: word loads only
   const uint j = u % 8, h = j / 4, k = j % 4;
   const uint lw = bb + 16 * h + 8 * (k % 2), hw = bb + 32 + 8 * h;
-  p.la = wu[lw + s];
-  p.lb = wu[lw + 4 + s];
-  p.ha = wu[hw + s];
-  p.hb = wu[hw + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    p.l[i] = wu[lw + part_vec(s, i)];
+    p.h[i] = wu[hw + part_vec(s, i)];
+  }
   p.sc = wu[bb + 48 + (8 * h + 2 * k) / 4];
   p.d = unpackHalf2x16(wu[bb + 52]).x;
 #endif
   return p;
 }
 
-// dot(the part of row unit u, its x vec4s xa and xb).
-float dot_part(const Part p, uint u, const vec4 xa, const vec4 xb) {
+// dot(the part of row unit u, its x vec4s xv).
+float dot_part(const Part p, uint u, const vec4 xv[XV]) {
 #if defined(DT_F32) || defined(DT_F16)
-  return dot(p.a, xa) + dot(p.b, xb);
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < XV; ++i) s += dot(p.a[i], xv[i]);
+  return s;
 #elif defined(DT_Q8_0)
-  return p.d * (dot(bytes_f(p.qa ^ 0x80808080u, 128.0), xa) + dot(bytes_f(p.qb ^ 0x80808080u, 128.0), xb));
+  float s = 0.0;
+  [[unroll]] for (uint i = 0; i < XV; ++i) s += dot(bytes_f(p.q[i] ^ 0x80808080u, 128.0), xv[i]);
+  return p.d * s;
 #elif defined(DT_Q4_0)
   // Byte b of word s: element 4s + b in its low nibble, 16 + 4s + b in its high one.
   const uint w2 = p.q >> 12;  // bits 20..31 to 8..19 (a nibble must stay below bit 23)
@@ -257,34 +269,49 @@ float dot_part(const Part p, uint u, const vec4 xa, const vec4 xb) {
                        fma(uintBitsToFloat((p.q & 0xF000u) | MAGIC), 1.0 / 4096.0, -2056.0),
                        fma(uintBitsToFloat((w2 & 0xF00u) | MAGIC), 1.0 / 256.0, -32776.0),
                        fma(uintBitsToFloat((w2 & 0xF0000u) | MAGIC), 1.0 / 65536.0, -136.0));
-  return p.d * (dot(lo, xa) + dot(hi, xb));
+  return p.d * (dot(lo, xv[0]) + dot(hi, xv[1]));
 #elif defined(DT_Q4_K)
   const uint j = u % 8, sh = 4 * (j % 2);
   const vec2 dm = unpackHalf2x16(p.hdr.x);
   float sc, mn;
   k4_scale_min(p.hdr, j, sc, mn);
-  const float s = dot(nib4_f(p.qa >> sh, 0.0), xa) + dot(nib4_f(p.qb >> sh, 0.0), xb);
-  return (dm.x * sc) * s - (dm.y * mn) * dot(xa + xb, vec4(1.0));
+  float s = 0.0;
+  vec4 xs = vec4(0.0);
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    s += dot(nib4_f(p.q[i] >> sh, 0.0), xv[i]);
+    xs += xv[i];
+  }
+  return (dm.x * sc) * s - (dm.y * mn) * dot(xs, vec4(1.0));
 #elif defined(DT_Q5_K)
   const uint j = u % 8, sh = 4 * (j % 2);
   const vec2 dm = unpackHalf2x16(p.hdr.x);
   float sc, mn;
   k4_scale_min(p.hdr, j, sc, mn);
-  const uint ca = ((p.qa >> sh) & 0x0F0F0F0Fu) | (((p.ha >> j) & 0x01010101u) << 4);
-  const uint cb = ((p.qb >> sh) & 0x0F0F0F0Fu) | (((p.hb >> j) & 0x01010101u) << 4);
-  const float s = dot(bytes_f(ca, 0.0), xa) + dot(bytes_f(cb, 0.0), xb);
-  return (dm.x * sc) * s - (dm.y * mn) * dot(xa + xb, vec4(1.0));
+  float s = 0.0;
+  vec4 xs = vec4(0.0);
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    const uint c = ((p.q[i] >> sh) & 0x0F0F0F0Fu) | (((p.h[i] >> j) & 0x01010101u) << 4);
+    s += dot(bytes_f(c, 0.0), xv[i]);
+    xs += xv[i];
+  }
+  return (dm.x * sc) * s - (dm.y * mn) * dot(xs, vec4(1.0));
 #elif defined(DT_Q6_K)
-  // Two 16-element halves with their own int8 scales: xa is in the first, xb in the second.
+  // Two 16-element halves with their own int8 scales: the first XV/2 vec4s
+  // are in the first half, the rest in the second.
   const uint j = u % 8, k = j % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in p.sc
   // The two int8 scales, through the mantissa: byte ^ 0x80 is the scale + 128.
   const uint sb = (p.sc >> (8 * (s0 % 4))) ^ 0x8080u;
   const float d0 = p.d * (uintBitsToFloat((sb & 0xFFu) | MAGIC) - 8388736.0);
   const float d1 = p.d * (uintBitsToFloat(((sb >> 8) & 0xFFu) | MAGIC) - 8388736.0);
   const uint lsh = 4 * (k / 2), hsh = 2 * k;
-  const uint ca = ((p.la >> lsh) & 0x0F0F0F0Fu) | (((p.ha >> hsh) & 0x03030303u) << 4);
-  const uint cb = ((p.lb >> lsh) & 0x0F0F0F0Fu) | (((p.hb >> hsh) & 0x03030303u) << 4);
-  return d0 * dot(bytes_f(ca, 32.0), xa) + d1 * dot(bytes_f(cb, 32.0), xb);
+  float a = 0.0, b = 0.0;
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    const uint c = ((p.l[i] >> lsh) & 0x0F0F0F0Fu) | (((p.h[i] >> hsh) & 0x03030303u) << 4);
+    const float t = dot(bytes_f(c, 32.0), xv[i]);
+    if (i < XV / 2) a += t;
+    else b += t;
+  }
+  return d0 * a + d1 * b;
 #endif
 }
 #endif

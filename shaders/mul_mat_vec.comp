@@ -13,11 +13,11 @@
 // The workgroup (WG threads) is split into row groups of TPR threads (a
 // multiple of the subgroup size, chosen on the host from M so that the grid
 // fills the GPU); a row group owns NR consecutive rows. Each 32-element unit
-// is split over four threads (dequant.glsl's parts), and the row group's
+// is split over PPU threads (dequant.glsl's parts), and the row group's
 // threads stride over the rows' parts, UNROLL parts at a time: all weight
 // loads of UNROLL parts x NR rows are issued before any of them is used
 // (load_part / dot_part), so each thread keeps several loads in flight, and
-// each x part (two vec4) is loaded once for the NR rows. Four threads per
+// each x part (XV vec4) is loaded once for the NR rows. Several threads per
 // unit make a subgroup's x loads cover a few whole cache lines rather than
 // one line per thread. Sums: subgroupAdd, then (TPR larger than a subgroup)
 // one shared-memory step.
@@ -90,18 +90,23 @@ void load_x(uint c, uint u, out vec4 xv[8]) {
 }
 
 #if NC == 1 && defined(USE_SUBGROUP)
-// Part s of x unit u: its vec4s s and s + 4.
-void load_x_part(uint u, uint s, out vec4 xa, out vec4 xb) {
+// Part s of x unit u: its vec4s XV/2 s .. XV/2 s + XV/2 - 1 and 4 + the same
+// (dequant.glsl's parts).
+void load_x_part(uint u, uint s, out vec4 xv[XV]) {
   const uint base = pc.x_off + 32 * u;
   if ((pc.flags & 2u) != 0 && 32 * u + 32 <= pc.K) {
-    xa = x4[base / 4 + s];
-    xb = x4[base / 4 + 4 + s];
+    [[unroll]] for (uint i = 0; i < XV / 2; ++i) {
+      xv[i] = x4[base / 4 + XV / 2 * s + i];
+      xv[XV / 2 + i] = x4[base / 4 + 4 + XV / 2 * s + i];
+    }
   } else {
     // As load_x: past K, x belongs to the next row (maybe Inf), so mask it.
-    [[unroll]] for (uint e = 0; e < 4; ++e) {
-      const uint ka = 32 * u + 4 * s + e, kb = ka + 16;
-      xa[e] = ka < pc.K ? x[base + 4 * s + e] : 0.0;
-      xb[e] = kb < pc.K ? x[base + 16 + 4 * s + e] : 0.0;
+    [[unroll]] for (uint i = 0; i < XV; ++i) {
+      const uint v = (i < XV / 2 ? 0 : 4 - XV / 2) + XV / 2 * s + i;  // vec4 index in the unit
+      [[unroll]] for (uint e = 0; e < 4; ++e) {
+        const uint k = 32 * u + 4 * v + e;
+        xv[i][e] = k < pc.K ? x[base + 4 * v + e] : 0.0;
+      }
     }
   }
 }
@@ -141,35 +146,35 @@ void main() {
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) acc[r] = 0.0;
 
   if (r0 < pc.M) {  // a row group wholly past M only joins the reduction
-    const uint parts = 4 * pc.row_units;
+    const uint parts = PPU * pc.row_units;
     uint q = t;
     for (; q + (UNROLL - 1) * TPR < parts; q += UNROLL * TPR) {
       Part w[UNROLL_MAX][NR_MAX];
       [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
         const uint qk = q + k * TPR;
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (k < UNROLL && r < NR) w[k][r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], qk / 4, qk % 4);
+          if (k < UNROLL && r < NR) w[k][r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], qk / PPU, qk % PPU);
         }
       }
       [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
         if (k >= UNROLL) break;
         const uint qk = q + k * TPR;
-        vec4 xa, xb;
-        load_x_part(qk / 4, qk % 4, xa, xb);
+        vec4 xv[XV];
+        load_x_part(qk / PPU, qk % PPU, xv);
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (r < NR) acc[r] += dot_part(w[k][r], qk / 4, xa, xb);
+          if (r < NR) acc[r] += dot_part(w[k][r], qk / PPU, xv);
         }
       }
     }
     for (; q < parts; q += TPR) {  // the last parts, fewer than UNROLL per thread
       Part w[NR_MAX];
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) w[r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], q / 4, q % 4);
+        if (r < NR) w[r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], q / PPU, q % PPU);
       }
-      vec4 xa, xb;
-      load_x_part(q / 4, q % 4, xa, xb);
+      vec4 xv[XV];
+      load_x_part(q / PPU, q % PPU, xv);
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) acc[r] += dot_part(w[r], q / 4, xa, xb);
+        if (r < NR) acc[r] += dot_part(w[r], q / PPU, xv);
       }
     }
   }

@@ -49,7 +49,8 @@ constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this 
 constexpr uint32_t kMatvecRowsMax = 4;
 constexpr uint32_t kMatvecUnroll = 4;
 constexpr uint32_t kMatvecUnrollMax = 8;  // UNROLL_MAX in mul_mat_vec.comp
-constexpr uint32_t kMatvecParts = 4;  // parts per unit
+// Parts per 32-element unit (PPU in dequant.glsl): K-quants 2, the rest 4.
+uint32_t matvec_parts(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : 4; }
 constexpr uint32_t kManyGroups = 1024;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTile = 64;
@@ -1155,7 +1156,7 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
            {act_bind(x, false), wb, act_bind(out, true)}, &pc, sizeof(pc), gx, 1, gz);
 }
 
-VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units) const {
+VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const {
   // Enough workgroups to give every SM of a large GPU several (kManyGroups),
   // and enough rows per row group to share each x load: halve NR first, then
   // split the row over more threads while each still gets 2 x UNROLL parts.
@@ -1172,7 +1173,7 @@ VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row
     while (s.nr > 1 && groups() < many) s.nr /= 2;
   }
   if (!matvec_tpr_) {
-    while (groups() < many && s.tpr * 2 <= s.wg && kMatvecParts * row_units >= 2 * 2 * s.tpr * s.unroll) s.tpr *= 2;
+    while (groups() < many && s.tpr * 2 <= s.wg && matvec_parts(dtype) * row_units >= 2 * 2 * s.tpr * s.unroll) s.tpr *= 2;
   }
   return s;
 }
@@ -1203,7 +1204,7 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
   } pc{u32(rg->alloc.offset / 4), u32((rg->alloc.offset + rg->off2) / 4), 0, rg->row_units, u32(gate.n_in), M, 1,
        x_off, x_ld, u32(out.offset / 4), u32(out.cols), 0, (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
        u32(ru->alloc.offset / 4), u32((ru->alloc.offset + ru->off2) / 4), 0};
-  MatvecShape s = matvec1_shape(M, rg->row_units);
+  MatvecShape s = matvec1_shape(M, rg->row_units, rg->dtype);
   s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole (gate, up) pairs per row group
   const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
   uint32_t gx, gz;
@@ -1242,7 +1243,7 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false} : Bind{r->alloc.block, 0, 0, false};
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
     // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
-    const MatvecShape s = matvec1_shape(M, r->row_units);
+    const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype);
     const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
     uint32_t gx, gz;
     grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);

@@ -265,7 +265,7 @@ class VulkanBackend final : public Backend {
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
   };
-  MatvecShape matvec1_shape(uint32_t M, uint32_t row_units) const;
+  MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const;
   // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
   void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
