@@ -25,9 +25,10 @@ std::string CostModel::describe() const {
   const UnitCost& g = unit[1];
   std::snprintf(
       buf, sizeof(buf),
-      "%s: CPU %.1f GB/s + %.1f us/op; GPU %.1f GB/s + %.1f us/op; transfers %.1f us + %.2f GB/s",
+      "%s: CPU %.1f GB/s + %.1f us/op; GPU %.1f GB/s + %.1f us/op; transfers %.1f us + %.2f GB/s; "
+      "GPU-to-host switch %.1f us",
       measured ? "measured" : "defaults (not measured)", c.bytes_per_s / 1e9, c.op_s * 1e6,
-      g.bytes_per_s / 1e9, g.op_s * 1e6, xfer_latency_s * 1e6, xfer_bytes_per_s / 1e9);
+      g.bytes_per_s / 1e9, g.op_s * 1e6, xfer_latency_s * 1e6, xfer_bytes_per_s / 1e9, switch_s * 1e6);
   return buf;
 }
 
@@ -77,7 +78,8 @@ double CostModel::layer_s(const Model& m, int64_t l, const LayerPlace& lp, Unit 
     const auto b = static_cast<uint8_t>(1u << static_cast<unsigned>(u));
     if (!(valid[static_cast<size_t>(a)] & b)) {
       const double x = xfer_latency_s +
-                       4.0 * static_cast<double>(cols[static_cast<size_t>(a)]) / xfer_bytes_per_s;
+                       4.0 * static_cast<double>(cols[static_cast<size_t>(a)]) / xfer_bytes_per_s +
+                       (u == Unit::kCpu ? switch_s : 0.0);
       t += x;
       if (xfer_s) *xfer_s += x;
       ++n_xfer;
@@ -119,8 +121,9 @@ CostModel::Prediction CostModel::predict(const Model& m, const Placement& p, int
                  2 * uo.op_s) *
                 1e3;
   if (x_on != p.output.unit) {
-    r.output_ms += xfer_embd * 1e3;
-    r.xfer_ms += xfer_embd * 1e3;
+    const double x = (xfer_embd + (p.output.unit == Unit::kCpu ? switch_s : 0.0)) * 1e3;
+    r.output_ms += x;
+    r.xfer_ms += x;
     ++r.transfers;
   }
   if (p.output.unit != Unit::kCpu) {  // logits come back to the host
@@ -219,6 +222,52 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
 }
 }  // namespace
 
+// A GPU layer in the middle of CPU work: upload the residual row, one
+// single-token matmul, download. Timed back to back (best of 6), then each
+// after the host has been busy for kHostWork (median of 7), as the executor
+// meets it between CPU layers. The difference is what every such round trip
+// costs beyond the modelled copies and op.
+static Result<double> measure_switch(const Model& m, Backend& gpu, Act x) {
+  constexpr double kHostWork = 1e-3;
+  const Weight& w = m.layers[0].wk;
+  if (!w.present() || !gpu.supports(OpKind::kMatmul, w.dtype) || w.n_in != x.cols) return 0.0;
+  const bool had = gpu.has_weight(OpKind::kMatmul, w);
+  if (!had && !gpu.upload_weight(w).ok()) return 0.0;  // no room: leave it unmeasured
+  auto ybuf = gpu.alloc_act(w.n_out);
+  if (!ybuf.ok()) {
+    if (!had) gpu.release_weight(w);
+    return ybuf.error();
+  }
+  std::vector<float> host(static_cast<size_t>(std::max(w.n_in, w.n_out)), 0.01f);
+  auto trip = [&]() -> Result<double> {
+    const auto t0 = Clock::now();
+    LOOM_TRY(gpu.upload(host.data(), x));
+    gpu.matmul(w, x, (*ybuf)->view(1, w.n_out), nullptr);
+    LOOM_TRY(gpu.download((*ybuf)->view(1, w.n_out), host.data()));
+    return seconds_since(t0);
+  };
+  double warm = 1e30;
+  std::vector<double> cold;
+  Status st;
+  for (int r = 0; r < 7 && st.ok(); ++r) {
+    auto t = trip();
+    if (!t.ok()) st = t.error();
+    else if (r > 0) warm = std::min(warm, *t);
+  }
+  for (int r = 0; r < 7 && st.ok(); ++r) {
+    const auto t0 = Clock::now();
+    volatile double sink = 0;
+    while (seconds_since(t0) < kHostWork) sink = sink + 1.0;  // the host busy, the GPU idle
+    auto t = trip();
+    if (!t.ok()) st = t.error();
+    else cold.push_back(*t);
+  }
+  if (!had) gpu.release_weight(w);
+  if (!st.ok()) return st;
+  std::sort(cold.begin(), cold.end());
+  return std::max(0.0, cold[cold.size() / 2] - warm);
+}
+
 Result<CostModel> calibrate(const Model& m, Backend& cpu, Backend* gpu) {
   CostModel c = CostModel::defaults();
   LOOM_ASSIGN_OR_RETURN(c.unit[0], measure_unit(m, cpu));
@@ -242,6 +291,7 @@ Result<CostModel> calibrate(const Model& m, Backend& cpu, Backend* gpu) {
     LOOM_ASSIGN_OR_RETURN(double t_big, round_trip(big));
     c.xfer_latency_s = t_small;
     c.xfer_bytes_per_s = 4.0 * static_cast<double>(big) / std::max(t_big - t_small, 1e-7);
+    LOOM_ASSIGN_OR_RETURN(c.switch_s, measure_switch(m, *gpu, buf->view(1, m.hp.n_embd)));
   }
   c.measured = true;
   return c;

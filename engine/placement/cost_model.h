@@ -25,6 +25,11 @@ struct CostModel {
   std::array<UnitCost, kNumUnits> unit{};
   double xfer_latency_s = 0;    ///< one activation copy between units, fixed part
   double xfer_bytes_per_s = 0;  ///< and per byte
+  /// Extra cost of each copy from the GPU back to the host in the middle of a
+  /// step: the host waits on the fence, and the GPU resumes after an idle
+  /// spell (measured as a round trip after the host worked a while, less the
+  /// same round trip back to back).
+  double switch_s = 0;
   bool measured = false;        ///< false: rough defaults (no calibration ran)
 
   /// Conservative guesses for when nothing was measured.

@@ -71,7 +71,7 @@ for s in $stages; do
       for st in ${STRATEGIES:-auto attn-gpu layers:16}; do
         echo "--- Loom --strategy $st"
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
-          grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU)"
+          grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU|cost)"
       done
       [ "${LLAMA:-1}" = 0 ] && continue  # Loom's figures only
       echo "--- llama.cpp -ngl 16"
