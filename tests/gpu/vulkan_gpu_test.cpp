@@ -231,7 +231,9 @@ TEST(GpuScopes, ADecodeStepOfScopes) {
   const auto wall = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count());
-  EXPECT_EQ(be->submissions(), subs + 1);
+  // The step's 128 dispatches go out in the GPU's chunked command buffers
+  // (16, then 64 each: 3 submissions); the scopes add no flush of their own.
+  EXPECT_LE(be->submissions(), subs + 3);
   std::vector<Backend::ScopeTime> t;
   be->take_scope_times(&t);
   ASSERT_EQ(t.size(), 96u);
