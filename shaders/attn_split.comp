@@ -1,7 +1,9 @@
 #version 450
 // Causal GQA attention, split over the KV length (flash-decoding):
 // workgroup (s, kv head group, t) takes query token t, up to GM query heads
-// that share one KV head, and the keys [s * WG, s * WG + WG) ∩ [0, pos[t]].
+// that share one KV head, and the keys [s * kps, s * kps + kps) ∩ [0, pos[t]]
+// (kps <= WG keys per split: the host takes fewer than WG for long contexts,
+// so more workgroups share the work and each walks fewer V rows).
 // Each thread scores one key against every query head of the group (the K
 // row is read once for all of them), the workgroup reduces max and sum, then
 // threads over (head, dimension pair) accumulate the weighted V rows.
@@ -30,6 +32,7 @@ layout(push_constant) uniform PC {
   uint pos_off;
   uint n_splits;
   float scale;
+  uint kps;           // keys per split, at most WG
 } pc;
 
 shared float qsh[GM][HD_MAX];
@@ -46,8 +49,8 @@ void main() {
   const uint hd = pc.head_dim, hp = hd / 2;
 
   const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
-  const uint start = s * WG;
-  const uint end = min(start + WG, n_keys);
+  const uint start = s * pc.kps;
+  const uint end = min(start + pc.kps, n_keys);
   if (start >= n_keys) {  // a split past this token's last key: an empty partial
     for (uint g = 0; g < gn; ++g) {
       const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * pc.n_splits + s) * (hd + 2);

@@ -17,6 +17,7 @@
 
 layout(binding = 0) readonly restrict buffer WU { uint wu[]; };
 layout(binding = 0) readonly restrict buffer WU4 { uvec4 wu4[]; };
+layout(binding = 0) readonly restrict buffer WU2 { uvec2 wu2[]; };
 layout(binding = 0) readonly restrict buffer WF4 { vec4 wf4[]; };
 #ifdef USE_F16_STORAGE
 layout(binding = 0) readonly restrict buffer WH4 { f16vec4 wh4[]; };
@@ -225,15 +226,18 @@ Part load_part(uint w_off, uint w_off2, uint row_units, uint r, uint u, uint s) 
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;  // 36 words: bb % 4 == 0
   const uint qw = bb + 4 + 8 * ((u % 8) / 2);
   p.hdr = wu4[bb / 4];
-  [[unroll]] for (uint i = 0; i < XV; ++i) p.q[i] = wu[qw + part_vec(s, i)];
+  // Two parts per unit: words 2s, 2s + 1 and 4 + 2s, 5 + 2s, 8-byte aligned (qw is even).
+  const uvec2 qa = wu2[qw / 2 + s], qb = wu2[qw / 2 + 2 + s];
+  p.q[0] = qa.x; p.q[1] = qa.y; p.q[2] = qb.x; p.q[3] = qb.y;
 #elif defined(DT_Q5_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 44;
   const uint qw = bb + 12 + 8 * ((u % 8) / 2);
   p.hdr = wu4[bb / 4];
-  [[unroll]] for (uint i = 0; i < XV; ++i) {
-    p.h[i] = wu[bb + 4 + part_vec(s, i)];
-    p.q[i] = wu[qw + part_vec(s, i)];
-  }
+  // As Q4_K: 8-byte aligned pairs of words (bb and qw are even).
+  const uvec2 qa = wu2[qw / 2 + s], qb = wu2[qw / 2 + 2 + s];
+  const uvec2 ha = wu2[(bb + 4) / 2 + s], hb = wu2[(bb + 4) / 2 + 2 + s];
+  p.q[0] = qa.x; p.q[1] = qa.y; p.q[2] = qb.x; p.q[3] = qb.y;
+  p.h[0] = ha.x; p.h[1] = ha.y; p.h[2] = hb.x; p.h[3] = hb.y;
 #elif defined(DT_Q6_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;  // 53 words: word loads only
   const uint j = u % 8, h = j / 4, k = j % 4;

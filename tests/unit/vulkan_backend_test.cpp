@@ -921,7 +921,10 @@ TEST_F(VulkanFallbacks, ReductionsAndF16WithoutSubgroupsOr16BitStorage) {
   EXPECT_FALSE(be_->caps().f16_storage);
   check_matmul(be_, DType::kF16, 67, 13, 1, true, false, 300);
   check_matmul(be_, DType::kQ4_K, 512, 19, 3, false, true, 301);
+  // Decode past one workgroup of keys (128 here): splits of fewer keys than threads.
   check_attention(be_, AttnCase{DType::kF16, 4, 2, 64, 299, 1});
+  check_attention(be_, AttnCase{DType::kQ8_0, 4, 2, 64, 150, 1});
+  check_attention(be_, AttnCase{DType::kF16, 4, 2, 18, 140, 1});
   check_attention(be_, AttnCase{DType::kF16, 4, 2, 64, 20, 18});
   const auto x = random_floats(3 * 333, 61);
   HostWeight w = make_weight(DType::kF32, 333, 1, 62);

@@ -58,6 +58,7 @@ constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;  // GM in attn_split.comp
 constexpr int64_t kAttnMaxHeadDim = 256;    // HD_MAX in attn_split.comp
+constexpr uint32_t kAttnSplitKeys = 32;     // keys per split past one workgroup's worth
 constexpr int64_t kAttnTileMaxHeadDim = 128;  // HD_MAX in attn_tile.comp
 constexpr uint32_t kAttnTileRows = 16;        // BR in attn_tile.comp
 constexpr uint32_t kWgAttnTile = 128;         // BR * TPQ in attn_tile.comp
@@ -1363,7 +1364,10 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   // Decode (and heads too large for the tiles): split over the keys, then merge.
   int32_t max_pos = 0;
   for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
-  const uint32_t n_splits = u32((static_cast<uint64_t>(max_pos) + 1 + reduce_wg_ - 1) / reduce_wg_);
+  // Keys per split: a workgroup's worth, or for contexts longer than that
+  // kAttnSplitKeys, so the splits fill the GPU and each walks few V rows.
+  const uint32_t kps = static_cast<uint32_t>(max_pos) + 1 > reduce_wg_ ? std::min(kAttnSplitKeys, reduce_wg_) : reduce_wg_;
+  const uint32_t n_splits = u32((static_cast<uint64_t>(max_pos) + 1 + kps - 1) / kps);
   const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4 : 0;
   if (part_bytes) {
     Status st = ensure_scratch(part_bytes);
@@ -1375,10 +1379,11 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads, n_kv_heads,
         head_dim, pos_off, n_splits;
     float scale;
+    uint32_t kps;
   } pc{u32(q.offset / 4), u32(q.cols), u32(out.offset / 4), u32(out.cols), u32(scratch_.offset / 4),
        u32(ka.offset / 4), u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4),
        u32((va.offset + s->quant_bytes()) / 4), u32(c.n_ctx), u32(n_heads), u32(c.n_kv_heads), u32(hd), *po, n_splits,
-       scale};
+       scale, kps};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
   const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true} : Bind{ka.block, 0, 0, false};
