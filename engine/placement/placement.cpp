@@ -164,7 +164,10 @@ Status Placement::save(const std::string& path) const {
 }
 
 std::vector<const Weight*> group_weights(const Model& m, int64_t l, OpGroup g) {
-  const LayerWeights& w = m.layers[static_cast<size_t>(l)];
+  return group_weights(m.layers[static_cast<size_t>(l)], g);
+}
+
+std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g) {
   std::vector<const Weight*> out;
   auto add = [&out](const Weight& x) {
     if (x.present()) out.push_back(&x);

@@ -93,6 +93,8 @@ PlacementBytes placement_bytes(const Model& m, const Placement& p, uint64_t kv_b
 
 /// The model's weights of one group of layer `l` (null entries skipped by callers).
 std::vector<const Weight*> group_weights(const Model& m, int64_t l, OpGroup g);
+/// The same for one layer's weights (a model's, or the executor's requantized copies).
+std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g);
 /// Bytes of weight `w` stored as `dtype` (its own when empty).
 uint64_t weight_bytes_as(const Weight& w, std::optional<DType> dtype);
 

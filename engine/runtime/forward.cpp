@@ -199,18 +199,11 @@ Status ForwardPass::apply(const Placement& want) {
       };
       for (int64_t l = 0; l < L; ++l) {
         const LayerPlace& lp = p.layers[static_cast<size_t>(l)];
-        const LayerWeights& w = nw.layers[static_cast<size_t>(l)];
-        if (lp[OpGroup::kNorm].unit == Unit::kGpu) {
-          for (const Weight* x :
-               {&w.attn_norm, &w.ffn_norm, static_cast<const Weight*>(&nw.rope_freqs)})
-            want_w(*x);
+        for (OpGroup g : {OpGroup::kNorm, OpGroup::kAttnW, OpGroup::kFfn}) {
+          if (lp[g].unit != Unit::kGpu) continue;
+          for (const Weight* x : group_weights(nw.layers[static_cast<size_t>(l)], g)) want_w(*x);
         }
-        if (lp[OpGroup::kAttnW].unit == Unit::kGpu) {
-          for (const Weight* x : {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv}) want_w(*x);
-        }
-        if (lp[OpGroup::kFfn].unit == Unit::kGpu) {
-          for (const Weight* x : {&w.w_gate, &w.w_up, &w.w_down}) want_w(*x);
-        }
+        if (lp[OpGroup::kNorm].unit == Unit::kGpu) want_w(nw.rope_freqs);
       }
       if (p.embed.unit == Unit::kGpu) want_w(nw.tok_embd);
       if (p.output.unit == Unit::kGpu) {
@@ -248,13 +241,11 @@ Status ForwardPass::apply(const Placement& want) {
         if (s.ok()) s = upload_group({&w.wq, &w.wk, &w.wv, &w.wo}, OpKind::kMatmul, at + "attn_w");
         if (!s.ok()) {
           if (!recoverable(s)) return s;
-          for (const Weight* x : {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv})
-            gpu->release_weight(*x);
+          for (const Weight* x : group_weights(w, OpGroup::kAttnW)) gpu->release_weight(*x);
           fall_back(lp[OpGroup::kAttnW], at + "attn_w", s);
         }
       }
-      LOOM_TRY(
-          place(lp[OpGroup::kFfn], {&w.w_gate, &w.w_up, &w.w_down}, OpKind::kMatmul, at + "ffn"));
+      LOOM_TRY(place(lp[OpGroup::kFfn], group_weights(w, OpGroup::kFfn), OpKind::kMatmul, at + "ffn"));
     }
     LOOM_TRY(place(p.embed, {&nw.tok_embd}, OpKind::kGetRows, "the embedding"));
     if (p.output.unit == Unit::kGpu) {
