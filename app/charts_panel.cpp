@@ -452,8 +452,13 @@ void ChartsPanel::buildLayers(const LiveSnapshot& s) {
     m_layerY->setLabelFormat(QStringLiteral("%g"));
   }
   // The unit goes in the header (Qt Charts formats labels through Latin-1: no "µ" there).
+  // How many decode steps the figures rest on: with the GPU in the placement
+  // the profiler times one step in eight (Profiler::sample_every).
+  uint64_t steps = 0;
+  for (const auto& l : s.layers) steps = std::max<uint64_t>(steps, l.count);
   m_layerLegend->setText(swatch(theme::kP50, tr("P50")) + QStringLiteral("&nbsp;&nbsp; ") + swatch(theme::kP99, tr("P99")) +
-                         QStringLiteral("&nbsp;&nbsp; ") + (micro ? tr("µs, log scale") : tr("ms, log scale")));
+                         QStringLiteral("&nbsp;&nbsp; ") + (micro ? tr("µs, log scale") : tr("ms, log scale")) +
+                         QStringLiteral("&nbsp;&nbsp; ") + tr("%n step(s) timed", nullptr, static_cast<int>(steps)));
   m_shown.layersWithData = withData;
 }
 
