@@ -184,23 +184,30 @@ TEST(VulkanFallback, OutOfDeviceMemoryRunsTheRestOnTheCpu) {
   EXPECT_LT(test::normalized_error(logits, ref.back()), 2e-3);
 }
 
+// Also with the batch split into command buffers of 3 dispatches: the ones
+// already submitted finish, the step fails with the message.
 TEST(VulkanFallback, LostDeviceFailsTheStepWithAMessage) {
   std::string why;
   if (!test::vulkan_backend(&why)) GTEST_SKIP() << "no Vulkan device: " << why;
   auto m = load_model(synth("llama", "q8_0"));
   ASSERT_TRUE(m.ok());
-  auto be = VulkanBackend::create(VulkanOptions{});
-  ASSERT_TRUE(be.ok());
-  SessionConfig sc;
-  sc.n_ctx = 32;
-  auto s = Session::create(**m, **be, sc);
-  ASSERT_TRUE(s.ok());
-  (*be)->simulate_device_lost();
-  GenerateParams gp;
-  gp.max_tokens = 4;
-  auto r = (*s)->generate(std::vector<int32_t>{0, 77, 301}, gp, nullptr);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.message().find("device was lost"), std::string::npos) << r.message();
+  for (uint32_t every : {0u, 3u}) {
+    SCOPED_TRACE("submit_every " + std::to_string(every));
+    VulkanOptions o;
+    o.submit_every = every;
+    auto be = VulkanBackend::create(o);
+    ASSERT_TRUE(be.ok());
+    SessionConfig sc;
+    sc.n_ctx = 32;
+    auto s = Session::create(**m, **be, sc);
+    ASSERT_TRUE(s.ok());
+    (*be)->simulate_device_lost();
+    GenerateParams gp;
+    gp.max_tokens = 4;
+    auto r = (*s)->generate(std::vector<int32_t>{0, 77, 301}, gp, nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.message().find("device was lost"), std::string::npos) << r.message();
+  }
 }
 
 // ---- stories260K ---------------------------------------------------------------

@@ -495,6 +495,7 @@ Status VulkanBackend::flush() {
   }
   if (simulate_lost_) {
     fail(vk::vk_error(VK_ERROR_DEVICE_LOST, "vkQueueSubmit"));
+    if (cmd_index_ > 0) (void)fn.vkDeviceWaitIdle(dev_->device());
     return status_;
   }
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
@@ -503,6 +504,7 @@ Status VulkanBackend::flush() {
   r = fn.vkQueueSubmit(dev_->queue(), 1, &si, fence_);
   if (r != VK_SUCCESS) {
     fail(vk::vk_error(r, "vkQueueSubmit"));
+    if (cmd_index_ > 0) (void)fn.vkDeviceWaitIdle(dev_->device());  // the batch's earlier buffers
     return status_;
   }
   ++submissions_;
