@@ -127,9 +127,10 @@ void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w
 // In every layout below vec4 v pairs with the unit's quant word v (Q4_0: word
 // v holds vec4s v and v + 4), so a subgroup's x loads cover whole stretches
 // of x instead of one 128-byte unit per thread. K-quants take two parts per
-// unit (their block scales are decoded once for 16 elements), the rest four. load_part does every load of row r's part (no arithmetic
-// on it) and dot_part the dot with x, so a thread can issue the loads of
-// several parts and rows before it waits on any of them.
+// unit (their block scales are decoded once for 16 elements), the rest four.
+// load_part does every load of row r's part (no arithmetic on it) and
+// dot_part the dot with x, so a thread can issue the loads of several parts
+// and rows before it waits on any of them.
 //
 // Quants become floats without int-to-float conversions (a quarter-rate
 // instruction on NVIDIA, which made 4-bit matvecs ALU bound): a value v < 2^k
