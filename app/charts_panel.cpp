@@ -10,15 +10,14 @@
 #include <QFrame>
 #include <QGridLayout>
 #include <QHBoxLayout>
-#include <QStackedBarSeries>
 #include <QLabel>
 #include <QLineSeries>
 #include <QLogValueAxis>
 #include <QScrollArea>
+#include <QStackedBarSeries>
 #include <QTimer>
-#include <QValueAxis>
 #include <QVBoxLayout>
-
+#include <QValueAxis>
 #include <algorithm>
 #include <cmath>
 
@@ -40,7 +39,8 @@ QChart* makeChart() {
 }
 
 QString swatch(const QColor& c, const QString& text) {
-  return QStringLiteral("<span style='color:%1'>■</span>&nbsp;%2").arg(theme::css(c), text.toHtmlEscaped());
+  return QStringLiteral("<span style='color:%1'>■</span>&nbsp;%2")
+      .arg(theme::css(c), text.toHtmlEscaped());
 }
 
 void styleAxis(QAbstractAxis* a, const QString& title = {}) {
@@ -91,7 +91,8 @@ QString msText(double ms) {
   return QStringLiteral("%1 ms").arg(ms, 0, 'f', 0);
 }
 
-QLabel* tile(QGridLayout* grid, int col, const QString& label, QWidget* parent, const QString& tip) {
+QLabel* tile(QGridLayout* grid, int col, const QString& label, QWidget* parent,
+             const QString& tip) {
   auto* f = new QFrame(parent);
   f->setObjectName(QStringLiteral("Card"));
   f->setToolTip(tip);
@@ -134,7 +135,8 @@ void setNiceRange(QValueAxis* axis, double v, const QString& suffix = {}) {
   }
   const double top = std::ceil(v / step - 1e-9) * step;
   const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
-  const QString format = QStringLiteral("%.") + QString::number(decimals) + QStringLiteral("f") + suffix;
+  const QString format =
+      QStringLiteral("%.") + QString::number(decimals) + QStringLiteral("f") + suffix;
   axis->setRange(0, top);
   axis->setTickCount(static_cast<int>(std::lround(top / step)) + 1);
   axis->setLabelFormat(format);
@@ -153,9 +155,12 @@ void setLogMsAxis(QCategoryAxis* axis, double lo, double hi) {
   for (const QString& l : axis->categoriesLabels()) axis->remove(l);
   const double span = hi - lo;
   QList<double> mantissas{1, 2, 5};
-  if (span < 0.8) mantissas = {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8};
-  else if (span < 1.6) mantissas = {1, 1.5, 2, 3, 5, 7};
-  else if (span > 3.5) mantissas = {1};
+  if (span < 0.8)
+    mantissas = {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8};
+  else if (span < 1.6)
+    mantissas = {1, 1.5, 2, 3, 5, 7};
+  else if (span > 3.5)
+    mantissas = {1};
   axis->setStartValue(lo);
   for (int d = static_cast<int>(std::floor(lo)); d <= static_cast<int>(std::ceil(hi)); ++d) {
     for (double m : mantissas) {
@@ -170,7 +175,8 @@ void setLogMsAxis(QCategoryAxis* axis, double lo, double hi) {
 
 }  // namespace
 
-ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QWidget(parent), m_stats(std::move(stats)) {
+ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
+    : QWidget(parent), m_stats(std::move(stats)) {
   auto* outer = new QVBoxLayout(this);
   outer->setContentsMargins(0, 0, 0, 0);
   auto* scroll = new QScrollArea(this);
@@ -187,10 +193,13 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
 
   auto* tiles = new QGridLayout;
   tiles->setSpacing(8);
-  m_ttft = tile(tiles, 0, tr("first token"), content, tr("Time to first token of the last reply (prompt evaluation)"));
+  m_ttft = tile(tiles, 0, tr("first token"), content,
+                tr("Time to first token of the last reply (prompt evaluation)"));
   m_tps = tile(tiles, 1, tr("tokens / s"), content, tr("Decode speed of the last reply"));
-  m_p50 = tile(tiles, 2, tr("P50 latency"), content, tr("Median time between tokens, every reply since the model loaded"));
-  m_p99 = tile(tiles, 3, tr("P99 latency"), content, tr("99th percentile of the time between tokens"));
+  m_p50 = tile(tiles, 2, tr("P50 latency"), content,
+               tr("Median time between tokens, every reply since the model loaded"));
+  m_p99 =
+      tile(tiles, 3, tr("P99 latency"), content, tr("99th percentile of the time between tokens"));
   v->addLayout(tiles);
 
   // Inter-token latency histogram. Latencies span decades (a 0.1 ms decode
@@ -221,13 +230,15 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   styleAxis(m_histY);
   m_histChart->addAxis(m_histX, Qt::AlignBottom);
   m_histChart->addAxis(m_histY, Qt::AlignLeft);
-  for (QAbstractSeries* s : {static_cast<QAbstractSeries*>(m_histArea), static_cast<QAbstractSeries*>(m_p50Line),
-                             static_cast<QAbstractSeries*>(m_p99Line)}) {
+  for (QAbstractSeries* s :
+       {static_cast<QAbstractSeries*>(m_histArea), static_cast<QAbstractSeries*>(m_p50Line),
+        static_cast<QAbstractSeries*>(m_p99Line)}) {
     s->attachAxis(m_histX);
     s->attachAxis(m_histY);
   }
   m_histLegend = new QLabel;
-  v->addWidget(framed(makeView(m_histChart, 150, content), tr("Inter-token latency"), m_histLegend, content));
+  v->addWidget(framed(makeView(m_histChart, 150, content), tr("Inter-token latency"), m_histLegend,
+                      content));
 
   // Per-layer decode time (the profiler's whole-layer figures).
   m_layerChart = makeChart();
@@ -256,7 +267,8 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_layerSeries->attachAxis(m_layerX);
   m_layerSeries->attachAxis(m_layerY);
   m_layerLegend = new QLabel;
-  v->addWidget(framed(makeView(m_layerChart, 150, content), tr("Per-layer decode time"), m_layerLegend, content));
+  v->addWidget(framed(makeView(m_layerChart, 150, content), tr("Per-layer decode time"),
+                      m_layerLegend, content));
 
   // Tokens/s over generation time.
   m_tpsChart = makeChart();
@@ -277,7 +289,8 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_tpsX->setRange(0, 10);
   m_tpsY->setRange(0, 10);
   auto* tpsLegend = new QLabel(tr("per ¼ s or 32 tokens · idle time left out"));
-  v->addWidget(framed(makeView(m_tpsChart, 130, content), tr("Tokens per second"), tpsLegend, content));
+  v->addWidget(
+      framed(makeView(m_tpsChart, 130, content), tr("Tokens per second"), tpsLegend, content));
 
   // Memory per tier.
   m_memChart = makeChart();
@@ -307,9 +320,11 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent) : QW
   m_memChart->addAxis(m_memAxis, Qt::AlignLeft);
   memSeries->attachAxis(m_memCats);
   memSeries->attachAxis(m_memAxis);
-  auto* memLegend = new QLabel(swatch(theme::kTierRam, tr("weights")) + QStringLiteral("&nbsp;&nbsp; ") +
-                               swatch(theme::kTierRam.lighter(150), tr("KV cache")));
-  v->addWidget(framed(makeView(m_memChart, 140, content), tr("Memory in use by tier"), memLegend, content));
+  auto* memLegend =
+      new QLabel(swatch(theme::kTierRam, tr("weights")) + QStringLiteral("&nbsp;&nbsp; ") +
+                 swatch(theme::kTierRam.lighter(150), tr("KV cache")));
+  v->addWidget(
+      framed(makeView(m_memChart, 140, content), tr("Memory in use by tier"), memLegend, content));
   v->addStretch(1);
 
   m_timer = new QTimer(this);
@@ -355,7 +370,8 @@ void ChartsPanel::refresh() {
 
 void ChartsPanel::buildTiles(const LiveSnapshot& s) {
   m_ttft->setText(msText(s.lastTtftMs));
-  m_tps->setText(s.lastTokensPerSecond > 0 ? QString::number(s.lastTokensPerSecond, 'f', s.lastTokensPerSecond < 100 ? 1 : 0)
+  m_tps->setText(s.lastTokensPerSecond > 0 ? QString::number(s.lastTokensPerSecond, 'f',
+                                                             s.lastTokensPerSecond < 100 ? 1 : 0)
                                            : QStringLiteral("—"));
   m_shown.itlSamples = s.itl.count;
   m_shown.p50Ms = s.itl.percentile_ms(0.50);
@@ -389,7 +405,8 @@ void ChartsPanel::buildHistogram(const LiveSnapshot& s) {
   // From a few empty buckets below the first to the last, as steps: (lo, c) -> (hi, c).
   const int lo = std::max(0, first - 3), hi = last;
   for (int b = lo; b <= hi; ++b) {
-    const double x0 = std::log10(Hist::bucket_lower_ns(b) * 1e-6), x1 = std::log10(Hist::bucket_lower_ns(b + 1) * 1e-6);
+    const double x0 = std::log10(Hist::bucket_lower_ns(b) * 1e-6),
+                 x1 = std::log10(Hist::bucket_lower_ns(b + 1) * 1e-6);
     const auto c = static_cast<double>(s.itl.counts[static_cast<size_t>(b)]);
     pts << QPointF(x0, c) << QPointF(x1, c);
   }
@@ -401,9 +418,10 @@ void ChartsPanel::buildHistogram(const LiveSnapshot& s) {
   const double p50 = s.itl.percentile_ms(0.50), p99 = s.itl.percentile_ms(0.99);
   m_p50Line->replace({QPointF(std::log10(p50), 0), QPointF(std::log10(p50), yMax)});
   m_p99Line->replace({QPointF(std::log10(p99), 0), QPointF(std::log10(p99), yMax)});
-  m_histLegend->setText(swatch(theme::kP50, tr("P50 %1").arg(msText(p50))) + QStringLiteral("&nbsp;&nbsp; ") +
-                        swatch(theme::kP99, tr("P99 %1").arg(msText(p99))) + QStringLiteral("&nbsp;&nbsp; ") +
-                        (s.itl.count == 1 ? tr("1 interval") : tr("%1 intervals").arg(s.itl.count)));
+  m_histLegend->setText(
+      swatch(theme::kP50, tr("P50 %1").arg(msText(p50))) + QStringLiteral("&nbsp;&nbsp; ") +
+      swatch(theme::kP99, tr("P99 %1").arg(msText(p99))) + QStringLiteral("&nbsp;&nbsp; ") +
+      (s.itl.count == 1 ? tr("1 interval") : tr("%1 intervals").arg(s.itl.count)));
 }
 
 void ChartsPanel::buildLayers(const LiveSnapshot& s) {
@@ -413,7 +431,8 @@ void ChartsPanel::buildLayers(const LiveSnapshot& s) {
     QStringList cats;
     // Large models: label every few layers so the numbers stay readable.
     const int step = n > 48 ? 8 : n > 24 ? 4 : n > 12 ? 2 : 1;
-    for (int l = 0; l < n; ++l) cats << (l % step == 0 ? QString::number(l) : QString(l, QLatin1Char(' ')));
+    for (int l = 0; l < n; ++l)
+      cats << (l % step == 0 ? QString::number(l) : QString(l, QLatin1Char(' ')));
     m_layerX->clear();
     m_layerX->append(cats);
   }
@@ -456,9 +475,11 @@ void ChartsPanel::buildLayers(const LiveSnapshot& s) {
   // the profiler times one step in eight (Profiler::sample_every).
   uint64_t steps = 0;
   for (const auto& l : s.layers) steps = std::max<uint64_t>(steps, l.count);
-  m_layerLegend->setText(swatch(theme::kP50, tr("P50")) + QStringLiteral("&nbsp;&nbsp; ") + swatch(theme::kP99, tr("P99")) +
-                         QStringLiteral("&nbsp;&nbsp; ") + (micro ? tr("µs, log scale") : tr("ms, log scale")) +
-                         QStringLiteral("&nbsp;&nbsp; ") + tr("%n step(s) timed", nullptr, static_cast<int>(steps)));
+  m_layerLegend->setText(swatch(theme::kP50, tr("P50")) + QStringLiteral("&nbsp;&nbsp; ") +
+                         swatch(theme::kP99, tr("P99")) + QStringLiteral("&nbsp;&nbsp; ") +
+                         (micro ? tr("µs, log scale") : tr("ms, log scale")) +
+                         QStringLiteral("&nbsp;&nbsp; ") +
+                         tr("%n step(s) timed", nullptr, static_cast<int>(steps)));
   m_shown.layersWithData = withData;
 }
 
@@ -483,7 +504,8 @@ void ChartsPanel::buildMemory(const LiveSnapshot& s) {
   const double mib = 1024.0 * 1024.0;
   m_memWeights->remove(0, m_memWeights->count());
   m_memKv->remove(0, m_memKv->count());
-  m_memWeights->append({static_cast<qreal>(s.gpu.weights) / mib, static_cast<qreal>(s.ram.weights) / mib,
+  m_memWeights->append({static_cast<qreal>(s.gpu.weights) / mib,
+                        static_cast<qreal>(s.ram.weights) / mib,
                         static_cast<qreal>(s.ssd.weights) / mib});
   m_memKv->append({static_cast<qreal>(s.gpu.kv) / mib, static_cast<qreal>(s.ram.kv) / mib,
                    static_cast<qreal>(s.ssd.kv) / mib});
@@ -493,7 +515,8 @@ void ChartsPanel::buildMemory(const LiveSnapshot& s) {
     m_memCats->clear();
     m_memCats->append(cats);
   }
-  const uint64_t top = std::max({s.gpu.weights + s.gpu.kv, s.ram.weights + s.ram.kv, s.ssd.weights + s.ssd.kv});
+  const uint64_t top =
+      std::max({s.gpu.weights + s.gpu.kv, s.ram.weights + s.ram.kv, s.ssd.weights + s.ssd.kv});
   const double topMib = static_cast<double>(top) / mib;
   setNiceRange(m_memAxis, topMib * 1.1, QStringLiteral(" MiB"));
   m_shown.ramBytes = s.ram.weights + s.ram.kv;

@@ -24,7 +24,7 @@ struct KvCacheConfig;
 /// backends (Vulkan) leave it null and name their memory by `buffer` (an
 /// opaque handle only the owning backend reads) plus a byte `offset`.
 struct Act {
-  float* data = nullptr;   ///< host address, or null for device memory
+  float* data = nullptr;  ///< host address, or null for device memory
   int64_t rows = 0;
   int64_t cols = 0;
   void* buffer = nullptr;  ///< device memory handle of the owning backend (null: host)
@@ -200,8 +200,8 @@ class Backend {
     silu_mul(out, tmp, out);
   }
   /// rope() of q [T, n_heads * head_dim] and k [T, n_kv_heads * head_dim].
-  virtual void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
-                       const cpu::RopeParams& p) {
+  virtual void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                       const int32_t* pos, const cpu::RopeParams& p) {
     rope(q, n_heads, head_dim, pos, p);
     rope(k, n_kv_heads, head_dim, pos, p);
   }

@@ -28,7 +28,8 @@ std::string CostModel::describe() const {
       "%s: CPU %.1f GB/s + %.1f us/op; GPU %.1f GB/s + %.1f us/op; transfers %.1f us + %.2f GB/s; "
       "GPU-to-host switch %.1f us",
       measured ? "measured" : "defaults (not measured)", c.bytes_per_s / 1e9, c.op_s * 1e6,
-      g.bytes_per_s / 1e9, g.op_s * 1e6, xfer_latency_s * 1e6, xfer_bytes_per_s / 1e9, switch_s * 1e6);
+      g.bytes_per_s / 1e9, g.op_s * 1e6, xfer_latency_s * 1e6, xfer_bytes_per_s / 1e9,
+      switch_s * 1e6);
   return buf;
 }
 
@@ -165,7 +166,8 @@ Result<double> time_ops(Backend& be, int n, F&& op) {
 // GB/s, above its 100 GB/s), GPU L2 tens. The fixed cost per op: the larger
 // of a small op repeated and what a small matmul takes beyond its bytes
 // (a thread pool's fork and join, a dispatch's launch).
-constexpr double kStreamBytes = 768.0 * 1024 * 1024;      // device memory (uploaded for the measurement)
+constexpr double kStreamBytes =
+    768.0 * 1024 * 1024;  // device memory (uploaded for the measurement)
 constexpr double kHostStreamBytes = 2048.0 * 1024 * 1024;  // host memory (read in place)
 
 Result<UnitCost> measure_unit(const Model& m, Backend& be) {
@@ -181,7 +183,9 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
       bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
     }
   }
-  if (ws.empty()) return make_error(ErrorCode::kUnsupported, "%s has no matmul for the model's FFN weights", be.name().c_str());
+  if (ws.empty())
+    return make_error(ErrorCode::kUnsupported, "%s has no matmul for the model's FFN weights",
+                      be.name().c_str());
   std::vector<const Weight*> uploaded;
   auto release = [&] {
     for (const Weight* w : uploaded) be.release_weight(*w);
@@ -195,11 +199,14 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
       uploaded.push_back(ws[i]);
     }
   }
-  if (ws.empty()) return make_error(ErrorCode::kOutOfMemory, "no room on %s to measure a matmul", be.name().c_str());
+  if (ws.empty())
+    return make_error(ErrorCode::kOutOfMemory, "no room on %s to measure a matmul",
+                      be.name().c_str());
   const LayerWeights& l0 = m.layers[0];
   Status s = be.upload_weight(l0.attn_norm);
   int64_t max_in = hp.n_embd, max_out = hp.n_embd;
-  for (const Weight* w : ws) max_in = std::max(max_in, w->n_in), max_out = std::max(max_out, w->n_out);
+  for (const Weight* w : ws)
+    max_in = std::max(max_in, w->n_in), max_out = std::max(max_out, w->n_out);
   auto xbuf = be.alloc_act(max_in);
   auto ybuf = be.alloc_act(max_out);
   if (!s.ok() || !xbuf.ok() || !ybuf.ok()) {
@@ -209,21 +216,27 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
   std::vector<float> ones(static_cast<size_t>(max_in), 0.01f);
   s = be.upload(ones.data(), (*xbuf)->view(1, max_in));
   bytes = 0;
-  for (const Weight* w : ws) bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
+  for (const Weight* w : ws)
+    bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
   auto pass = [&] {
-    for (const Weight* w : ws) be.matmul(*w, (*xbuf)->view(1, w->n_in), (*ybuf)->view(1, w->n_out), nullptr);
+    for (const Weight* w : ws)
+      be.matmul(*w, (*xbuf)->view(1, w->n_in), (*ybuf)->view(1, w->n_out), nullptr);
   };
   Result<double> all = s.ok() ? time_ops(be, 1, pass) : Result<double>(s.error());
   Act n_in = (*xbuf)->view(1, hp.n_embd), n_out = (*ybuf)->view(1, hp.n_embd);
-  Result<double> small = time_ops(be, 32, [&] { be.rms_norm(n_in, l0.attn_norm, hp.rms_eps, n_out); });
+  Result<double> small =
+      time_ops(be, 32, [&] { be.rms_norm(n_in, l0.attn_norm, hp.rms_eps, n_out); });
   // A small matmul (layer 0's K projection, a few MB) repeated: its time
   // beyond its bytes at the streaming rate is the per-op cost matmuls pay.
   const Weight& wk = l0.wk;
-  const bool small_mm = wk.present() && be.supports(OpKind::kMatmul, wk.dtype) && wk.n_in <= max_in &&
-                        wk.n_out <= max_out && (be.host_memory() || be.upload_weight(wk).ok());
-  Result<double> mm = small_mm ? time_ops(be, 16, [&] {
-    be.matmul(wk, (*xbuf)->view(1, wk.n_in), (*ybuf)->view(1, wk.n_out), nullptr);
-  })
+  const bool small_mm = wk.present() && be.supports(OpKind::kMatmul, wk.dtype) &&
+                        wk.n_in <= max_in && wk.n_out <= max_out &&
+                        (be.host_memory() || be.upload_weight(wk).ok());
+  Result<double> mm = small_mm ? time_ops(be, 16,
+                                          [&] {
+                                            be.matmul(wk, (*xbuf)->view(1, wk.n_in),
+                                                      (*ybuf)->view(1, wk.n_out), nullptr);
+                                          })
                                : Result<double>(0.0);
   if (small_mm && !be.host_memory()) be.release_weight(wk);
   release();
@@ -268,16 +281,20 @@ static Result<double> measure_switch(const Model& m, Backend& gpu, Act x) {
   Status st;
   for (int r = 0; r < 7 && st.ok(); ++r) {
     auto t = trip();
-    if (!t.ok()) st = t.error();
-    else if (r > 0) warm = std::min(warm, *t);
+    if (!t.ok())
+      st = t.error();
+    else if (r > 0)
+      warm = std::min(warm, *t);
   }
   for (int r = 0; r < 7 && st.ok(); ++r) {
     const auto t0 = Clock::now();
     volatile double sink = 0;
     while (seconds_since(t0) < kHostWork) sink = sink + 1.0;  // the host busy, the GPU idle
     auto t = trip();
-    if (!t.ok()) st = t.error();
-    else cold.push_back(*t);
+    if (!t.ok())
+      st = t.error();
+    else
+      cold.push_back(*t);
   }
   if (!had) gpu.release_weight(w);
   if (!st.ok()) return st;

@@ -30,7 +30,7 @@ struct CostModel {
   /// spell (measured as a round trip after the host worked a while, less the
   /// same round trip back to back).
   double switch_s = 0;
-  bool measured = false;        ///< false: rough defaults (no calibration ran)
+  bool measured = false;  ///< false: rough defaults (no calibration ran)
 
   /// Conservative guesses for when nothing was measured.
   static CostModel defaults();

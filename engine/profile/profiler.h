@@ -47,7 +47,9 @@ class Profiler {
   /// Groups are timed on one decode step in n (1: every step); 0: the default above.
   void set_sample_every(int n) { sample_every_ = n < 0 ? 0 : n; }
   /// The setting for a placement that does (`gpu`) or does not use the GPU.
-  int sample_every(bool gpu) const { return sample_every_ ? sample_every_ : gpu ? kGpuSampleEvery : 1; }
+  int sample_every(bool gpu) const {
+    return sample_every_ ? sample_every_ : gpu ? kGpuSampleEvery : 1;
+  }
 
   /// Scope ids as the ForwardPass hands them to backends (Backend::begin_scope).
   int32_t scope(int64_t layer, OpGroup g) const {

@@ -245,7 +245,8 @@ Status ForwardPass::apply(const Placement& want) {
           fall_back(lp[OpGroup::kAttnW], at + "attn_w", s);
         }
       }
-      LOOM_TRY(place(lp[OpGroup::kFfn], group_weights(w, OpGroup::kFfn), OpKind::kMatmul, at + "ffn"));
+      LOOM_TRY(
+          place(lp[OpGroup::kFfn], group_weights(w, OpGroup::kFfn), OpKind::kMatmul, at + "ffn"));
     }
     LOOM_TRY(place(p.embed, {&nw.tok_embd}, OpKind::kGetRows, "the embedding"));
     if (p.output.unit == Unit::kGpu) {
@@ -505,8 +506,10 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
                                bool all_logits) {
   const HParams& hp = m_.hp;
   for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
-  profiling_ = prof_ != nullptr && T == 1 &&
-               decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) == 0;
+  profiling_ =
+      prof_ != nullptr && T == 1 &&
+      decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) ==
+          0;
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;
   {

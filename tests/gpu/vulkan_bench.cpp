@@ -3,7 +3,8 @@
 // (timestamp queries). A program that prints figures, not a test.
 //
 //   loom_vulkan_bench MODEL.gguf [n_prompt] [n_gen]
-//   loom_vulkan_bench --synth PRESET DTYPE [n_prompt] [n_gen]   (writes /tmp/loom-bench-PRESET-DTYPE.gguf)
+//   loom_vulkan_bench --synth PRESET DTYPE [n_prompt] [n_gen]   (writes
+//   /tmp/loom-bench-PRESET-DTYPE.gguf)
 //   --cpu also runs the CPU backend on the same prompt and compares the logits.
 //   --sweep "WG,UNROLL,GROUPS,ROWS,TPR;..." then times decode again with each
 //   single-token matvec tuning (0 = the default; see VulkanBackend::set_matvec_tuning).
@@ -25,7 +26,9 @@ using namespace loom;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 double nerr(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -45,7 +48,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < args.size();) {
     if (args[i] == "--sweep" && i + 1 < args.size()) {
       sweep = args[i + 1];
-      args.erase(args.begin() + static_cast<ptrdiff_t>(i), args.begin() + static_cast<ptrdiff_t>(i) + 2);
+      args.erase(args.begin() + static_cast<ptrdiff_t>(i),
+                 args.begin() + static_cast<ptrdiff_t>(i) + 2);
       continue;
     }
     if (args[i] == "--cpu") {
@@ -62,7 +66,9 @@ int main(int argc, char** argv) {
     args.erase(args.begin() + static_cast<ptrdiff_t>(i));
   }
   if (args.empty()) {
-    std::fprintf(stderr, "usage: loom_vulkan_bench MODEL.gguf|--synth PRESET DTYPE [n_prompt] [n_gen] [--cpu] [--no-profile]\n");
+    std::fprintf(stderr,
+                 "usage: loom_vulkan_bench MODEL.gguf|--synth PRESET DTYPE [n_prompt] [n_gen] "
+                 "[--cpu] [--no-profile]\n");
     return 2;
   }
   std::string path;
@@ -83,7 +89,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "synth: %s\n", r.message().c_str());
         return 1;
       }
-      std::printf("synthesized %s (%.2f GB) in %.1f s\n", path.c_str(), r->n_bytes / 1e9, ms_since(t0) / 1e3);
+      std::printf("synthesized %s (%.2f GB) in %.1f s\n", path.c_str(), r->n_bytes / 1e9,
+                  ms_since(t0) / 1e3);
     }
     next = 3;
   } else {
@@ -108,8 +115,9 @@ int main(int argc, char** argv) {
   }
   const VulkanDeviceInfo& di = (*be)->device_info();
   if (rows) std::printf("matvec rows per row group: %u\n", rows);
-  std::printf("model: %s\ndevice: %s (%s, %s), subgroup %u%s%s\n", model.describe().c_str(), di.name.c_str(),
-              di.type.c_str(), di.driver.c_str(), di.subgroup_size, (*be)->caps().subgroup_arithmetic ? ", subgroup ops" : "",
+  std::printf("model: %s\ndevice: %s (%s, %s), subgroup %u%s%s\n", model.describe().c_str(),
+              di.name.c_str(), di.type.c_str(), di.driver.c_str(), di.subgroup_size,
+              (*be)->caps().subgroup_arithmetic ? ", subgroup ops" : "",
               (*be)->caps().f16_storage ? ", 16-bit storage" : "");
 
   const int64_t n_ctx = n_prompt + n_gen + 8;
@@ -123,15 +131,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prepare: %s\n", st.message().c_str());
     return 1;
   }
-  std::printf("upload: %.1f s, %.2f GB of device memory\n", ms_since(t0) / 1e3, (*be)->device_bytes() / 1e9);
+  std::printf("upload: %.1f s, %.2f GB of device memory\n", ms_since(t0) / 1e3,
+              (*be)->device_bytes() / 1e9);
   for (const auto& n : fwd.notes()) std::printf("note: %s\n", n.c_str());
 
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-  for (int64_t i = 0; i < n_prompt; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % model.hp.n_vocab);
+  for (int64_t i = 0; i < n_prompt; ++i)
+    prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % model.hp.n_vocab);
   std::vector<float> logits(static_cast<size_t>(model.hp.n_vocab));
 
   // Warm-up: pipelines are created on first use.
-  if (!fwd.eval(std::span<const int32_t>(prompt.data(), std::min<int64_t>(n_prompt, 16)), 0, logits.data()).ok()) return 1;
+  if (!fwd.eval(std::span<const int32_t>(prompt.data(), std::min<int64_t>(n_prompt, 16)), 0,
+                logits.data())
+           .ok())
+    return 1;
   (*kv)->clear();
   (*be)->reset_gpu_times();
 
@@ -149,7 +162,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> generated;
   t0 = Clock::now();
   for (int64_t i = 0; i < n_gen; ++i) {
-    const int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t tok =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     generated.push_back(tok);
     st = fwd.eval(std::span<const int32_t>(&tok, 1), n_prompt + i, logits.data());
     if (!st.ok()) {
@@ -158,15 +172,17 @@ int main(int argc, char** argv) {
     }
   }
   const double decode_ms = ms_since(t0);
-  std::printf("prefill: %lld tokens in %.1f ms = %.1f tokens/s\n", static_cast<long long>(n_prompt), prefill_ms,
-              n_prompt / prefill_ms * 1e3);
-  std::printf("decode:  %lld tokens in %.1f ms = %.1f tokens/s (%.3f ms/token, %.1f submissions/token)\n",
-              static_cast<long long>(n_gen), decode_ms, n_gen / decode_ms * 1e3, decode_ms / n_gen,
-              double((*be)->submissions() - subs0) / n_gen);
+  std::printf("prefill: %lld tokens in %.1f ms = %.1f tokens/s\n", static_cast<long long>(n_prompt),
+              prefill_ms, n_prompt / prefill_ms * 1e3);
+  std::printf(
+      "decode:  %lld tokens in %.1f ms = %.1f tokens/s (%.3f ms/token, %.1f submissions/token)\n",
+      static_cast<long long>(n_gen), decode_ms, n_gen / decode_ms * 1e3, decode_ms / n_gen,
+      double((*be)->submissions() - subs0) / n_gen);
   auto print_times = [](const char* what, const std::vector<GpuOpTime>& times, double per) {
     double total = 0;
     for (const auto& t : times) total += t.ms;
-    std::printf("%s GPU time by shader (sum %.2f ms per %s):\n", what, total / per, per == 1 ? "run" : "token");
+    std::printf("%s GPU time by shader (sum %.2f ms per %s):\n", what, total / per,
+                per == 1 ? "run" : "token");
     for (const auto& t : times) {
       std::printf("  %-22s %9.3f ms %7llu calls %8.1f us/call\n", t.name.c_str(), t.ms / per,
                   static_cast<unsigned long long>(t.calls), t.ms * 1e3 / t.calls);
@@ -180,10 +196,12 @@ int main(int argc, char** argv) {
   // Decode again under each matvec tuning of --sweep.
   for (size_t at = 0; !sweep.empty() && at != std::string::npos;) {
     const size_t semi = sweep.find(';', at);
-    const std::string item = sweep.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
+    const std::string item =
+        sweep.substr(at, semi == std::string::npos ? std::string::npos : semi - at);
     at = semi == std::string::npos ? semi : semi + 1;
     uint32_t v[5] = {0, 0, 0, 0, 0};
-    if (std::sscanf(item.c_str(), "%u,%u,%u,%u,%u", &v[0], &v[1], &v[2], &v[3], &v[4]) < 1) continue;
+    if (std::sscanf(item.c_str(), "%u,%u,%u,%u,%u", &v[0], &v[1], &v[2], &v[3], &v[4]) < 1)
+      continue;
     (*be)->set_matvec_tuning(VulkanBackend::MatvecTuning{v[0], v[1], v[2]});
     (*be)->set_matvec_rows(v[3]);
     (*be)->set_matvec_threads_per_row(v[4]);
@@ -205,8 +223,10 @@ int main(int argc, char** argv) {
     for (const auto& t : (*be)->gpu_times()) {
       if (t.name.rfind("matvec1", 0) == 0) mv += t.ms;
     }
-    std::printf("sweep wg,unroll,groups,rows,tpr = %-16s decode %.3f ms/token = %6.1f tokens/s, matvec1 GPU %.3f ms/token\n",
-                item.c_str(), ms, 1e3 / ms, mv / n_gen);
+    std::printf(
+        "sweep wg,unroll,groups,rows,tpr = %-16s decode %.3f ms/token = %6.1f tokens/s, matvec1 "
+        "GPU %.3f ms/token\n",
+        item.c_str(), ms, 1e3 / ms, mv / n_gen);
   }
 
   if (with_cpu) {
@@ -215,7 +235,8 @@ int main(int argc, char** argv) {
     ForwardPass cf(model, cpu, **ckv, 512);
     std::vector<float> cl(logits.size());
     if (!cf.eval(prompt, 0, cl.data()).ok()) return 1;
-    std::printf("cpu vs vulkan, prefill logits: normalized difference %.2e\n", nerr(prefill_logits, cl));
+    std::printf("cpu vs vulkan, prefill logits: normalized difference %.2e\n",
+                nerr(prefill_logits, cl));
     int64_t same = 0;
     for (int64_t i = 0; i < n_gen; ++i) {
       const int32_t tok = static_cast<int32_t>(std::max_element(cl.begin(), cl.end()) - cl.begin());
@@ -223,8 +244,8 @@ int main(int argc, char** argv) {
       ++same;
       if (!cf.eval(std::span<const int32_t>(&tok, 1), n_prompt + i, cl.data()).ok()) return 1;
     }
-    std::printf("cpu vs vulkan, greedy: the first %lld of %lld tokens agree\n", static_cast<long long>(same),
-                static_cast<long long>(n_gen));
+    std::printf("cpu vs vulkan, greedy: the first %lld of %lld tokens agree\n",
+                static_cast<long long>(same), static_cast<long long>(n_gen));
   }
   return 0;
 }

@@ -43,9 +43,9 @@ std::unique_ptr<VulkanBackend> gpu_or_skip(std::string* why) {
   return std::move(be).value();
 }
 
-#define LOOM_GPU_OR_SKIP(var)                                    \
-  std::string var##_why;                                         \
-  auto var = gpu_or_skip(&var##_why);                            \
+#define LOOM_GPU_OR_SKIP(var)         \
+  std::string var##_why;              \
+  auto var = gpu_or_skip(&var##_why); \
   if (!var) GTEST_SKIP() << "needs a GPU: " << var##_why
 
 double nerr(const std::vector<float>& a, const std::vector<float>& b) {
@@ -79,7 +79,8 @@ TEST_P(GpuModel, MatchesCpuOverALongContext) {
   const Model& model = **m;
   const int64_t n_prompt = 600, n_gen = 48, V = model.hp.n_vocab;
   std::vector<int32_t> prompt(n_prompt);
-  for (int64_t i = 0; i < n_prompt; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + 7) % V);
+  for (int64_t i = 0; i < n_prompt; ++i)
+    prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + 7) % V);
   KvCacheConfig kc{model.hp.n_layer, model.hp.n_head_kv, model.hp.head_dim, 1024, 32, DType::kF16};
   auto gkv = KvCache::create(kc), ckv = KvCache::create(kc);
   ForwardPass g(model, *be, **gkv, 256);
@@ -105,7 +106,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuModel, ::testing::Values("f16", "q8_0", "q4_
 // Real-size matrix-vector and matrix-matrix products against a double loop.
 TEST(GpuOps, LargeMatmuls) {
   LOOM_GPU_OR_SKIP(be);
-  for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t :
+       {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const int64_t n_in = 4096, n_out = 1536;
     const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, n_in));
     std::vector<uint8_t> bytes(rb * n_out);

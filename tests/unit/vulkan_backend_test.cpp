@@ -108,8 +108,10 @@ class DevMat {
     Status st = be_->download(buf_->view(1, total), h.data());
     EXPECT_TRUE(st.ok()) << st.message();
     for (int64_t i = 0; i < kGuard; ++i) {
-      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(i)]), kSentinelBits) << "guard before, " << i;
-      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(total - 1 - i)]), kSentinelBits) << "guard after, " << i;
+      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(i)]), kSentinelBits)
+          << "guard before, " << i;
+      EXPECT_EQ(std::bit_cast<uint32_t>(h[static_cast<size_t>(total - 1 - i)]), kSentinelBits)
+          << "guard after, " << i;
     }
     return {h.begin() + kGuard, h.end() - kGuard};
   }
@@ -136,7 +138,8 @@ HostWeight make_weight(DType t, int64_t n_in, int64_t n_out, uint32_t seed) {
   const auto f = random_floats(static_cast<size_t>(n_in * n_out), seed);
   for (int64_t r = 0; r < n_out; ++r) {
     EXPECT_TRUE(ref::quantize_row(t, f.data() + r * n_in, h.bytes.data() + rb * r, n_in).ok());
-    EXPECT_TRUE(ref::dequantize_row(t, h.bytes.data() + rb * r, h.deq.data() + r * n_in, n_in).ok());
+    EXPECT_TRUE(
+        ref::dequantize_row(t, h.bytes.data() + rb * r, h.deq.data() + r * n_in, n_in).ok());
   }
   h.w.data = h.bytes.data();
   h.w.dtype = t;
@@ -157,7 +160,8 @@ class VulkanTest : public ::testing::Test {
   void TearDown() override {
     if (!be_) return;
     EXPECT_TRUE(be_->synchronize().ok());
-    EXPECT_EQ(be_->validation_messages(), messages_before_) << "Vulkan validation messages during this test";
+    EXPECT_EQ(be_->validation_messages(), messages_before_)
+        << "Vulkan validation messages during this test";
   }
   virtual bool fallbacks() const { return false; }
   VulkanBackend* be_ = nullptr;
@@ -172,11 +176,11 @@ struct MatmulCase {
 };
 
 // accumulate: matmul_add() into y that starts random (ref: y0 + W x).
-void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64_t T, bool bias, bool view,
-                  uint32_t seed, bool accumulate = false) {
-  SCOPED_TRACE(std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) +
-               " T=" + std::to_string(T) + (bias ? " bias" : "") + (view ? " rows-view" : "") +
-               (accumulate ? " matmul_add" : ""));
+void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64_t T, bool bias,
+                  bool view, uint32_t seed, bool accumulate = false) {
+  SCOPED_TRACE(std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) + " n_out=" +
+               std::to_string(n_out) + " T=" + std::to_string(T) + (bias ? " bias" : "") +
+               (view ? " rows-view" : "") + (accumulate ? " matmul_add" : ""));
   HostWeight hw = make_weight(t, n_in, n_out, seed);
   HostWeight hb = make_weight(DType::kF32, n_out, 1, seed + 1);
   ASSERT_TRUE(be->upload_weight(hw.w).ok());
@@ -188,8 +192,10 @@ void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64
   const auto x = random_floats(static_cast<size_t>(T * n_in), seed + 2);
   const auto y0 = random_floats(static_cast<size_t>(T * rows), seed + 3);
   DevMat dx(be, T, n_in, x), dy(be, T, rows, y0), tmp(be, T, rows);
-  if (accumulate) be->matmul_add(w, dx.act(), dy.act(), tmp.act());
-  else be->matmul(w, dx.act(), dy.act(), bias ? &hb.w : nullptr);
+  if (accumulate)
+    be->matmul_add(w, dx.act(), dy.act(), tmp.act());
+  else
+    be->matmul(w, dx.act(), dy.act(), bias ? &hb.w : nullptr);
   const auto y = dy.fetch();
   std::vector<double> ref(static_cast<size_t>(T * rows));
   for (int64_t t0 = 0; t0 < T; ++t0) {
@@ -197,7 +203,8 @@ void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64
       double s = bias ? hb.deq[static_cast<size_t>(r)] : 0.0;
       if (accumulate) s = y0[static_cast<size_t>(t0 * rows + r)];
       for (int64_t k = 0; k < n_in; ++k) {
-        s += static_cast<double>(hw.deq[static_cast<size_t>((r0 + r) * n_in + k)]) * x[static_cast<size_t>(t0 * n_in + k)];
+        s += static_cast<double>(hw.deq[static_cast<size_t>((r0 + r) * n_in + k)]) *
+             x[static_cast<size_t>(t0 * n_in + k)];
       }
       ref[static_cast<size_t>(t0 * rows + r)] = s;
     }
@@ -214,10 +221,13 @@ TEST_P(VulkanMatmul, MatchesReference) {
   const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
   // (n_in, n_out): odd row lengths and tails where the dtype allows them, row
   // counts that leave partial workgroups and tiles.
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  if (dense) shapes = {{67, 13}, {32, 130}, {5, 3}};
-  else if (kq) shapes = {{256, 19}, {512, 70}};
-  else shapes = {{96, 37}, {64, 130}};
+  std::vector<std::pair<int64_t, int64_t> > shapes;
+  if (dense)
+    shapes = {{67, 13}, {32, 130}, {5, 3}};
+  else if (kq)
+    shapes = {{256, 19}, {512, 70}};
+  else
+    shapes = {{96, 37}, {64, 130}};
   uint32_t seed = 100;
   for (auto [n_in, n_out] : shapes) {
     for (int64_t T : {1, 3, 8, 9, 70}) {
@@ -254,7 +264,8 @@ TEST_P(VulkanMatmul, MatmulGlu) {
   for (int64_t T : {1, 3}) {
     for (auto [tpr, nr] : splits) {
       if (T > 1 && tpr) continue;
-      SCOPED_TRACE("T " + std::to_string(T) + ", threads per row " + std::to_string(tpr) + ", rows " + std::to_string(nr));
+      SCOPED_TRACE("T " + std::to_string(T) + ", threads per row " + std::to_string(tpr) +
+                   ", rows " + std::to_string(nr));
       be_->set_matvec_threads_per_row(tpr);
       be_->set_matvec_rows(nr);
       const auto x = random_floats(static_cast<size_t>(T * n_in), 952);
@@ -293,7 +304,8 @@ TEST_P(VulkanMatmul, DecodeRowSplits) {
   const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
   uint32_t seed = 500;
   // (threads per row group, rows per row group); 0: the backend's choice.
-  const std::pair<uint32_t, uint32_t> splits[] = {{0, 0}, {1, 3}, {2, 1}, {sg, 4}, {2 * sg, 3}, {128, 1}};
+  const std::pair<uint32_t, uint32_t> splits[] = {{0, 0},  {1, 3},      {2, 1},
+                                                  {sg, 4}, {2 * sg, 3}, {128, 1}};
   for (auto [tpr, nr] : splits) {
     if (tpr > 128) continue;
     SCOPED_TRACE("threads per row " + std::to_string(tpr) + ", rows " + std::to_string(nr));
@@ -306,8 +318,8 @@ TEST_P(VulkanMatmul, DecodeRowSplits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanMatmul,
-                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
-                                           DType::kQ5_K, DType::kQ6_K),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0,
+                                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& pi) { return std::string(dtype_name(pi.param)); });
 
 // ---- get_rows -------------------------------------------------------------------
@@ -316,7 +328,8 @@ class VulkanGetRows : public VulkanTest, public ::testing::WithParamInterface<DT
 
 TEST_P(VulkanGetRows, MatchesDequantizer) {
   const DType t = GetParam();
-  const int64_t n_in = (t == DType::kF32 || t == DType::kF16) ? 67 : (traits(t).block_size == 256 ? 512 : 96);
+  const int64_t n_in =
+      (t == DType::kF32 || t == DType::kF16) ? 67 : (traits(t).block_size == 256 ? 512 : 96);
   HostWeight hw = make_weight(t, n_in, 11, 7);
   ASSERT_TRUE(be_->upload_weight(hw.w).ok());
   const std::vector<int32_t> ids = {3, 0, 10, 3, 7};
@@ -324,14 +337,15 @@ TEST_P(VulkanGetRows, MatchesDequantizer) {
   be_->get_rows(hw.w, ids.data(), out.act());
   const auto y = out.fetch();
   std::vector<double> ref;
-  for (int32_t id : ids) ref.insert(ref.end(), hw.deq.begin() + id * n_in, hw.deq.begin() + (id + 1) * n_in);
+  for (int32_t id : ids)
+    ref.insert(ref.end(), hw.deq.begin() + id * n_in, hw.deq.begin() + (id + 1) * n_in);
   EXPECT_TRUE(all_finite(y));
   EXPECT_LT(normalized_error(y, ref), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, VulkanGetRows,
-                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
-                                           DType::kQ5_K, DType::kQ6_K),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0,
+                                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& pi) { return std::string(dtype_name(pi.param)); });
 
 // ---- element-wise, norm, RoPE ----------------------------------------------------
@@ -347,7 +361,8 @@ TEST_F(VulkanTest, RmsNorm) {
     be_->rms_norm(dx.act(), w.w, 1e-5f, dy.act());
     const auto y = dy.fetch();
     std::vector<float> r(static_cast<size_t>(rows * n));
-    for (int64_t t = 0; t < rows; ++t) ref::rms_norm(x.data() + t * n, w.deq.data(), 1e-5f, r.data() + t * n, n);
+    for (int64_t t = 0; t < rows; ++t)
+      ref::rms_norm(x.data() + t * n, w.deq.data(), 1e-5f, r.data() + t * n, n);
     EXPECT_TRUE(all_finite(y));
     EXPECT_LT(normalized_error(y, std::vector<double>(r.begin(), r.end())), 1e-6);
   }
@@ -358,7 +373,8 @@ TEST_F(VulkanTest, SiluMulAddCopy) {
     SCOPED_TRACE("rows=" + std::to_string(rows) + " n=" + std::to_string(n));
     const auto a = random_floats(static_cast<size_t>(rows * n), 21, -8.0f, 8.0f);
     const auto b = random_floats(static_cast<size_t>(rows * n), 22);
-    DevMat da(be_, rows, n, a), db(be_, rows, n, b), ds(be_, rows, n), dsum(be_, rows, n), dc(be_, rows, n);
+    DevMat da(be_, rows, n, a), db(be_, rows, n, b), ds(be_, rows, n), dsum(be_, rows, n),
+        dc(be_, rows, n);
     be_->silu_mul(da.act(), db.act(), ds.act());
     be_->add(da.act(), db.act(), dsum.act());
     be_->copy(da.act(), dc.act());
@@ -374,14 +390,17 @@ TEST_F(VulkanTest, SiluMulAddCopy) {
 }
 
 TEST_F(VulkanTest, AddInPlaceOnRowViews) {
-  // x += y on the last rows of a wider matrix: in-place and offset views, as the forward pass uses them.
+  // x += y on the last rows of a wider matrix: in-place and offset views, as the forward pass uses
+  // them.
   const int64_t n = 33;
-  const auto x = random_floats(static_cast<size_t>(4 * n), 31), y = random_floats(static_cast<size_t>(4 * n), 32);
+  const auto x = random_floats(static_cast<size_t>(4 * n), 31),
+             y = random_floats(static_cast<size_t>(4 * n), 32);
   DevMat dx(be_, 4, n, x), dy(be_, 4, n, y);
   be_->add(dx.act().rows_view(1, 3), dy.act().rows_view(0, 3), dx.act().rows_view(1, 3));
   const auto out = dx.fetch();
   for (int64_t i = 0; i < 4 * n; ++i) {
-    const float want = i < n ? x[static_cast<size_t>(i)] : x[static_cast<size_t>(i)] + y[static_cast<size_t>(i - n)];
+    const float want = i < n ? x[static_cast<size_t>(i)]
+                             : x[static_cast<size_t>(i)] + y[static_cast<size_t>(i - n)];
     ASSERT_EQ(out[static_cast<size_t>(i)], want) << i;
   }
 }
@@ -447,8 +466,9 @@ struct AttnCase {
 };
 
 std::string attn_name(const AttnCase& c) {
-  return std::string(dtype_name(c.kv)) + "_h" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) +
-         "_d" + std::to_string(c.head_dim) + "_past" + std::to_string(c.n_past) + "_T" + std::to_string(c.T);
+  return std::string(dtype_name(c.kv)) + "_h" + std::to_string(c.n_heads) + "_kv" +
+         std::to_string(c.n_kv_heads) + "_d" + std::to_string(c.head_dim) + "_past" +
+         std::to_string(c.n_past) + "_T" + std::to_string(c.T);
 }
 
 void check_attention(VulkanBackend* be, const AttnCase& c) {
@@ -462,7 +482,8 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   ASSERT_TRUE(storage.ok()) << storage.message();
   ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
   ASSERT_TRUE((*dev_kv)->storage()->set_layer_resident(0, true).ok());
-  const int64_t n_tok = c.n_past + c.T, kv_dim = c.n_kv_heads * c.head_dim, q_dim = c.n_heads * c.head_dim;
+  const int64_t n_tok = c.n_past + c.T, kv_dim = c.n_kv_heads * c.head_dim,
+                q_dim = c.n_heads * c.head_dim;
   ASSERT_TRUE((*dev_kv)->reserve(n_tok).ok());
   ASSERT_TRUE((*host_kv)->reserve(n_tok).ok());
   const auto k = random_floats(static_cast<size_t>(n_tok * kv_dim), 51, -2.0f, 2.0f);
@@ -472,10 +493,12 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   // Past tokens in two uneven chunks, then the queries' own K/V, as a forward pass stores them.
   DevMat dk(be, n_tok, kv_dim, k), dv(be, n_tok, kv_dim, v);
   const int64_t first = c.n_past / 3;
-  if (first > 0) be->kv_store(**dev_kv, 0, dk.act().rows_view(0, first), dv.act().rows_view(0, first), pos.data());
+  if (first > 0)
+    be->kv_store(**dev_kv, 0, dk.act().rows_view(0, first), dv.act().rows_view(0, first),
+                 pos.data());
   if (n_tok > first) {
-    be->kv_store(**dev_kv, 0, dk.act().rows_view(first, n_tok - first), dv.act().rows_view(first, n_tok - first),
-                 pos.data() + first);
+    be->kv_store(**dev_kv, 0, dk.act().rows_view(first, n_tok - first),
+                 dv.act().rows_view(first, n_tok - first), pos.data() + first);
   }
   for (int64_t i = 0; i < n_tok; ++i) {
     (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
@@ -486,14 +509,18 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
   const auto out = dout.fetch();
   std::vector<float> r(static_cast<size_t>(c.T * q_dim));
-  ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale, r.data(), 0, c.n_heads);
+  ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale,
+                 r.data(), 0, c.n_heads);
   EXPECT_TRUE(all_finite(out));
-  EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())), c.kv == DType::kF16 ? 1e-5 : 1e-3);
+  EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
+            c.kv == DType::kF16 ? 1e-5 : 1e-3);
 }
 
 class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};
 
-TEST_P(VulkanAttention, MatchesReference) { check_attention(be_, GetParam()); }
+TEST_P(VulkanAttention, MatchesReference) {
+  check_attention(be_, GetParam());
+}
 
 // Decode (T = 1, attn_split): over 1 key, a full split and 300 keys (several
 // splits, merged); GQA groups of 2 and 12 (two head chunks of attn_split); a
@@ -501,7 +528,8 @@ TEST_P(VulkanAttention, MatchesReference) { check_attention(be_, GetParam()); }
 // Prefill (T > 1, attn_tile): partial and several query tiles, odd head sizes,
 // the causal mask inside a tile; a head of 256 (too big for the tiles: split).
 INSTANTIATE_TEST_SUITE_P(Cases, VulkanAttention,
-                         ::testing::Values(AttnCase{DType::kF16, 4, 2, 64, 0, 1}, AttnCase{DType::kF16, 4, 2, 64, 127, 1},
+                         ::testing::Values(AttnCase{DType::kF16, 4, 2, 64, 0, 1},
+                                           AttnCase{DType::kF16, 4, 2, 64, 127, 1},
                                            AttnCase{DType::kF16, 4, 2, 64, 299, 1},
                                            AttnCase{DType::kF16, 12, 1, 32, 40, 1},
                                            AttnCase{DType::kF16, 4, 2, 18, 20, 1},
@@ -932,18 +960,21 @@ TEST_F(VulkanFallbacks, ReductionsAndF16WithoutSubgroupsOr16BitStorage) {
   DevMat dx(be_, 3, 333, x), dy(be_, 3, 333);
   be_->rms_norm(dx.act(), w.w, 1e-6f, dy.act());
   std::vector<float> r(x.size());
-  for (int64_t t = 0; t < 3; ++t) ref::rms_norm(x.data() + t * 333, w.deq.data(), 1e-6f, r.data() + t * 333, 333);
+  for (int64_t t = 0; t < 3; ++t)
+    ref::rms_norm(x.data() + t * 333, w.deq.data(), 1e-6f, r.data() + t * 333, 333);
   EXPECT_LT(normalized_error(dy.fetch(), std::vector<double>(r.begin(), r.end())), 1e-6);
 }
 
 // ---- capabilities and errors ------------------------------------------------------------
 
 TEST_F(VulkanTest, CapabilitiesMatchTheShaders) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K}) {
     EXPECT_TRUE(be_->supports(OpKind::kMatmul, t)) << dtype_name(t);
     EXPECT_TRUE(be_->supports(OpKind::kGetRows, t)) << dtype_name(t);
   }
-  for (DType t : {DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kBF16}) {
+  for (DType t :
+       {DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kBF16}) {
     EXPECT_FALSE(be_->supports(OpKind::kMatmul, t)) << dtype_name(t);
   }
   EXPECT_TRUE(be_->supports(OpKind::kAttention, DType::kF16));
@@ -1018,7 +1049,8 @@ TEST(VulkanErrors, PositionOutsideTheCacheIsAnError) {
   Status st = (*be)->synchronize();
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code(), ErrorCode::kOutOfRange);
-  EXPECT_NE(st.message().find("position 8 is outside the KV cache"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("position 8 is outside the KV cache"), std::string::npos)
+      << st.message();
 }
 
 TEST(VulkanErrors, KvOpsOnANonResidentLayerAreErrors) {

@@ -23,7 +23,8 @@ namespace {
 
 #ifdef LOOM_HAVE_VULKAN
 
-std::string synth(const std::string& arch, const std::string& dtype, int64_t n_embd = 256, int64_t n_ff = 512) {
+std::string synth(const std::string& arch, const std::string& dtype, int64_t n_embd = 256,
+                  int64_t n_ff = 512) {
   SynthSpec s;
   s.arch = arch;
   s.n_layer = 2;
@@ -49,9 +50,10 @@ struct Case {
 // The GPU keeps activations in f32 (the CPU converts them to Q8 for quantized
 // weights), so these bounds are those of forward_test.cpp or tighter.
 const Case kCases[] = {
-    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},  {"llama", "q8_0", 1e-2}, {"llama", "q4_0", 2e-2},
-    {"llama", "q4_k", 2e-2}, {"llama", "q5_k", 2e-2}, {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2},
-    {"qwen2", "q8_0", 1e-2}, {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 2e-2},
+    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},    {"llama", "q8_0", 1e-2},
+    {"llama", "q4_0", 2e-2}, {"llama", "q4_k", 2e-2},   {"llama", "q5_k", 2e-2},
+    {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2}, {"qwen2", "q8_0", 1e-2},
+    {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 2e-2},
 };
 
 class VulkanForward : public ::testing::TestWithParam<Case> {};
@@ -82,11 +84,14 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
     ASSERT_TRUE(fwd.eval(std::span<const int32_t>(tokens.data(), 7), 0, logits.data(), true).ok());
     for (int64_t t = 0; t < 7; ++t) {
       std::vector<float> row(logits.begin() + t * V, logits.begin() + (t + 1) * V);
-      EXPECT_LT(test::normalized_error(row, ref[static_cast<size_t>(t)]), c.tol) << "prefill position " << t;
+      EXPECT_LT(test::normalized_error(row, ref[static_cast<size_t>(t)]), c.tol)
+          << "prefill position " << t;
     }
     std::vector<float> one(static_cast<size_t>(V));
     for (size_t t = 7; t < tokens.size(); ++t) {
-      ASSERT_TRUE(fwd.eval(std::span<const int32_t>(&tokens[t], 1), static_cast<int64_t>(t), one.data()).ok());
+      ASSERT_TRUE(
+          fwd.eval(std::span<const int32_t>(&tokens[t], 1), static_cast<int64_t>(t), one.data())
+              .ok());
       EXPECT_LT(test::normalized_error(one, ref[t]), c.tol) << "decode position " << t;
     }
   }
@@ -95,10 +100,13 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ArchsAndDtypes, VulkanForward, ::testing::ValuesIn(kCases),
-                         [](const auto& pi) { return std::string(pi.param.arch) + "_" + pi.param.dtype; });
+                         [](const auto& pi) {
+                           return std::string(pi.param.arch) + "_" + pi.param.dtype;
+                         });
 
 // Greedy generation through Session: the same tokens on the GPU as on the CPU.
-std::vector<int32_t> greedy(const Model& m, Backend& be, const std::vector<int32_t>& prompt, int64_t n, DType kv) {
+std::vector<int32_t> greedy(const Model& m, Backend& be, const std::vector<int32_t>& prompt,
+                            int64_t n, DType kv) {
   SessionConfig sc;
   sc.n_ctx = 64;
   sc.kv_dtype = kv;
@@ -149,7 +157,8 @@ TEST(VulkanFallback, UnsupportedTypeRunsOnTheCpu) {
   ASSERT_TRUE(m.ok());
   const std::vector<int32_t> tokens = {0, 77, 301, 5};
   const auto ref = test::reference_logits(**m, tokens);
-  auto kv = KvCache::create({(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 64, 16, DType::kF16});
+  auto kv = KvCache::create(
+      {(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 64, 16, DType::kF16});
   ASSERT_TRUE(kv.ok());
   ForwardPass fwd(**m, *be, **kv);
   ASSERT_TRUE(fwd.prepare().ok());
@@ -172,7 +181,8 @@ TEST(VulkanFallback, OutOfDeviceMemoryRunsTheRestOnTheCpu) {
   ASSERT_TRUE(be.ok()) << be.message();
   const std::vector<int32_t> tokens = {0, 77, 301, 5};
   const auto ref = test::reference_logits(**m, tokens);
-  auto kv = KvCache::create({(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 32, 16, DType::kF16});
+  auto kv = KvCache::create(
+      {(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 32, 16, DType::kF16});
   ASSERT_TRUE(kv.ok());
   ForwardPass fwd(**m, **be, **kv);
   const Status prep = fwd.prepare();
@@ -229,8 +239,8 @@ TEST(VulkanStories260K, GreedyEqualsCpu) {
   auto m = load_model(path);
   ASSERT_TRUE(m.ok()) << m.message();
   const std::string data_dir = std::filesystem::path(__FILE__).parent_path().parent_path() / "data";
-  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Tom went to the park. They",
-                           "One day, a big bear"};
+  const char* prompts[] = {"Once upon a time", "The little dog",
+                           "Lily and Tom went to the park. They", "One day, a big bear"};
   for (int i = 0; i < 4; ++i) {
     SessionConfig sc;
     sc.n_ctx = 2048;
@@ -247,7 +257,8 @@ TEST(VulkanStories260K, GreedyEqualsCpu) {
     });
     ASSERT_TRUE(r.ok()) << r.message();
     EXPECT_EQ(r->n_generated, 256);
-    const std::string expected_all = read_text(data_dir + "/stories260k_greedy_" + std::to_string(i + 1) + ".txt");
+    const std::string expected_all =
+        read_text(data_dir + "/stories260k_greedy_" + std::to_string(i + 1) + ".txt");
     const std::string head = std::string(" ") + prompts[i];
     ASSERT_EQ(expected_all.compare(0, head.size(), head), 0) << "missing tests/data text " << i + 1;
     // llama-completion ends its output with newlines of its own: compare without trailing newlines.

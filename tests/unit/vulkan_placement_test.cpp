@@ -171,7 +171,8 @@ TEST(VulkanPlacement, ProfilerTimesEveryGroupOnItsUnit) {
   EXPECT_GE(snap.step.count, 11u);
   // With the GPU in the placement, groups are timed on one step in 8; every
   // step when asked.
-  const uint64_t every8 = (snap.step.count + Profiler::kGpuSampleEvery - 1) / Profiler::kGpuSampleEvery;
+  const uint64_t every8 =
+      (snap.step.count + Profiler::kGpuSampleEvery - 1) / Profiler::kGpuSampleEvery;
   EXPECT_EQ(snap.layers[1][Profiler::kLayerTotal].count, every8);
   Profiler all(3);
   all.set_sample_every(1);

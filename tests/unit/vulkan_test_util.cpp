@@ -24,9 +24,12 @@ class ReleaseAtEnd : public ::testing::Environment {
     g_main.be.reset();
   }
 };
-[[maybe_unused]] ::testing::Environment* const g_release = ::testing::AddGlobalTestEnvironment(new ReleaseAtEnd);
+[[maybe_unused]] ::testing::Environment* const g_release =
+    ::testing::AddGlobalTestEnvironment(new ReleaseAtEnd);
 
-bool vulkan_validation_on() { return g_validation; }
+bool vulkan_validation_on() {
+  return g_validation;
+}
 
 VulkanBackend* vulkan_backend(std::string* why, bool fallbacks) {
   Shared& s = fallbacks ? g_fallback : g_main;
@@ -40,7 +43,8 @@ VulkanBackend* vulkan_backend(std::string* why, bool fallbacks) {
     // (what GPUs do with longer ones), so tests run that path on lavapipe too.
     if (fallbacks) o.submit_every = 3;
     auto be = VulkanBackend::create(o);
-    if (!be.ok() && be.error().code() == ErrorCode::kUnsupported && be.message().find("validation") != std::string::npos) {
+    if (!be.ok() && be.error().code() == ErrorCode::kUnsupported &&
+        be.message().find("validation") != std::string::npos) {
       std::fprintf(stderr, "note: %s; testing without it\n", be.message().c_str());
       o.validation = false;
       be = VulkanBackend::create(o);

@@ -165,7 +165,8 @@ int cmd_bench(const BenchOptions& o) {
               static_cast<double>(kv.allocated_bytes()) / 1048576.0);
   if (!o.no_profiler) {
     std::printf(
-        "placement and per-layer decode time (profiler, last %d reps, groups timed on one step in %d) "
+        "placement and per-layer decode time (profiler, last %d reps, groups timed on one step in "
+        "%d) "
         "against the cost model:\n",
         o.reps, prof.sample_every(e->planned.uses(Unit::kGpu)));
     print_plan(*e, &snap, stdout);

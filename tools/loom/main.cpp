@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
   c_bench->add_flag("--gpu-profile", bench.engine.gpu_profile,
                     "Time every GPU dispatch (slower) and print the shaders' share");
   c_bench->add_option("--profile-every", bench.profile_every,
-                      "Time op groups on one decode step in N (default: every step on the CPU, 1 in 8 with the GPU)");
+                      "Time op groups on one decode step in N (default: every step on the CPU, 1 "
+                      "in 8 with the GPU)");
   c_bench->add_flag("--no-profiler", bench.no_profiler,
                     "Run without the per-layer profiler (to measure its overhead)");
 

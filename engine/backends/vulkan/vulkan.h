@@ -15,13 +15,13 @@ namespace loom {
 
 /// One Vulkan physical device as the loader reports it.
 struct VulkanDeviceInfo {
-  int index = 0;                  ///< position in list_vulkan_devices(); VulkanOptions::device
-  std::string name;               ///< "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
-  std::string type;               ///< "discrete", "integrated", "virtual", "cpu" or "other"
+  int index = 0;     ///< position in list_vulkan_devices(); VulkanOptions::device
+  std::string name;  ///< "NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"
+  std::string type;  ///< "discrete", "integrated", "virtual", "cpu" or "other"
   uint32_t vendor_id = 0;
   uint32_t device_id = 0;
-  std::string api_version;        ///< "1.3.230"
-  std::string driver;             ///< driver name and version text
+  std::string api_version;          ///< "1.3.230"
+  std::string driver;               ///< driver name and version text
   uint64_t device_local_bytes = 0;  ///< size of the largest device-local heap
   uint32_t subgroup_size = 0;
   bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
@@ -32,13 +32,15 @@ struct VulkanDeviceInfo {
 
 /// How to set the Vulkan backend up.
 struct VulkanOptions {
-  int device = -1;          ///< index in list_vulkan_devices(); -1: the best (discrete GPU first)
-  bool validation = false;  ///< enable VK_LAYER_KHRONOS_validation and count its messages
-  bool profile = false;     ///< timestamp queries around every dispatch (take_vulkan_gpu_times)
-  bool use_subgroups = true;    ///< false: shared-memory reductions even where subgroups exist
-  bool use_f16_storage = true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
-  uint64_t memory_limit = 0;    ///< bytes of device memory Loom may take; 0: the device's heap
-  uint32_t matvec_rows = 0;     ///< tuning: rows per row group in single-token matvecs (1..4); 0: chosen per matrix
+  int device = -1;            ///< index in list_vulkan_devices(); -1: the best (discrete GPU first)
+  bool validation = false;    ///< enable VK_LAYER_KHRONOS_validation and count its messages
+  bool profile = false;       ///< timestamp queries around every dispatch (take_vulkan_gpu_times)
+  bool use_subgroups = true;  ///< false: shared-memory reductions even where subgroups exist
+  bool use_f16_storage =
+      true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
+  uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: the device's heap
+  uint32_t matvec_rows =
+      0;  ///< tuning: rows per row group in single-token matvecs (1..4); 0: chosen per matrix
   /// Dispatches per command buffer inside one batch: the GPU starts on the
   /// first ones while the host records the rest. 0: chosen by device type
   /// (GPUs: a short first buffer, then longer ones; CPU devices: one buffer).

@@ -50,15 +50,17 @@ constexpr uint32_t kMatvecRowsMax = 4;
 constexpr uint32_t kMatvecUnroll = 4;
 constexpr uint32_t kMatvecUnrollMax = 8;  // UNROLL_MAX in mul_mat_vec.comp
 // Parts per 32-element unit (PPU in dequant.glsl): K-quants 2, the rest 4.
-uint32_t matvec_parts(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : 4; }
+uint32_t matvec_parts(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : 4;
+}
 constexpr uint32_t kManyGroups = 1024;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTile = 64;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
-constexpr uint32_t kAttnHeadsPerGroup = 8;  // GM in attn_split.comp
-constexpr int64_t kAttnMaxHeadDim = 256;    // HD_MAX in attn_split.comp
-constexpr uint32_t kAttnSplitKeys = 32;     // keys per split past one workgroup's worth
+constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
+constexpr int64_t kAttnMaxHeadDim = 256;      // HD_MAX in attn_split.comp
+constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past one workgroup's worth
 constexpr int64_t kAttnTileMaxHeadDim = 128;  // HD_MAX in attn_tile.comp
 constexpr uint32_t kAttnTileRows = 16;        // BR in attn_tile.comp
 constexpr uint32_t kWgAttnTile = 128;         // BR * TPQ in attn_tile.comp
@@ -76,7 +78,9 @@ const char* dtype_suffix(DType t) {
   }
 }
 
-uint32_t u32(uint64_t v) { return static_cast<uint32_t>(v); }
+uint32_t u32(uint64_t v) {
+  return static_cast<uint32_t>(v);
+}
 
 uint64_t round256(uint64_t v) {
   return (v + 255) / 256 * 256;
@@ -96,8 +100,9 @@ Status not_resident(int64_t layer, const char* op) {
 namespace vk {
 const SpirvBlob* find_shader(std::string_view name) {
   const auto all = all_shaders();
-  auto it = std::lower_bound(all.begin(), all.end(), name,
-                             [](const SpirvBlob& b, std::string_view n) { return std::string_view(b.name) < n; });
+  auto it = std::lower_bound(
+      all.begin(), all.end(), name,
+      [](const SpirvBlob& b, std::string_view n) { return std::string_view(b.name) < n; });
   return it != all.end() && std::string_view(it->name) == name ? &*it : nullptr;
 }
 }  // namespace vk
@@ -136,7 +141,9 @@ class VkKvStorage final : public KvStorage {
   }
   Status reserve(int64_t n) override {
     // Resident layers hold n_ctx rows from the start (set_layer_resident).
-    if (n > cfg_.n_ctx) return make_error(ErrorCode::kOutOfRange, "Vulkan KV cache: %" PRId64 " tokens exceed %" PRId64, n, cfg_.n_ctx);
+    if (n > cfg_.n_ctx)
+      return make_error(ErrorCode::kOutOfRange,
+                        "Vulkan KV cache: %" PRId64 " tokens exceed %" PRId64, n, cfg_.n_ctx);
     return {};
   }
   uint64_t allocated_bytes() const override {
@@ -209,7 +216,9 @@ class VkKvStorage final : public KvStorage {
   }
   uint64_t layer_bytes() const {
     const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * cfg_.n_ctx);
-    return cfg_.dtype == DType::kF16 ? quant_bytes() : quant_bytes() + rows * static_cast<uint64_t>(cfg_.head_dim / 32) * 4;
+    return cfg_.dtype == DType::kF16
+               ? quant_bytes()
+               : quant_bytes() + rows * static_cast<uint64_t>(cfg_.head_dim / 32) * 4;
   }
 
   VulkanBackend* owner_;
@@ -236,7 +245,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   const uint64_t block = std::min({kBlockBytes, c.max_storage_range / 256 * 256, c.max_allocation});
   const uint64_t limit = opts.memory_limit ? opts.memory_limit : c.device_local_heap;
   device_pool_ = std::make_unique<vk::MemoryPool>(*dev_, c.device_local_type, false, block, limit);
-  host_pool_ = std::make_unique<vk::MemoryPool>(*dev_, c.host_type, true, std::min(kRingBytes, block), 0);
+  host_pool_ =
+      std::make_unique<vk::MemoryPool>(*dev_, c.host_type, true, std::min(kRingBytes, block), 0);
   LOOM_ASSIGN_OR_RETURN(ring_, host_pool_->alloc(std::min(kRingBytes, block), "the staging ring"));
 
   VkCommandPoolCreateInfo cpi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -253,7 +263,9 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   cmds_.push_back(cmd_);
   // GPUs run a batch's first dispatches while the host records the rest; a
   // CPU device (lavapipe) shares the host's cores, so it gets one buffer.
-  submit_every_ = opts.submit_every ? opts.submit_every : dev_->info().type == "cpu" ? 0 : kSubmitEvery;
+  submit_every_ = opts.submit_every            ? opts.submit_every
+                  : dev_->info().type == "cpu" ? 0
+                                               : kSubmitEvery;
   submit_first_ = std::min(submit_every_, kSubmitFirst);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
@@ -266,7 +278,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   for (uint32_t n = 1; n <= kMaxBindings; ++n) {
     VkDescriptorSetLayoutBinding b[kMaxBindings];
     for (uint32_t i = 0; i < n; ++i) {
-      b[i] = VkDescriptorSetLayoutBinding{i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+      b[i] = VkDescriptorSetLayoutBinding{i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                          VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
     }
     VkDescriptorSetLayoutCreateInfo dli{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
     dli.bindingCount = n;
@@ -291,10 +304,13 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, kMatvecRowsMax);
   matvec_rows_opt_ = matvec_rows_;
   // Four 32-wide subgroups (NVIDIA) or two 64-wide ones per matvec workgroup.
-  matvec_wg_ = std::min(std::max<uint32_t>(128, c.subgroup_size), std::max<uint32_t>(c.max_wg_threads, 1));
+  matvec_wg_ =
+      std::min(std::max<uint32_t>(128, c.subgroup_size), std::max<uint32_t>(c.max_wg_threads, 1));
   // Norms of a row in one workgroup: wide on GPUs (the row stays in registers,
   // a few vec4 per thread); CPU devices keep reduce_wg_ (barriers are costly there).
-  norm_wg_ = c.subgroup_arithmetic && c.subgroup_size >= 32 ? std::min<uint32_t>(512, c.max_wg_threads) : reduce_wg_;
+  norm_wg_ = c.subgroup_arithmetic && c.subgroup_size >= 32
+                 ? std::min<uint32_t>(512, c.max_wg_threads)
+                 : reduce_wg_;
 
   profile_ = opts.profile && c.timestamp_period_ns > 0;
   if (profile_) {
@@ -330,7 +346,9 @@ VulkanBackend::~VulkanBackend() {
   host_pool_.reset();
 }
 
-std::string VulkanBackend::name() const { return "vulkan (" + dev_->info().name + ")"; }
+std::string VulkanBackend::name() const {
+  return "vulkan (" + dev_->info().name + ")";
+}
 
 bool VulkanBackend::supports(OpKind op, DType dtype) const {
   switch (op) {
@@ -342,7 +360,9 @@ bool VulkanBackend::supports(OpKind op, DType dtype) const {
   }
 }
 
-uint64_t VulkanBackend::device_bytes() const { return device_pool_->reserved_bytes(); }
+uint64_t VulkanBackend::device_bytes() const {
+  return device_pool_->reserved_bytes();
+}
 
 std::vector<GpuOpTime> VulkanBackend::gpu_times() const {
   std::vector<GpuOpTime> v;
@@ -370,7 +390,8 @@ size_t VulkanBackend::FastKeyHash::operator()(const FastKey& k) const {
 
 size_t VulkanBackend::DescKeyHash::operator()(const DescKey& k) const {
   size_t h = k.n;
-  for (uint32_t i = 0; i < k.n; ++i) h = h * 1000003u ^ std::hash<const void*>()(reinterpret_cast<const void*>(k.b[i]));
+  for (uint32_t i = 0; i < k.n; ++i)
+    h = h * 1000003u ^ std::hash<const void*>()(reinterpret_cast<const void*>(k.b[i]));
   return h;
 }
 
@@ -436,9 +457,10 @@ Status VulkanBackend::begin() {
 void VulkanBackend::full_barrier() {
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                     VK_ACCESS_TRANSFER_WRITE_BIT;
-  const VkPipelineStageFlags st = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                     VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  const VkPipelineStageFlags st =
+      VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
   dev_->fn().vkCmdPipelineBarrier(cmd_, st, st, 0, 1, &mb, 0, nullptr, 0, nullptr);
   pending_writes_.clear();
   pending_reads_.clear();
@@ -457,13 +479,15 @@ void VulkanBackend::barrier_if_needed(const Bind* binds, uint32_t n) {
     if (!b.size) continue;
     const uint64_t lo = b.offset, hi = b.offset + b.size;
     // Read after write, write after write, write after read.
-    need = overlaps(pending_writes_, b.block->buffer, lo, hi) || (b.write && overlaps(pending_reads_, b.block->buffer, lo, hi));
+    need = overlaps(pending_writes_, b.block->buffer, lo, hi) ||
+           (b.write && overlaps(pending_reads_, b.block->buffer, lo, hi));
   }
   if (need) full_barrier();
   for (uint32_t i = 0; i < n; ++i) {
     const Bind& b = binds[i];
     if (!b.size) continue;
-    (b.write ? pending_writes_ : pending_reads_).push_back(Range{b.block->buffer, b.offset, b.offset + b.size});
+    (b.write ? pending_writes_ : pending_reads_)
+        .push_back(Range{b.block->buffer, b.offset, b.offset + b.size});
   }
 }
 
@@ -477,7 +501,8 @@ Status VulkanBackend::flush() {
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-  fn.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+  fn.vkCmdPipelineBarrier(cmd_,
+                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                           VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
   pending_writes_.clear();
   pending_reads_.clear();
@@ -490,7 +515,8 @@ Status VulkanBackend::flush() {
     return status_;
   }
   if (!status_.ok()) {  // something failed while recording: do not run the rest of the batch
-    if (cmd_index_ > 0) (void)fn.vkDeviceWaitIdle(dev_->device());  // earlier buffers went out: let them end
+    if (cmd_index_ > 0)
+      (void)fn.vkDeviceWaitIdle(dev_->device());  // earlier buffers went out: let them end
     return status_;
   }
   if (simulate_lost_) {
@@ -516,8 +542,9 @@ Status VulkanBackend::flush() {
   fn.vkResetFences(dev_->device(), 1, &fence_);
   if (profile_ && n_queries_) {
     std::vector<uint64_t> ts(n_queries_);
-    r = fn.vkGetQueryPoolResults(dev_->device(), query_pool_, 0, n_queries_, ts.size() * sizeof(uint64_t), ts.data(),
-                                 sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    r = fn.vkGetQueryPoolResults(dev_->device(), query_pool_, 0, n_queries_,
+                                 ts.size() * sizeof(uint64_t), ts.data(), sizeof(uint64_t),
+                                 VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
     if (r == VK_SUCCESS) {
       const double ns = dev_->caps().timestamp_period_ns;
       for (uint32_t i = 0; i + 1 < n_queries_; i += 2) {
@@ -630,15 +657,17 @@ void VulkanBackend::take_scope_times(std::vector<ScopeTime>* out) {
 }
 
 Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader, const Spec& spec,
-                                                          uint32_t n_bindings) {
+                                                         uint32_t n_bindings) {
   std::string key(shader);
-  key += '/' + std::to_string(spec.wg) + '/' + std::to_string(spec.c1) + '/' + std::to_string(spec.c2) + '/' +
-         std::to_string(spec.c3);
+  key += '/' + std::to_string(spec.wg) + '/' + std::to_string(spec.c1) + '/' +
+         std::to_string(spec.c2) + '/' + std::to_string(spec.c3);
   auto it = pipelines_.find(key);
   if (it != pipelines_.end()) return &it->second;
 
   const vk::SpirvBlob* blob = vk::find_shader(shader);
-  if (!blob) return make_error(ErrorCode::kInternal, "Vulkan: no shader variant '%s' in this build", key.c_str());
+  if (!blob)
+    return make_error(ErrorCode::kInternal, "Vulkan: no shader variant '%s' in this build",
+                      key.c_str());
   const vk::Fns& fn = dev_->fn();
   const VkDevice d = dev_->device();
   VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
@@ -711,9 +740,15 @@ Result<VkDescriptorSet> VulkanBackend::descriptor_set(const Bind* binds, uint32_
   return set;
 }
 
-Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings) {
-  const FastKey key{v.op, v.has_dtype ? static_cast<uint32_t>(v.dtype) : 0xFFFFFFFFu,
-                    (v.sg ? 1u : 0u) | (v.h ? 2u : 0u) | (n_bindings << 2), spec.wg, spec.c1, spec.c2, spec.c3};
+Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline_for(const Variant& v, const Spec& spec,
+                                                             uint32_t n_bindings) {
+  const FastKey key{v.op,
+                    v.has_dtype ? static_cast<uint32_t>(v.dtype) : 0xFFFFFFFFu,
+                    (v.sg ? 1u : 0u) | (v.h ? 2u : 0u) | (n_bindings << 2),
+                    spec.wg,
+                    spec.c1,
+                    spec.c2,
+                    spec.c3};
   auto it = fast_pipes_.find(key);
   if (it != fast_pipes_.end()) return it->second;
   LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline(variant_name(v), spec, n_bindings));
@@ -722,7 +757,8 @@ Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline_for(const Variant& v, c
 }
 
 void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
-                             const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+                             const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy,
+                             uint32_t gz) {
   if (!status_.ok()) return;
   if (gx == 0 || gy == 0 || gz == 0) return;
   const auto n = static_cast<uint32_t>(binds.size());
@@ -735,10 +771,12 @@ void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initialize
   const vk::Fns& fn = dev_->fn();
   barrier_if_needed(binds.begin(), n);
   fn.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, (*p)->pipe);
-  fn.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipe_layouts_[n], 0, 1, &*set, 0, nullptr);
+  fn.vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipe_layouts_[n], 0, 1, &*set, 0,
+                             nullptr);
   fn.vkCmdPushConstants(cmd_, pipe_layouts_[n], VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
   const bool timed = profile_ && n_queries_ + 2 <= kMaxQueries;
-  if (timed) fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_, n_queries_);
+  if (timed)
+    fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_, n_queries_);
   fn.vkCmdDispatch(cmd_, gx, gy, gz);
   if (timed) {
     fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_ + 1);
@@ -756,7 +794,8 @@ void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initialize
   }
 }
 
-void VulkanBackend::copy_buffer(Block* src, uint64_t src_off, Block* dst, uint64_t dst_off, uint64_t bytes) {
+void VulkanBackend::copy_buffer(Block* src, uint64_t src_off, Block* dst, uint64_t dst_off,
+                                uint64_t bytes) {
   if (!status_.ok() || bytes == 0) return;
   Status st = begin();
   if (!st.ok()) return fail(st);
@@ -781,7 +820,9 @@ void VulkanBackend::grid_1d(uint64_t n, uint32_t* gx, uint32_t* gz) const {
 
 Status VulkanBackend::ring_reserve(uint64_t bytes) {
   bytes = (bytes + 255) / 256 * 256;
-  if (bytes > ring_.size) return make_error(ErrorCode::kInternal, "Vulkan: %" PRIu64 " bytes exceed the staging ring", bytes);
+  if (bytes > ring_.size)
+    return make_error(ErrorCode::kInternal, "Vulkan: %" PRIu64 " bytes exceed the staging ring",
+                      bytes);
   if (ring_used_ + bytes > ring_.size) LOOM_TRY(flush());
   return status_;
 }
@@ -796,7 +837,8 @@ uint64_t VulkanBackend::ring_put(const void* data, uint64_t bytes) {
 Result<uint32_t> VulkanBackend::put_ints(const int32_t* v, int64_t n) {
   const auto count = static_cast<size_t>(n);
   // Every layer's rope, kv_store and attention get the same positions: put them once per batch.
-  if (ints_memo_valid_ && ints_memo_.size() == count && std::equal(v, v + count, ints_memo_.begin())) {
+  if (ints_memo_valid_ && ints_memo_.size() == count &&
+      std::equal(v, v + count, ints_memo_.begin())) {
     return u32(ints_memo_off_ / 4);
   }
   LOOM_TRY(ring_reserve(count * 4));
@@ -811,22 +853,27 @@ Result<uint32_t> VulkanBackend::put_ints(const int32_t* v, int64_t n) {
 
 Result<std::unique_ptr<ActBuffer>> VulkanBackend::alloc_act(int64_t n_floats) {
   if (n_floats < 0) return make_error(ErrorCode::kInvalidArgument, "alloc_act: negative size");
-  LOOM_ASSIGN_OR_RETURN(Alloc a, device_pool_->alloc(static_cast<uint64_t>(std::max<int64_t>(n_floats, 1)) * 4, "activations"));
+  LOOM_ASSIGN_OR_RETURN(
+      Alloc a, device_pool_->alloc(static_cast<uint64_t>(std::max<int64_t>(n_floats, 1)) * 4,
+                                   "activations"));
   return std::unique_ptr<ActBuffer>(new VkActBuffer(this, a, n_floats));
 }
 
 VulkanBackend::Bind VulkanBackend::act_bind(const Act& a, bool write) const {
-  return Bind{static_cast<Block*>(a.buffer), a.offset, static_cast<uint64_t>(a.rows * a.cols) * 4, write};
+  return Bind{static_cast<Block*>(a.buffer), a.offset, static_cast<uint64_t>(a.rows * a.cols) * 4,
+              write};
 }
 
 bool VulkanBackend::check_act(const Act& a, const char* op) {
   if (a.buffer && !a.data && a.offset % 4 == 0) return true;
-  fail(make_error(ErrorCode::kInternal, "Vulkan %s: an activation is not in this backend's memory", op));
+  fail(make_error(ErrorCode::kInternal, "Vulkan %s: an activation is not in this backend's memory",
+                  op));
   return false;
 }
 
 Status VulkanBackend::upload(const float* src, Act dst) {
-  if (!dst.buffer) return make_error(ErrorCode::kInternal, "Vulkan upload: the destination is not device memory");
+  if (!dst.buffer)
+    return make_error(ErrorCode::kInternal, "Vulkan upload: the destination is not device memory");
   const auto* p = reinterpret_cast<const uint8_t*>(src);
   uint64_t left = static_cast<uint64_t>(dst.rows * dst.cols) * 4, at = 0;
   while (left && status_.ok()) {
@@ -841,7 +888,8 @@ Status VulkanBackend::upload(const float* src, Act dst) {
 }
 
 Status VulkanBackend::download(Act src, float* dst) {
-  if (!src.buffer) return make_error(ErrorCode::kInternal, "Vulkan download: the source is not device memory");
+  if (!src.buffer)
+    return make_error(ErrorCode::kInternal, "Vulkan download: the source is not device memory");
   auto* p = reinterpret_cast<uint8_t*>(dst);
   uint64_t left = static_cast<uint64_t>(src.rows * src.cols) * 4, at = 0;
   if (left == 0) return synchronize();
@@ -858,7 +906,9 @@ Status VulkanBackend::download(Act src, float* dst) {
   return status_;
 }
 
-Status VulkanBackend::synchronize() { return flush(); }
+Status VulkanBackend::synchronize() {
+  return flush();
+}
 
 const VulkanBackend::Resident* VulkanBackend::find_weight(const void* p) const {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -881,7 +931,8 @@ uint64_t fingerprint(const Weight& w, const uint8_t* begin, uint64_t bytes) {
   auto mix = [&h](const void* p, size_t n) {
     for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
   };
-  const uint64_t shape[4] = {static_cast<uint64_t>(w.dtype), static_cast<uint64_t>(w.n_in), w.row_bytes, bytes};
+  const uint64_t shape[4] = {static_cast<uint64_t>(w.dtype), static_cast<uint64_t>(w.n_in),
+                             w.row_bytes, bytes};
   mix(shape, sizeof(shape));
   for (uint64_t i = 0; i < 16; ++i) {
     const uint64_t at = bytes > 64 ? (bytes - 64) / 15 * i : 0;
@@ -914,8 +965,9 @@ void VulkanBackend::release_weight(const Weight& w) {
 Status VulkanBackend::upload_weight(const Weight& w) {
   if (!w.present()) return {};
   if (!vk::packable(w.dtype)) {
-    return make_error(ErrorCode::kUnsupported, "Vulkan: tensor '%s' has type %s, which no shader reads",
-                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str());
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: tensor '%s' has type %s, which no shader reads", w.name().c_str(),
+                      std::string(dtype_name(w.dtype)).c_str());
   }
   // The whole tensor (fused tensors are used as row ranges: one upload serves all).
   const uint8_t* begin = static_cast<const uint8_t*>(w.data);
@@ -927,7 +979,9 @@ Status VulkanBackend::upload_weight(const Weight& w) {
   const uint64_t src_bytes = static_cast<uint64_t>(n_rows) * w.row_bytes;
   const uint64_t fp = fingerprint(w, begin, src_bytes);
   auto same = weights_.find(begin);
-  if (same != weights_.end() && same->second.fingerprint == fp && same->second.end == begin + src_bytes) return {};
+  if (same != weights_.end() && same->second.fingerprint == fp &&
+      same->second.end == begin + src_bytes)
+    return {};
   // Anything else resident over these bytes is a stale copy of an unloaded tensor.
   bool stale = false;
   for (auto it = weights_.begin(); it != weights_.end();) {
@@ -943,7 +997,9 @@ Status VulkanBackend::upload_weight(const Weight& w) {
   }
   const vk::PackedLayout l = vk::packed_layout(w.dtype, w.n_in, n_rows);
   if (l.bytes == 0) {
-    return make_error(ErrorCode::kUnsupported, "Vulkan: tensor '%s' of type %s has rows of %" PRId64 " elements, which its blocks do not divide",
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: tensor '%s' of type %s has rows of %" PRId64
+                      " elements, which its blocks do not divide",
                       w.name().c_str(), std::string(dtype_name(w.dtype)).c_str(), w.n_in);
   }
   const std::string what = w.name().empty() ? std::string("a weight") : "tensor '" + w.name() + "'";
@@ -953,7 +1009,8 @@ Status VulkanBackend::upload_weight(const Weight& w) {
     packed.resize(l.bytes);
   } catch (const std::bad_alloc&) {
     device_pool_->free(a);
-    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking %s for the GPU", what.c_str());
+    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking %s for the GPU",
+                      what.c_str());
   }
   vk::pack_weight(w.dtype, begin, w.row_bytes, w.n_in, n_rows, l, packed.data());
   for (uint64_t at = 0; at < l.bytes && status_.ok();) {
@@ -986,11 +1043,14 @@ Status VulkanBackend::upload_weight(const Weight& w) {
 
 Result<std::unique_ptr<KvStorage>> VulkanBackend::create_kv_storage(const KvCacheConfig& cfg) {
   if (cfg.dtype != DType::kF16 && cfg.dtype != DType::kQ8_0) {
-    return make_error(ErrorCode::kUnsupported, "Vulkan: KV cache type %s is not supported (f16, q8_0)",
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: KV cache type %s is not supported (f16, q8_0)",
                       std::string(dtype_name(cfg.dtype)).c_str());
   }
-  if (cfg.head_dim % 2 || cfg.head_dim > kAttnMaxHeadDim || (cfg.dtype == DType::kQ8_0 && cfg.head_dim % 32)) {
-    return make_error(ErrorCode::kUnsupported, "Vulkan: head size %" PRId64 " is not supported for a %s KV cache",
+  if (cfg.head_dim % 2 || cfg.head_dim > kAttnMaxHeadDim ||
+      (cfg.dtype == DType::kQ8_0 && cfg.head_dim % 32)) {
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: head size %" PRId64 " is not supported for a %s KV cache",
                       cfg.head_dim, std::string(dtype_name(cfg.dtype)).c_str());
   }
   // No layer is resident yet: the KvCache decides which live here (set_layer_resident).
@@ -1003,7 +1063,8 @@ Status VulkanBackend::ensure_scratch(uint64_t bytes) {
   LOOM_TRY(flush());  // the old scratch may be in use by recorded work
   device_pool_->free(scratch_);
   scratch_ = Alloc{};
-  LOOM_ASSIGN_OR_RETURN(scratch_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "attention scratch"));
+  LOOM_ASSIGN_OR_RETURN(
+      scratch_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "attention scratch"));
   return {};
 }
 
@@ -1108,11 +1169,13 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint
 
 // ---- ops ----------------------------------------------------------------------
 
-bool VulkanBackend::positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op) {
+bool VulkanBackend::positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx,
+                                       const char* op) {
   // A position past the cache would make the shader write outside its layer.
   for (int64_t t = 0; t < n; ++t) {
     if (pos[t] < 0 || pos[t] >= n_ctx) {
-      fail(make_error(ErrorCode::kOutOfRange, "Vulkan %s: position %d is outside the KV cache (0..%lld)", op, pos[t],
+      fail(make_error(ErrorCode::kOutOfRange,
+                      "Vulkan %s: position %d is outside the KV cache (0..%lld)", op, pos[t],
                       static_cast<long long>(n_ctx - 1)));
       return false;
     }
@@ -1123,31 +1186,45 @@ bool VulkanBackend::positions_in_range(const int32_t* pos, int64_t n, int64_t n_
 void VulkanBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
   if (!status_.ok() || !check_act(out, "get_rows")) return;
   const Resident* r = find_weight(w.data);
-  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan get_rows: tensor '%s' is not on the GPU", w.name().c_str()));
+  if (!r)
+    return fail(make_error(ErrorCode::kInternal, "Vulkan get_rows: tensor '%s' is not on the GPU",
+                           w.name().c_str()));
   auto io = put_ints(ids, out.rows);
   if (!io.ok()) return fail(io.status());
   // Embeddings are whole tensors: ids index the tensor's rows.
   struct {
     uint32_t w_off, w_off2, row_units, K, n_rows, ids_off, o_off, o_ld;
-  } pc{u32(r->alloc.offset / 4), u32((r->alloc.offset + r->off2) / 4), r->row_units, u32(w.n_in),
-       u32(r->n_rows), *io, u32(out.offset / 4), u32(out.cols)};
+  } pc{u32(r->alloc.offset / 4),
+       u32((r->alloc.offset + r->off2) / 4),
+       r->row_units,
+       u32(w.n_in),
+       u32(r->n_rows),
+       *io,
+       u32(out.offset / 4),
+       u32(out.cols)};
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
   const Bind ib{ring_.block, 0, 0, false};
-  dispatch(typed("get_rows", r->dtype, false, true), Spec{kWgSmall}, {wb, ib, act_bind(out, true)}, &pc, sizeof(pc),
-           (r->row_units + kWgSmall - 1) / kWgSmall, u32(out.rows), 1);
+  dispatch(typed("get_rows", r->dtype, false, true), Spec{kWgSmall}, {wb, ib, act_bind(out, true)},
+           &pc, sizeof(pc), (r->row_units + kWgSmall - 1) / kWgSmall, u32(out.rows), 1);
 }
 
 void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   if (!status_.ok() || !check_act(x, "rms_norm") || !check_act(out, "rms_norm")) return;
   const Resident* r = find_weight(w.data);
-  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan rms_norm: tensor '%s' is not on the GPU", w.name().c_str()));
-  const uint64_t w_off = r->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) -
-                                                                 (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes));
+  if (!r)
+    return fail(make_error(ErrorCode::kInternal, "Vulkan rms_norm: tensor '%s' is not on the GPU",
+                           w.name().c_str()));
+  const uint64_t w_off =
+      r->alloc.offset +
+      static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) -
+                            (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes));
   struct {
     uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
     float eps;
     uint32_t vec4_ok;
-  } pc{u32(x.offset / 4), u32(x.cols), u32(w_off / 4), u32(out.offset / 4), u32(out.cols), u32(x.cols), u32(x.rows), eps, 0};
+  } pc{u32(x.offset / 4),   u32(x.cols),   u32(w_off / 4),
+       u32(out.offset / 4), u32(out.cols), u32(x.cols),
+       u32(x.rows),         eps,           0};
   pc.vec4_ok = (pc.x_off | pc.x_ld | pc.w_off | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
   uint32_t gx, gz;
   grid_1d(static_cast<uint64_t>(x.rows), &gx, &gz);
@@ -1155,11 +1232,12 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   // Narrower workgroups for short rows: at least a vec4 per thread.
   uint32_t wg = norm_wg_;
   while (wg > reduce_wg_ && wg / 2 * 4 >= pc.n) wg /= 2;
-  dispatch(plain("rms_norm", true), Spec{wg},
-           {act_bind(x, false), wb, act_bind(out, true)}, &pc, sizeof(pc), gx, 1, gz);
+  dispatch(plain("rms_norm", true), Spec{wg}, {act_bind(x, false), wb, act_bind(out, true)}, &pc,
+           sizeof(pc), gx, 1, gz);
 }
 
-VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const {
+VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units,
+                                                        DType dtype) const {
   // Enough workgroups to give every SM of a large GPU several (kManyGroups),
   // and enough rows per row group to share each x load: halve NR first, then
   // split the row over more threads while each still gets 2 x UNROLL parts.
@@ -1176,12 +1254,16 @@ VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row
     while (s.nr > 1 && groups() < many) s.nr /= 2;
   }
   if (!matvec_tpr_) {
-    while (groups() < many && s.tpr * 2 <= s.wg && matvec_parts(dtype) * row_units >= 2 * 2 * s.tpr * s.unroll) s.tpr *= 2;
+    while (groups() < many && s.tpr * 2 <= s.wg &&
+           matvec_parts(dtype) * row_units >= 2 * 2 * s.tpr * s.unroll)
+      s.tpr *= 2;
   }
   return s;
 }
 
-void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) { matmul_impl(w, x, out, bias, false); }
+void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
+  matmul_impl(w, x, out, bias, false);
+}
 
 void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   if (x.rows == 1 && dev_->caps().subgroup_arithmetic) return matmul_impl(w, x, y, nullptr, true);
@@ -1192,21 +1274,36 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
   const Resident* rg = find_weight(gate.data);
   const Resident* ru = find_weight(up.data);
   // One dispatch when both are whole tensors of one type in one memory block.
-  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
-                     rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype && rg->row_units == ru->row_units &&
-                     gate.n_out == up.n_out && gate.n_in == up.n_in && rg->n_rows == gate.n_out &&
-                     ru->n_rows == up.n_out && static_cast<const uint8_t*>(gate.data) == rg->end - rg->n_rows * rg->src_row_bytes &&
-                     static_cast<const uint8_t*>(up.data) == ru->end - ru->n_rows * ru->src_row_bytes &&
-                     check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
+  const bool fused =
+      status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
+      rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype &&
+      rg->row_units == ru->row_units && gate.n_out == up.n_out && gate.n_in == up.n_in &&
+      rg->n_rows == gate.n_out && ru->n_rows == up.n_out &&
+      static_cast<const uint8_t*>(gate.data) == rg->end - rg->n_rows * rg->src_row_bytes &&
+      static_cast<const uint8_t*>(up.data) == ru->end - ru->n_rows * ru->src_row_bytes &&
+      check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
   if (!fused) return Backend::matmul_glu(gate, up, x, out, tmp);
   const uint32_t M = 2 * u32(gate.n_out);  // interleaved gate and up rows
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
   struct {
     uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
     uint32_t w_off_b, w_off2_b, row0_b;
-  } pc{u32(rg->alloc.offset / 4), u32((rg->alloc.offset + rg->off2) / 4), 0, rg->row_units, u32(gate.n_in), M, 1,
-       x_off, x_ld, u32(out.offset / 4), u32(out.cols), 0, (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
-       u32(ru->alloc.offset / 4), u32((ru->alloc.offset + ru->off2) / 4), 0};
+  } pc{u32(rg->alloc.offset / 4),
+       u32((rg->alloc.offset + rg->off2) / 4),
+       0,
+       rg->row_units,
+       u32(gate.n_in),
+       M,
+       1,
+       x_off,
+       x_ld,
+       u32(out.offset / 4),
+       u32(out.cols),
+       0,
+       (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
+       u32(ru->alloc.offset / 4),
+       u32((ru->alloc.offset + ru->off2) / 4),
+       0};
   MatvecShape s = matvec1_shape(M, rg->row_units, rg->dtype);
   s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole (gate, up) pairs per row group
   const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
@@ -1219,31 +1316,52 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
            {wg, act_bind(x, false), act_bind(out, true), wg, wu}, &pc, sizeof(pc), gx, 1, gz);
 }
 
-void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate) {
+void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias,
+                                bool accumulate) {
   if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
   const Resident* r = find_weight(w.data);
-  if (!r) return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: tensor '%s' is not on the GPU", w.name().c_str()));
+  if (!r)
+    return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: tensor '%s' is not on the GPU",
+                           w.name().c_str()));
   const uint8_t* begin = r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes;
-  const auto row0 = static_cast<uint64_t>((static_cast<const uint8_t*>(w.data) - begin) / static_cast<ptrdiff_t>(r->src_row_bytes));
+  const auto row0 = static_cast<uint64_t>((static_cast<const uint8_t*>(w.data) - begin) /
+                                          static_cast<ptrdiff_t>(r->src_row_bytes));
   const Resident* rb = nullptr;
   uint64_t b_off = 0;
   if (bias && bias->present()) {
     rb = find_weight(bias->data);
-    if (!rb) return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: bias '%s' is not on the GPU", bias->name().c_str()));
-    b_off = (rb->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) -
-                                                      (rb->end - static_cast<size_t>(rb->n_rows) * rb->src_row_bytes))) / 4;
+    if (!rb)
+      return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: bias '%s' is not on the GPU",
+                             bias->name().c_str()));
+    b_off =
+        (rb->alloc.offset +
+         static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) -
+                               (rb->end - static_cast<size_t>(rb->n_rows) * rb->src_row_bytes))) /
+        4;
   }
   const uint32_t T = u32(x.rows), M = u32(w.n_out);
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
   struct {
     uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
-  } pc{u32(r->alloc.offset / 4), u32((r->alloc.offset + r->off2) / 4), u32(row0), r->row_units, u32(w.n_in), M, T,
-       x_off, x_ld, u32(out.offset / 4), u32(out.cols), u32(b_off), 0};
+  } pc{u32(r->alloc.offset / 4),
+       u32((r->alloc.offset + r->off2) / 4),
+       u32(row0),
+       r->row_units,
+       u32(w.n_in),
+       M,
+       T,
+       x_off,
+       x_ld,
+       u32(out.offset / 4),
+       u32(out.cols),
+       u32(b_off),
+       0};
   if (rb) pc.flags |= 1;
   if (x_off % 4 == 0 && x_ld % 4 == 0) pc.flags |= 2;
   if (accumulate) pc.flags |= 4;
   const Bind wb{r->alloc.block, r->alloc.offset, r->alloc.size, false};
-  const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false} : Bind{r->alloc.block, 0, 0, false};
+  const Bind bb = rb ? Bind{rb->alloc.block, rb->alloc.offset, rb->alloc.size, false}
+                     : Bind{r->alloc.block, 0, 0, false};
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
     // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
     const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype);
@@ -1255,31 +1373,36 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   } else if (T <= kMatvecCols) {
     // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.
     const vk::DeviceCaps& c = dev_->caps();
-    const uint32_t nsg = c.subgroup_arithmetic ? std::max<uint32_t>(1, kWgMatvec / c.subgroup_size) : 1;
+    const uint32_t nsg =
+        c.subgroup_arithmetic ? std::max<uint32_t>(1, kWgMatvec / c.subgroup_size) : 1;
     const uint32_t rows_per_group = nsg * kMatvecRows;
     uint32_t gx, gz;
     grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
-    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true), Spec{kWgMatvec, kMatvecRows, nsg},
-             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
+    dispatch(typed(T == 1 ? "matvec1" : "matvec", r->dtype, true, true),
+             Spec{kWgMatvec, kMatvecRows, nsg}, {wb, act_bind(x, false), act_bind(out, true), bb},
+             &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
-    dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul}, {wb, act_bind(x, false), act_bind(out, true), bb},
-             &pc, sizeof(pc), (M + kMatmulTile - 1) / kMatmulTile, (T + kMatmulTile - 1) / kMatmulTile, 1);
+    dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul},
+             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
+             (M + kMatmulTile - 1) / kMatmulTile, (T + kMatmulTile - 1) / kMatmulTile, 1);
   }
 }
 
-void VulkanBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) {
+void VulkanBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+                         const cpu::RopeParams& p) {
   rope_impl(x, n_heads, x, 0, head_dim, pos, p);
 }
 
-void VulkanBackend::rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
-                            const cpu::RopeParams& p) {
+void VulkanBackend::rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                            const int32_t* pos, const cpu::RopeParams& p) {
   rope_impl(q, n_heads, k, n_kv_heads, head_dim, pos, p);
 }
 
-void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim, const int32_t* pos,
-                              const cpu::RopeParams& p) {
+void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
+                              const int32_t* pos, const cpu::RopeParams& p) {
   if (!status_.ok() || !check_act(x, "rope") || (n_heads2 && !check_act(x2, "rope"))) return;
-  if (n_heads2 && x2.rows != x.rows) return fail(make_error(ErrorCode::kInternal, "Vulkan rope: q and k differ in rows"));
+  if (n_heads2 && x2.rows != x.rows)
+    return fail(make_error(ErrorCode::kInternal, "Vulkan rope: q and k differ in rows"));
   auto po = put_ints(pos, x.rows);
   if (!po.ok()) return fail(po.status());
   uint32_t ff_off = 0xFFFFFFFFu;
@@ -1301,9 +1424,23 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
     uint32_t x_off, x_ld, n_heads, head_dim, n_rot, neox, pos_off, ff_off;
     float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
     uint32_t x2_off, x2_ld, n_heads2;
-  } pc{u32(x.offset / 4), u32(x.cols), u32(n_heads), u32(head_dim), u32(p.n_rot), p.neox ? 1u : 0u, *po, ff_off,
-       std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)), p.freq_scale, p.ext_factor, p.attn_factor,
-       corr[0], corr[1], u32(x2.offset / 4), u32(x2.cols), u32(n_heads2)};
+  } pc{u32(x.offset / 4),
+       u32(x.cols),
+       u32(n_heads),
+       u32(head_dim),
+       u32(p.n_rot),
+       p.neox ? 1u : 0u,
+       *po,
+       ff_off,
+       std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)),
+       p.freq_scale,
+       p.ext_factor,
+       p.attn_factor,
+       corr[0],
+       corr[1],
+       u32(x2.offset / 4),
+       u32(x2.cols),
+       u32(n_heads2)};
   const Bind rb{ring_.block, 0, 0, false};
   const uint64_t pairs = static_cast<uint64_t>((n_heads + n_heads2) * (p.n_rot / 2));
   // Without a second tensor, binding 3 repeats x's buffer with no range (no hazard).
@@ -1315,7 +1452,9 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
 void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) {
   if (!status_.ok() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
-  if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
+  if (!s || s->owner_ != this)
+    return fail(
+        make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
   if (!s->layer_resident(layer)) return fail(not_resident(layer, "kv_store"));
   const KvCacheConfig& c = s->cfg_;
   if (!positions_in_range(pos, k.rows, c.n_ctx, "kv_store")) return;
@@ -1324,23 +1463,30 @@ void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int
   const Alloc& ka = s->k_[static_cast<size_t>(layer)];
   const Alloc& va = s->v_[static_cast<size_t>(layer)];
   struct {
-    uint32_t k_off, k_ld, v_off, v_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_kv_heads, head_dim, pos_off;
-  } pc{u32(k.offset / 4), u32(k.cols), u32(v.offset / 4), u32(v.cols), u32(ka.offset / 4),
-       u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
-       u32(c.n_ctx), u32(c.n_kv_heads), u32(c.head_dim), *po};
+    uint32_t k_off, k_ld, v_off, v_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_kv_heads,
+        head_dim, pos_off;
+  } pc{u32(k.offset / 4),  u32(k.cols),
+       u32(v.offset / 4),  u32(v.cols),
+       u32(ka.offset / 4), u32((ka.offset + s->quant_bytes()) / 4),
+       u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
+       u32(c.n_ctx),       u32(c.n_kv_heads),
+       u32(c.head_dim),    *po};
   const bool f16 = c.dtype == DType::kF16;
-  const uint64_t items = static_cast<uint64_t>(c.n_kv_heads * (f16 ? c.head_dim / 2 : c.head_dim / 32));
+  const uint64_t items =
+      static_cast<uint64_t>(c.n_kv_heads * (f16 ? c.head_dim / 2 : c.head_dim / 32));
   dispatch(typed("kv_store", c.dtype, false, false), Spec{kWgSmall},
            {act_bind(k, false), act_bind(v, false), Bind{ka.block, ka.offset, ka.size, true},
             Bind{va.block, va.offset, va.size, true}, Bind{ring_.block, 0, 0, false}},
            &pc, sizeof(pc), u32((items + kWgSmall - 1) / kWgSmall), u32(k.rows), 1);
 }
 
-void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
-                              Act out) {
+void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
+                              int64_t n_heads, float scale, Act out) {
   if (!status_.ok() || !check_act(q, "attention") || !check_act(out, "attention")) return;
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
-  if (!s || s->owner_ != this) return fail(make_error(ErrorCode::kInternal, "Vulkan attention: the KV cache is not on this GPU"));
+  if (!s || s->owner_ != this)
+    return fail(
+        make_error(ErrorCode::kInternal, "Vulkan attention: the KV cache is not on this GPU"));
   if (!s->layer_resident(layer)) return fail(not_resident(layer, "attention"));
   const KvCacheConfig& c = s->cfg_;
   const int64_t T = q.rows, hd = c.head_dim;
@@ -1351,15 +1497,28 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     auto po = put_ints(pos, T);
     if (!po.ok()) return fail(po.status());
     struct {
-      uint32_t q_off, q_ld, o_off, o_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads, n_kv_heads, head_dim,
-          pos_off, T;
+      uint32_t q_off, q_ld, o_off, o_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
+          n_kv_heads, head_dim, pos_off, T;
       float scale;
-    } pc{u32(q.offset / 4), u32(q.cols), u32(out.offset / 4), u32(out.cols), u32(ka.offset / 4),
-         u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
-         u32(c.n_ctx), u32(n_heads), u32(c.n_kv_heads), u32(hd), *po, u32(T), scale};
+    } pc{u32(q.offset / 4),
+         u32(q.cols),
+         u32(out.offset / 4),
+         u32(out.cols),
+         u32(ka.offset / 4),
+         u32((ka.offset + s->quant_bytes()) / 4),
+         u32(va.offset / 4),
+         u32((va.offset + s->quant_bytes()) / 4),
+         u32(c.n_ctx),
+         u32(n_heads),
+         u32(c.n_kv_heads),
+         u32(hd),
+         *po,
+         u32(T),
+         scale};
     dispatch(typed("attn_tile", c.dtype, false, true), Spec{kWgAttnTile},
-             {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false}, Bind{va.block, va.offset, va.size, false},
-              act_bind(out, true), Bind{ring_.block, 0, 0, false}},
+             {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
+              Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
+              Bind{ring_.block, 0, 0, false}},
              &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
     return;
   }
@@ -1368,9 +1527,13 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
   // Keys per split: a workgroup's worth, or for contexts longer than that
   // kAttnSplitKeys, so the splits fill the GPU and each walks few V rows.
-  const uint32_t kps = static_cast<uint32_t>(max_pos) + 1 > reduce_wg_ ? std::min(kAttnSplitKeys, reduce_wg_) : reduce_wg_;
+  const uint32_t kps = static_cast<uint32_t>(max_pos) + 1 > reduce_wg_
+                           ? std::min(kAttnSplitKeys, reduce_wg_)
+                           : reduce_wg_;
   const uint32_t n_splits = u32((static_cast<uint64_t>(max_pos) + 1 + kps - 1) / kps);
-  const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4 : 0;
+  const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits *
+                                                 static_cast<uint64_t>(hd + 2) * 4
+                                           : 0;
   if (part_bytes) {
     Status st = ensure_scratch(part_bytes);
     if (!st.ok()) return fail(st);
@@ -1378,28 +1541,50 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   auto po = put_ints(pos, T);
   if (!po.ok()) return fail(po.status());
   struct {
-    uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads, n_kv_heads,
-        head_dim, pos_off, n_splits;
+    uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
+        n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
     uint32_t kps;
-  } pc{u32(q.offset / 4), u32(q.cols), u32(out.offset / 4), u32(out.cols), u32(scratch_.offset / 4),
-       u32(ka.offset / 4), u32((ka.offset + s->quant_bytes()) / 4), u32(va.offset / 4),
-       u32((va.offset + s->quant_bytes()) / 4), u32(c.n_ctx), u32(n_heads), u32(c.n_kv_heads), u32(hd), *po, n_splits,
-       scale, kps};
+  } pc{u32(q.offset / 4),
+       u32(q.cols),
+       u32(out.offset / 4),
+       u32(out.cols),
+       u32(scratch_.offset / 4),
+       u32(ka.offset / 4),
+       u32((ka.offset + s->quant_bytes()) / 4),
+       u32(va.offset / 4),
+       u32((va.offset + s->quant_bytes()) / 4),
+       u32(c.n_ctx),
+       u32(n_heads),
+       u32(c.n_kv_heads),
+       u32(hd),
+       *po,
+       n_splits,
+       scale,
+       kps};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
-  const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true} : Bind{ka.block, 0, 0, false};
+  const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true}
+                               : Bind{ka.block, 0, 0, false};
   dispatch(typed("attn_split", c.dtype, true, true), Spec{reduce_wg_},
-           {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false}, Bind{va.block, va.offset, va.size, false},
-            part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false} : act_bind(out, true),
+           {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
+            Bind{va.block, va.offset, va.size, false},
+            part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
+                       : act_bind(out, true),
             Bind{ring_.block, 0, 0, false}, part},
            &pc, sizeof(pc), n_splits, u32(c.n_kv_heads) * n_gchunks, u32(T));
   if (part_bytes) {
     struct {
       uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits;
-    } mp{u32(scratch_.offset / 4), u32(out.offset / 4), u32(out.cols), u32(n_heads), u32(hd), n_splits};
-    dispatch(plain("attn_merge"), Spec{kWgSmall}, {Bind{scratch_.block, scratch_.offset, part_bytes, false}, act_bind(out, true)},
-             &mp, sizeof(mp), u32(n_heads), u32(T), 1);
+    } mp{u32(scratch_.offset / 4),
+         u32(out.offset / 4),
+         u32(out.cols),
+         u32(n_heads),
+         u32(hd),
+         n_splits};
+    dispatch(plain("attn_merge"), Spec{kWgSmall},
+             {Bind{scratch_.block, scratch_.offset, part_bytes, false}, act_bind(out, true)}, &mp,
+             sizeof(mp), u32(n_heads), u32(T), 1);
   }
 }
 
@@ -1411,22 +1596,26 @@ struct EltPush {
 
 // Element-wise ops: one vec4 per thread where alignment allows.
 void VulkanBackend::eltwise(const char* op, Act a, Act b, Act out) {
-  EltPush pc{u32(a.offset / 4), u32(a.cols), u32(b.offset / 4), u32(b.cols), u32(out.offset / 4), u32(out.cols), u32(a.cols), 0};
+  EltPush pc{u32(a.offset / 4),   u32(a.cols),   u32(b.offset / 4), u32(b.cols),
+             u32(out.offset / 4), u32(out.cols), u32(a.cols),       0};
   pc.v4 = (pc.a_off | pc.a_ld | pc.b_off | pc.b_ld | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
   const uint64_t items = pc.v4 ? pc.n / 4 : pc.n;
   uint32_t gx, gz;
   grid_1d((items + kWgElt - 1) / kWgElt, &gx, &gz);
-  dispatch(plain(op), Spec{kWgElt}, {act_bind(a, false), act_bind(b, false), act_bind(out, true)}, &pc, sizeof(pc), gx,
-           u32(a.rows), gz);
+  dispatch(plain(op), Spec{kWgElt}, {act_bind(a, false), act_bind(b, false), act_bind(out, true)},
+           &pc, sizeof(pc), gx, u32(a.rows), gz);
 }
 
 void VulkanBackend::silu_mul(Act gate, Act up, Act out) {
-  if (!status_.ok() || !check_act(gate, "silu_mul") || !check_act(up, "silu_mul") || !check_act(out, "silu_mul")) return;
+  if (!status_.ok() || !check_act(gate, "silu_mul") || !check_act(up, "silu_mul") ||
+      !check_act(out, "silu_mul"))
+    return;
   eltwise("silu_mul", gate, up, out);
 }
 
 void VulkanBackend::add(Act a, Act b, Act out) {
-  if (!status_.ok() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add")) return;
+  if (!status_.ok() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add"))
+    return;
   eltwise("add", a, b, out);
 }
 
@@ -1437,9 +1626,13 @@ void VulkanBackend::copy(Act src, Act dst) {
 
 // ---- public entry points --------------------------------------------------------
 
-bool vulkan_built() { return true; }
+bool vulkan_built() {
+  return true;
+}
 
-Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices() { return vk::Device::list(); }
+Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices() {
+  return vk::Device::list();
+}
 
 Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions& opts) {
   LOOM_ASSIGN_OR_RETURN(auto be, VulkanBackend::create(opts));

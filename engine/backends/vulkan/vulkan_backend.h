@@ -76,17 +76,18 @@ class VulkanBackend final : public Backend {
   void get_rows(const Weight& w, const int32_t* ids, Act out) override;
   void rms_norm(Act x, const Weight& w, float eps, Act out) override;
   void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
-  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
+  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+            const cpu::RopeParams& p) override;
   /// Single-token steps: one matvec that adds into y. Otherwise the default.
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
   /// Single-token steps: one matvec over interleaved gate and up rows.
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
   /// One dispatch for both.
-  void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
-               const cpu::RopeParams& p) override;
+  void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+               const int32_t* pos, const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
-  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
-                 Act out) override;
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                 float scale, Act out) override;
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   /// dst = src ([rows, cols] each; row strides may differ).
@@ -114,7 +115,9 @@ class VulkanBackend final : public Backend {
   /// exercise every reduction path of mul_mat_vec.comp.
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
-  void set_matvec_rows(uint32_t nr) { matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_; }
+  void set_matvec_rows(uint32_t nr) {
+    matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
+  }
   /// Tuning (benchmarks): single-token matvec workgroup size, parts per
   /// thread and step, and the workgroup count to aim for; 0 keeps the default.
   struct MatvecTuning {
@@ -132,7 +135,8 @@ class VulkanBackend final : public Backend {
     int64_t n_in = 0, n_rows = 0;
     uint32_t row_units = 0;  ///< 32-element units per row
     uint64_t off2 = 0;       ///< bytes from alloc.offset to the second array (Q8_0/Q4_0 scales)
-    uint64_t fingerprint = 0;  ///< shape, type and sampled bytes: a new tensor at the same address differs
+    uint64_t fingerprint =
+        0;  ///< shape, type and sampled bytes: a new tensor at the same address differs
   };
 
  private:
@@ -159,8 +163,12 @@ class VulkanBackend final : public Backend {
     DType dtype = DType::kF32;
     bool sg = false, h = false;
   };
-  static Variant plain(const char* op, bool sg = false) { return Variant{op, false, DType::kF32, sg, false}; }
-  static Variant typed(const char* op, DType dt, bool sg, bool h) { return Variant{op, true, dt, sg, h}; }
+  static Variant plain(const char* op, bool sg = false) {
+    return Variant{op, false, DType::kF32, sg, false};
+  }
+  static Variant typed(const char* op, DType dt, bool sg, bool h) {
+    return Variant{op, true, dt, sg, h};
+  }
   // Key of the per-dispatch pipeline lookup (no strings on the hot path; `op`
   // is compared by address, call sites pass literals).
   struct FastKey {
@@ -198,14 +206,16 @@ class VulkanBackend final : public Backend {
   void dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
                 const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz);
   void eltwise(const char* op, Act a, Act b, Act out);  // add, silu_mul, copy (b unused)
-  void copy_buffer(vk::Block* src, uint64_t src_off, vk::Block* dst, uint64_t dst_off, uint64_t bytes);
+  void copy_buffer(vk::Block* src, uint64_t src_off, vk::Block* dst, uint64_t dst_off,
+                   uint64_t bytes);
   // Splits a 1-D count of workgroups into x (<= the device limit) and z.
   void grid_1d(uint64_t n, uint32_t* gx, uint32_t* gz) const;
   std::string variant_name(const Variant& v) const;
 
   // The host-visible ring for op inputs and transfers; reset at each flush.
   Status ring_reserve(uint64_t bytes);
-  uint64_t ring_put(const void* data, uint64_t bytes);  // after ring_reserve; returns the byte offset
+  uint64_t ring_put(const void* data,
+                    uint64_t bytes);  // after ring_reserve; returns the byte offset
   // Positions or ids of the current op in the ring (cached while unchanged), as an int offset.
   Result<uint32_t> put_ints(const int32_t* v, int64_t n);
 
@@ -255,12 +265,13 @@ class VulkanBackend final : public Backend {
   std::unordered_map<std::string, Pipeline> pipelines_;
   std::unordered_map<FastKey, Pipeline*, FastKeyHash> fast_pipes_;
   uint32_t reduce_wg_ = 128;  ///< workgroup size of rms_norm and attention (see init)
-  uint32_t matvec_rows_ = 0;  ///< rows per row group of single-token matvecs (VulkanOptions::matvec_rows; 0: auto)
+  uint32_t matvec_rows_ =
+      0;  ///< rows per row group of single-token matvecs (VulkanOptions::matvec_rows; 0: auto)
   uint32_t matvec_rows_opt_ = 0;  ///< matvec_rows_ as VulkanOptions set it
-  uint32_t matvec_tpr_ = 0;   ///< threads per row group of single-token matvecs (0: auto)
-  uint32_t matvec_wg_ = 128;  ///< workgroup size of single-token matvecs
+  uint32_t matvec_tpr_ = 0;       ///< threads per row group of single-token matvecs (0: auto)
+  uint32_t matvec_wg_ = 128;      ///< workgroup size of single-token matvecs
   MatvecTuning mv_tune_;
-  uint32_t norm_wg_ = 128;    ///< workgroup size of rms_norm
+  uint32_t norm_wg_ = 128;  ///< workgroup size of rms_norm
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
@@ -269,8 +280,8 @@ class VulkanBackend final : public Backend {
   // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
   void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
-  void rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim, const int32_t* pos,
-                 const cpu::RopeParams& p);
+  void rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
+                 const int32_t* pos, const cpu::RopeParams& p);
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
