@@ -1215,9 +1215,7 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
     return fail(make_error(ErrorCode::kInternal, "Vulkan rms_norm: tensor '%s' is not on the GPU",
                            w.name().c_str()));
   const uint64_t w_off =
-      r->alloc.offset +
-      static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) -
-                            (r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes));
+      r->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) - r->begin());
   struct {
     uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
     float eps;
@@ -1270,45 +1268,55 @@ void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   Backend::matmul_add(w, x, y, tmp);
 }
 
+namespace {
+// Push constants of mul_mat_vec.comp and mul_mat.comp (PC there). The last
+// three are the up matrix of matvec1_glu; the other variants ignore them.
+struct MatvecPush {
+  uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
+  uint32_t w_off_b = 0, w_off2_b = 0, row0_b = 0;
+};
+}  // namespace
+
+void VulkanBackend::matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx,
+                                 uint32_t* gz) const {
+  const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
+  grid_1d((M + rows_per_group - 1) / rows_per_group, gx, gz);
+}
+
 void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
   const Resident* rg = find_weight(gate.data);
   const Resident* ru = find_weight(up.data);
   // One dispatch when both are whole tensors of one type in one memory block.
-  const bool fused =
-      status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
-      rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype &&
-      rg->row_units == ru->row_units && gate.n_out == up.n_out && gate.n_in == up.n_in &&
-      rg->n_rows == gate.n_out && ru->n_rows == up.n_out &&
-      static_cast<const uint8_t*>(gate.data) == rg->end - rg->n_rows * rg->src_row_bytes &&
-      static_cast<const uint8_t*>(up.data) == ru->end - ru->n_rows * ru->src_row_bytes &&
-      check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
+  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
+                     rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype &&
+                     rg->row_units == ru->row_units && gate.n_out == up.n_out &&
+                     gate.n_in == up.n_in && rg->n_rows == gate.n_out && ru->n_rows == up.n_out &&
+                     static_cast<const uint8_t*>(gate.data) == rg->begin() &&
+                     static_cast<const uint8_t*>(up.data) == ru->begin() &&
+                     check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
   if (!fused) return Backend::matmul_glu(gate, up, x, out, tmp);
   const uint32_t M = 2 * u32(gate.n_out);  // interleaved gate and up rows
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
-  struct {
-    uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
-    uint32_t w_off_b, w_off2_b, row0_b;
-  } pc{u32(rg->alloc.offset / 4),
-       u32((rg->alloc.offset + rg->off2) / 4),
-       0,
-       rg->row_units,
-       u32(gate.n_in),
-       M,
-       1,
-       x_off,
-       x_ld,
-       u32(out.offset / 4),
-       u32(out.cols),
-       0,
-       (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
-       u32(ru->alloc.offset / 4),
-       u32((ru->alloc.offset + ru->off2) / 4),
-       0};
+  MatvecPush pc{u32(rg->alloc.offset / 4),
+                u32((rg->alloc.offset + rg->off2) / 4),
+                0,
+                rg->row_units,
+                u32(gate.n_in),
+                M,
+                1,
+                x_off,
+                x_ld,
+                u32(out.offset / 4),
+                u32(out.cols),
+                0,
+                (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u,
+                u32(ru->alloc.offset / 4),
+                u32((ru->alloc.offset + ru->off2) / 4),
+                0};
   MatvecShape s = matvec1_shape(M, rg->row_units, rg->dtype);
   s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole (gate, up) pairs per row group
-  const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
   uint32_t gx, gz;
-  grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
+  matvec1_grid(s, M, &gx, &gz);
   const Bind wg{rg->alloc.block, rg->alloc.offset, rg->alloc.size, false};
   // Binding 4 (not read by the shader) puts the up tensor's range in the hazard tracking.
   const Bind wu{ru->alloc.block, ru->alloc.offset, ru->alloc.size, false};
@@ -1323,8 +1331,7 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   if (!r)
     return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: tensor '%s' is not on the GPU",
                            w.name().c_str()));
-  const uint8_t* begin = r->end - static_cast<size_t>(r->n_rows) * r->src_row_bytes;
-  const auto row0 = static_cast<uint64_t>((static_cast<const uint8_t*>(w.data) - begin) /
+  const auto row0 = static_cast<uint64_t>((static_cast<const uint8_t*>(w.data) - r->begin()) /
                                           static_cast<ptrdiff_t>(r->src_row_bytes));
   const Resident* rb = nullptr;
   uint64_t b_off = 0;
@@ -1333,29 +1340,25 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     if (!rb)
       return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: bias '%s' is not on the GPU",
                              bias->name().c_str()));
-    b_off =
-        (rb->alloc.offset +
-         static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) -
-                               (rb->end - static_cast<size_t>(rb->n_rows) * rb->src_row_bytes))) /
-        4;
+    b_off = (rb->alloc.offset +
+             static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) - rb->begin())) /
+            4;
   }
   const uint32_t T = u32(x.rows), M = u32(w.n_out);
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
-  struct {
-    uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
-  } pc{u32(r->alloc.offset / 4),
-       u32((r->alloc.offset + r->off2) / 4),
-       u32(row0),
-       r->row_units,
-       u32(w.n_in),
-       M,
-       T,
-       x_off,
-       x_ld,
-       u32(out.offset / 4),
-       u32(out.cols),
-       u32(b_off),
-       0};
+  MatvecPush pc{u32(r->alloc.offset / 4),
+                u32((r->alloc.offset + r->off2) / 4),
+                u32(row0),
+                r->row_units,
+                u32(w.n_in),
+                M,
+                T,
+                x_off,
+                x_ld,
+                u32(out.offset / 4),
+                u32(out.cols),
+                u32(b_off),
+                0};
   if (rb) pc.flags |= 1;
   if (x_off % 4 == 0 && x_ld % 4 == 0) pc.flags |= 2;
   if (accumulate) pc.flags |= 4;
@@ -1365,9 +1368,8 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
     // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
     const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype);
-    const uint32_t rows_per_group = s.wg / s.tpr * s.nr;
     uint32_t gx, gz;
-    grid_1d((M + rows_per_group - 1) / rows_per_group, &gx, &gz);
+    matvec1_grid(s, M, &gx, &gz);
     dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {

@@ -135,8 +135,10 @@ class VulkanBackend final : public Backend {
     int64_t n_in = 0, n_rows = 0;
     uint32_t row_units = 0;  ///< 32-element units per row
     uint64_t off2 = 0;       ///< bytes from alloc.offset to the second array (Q8_0/Q4_0 scales)
-    uint64_t fingerprint =
-        0;  ///< shape, type and sampled bytes: a new tensor at the same address differs
+    /// Shape, type and sampled bytes: a new tensor at the same address differs.
+    uint64_t fingerprint = 0;
+    /// Start of the host range it mirrors (the tensor's first row).
+    const uint8_t* begin() const { return end - static_cast<size_t>(n_rows) * src_row_bytes; }
   };
 
  private:
@@ -277,6 +279,8 @@ class VulkanBackend final : public Backend {
     uint32_t wg, nr, tpr, unroll;
   };
   MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const;
+  // Workgroups (x spilling into z) for M rows of single-token matvecs of shape s.
+  void matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx, uint32_t* gz) const;
   // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
   void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
