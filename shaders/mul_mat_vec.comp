@@ -69,6 +69,9 @@ layout(push_constant) uniform PC {
   uint flags;           // 1: add bias; 2: x rows 16-byte aligned (vec4 loads);
                         // 4: y += W x (single-token subgroup variant only)
   uint w_off_b, w_off2_b, row0_b;  // GLU: the up matrix (w_off..row0: gate)
+  // QKV: rows [0, m_a) of the first matrix (w_off, y_off), [m_a, m_a + m_b)
+  // of the second (w_off_b, y_off_b), the rest of the third (w_off_c, y_off_c).
+  uint w_off_c, w_off2_c, m_a, m_b, y_off_b, y_off_c;
 } pc;
 
 void load_x(uint c, uint u, out vec4 xv[8]) {
@@ -113,6 +116,21 @@ void load_x_part(uint u, uint s, out vec4 xv[XV]) {
 
 shared float red1[NR_MAX][WG];
 
+// Row g of the output: y[y_off + g], or (QKV) the row of its own matrix's output.
+void store_y(uint g, float v) {
+#ifdef QKV
+  if (g < pc.m_a) {
+    y[pc.y_off + g] = v;
+  } else if (g < pc.m_a + pc.m_b) {
+    y[pc.y_off_b + g - pc.m_a] = v;
+  } else {
+    y[pc.y_off_c + g - pc.m_a - pc.m_b] = v;
+  }
+#else
+  y[pc.y_off + g] = v;
+#endif
+}
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   // Row group and index inside it. Whole subgroups make a row group (so
@@ -137,6 +155,21 @@ void main() {
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) rows[r] = (r % 2 == 0 ? pc.row0 : pc.row0_b) + min((r0 + r) / 2, pc.M / 2 - 1);
 #define W_OFF(r) ((r) % 2 == 0 ? pc.w_off : pc.w_off_b)
 #define W_OFF2(r) ((r) % 2 == 0 ? pc.w_off2 : pc.w_off2_b)
+#elif defined(QKV)
+  // Whole tensors stacked (row0 = 0): each row finds its matrix.
+  uint woff[NR_MAX], woff2[NR_MAX];
+  [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
+    const uint g = min(r0 + r, pc.M - 1);
+    if (g < pc.m_a) {
+      rows[r] = g, woff[r] = pc.w_off, woff2[r] = pc.w_off2;
+    } else if (g < pc.m_a + pc.m_b) {
+      rows[r] = g - pc.m_a, woff[r] = pc.w_off_b, woff2[r] = pc.w_off2_b;
+    } else {
+      rows[r] = g - pc.m_a - pc.m_b, woff[r] = pc.w_off_c, woff2[r] = pc.w_off2_c;
+    }
+  }
+#define W_OFF(r) woff[r]
+#define W_OFF2(r) woff2[r]
 #else
   [[unroll]] for (uint r = 0; r < NR_MAX; ++r) rows[r] = pc.row0 + min(r0 + r, pc.M - 1);
 #define W_OFF(r) pc.w_off
@@ -197,7 +230,7 @@ void main() {
         float v = acc[r];
         if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
         if ((pc.flags & 4u) != 0) v = y[pc.y_off + r0 + r] + v;  // as add(y, W x): y first
-        y[pc.y_off + r0 + r] = v;
+        store_y(r0 + r, v);
       }
     }
 #endif
@@ -239,7 +272,7 @@ void main() {
       for (uint i = 0; i < parts; ++i) v += red1[r][first + i];
       if ((pc.flags & 1u) != 0) v += bias[pc.b_off + r0 + r];
       if ((pc.flags & 4u) != 0) v = y[pc.y_off + r0 + r] + v;
-      y[pc.y_off + r0 + r] = v;
+      store_y(r0 + r, v);
     }
   }
 #endif

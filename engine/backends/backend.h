@@ -199,6 +199,14 @@ class Backend {
     matmul(up, x, tmp, nullptr);
     silu_mul(out, tmp, out);
   }
+  /// The attention's three projections of one input: q = wq x (+ bq), k = wk x
+  /// (+ bk), v = wv x (+ bv); a bias that is not present() is none.
+  virtual void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                          const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) {
+    matmul(wq, x, q, bq.present() ? &bq : nullptr);
+    matmul(wk, x, k, bk.present() ? &bk : nullptr);
+    matmul(wv, x, v, bv.present() ? &bv : nullptr);
+  }
   /// rope() of q [T, n_heads * head_dim] and k [T, n_kv_heads * head_dim].
   virtual void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                        const int32_t* pos, const cpu::RopeParams& p) {

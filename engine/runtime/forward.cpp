@@ -579,9 +579,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kQkv);
     group_begin(scope(OpGroup::kAttnW), uw);
     Act xb = in(kXb, uw, T);
-    be(uw).matmul(w.wq, xb, out(kQ, uw, T), w.bq.present() ? &w.bq : nullptr);
-    be(uw).matmul(w.wk, xb, out(kK, uw, T), w.bk.present() ? &w.bk : nullptr);
-    be(uw).matmul(w.wv, xb, out(kV, uw, T), w.bv.present() ? &w.bv : nullptr);
+    be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
+                      out(kV, uw, T));
   }
   {
     OpTimer timer(stats_, OpLabel::kRope);

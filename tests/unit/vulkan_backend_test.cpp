@@ -292,6 +292,65 @@ TEST_P(VulkanMatmul, MatmulGlu) {
   be_->set_matvec_rows(0);
 }
 
+// matmul_qkv: q, k and v in one matvec for a single token when the three
+// share a type (q and k alone when v's differs, the plain ops with a bias),
+// over row counts that split row groups across the matrices; against the
+// double reference.
+TEST_P(VulkanMatmul, MatmulQkv) {
+  const DType t = GetParam();
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = kq ? 512 : 160;
+  const DType other = t == DType::kQ8_0 ? DType::kF16 : DType::kQ8_0;
+  const HostWeight wq = make_weight(t, n_in, 37, 960), wk = make_weight(t, n_in, 13, 961),
+                   wv = make_weight(t, n_in, 13, 962), wv2 = make_weight(other, n_in, 13, 963),
+                   bq = make_weight(DType::kF32, 37, 1, 964);
+  for (const HostWeight* h : {&wq, &wk, &wv, &wv2, &bq}) ASSERT_TRUE(be_->upload_weight(h->w).ok());
+  const Weight none;
+  struct Case {
+    const HostWeight* v;
+    bool bias;
+    uint64_t dispatches;  // for one token
+  };
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  for (const Case& c : {Case{&wv, false, 1}, Case{&wv2, false, 2}, Case{&wv, true, 3}}) {
+    for (int64_t T : {1, 3}) {
+      for (uint32_t tpr : {0u, 2 * sg}) {
+        if (T > 1 && tpr) continue;
+        SCOPED_TRACE("v " + std::string(dtype_name(c.v->w.dtype)) + (c.bias ? ", q bias" : "") +
+                     ", T " + std::to_string(T) + ", threads per row " + std::to_string(tpr));
+        be_->set_matvec_threads_per_row(tpr);
+        be_->set_matvec_rows(tpr ? 4 : 0);
+        const auto x = random_floats(static_cast<size_t>(T * n_in), 965);
+        DevMat dx(be_, T, n_in, x), dq(be_, T, 37), dk(be_, T, 13), dv(be_, T, 13);
+        const uint64_t d0 = be_->dispatches();
+        be_->matmul_qkv(wq.w, wk.w, c.v->w, c.bias ? bq.w : none, none, none, dx.act(), dq.act(),
+                        dk.act(), dv.act());
+        if (T == 1) {
+          EXPECT_EQ(be_->dispatches() - d0, c.dispatches);
+        }
+        const std::pair<const HostWeight*, DevMat*> outs[] = {{&wq, &dq}, {&wk, &dk}, {c.v, &dv}};
+        for (const auto& [h, d] : outs) {
+          const int64_t n = h->w.n_out;
+          const auto y = d->fetch();
+          std::vector<double> ref(static_cast<size_t>(T * n));
+          for (int64_t t0 = 0; t0 < T; ++t0) {
+            for (int64_t r = 0; r < n; ++r) {
+              double a = (c.bias && h == &wq) ? bq.deq[static_cast<size_t>(r)] : 0.0;
+              for (int64_t k = 0; k < n_in; ++k)
+                a += h->deq[static_cast<size_t>(r * n_in + k)] * x[static_cast<size_t>(t0 * n_in + k)];
+              ref[static_cast<size_t>(t0 * n + r)] = a;
+            }
+          }
+          EXPECT_TRUE(all_finite(y));
+          EXPECT_LT(normalized_error(y, ref), 1e-5);
+        }
+      }
+    }
+  }
+  be_->set_matvec_threads_per_row(0);
+  be_->set_matvec_rows(0);
+}
+
 // Single-token matvecs (the decode path) over rows long enough for the
 // unrolled loop, with every way mul_mat_vec.comp may split a row: fewer
 // threads per row than a subgroup (shared memory only), one subgroup, several

@@ -55,7 +55,7 @@ for s in $stages; do
         m="$(model $d)"
         echo "--- $d: Loom Vulkan"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 64 -n 128 -r 2 2>&1 | grep -E "^(prefill|decode|itl)"
-        "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 16
+        "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n "/GPU shaders/,\$p" | head -n 30
       done
       ;;
     sweep)  # single-token matvec shapes (loom_vulkan_bench --sweep), full-GPU decode
@@ -83,6 +83,19 @@ for s in $stages; do
       echo "--- CPU only: Loom, llama.cpp"
       "$L" bench -m "$m" --strategy cpu -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^(prefill|decode)"
       LB -m "$m" -ngl 0 -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^\|"
+      ;;
+    diag5)  # where a hybrid step's time goes: per-layer tables, thread counts, spinning workers
+      m="$(model q4_k_m)"
+      half="$(( $(stat -c %s "$m") / 2 ))"
+      B5() { "$L" bench -m "$m" -p 64 -n 64 -r 2 "$@" 2>&1 | grep -E "^(decode|[0-9]+ |output|predicted|measured|cost|embed)"; }
+      echo "--- cpu, $T threads, per layer"; B5 --strategy cpu -t "$T" --profile-every 1
+      echo "--- layers:0 (Vulkan open, nothing on it)"; B5 --strategy layers:0 -t "$T" | grep -E "^(decode|measured)"
+      echo "--- layers:16, $T threads, per layer"; B5 --strategy layers:16 --vram-budget "$half" -t "$T" --profile-every 1
+      for t in $(( T - 1 )) $(( T - 2 )) $(( T / 2 )); do
+        echo "--- layers:16, $t threads"; B5 --strategy layers:16 --vram-budget "$half" -t "$t" | grep -E "^(decode|measured)"
+      done
+      echo "--- layers:16, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy layers:16 --vram-budget "$half" -t "$T" | grep -E "^(decode|measured)"
+      echo "--- cpu, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy cpu -t "$T" | grep -E "^(decode|measured)"
       ;;
     overhead)
       m="$(model q4_0)"

@@ -1,5 +1,6 @@
 #include "engine/backends/cpu/cpu_backend.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/matmul.h"
@@ -15,7 +16,11 @@ constexpr int64_t kRowAlign = 16;
 constexpr int64_t kMinParallelWork = 1 << 14;
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) { att_scratch_.resize(static_cast<size_t>(pool_.size())); }
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
+  att_scratch_.resize(static_cast<size_t>(pool_.size()));
+  // Tuning knob for measurements: how long idle workers spin before sleeping.
+  if (const char* e = std::getenv("LOOM_CPU_SPIN_US")) pool_.set_spin_us(std::atoi(e));
+}
 
 std::string CpuBackend::name() const {
   return std::string("cpu (") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) + " threads)";

@@ -781,9 +781,11 @@ void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initialize
   if (timed) {
     fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_ + 1);
     n_queries_ += 2;
-    query_labels_.push_back((*p)->name);
+    query_labels_.push_back(prof_shape_.empty() ? (*p)->name : (*p)->name + prof_shape_);
   }
+  prof_shape_.clear();
   ++chunk_dispatches_;
+  ++dispatches_;
   if (submit_every_ && chunk_dispatches_ >= (cmd_index_ == 0 ? submit_first_ : submit_every_)) {
     st = submit_chunk();
     if (!st.ok()) {  // the batch is cut short: let what went out end, record nothing more
@@ -1269,12 +1271,21 @@ void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
 }
 
 namespace {
+// " MxK", appended to a matvec's profile label so each weight shape is timed apart.
+std::string shape_tag(uint32_t M, int64_t K) {
+  char b[48];
+  std::snprintf(b, sizeof b, " %ux%lld", M, static_cast<long long>(K));
+  return b;
+}
+
 // Push constants of mul_mat_vec.comp and mul_mat.comp (PC there). The last
 // three are the up matrix of matvec1_glu; the other variants ignore them.
 struct MatvecPush {
   uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
   uint32_t w_off_b = 0, w_off2_b = 0, row0_b = 0;
+  uint32_t w_off_c = 0, w_off2_c = 0, m_a = 0, m_b = 0, y_off_b = 0, y_off_c = 0;
 };
+static_assert(sizeof(MatvecPush) <= kPushBytes);
 }  // namespace
 
 void VulkanBackend::matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx,
@@ -1320,8 +1331,74 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
   const Bind wg{rg->alloc.block, rg->alloc.offset, rg->alloc.size, false};
   // Binding 4 (not read by the shader) puts the up tensor's range in the hazard tracking.
   const Bind wu{ru->alloc.block, ru->alloc.offset, ru->alloc.size, false};
+  if (profile_) prof_shape_ = shape_tag(M, gate.n_in);
   dispatch(typed("matvec1_glu", rg->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
            {wg, act_bind(x, false), act_bind(out, true), wg, wu}, &pc, sizeof(pc), gx, 1, gz);
+}
+
+const VulkanBackend::Resident* VulkanBackend::whole_tensor(const Weight& w) const {
+  const Resident* r = find_weight(w.data);
+  return r && r->n_rows == w.n_out && r->n_in == w.n_in &&
+                 static_cast<const uint8_t*>(w.data) == r->begin()
+             ? r
+             : nullptr;
+}
+
+void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv,
+                               const Weight& bq, const Weight& bk, const Weight& bv, Act x, Act q,
+                               Act k, Act v) {
+  // One dispatch for q and k, and v with them, when they are whole tensors of
+  // one type in one memory block without a bias, writing into one block.
+  const Resident* rq = whole_tensor(wq);
+  auto joins = [&](const Weight& w, const Weight& b, const Act& out) -> const Resident* {
+    const Resident* r = whole_tensor(w);
+    return r && rq && !b.present() && r->alloc.block == rq->alloc.block && r->dtype == rq->dtype &&
+                   r->row_units == rq->row_units && out.buffer == q.buffer && out.rows == 1 &&
+                   out.offset % 4 == 0
+               ? r
+               : nullptr;
+  };
+  const Resident* rk = joins(wk, bk, k);
+  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rq && rk &&
+                     !bq.present() && check_act(x, "matmul_qkv") && check_act(q, "matmul_qkv");
+  if (!fused) return Backend::matmul_qkv(wq, wk, wv, bq, bk, bv, x, q, k, v);
+  const Resident* rv = joins(wv, bv, v);
+  const uint32_t mq = u32(wq.n_out), mk = u32(wk.n_out), M = mq + mk + (rv ? u32(wv.n_out) : 0);
+  const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
+  auto w_off = [](const Resident* r) { return u32(r->alloc.offset / 4); };
+  auto w_off2 = [](const Resident* r) { return u32((r->alloc.offset + r->off2) / 4); };
+  MatvecPush pc{w_off(rq),       w_off2(rq), 0, rq->row_units, u32(wq.n_in), M, 1, x_off, x_ld,
+                u32(q.offset / 4), u32(q.cols), 0, (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u};
+  pc.w_off_b = w_off(rk);
+  pc.w_off2_b = w_off2(rk);
+  pc.w_off_c = rv ? w_off(rv) : 0;
+  pc.w_off2_c = rv ? w_off2(rv) : 0;
+  pc.m_a = mq;
+  pc.m_b = mk;
+  pc.y_off_b = u32(k.offset / 4);
+  pc.y_off_c = u32(v.offset / 4);
+  const MatvecShape s = matvec1_shape(M, rq->row_units, rq->dtype);
+  uint32_t gx, gz;
+  matvec1_grid(s, M, &gx, &gz);
+  // The hazard ranges span the fused matrices and outputs (each in one block).
+  auto span = [](std::initializer_list<std::pair<uint64_t, uint64_t>> rs, Block* b, bool wr) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const auto& [o, n] : rs) lo = std::min(lo, o), hi = std::max(hi, o + n);
+    return Bind{b, lo, hi - lo, wr};
+  };
+  auto wrange = [](const Resident* r) { return std::make_pair(r->alloc.offset, r->alloc.size); };
+  auto arange = [](const Act& a) {
+    return std::make_pair(a.offset, static_cast<uint64_t>(a.rows * a.cols) * 4);
+  };
+  const Bind wb = rv ? span({wrange(rq), wrange(rk), wrange(rv)}, rq->alloc.block, false)
+                     : span({wrange(rq), wrange(rk)}, rq->alloc.block, false);
+  auto* yb = static_cast<Block*>(q.buffer);
+  const Bind ob = rv ? span({arange(q), arange(k), arange(v)}, yb, true)
+                     : span({arange(q), arange(k)}, yb, true);
+  if (profile_) prof_shape_ = shape_tag(M, wq.n_in);
+  dispatch(typed("matvec1_qkv", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
+           {wb, act_bind(x, false), ob, wb}, &pc, sizeof(pc), gx, 1, gz);
+  if (!rv) matmul(wv, x, v, bv.present() ? &bv : nullptr);
 }
 
 void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias,
@@ -1370,6 +1447,7 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype);
     uint32_t gx, gz;
     matvec1_grid(s, M, &gx, &gz);
+    if (profile_) prof_shape_ = shape_tag(M, w.n_in);
     dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {

@@ -82,6 +82,8 @@ class VulkanBackend final : public Backend {
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
   /// Single-token steps: one matvec over interleaved gate and up rows.
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
+  void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                  const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) override;
   /// One dispatch for both.
   void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                const int32_t* pos, const cpu::RopeParams& p) override;
@@ -105,6 +107,8 @@ class VulkanBackend final : public Backend {
   bool profiling() const { return profile_; }
   /// Submissions so far (a decode step should add one).
   uint64_t submissions() const { return submissions_; }
+  /// Compute dispatches recorded so far.
+  uint64_t dispatches() const { return dispatches_; }
   /// Test hook: the next submission fails as a lost device would.
   void simulate_device_lost() { simulate_lost_ = true; }
   /// Test hook: KV export/import stage at most this many bytes per submission
@@ -222,6 +226,8 @@ class VulkanBackend final : public Backend {
   Result<uint32_t> put_ints(const int32_t* v, int64_t n);
 
   const Resident* find_weight(const void* p) const;
+  /// The resident tensor `w` is all of (not a row range of), or null.
+  const Resident* whole_tensor(const Weight& w) const;
   Bind act_bind(const Act& a, bool write) const;
   bool check_act(const Act& a, const char* op);
   bool positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op);
@@ -252,7 +258,8 @@ class VulkanBackend final : public Backend {
   size_t cmd_index_ = 0;
   uint32_t submit_every_ = 0;      ///< 0: one command buffer per batch
   uint32_t submit_first_ = 0;      ///< dispatches in the batch's first command buffer
-  uint32_t chunk_dispatches_ = 0;  ///< dispatches in cmd_
+  uint32_t chunk_dispatches_ = 0;
+  uint64_t dispatches_ = 0;  ///< dispatches in cmd_
   Status submit_chunk();
   Status begin_cmd();
   VkFence fence_ = VK_NULL_HANDLE;
@@ -312,6 +319,7 @@ class VulkanBackend final : public Backend {
 
   // Timestamps: two queries per dispatch, labelled; summed at each flush.
   bool profile_ = false;
+  std::string prof_shape_;  // appended to the next dispatch's profile label (then cleared)
   uint32_t n_queries_ = 0;
   std::vector<std::string> query_labels_;
   std::map<std::string, GpuOpTime> times_;
