@@ -1,5 +1,6 @@
 #include "cpu/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -69,10 +70,27 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
 
 void ThreadPool::parallel_for(int64_t n, int64_t align,
                               const std::function<void(int64_t, int64_t, int)>& fn) {
-  run([&](int ith, int nth) {
-    int64_t b, e;
-    split_range(n, align, ith, nth, &b, &e);
-    if (b < e) fn(b, e, ith);
+  const int64_t chunks = (n + align - 1) / align;
+  if (chunks <= n_threads_) {
+    run([&](int ith, int nth) {
+      int64_t b, e;
+      split_range(n, align, ith, nth, &b, &e);
+      if (b < e) fn(b, e, ith);
+    });
+    return;
+  }
+  // Threads take pieces of about a quarter of an even share from a shared
+  // counter: a thread the OS preempts (a driver's thread, another program)
+  // or one that starts late leaves its pieces to the others instead of
+  // holding up the op by a whole share.
+  const int64_t grain = std::max<int64_t>(1, chunks / (int64_t{kPiecesPerThread} * n_threads_));
+  std::atomic<int64_t> next{0};
+  run([&](int ith, int) {
+    for (;;) {
+      const int64_t c = next.fetch_add(grain, std::memory_order_relaxed);
+      if (c >= chunks) return;
+      fn(c * align, std::min(n, (c + grain) * align), ith);
+    }
   });
 }
 

@@ -26,9 +26,13 @@ class ThreadPool {
   /// and returns when all have finished. Not reentrant: one run at a time.
   void run(const std::function<void(int ith, int nth)>& fn);
 
-  /// Splits [0, n) into contiguous ranges, one per thread, each a multiple of
-  /// `align` (but the last), and runs fn(begin, end, ith) on them.
+  /// Runs fn(begin, end, ith) over ranges covering [0, n), each a multiple of
+  /// `align` (but the last). With no more align-chunks than threads, one range
+  /// per thread; otherwise threads take ranges of about 1/kPiecesPerThread of
+  /// an even share from a shared counter (a thread may get several, or none).
   void parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t, int)>& fn);
+
+  static constexpr int kPiecesPerThread = 4;
 
   /// Microseconds a worker spins before it sleeps (default 200).
   void set_spin_us(int us) { spin_us_ = us; }

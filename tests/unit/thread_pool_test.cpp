@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,29 @@ TEST(ThreadPool, ParallelForTilesTheRangeInAlignedChunks) {
     });
     for (auto& s : seen) ASSERT_EQ(s.load(), 1) << "n=" << n;
   }
+}
+
+// A thread stalled inside its first piece (preempted, say) does not keep the
+// rest of its share: the other thread takes every remaining piece.
+TEST(ThreadPool, ParallelForGivesAStalledThreadsShareToTheOthers) {
+  ThreadPool pool(2);
+  const int64_t n = 64 * 16;  // 64 chunks of 16: pieces of 8 chunks
+  std::atomic<int> done{0};
+  std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+  int pieces[2] = {0, 0};
+  pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int ith) {
+    if (ith == 1 && pieces[1] == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (done.load() < 7 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+        std::this_thread::yield();
+    }
+    ++pieces[ith];
+    for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+    done.fetch_add(1);
+  });
+  for (auto& s : seen) ASSERT_EQ(s.load(), 1);
+  EXPECT_EQ(pieces[0] + pieces[1], 8);
+  EXPECT_LE(pieces[1], 1);  // the stalled thread's one piece, or none if it started late
 }
 
 TEST(ThreadPool, SleepingWorkersWakeUp) {
