@@ -213,6 +213,13 @@ class Backend {
     rope(q, n_heads, head_dim, pos, p);
     rope(k, n_kv_heads, head_dim, pos, p);
   }
+  /// rope_qk(), then kv_store() of the rotated k and of v into `layer`.
+  virtual void rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                          int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                          const cpu::RopeParams& p) {
+    rope_qk(q, k, n_heads, n_kv_heads, head_dim, pos, p);
+    kv_store(kv, layer, k, v, pos);
+  }
   /// @}
 };
 

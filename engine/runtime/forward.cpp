@@ -582,14 +582,21 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
                       out(kV, uw, T));
   }
-  {
-    OpTimer timer(stats_, OpLabel::kRope);
-    group_begin(scope(OpGroup::kNorm), un);
-    Act q = in(kQ, un, T), k = in(kK, un, T);
-    valid_[kQ] = valid_[kK] = bit(un);
-    be(un).rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
-  }
-  {
+  if (un == ua) {
+    // RoPE and the KV store in one op where the backend fuses them (timed with attention).
+    OpTimer timer(stats_, OpLabel::kKvStore);
+    group_begin(scope(OpGroup::kAttn), ua);
+    Act q = in(kQ, ua, T), k = in(kK, ua, T), v = in(kV, ua, T);
+    valid_[kQ] = valid_[kK] = bit(ua);
+    be(ua).rope_qk_kv(q, k, v, kv_, l, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+  } else {
+    {
+      OpTimer timer(stats_, OpLabel::kRope);
+      group_begin(scope(OpGroup::kNorm), un);
+      Act q = in(kQ, un, T), k = in(kK, un, T);
+      valid_[kQ] = valid_[kK] = bit(un);
+      be(un).rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+    }
     OpTimer timer(stats_, OpLabel::kKvStore);
     group_begin(scope(OpGroup::kAttn), ua);
     Act k = in(kK, ua, T), v = in(kV, ua, T);

@@ -713,6 +713,56 @@ TEST_P(VulkanKv, ExportOfStoredRowsMatchesTheCpu) {
   }
 }
 
+// rope_qk_kv (one dispatch for an F16 cache, normal ordering) leaves q, k and
+// the cache bit for bit as rope_qk then kv_store do; Q8_0 caches and NeoX
+// ordering take those two ops.
+TEST_P(VulkanKv, RopeQkKvMatchesRopeThenStore) {
+  const DType t = GetParam();
+  const int64_t n_heads = 4, n_kv = 2, hd = 64, T = 5, n_ctx = 40;
+  const std::vector<int32_t> pos = {0, 1, 2, 3, 4};
+  for (const bool neox : {false, true}) {
+    SCOPED_TRACE(neox ? "neox" : "normal");
+    cpu::RopeParams p;
+    p.n_rot = hd;
+    p.neox = neox;
+    p.freq_base = 500000.0f;
+    const auto q = random_floats(static_cast<size_t>(T * n_heads * hd), 71, -2.0f, 2.0f);
+    const auto k = random_floats(static_cast<size_t>(T * n_kv * hd), 72, -2.0f, 2.0f);
+    const auto v = random_floats(static_cast<size_t>(T * n_kv * hd), 73);
+    std::vector<uint8_t> out[2][2];
+    std::vector<float> qs[2], ks[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      KvCacheConfig cfg{2, n_kv, hd, n_ctx, 16, t};
+      auto kv = KvCache::create(cfg);
+      ASSERT_TRUE(kv.ok());
+      auto storage = be_->create_kv_storage(cfg);
+      ASSERT_TRUE(storage.ok());
+      ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
+      KvStorage& s = *(*kv)->storage();
+      ASSERT_TRUE(s.set_layer_resident(1, true).ok());
+      DevMat dq(be_, T, n_heads * hd, q), dk(be_, T, n_kv * hd, k), dv(be_, T, n_kv * hd, v);
+      const uint64_t d0 = be_->dispatches();
+      if (fused) {
+        be_->rope_qk_kv(dq.act(), dk.act(), dv.act(), **kv, 1, n_heads, n_kv, hd, pos.data(), p);
+        EXPECT_EQ(be_->dispatches() - d0, t == DType::kF16 && !neox ? 1u : 2u);
+      } else {
+        be_->rope_qk(dq.act(), dk.act(), n_heads, n_kv, hd, pos.data(), p);
+        be_->kv_store(**kv, 1, dk.act(), dv.act(), pos.data());
+      }
+      qs[fused] = dq.fetch();
+      ks[fused] = dk.fetch();
+      const size_t rb = kv_row_bytes(t, hd);
+      out[fused][0].resize(rb * static_cast<size_t>(T * n_kv));
+      out[fused][1].resize(out[fused][0].size());
+      ASSERT_TRUE(s.export_layer(1, T, out[fused][0].data(), out[fused][1].data()).ok());
+    }
+    EXPECT_TRUE(qs[0] == qs[1]) << "q differs";
+    EXPECT_TRUE(ks[0] == ks[1]) << "k differs";
+    EXPECT_TRUE(out[0][0] == out[1][0]) << "K cache differs";
+    EXPECT_TRUE(out[0][1] == out[1][1]) << "V cache differs";
+  }
+}
+
 TEST_P(VulkanKv, AttentionAfterImportMatchesTheCpuCache) {
   const DType t = GetParam();
   const int64_t n_heads = 4, n_kv = 2, hd = 64, n = 37, kv_dim = n_kv * hd, q_dim = n_heads * hd;

@@ -1478,8 +1478,28 @@ void VulkanBackend::rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, i
   rope_impl(q, n_heads, k, n_kv_heads, head_dim, pos, p);
 }
 
+void VulkanBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                               int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                               const cpu::RopeParams& p) {
+  // One dispatch (rope_kv) for an F16 cache with K and V in one block, normal
+  // ordering over the whole head; rope_qk then kv_store otherwise.
+  auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
+  const bool fused = status_.ok() && s && s->owner_ == this && s->layer_resident(layer) &&
+                     s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
+                     s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads &&
+                     k.rows == q.rows && v.rows == q.rows &&
+                     s->k_[static_cast<size_t>(layer)].block ==
+                         s->v_[static_cast<size_t>(layer)].block &&
+                     check_act(v, "rope_qk_kv");
+  if (!fused) return Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
+  if (!positions_in_range(pos, k.rows, s->cfg_.n_ctx, "kv_store")) return;
+  const RopeKv rk{v, &s->k_[static_cast<size_t>(layer)], &s->v_[static_cast<size_t>(layer)],
+                  u32(s->cfg_.n_ctx)};
+  rope_impl(q, n_heads, k, n_kv_heads, head_dim, pos, p, &rk);
+}
+
 void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
-                              const int32_t* pos, const cpu::RopeParams& p) {
+                              const int32_t* pos, const cpu::RopeParams& p, const RopeKv* kv) {
   if (!status_.ok() || !check_act(x, "rope") || (n_heads2 && !check_act(x2, "rope"))) return;
   if (n_heads2 && x2.rows != x.rows)
     return fail(make_error(ErrorCode::kInternal, "Vulkan rope: q and k differ in rows"));
@@ -1504,6 +1524,7 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
     uint32_t x_off, x_ld, n_heads, head_dim, n_rot, neox, pos_off, ff_off;
     float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
     uint32_t x2_off, x2_ld, n_heads2;
+    uint32_t v_off = 0, v_ld = 0, kc_off = 0, vc_off = 0, n_ctx = 0;
   } pc{u32(x.offset / 4),
        u32(x.cols),
        u32(n_heads),
@@ -1525,6 +1546,21 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
   const uint64_t pairs = static_cast<uint64_t>((n_heads + n_heads2) * (p.n_rot / 2));
   // Without a second tensor, binding 3 repeats x's buffer with no range (no hazard).
   const Bind b2 = n_heads2 ? act_bind(x2, true) : Bind{static_cast<Block*>(x.buffer), 0, 0, false};
+  if (kv) {
+    pc.v_off = u32(kv->v.offset / 4);
+    pc.v_ld = u32(kv->v.cols);
+    pc.kc_off = u32(kv->k_cache->offset / 4);
+    pc.vc_off = u32(kv->v_cache->offset / 4);
+    pc.n_ctx = kv->n_ctx;
+    const vk::Alloc &ka = *kv->k_cache, &va = *kv->v_cache;
+    const uint64_t lo = std::min(ka.offset, va.offset),
+                   hi = std::max(ka.offset + ka.size, va.offset + va.size);
+    const uint64_t all = pairs + static_cast<uint64_t>(n_heads2 * (p.n_rot / 2));  // + v's pairs
+    dispatch(plain("rope_kv"), Spec{kWgSmall},
+             {act_bind(x, true), rb, rb, b2, act_bind(kv->v, false), Bind{ka.block, lo, hi - lo, true}},
+             &pc, sizeof(pc), u32((all + kWgSmall - 1) / kWgSmall), u32(x.rows), 1);
+    return;
+  }
   dispatch(plain("rope"), Spec{kWgSmall}, {act_bind(x, true), rb, rb, b2}, &pc, sizeof(pc),
            u32((pairs + kWgSmall - 1) / kWgSmall), u32(x.rows), 1);
 }

@@ -87,6 +87,9 @@ class VulkanBackend final : public Backend {
   /// One dispatch for both.
   void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                const int32_t* pos, const cpu::RopeParams& p) override;
+  void rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                  const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
@@ -291,8 +294,15 @@ class VulkanBackend final : public Backend {
   // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
   void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
+  // With kv (rope_kv), x2 is k: also stores k and v in that layer's F16 cache.
+  struct RopeKv {
+    Act v;
+    const vk::Alloc* k_cache;
+    const vk::Alloc* v_cache;
+    uint32_t n_ctx;
+  };
   void rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
-                 const int32_t* pos, const cpu::RopeParams& p);
+                 const int32_t* pos, const cpu::RopeParams& p, const RopeKv* kv = nullptr);
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
