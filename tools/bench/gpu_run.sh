@@ -73,7 +73,12 @@ for s in $stages; do
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
           grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU|cost)"
       done
+      echo "--- Loom --strategy layers:16, $(( T - 1 )) threads"
+      "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 |
+        grep -E "^(decode|measured)"
       [ "${LLAMA:-1}" = 0 ] && continue  # Loom's figures only
+      echo "--- llama.cpp -ngl 16, $(( T - 1 )) threads"
+      LB -m "$m" -ngl 16 -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
       echo "--- llama.cpp -ngl 16"
       LB -m "$m" -ngl 16 -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
       echo "--- llama.cpp -ngl 99, FFN of layers 16-31 on the CPU (-ot)"
