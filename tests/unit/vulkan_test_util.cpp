@@ -40,8 +40,12 @@ VulkanBackend* vulkan_backend(std::string* why, bool fallbacks) {
     o.use_subgroups = !fallbacks;
     o.use_f16_storage = !fallbacks;
     // The second backend also splits every batch into small command buffers
-    // (what GPUs do with longer ones), so tests run that path on lavapipe too.
-    if (fallbacks) o.submit_every = 3;
+    // and polls fences before blocking (what GPUs do, with longer buffers and
+    // polls), so tests run those paths on lavapipe too.
+    if (fallbacks) {
+      o.submit_every = 3;
+      o.fence_spin_us = 200;
+    }
     auto be = VulkanBackend::create(o);
     if (!be.ok() && be.error().code() == ErrorCode::kUnsupported &&
         be.message().find("validation") != std::string::npos) {

@@ -10,7 +10,8 @@
 # issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, and a
 # per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
 # strategies against llama.cpp's -ngl and --override-tensor placements, and
-# CPU-only), quick (Loom's full-GPU decode and shader profile alone), sweep (matvec shapes
+# CPU-only), quick (Loom's full-GPU decode and shader profile alone; $QUICK_DTYPES),
+# diag5 and auto5 (per-layer tables of hybrid steps), sweep (matvec shapes
 # of $SWEEP for $SWEEP_DTYPES). LLAMA=0 leaves llama.cpp out of issue5. Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
@@ -51,7 +52,7 @@ for s in $stages; do
       done
       ;;
     quick)  # Loom alone: full-GPU decode and the per-shader profile
-      for d in q4_0 q4_k_m; do
+      for d in ${QUICK_DTYPES:-q4_0 q4_k_m}; do
         m="$(model $d)"
         echo "--- $d: Loom Vulkan"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 64 -n 128 -r 2 2>&1 | grep -E "^(prefill|decode|itl)"
@@ -101,6 +102,14 @@ for s in $stages; do
       done
       echo "--- layers:16, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy layers:16 --vram-budget "$half" -t "$T" | grep -E "^(decode|measured)"
       echo "--- cpu, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy cpu -t "$T" | grep -E "^(decode|measured)"
+      ;;
+    auto5)  # the auto strategy's per-layer table at half the weights as budget, and layers:16
+      m="$(model q4_k_m)"
+      half="$(( $(stat -c %s "$m") / 2 ))"
+      "$L" bench -m "$m" --strategy auto --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 --profile-every 1 2>&1 |
+        grep -E "^(decode|[0-9]+ |output|predicted|measured|cost|embed|GPU|CPU)"
+      "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
+        grep -E "^(decode|predicted|measured|cost)"
       ;;
     overhead)
       m="$(model q4_0)"

@@ -80,6 +80,7 @@ namespace loom::vk {
   X(vkDestroyFence)                            \
   X(vkResetFences)                             \
   X(vkWaitForFences)                           \
+  X(vkGetFenceStatus)                          \
   X(vkCreateQueryPool)                         \
   X(vkDestroyQueryPool)                        \
   X(vkGetQueryPoolResults)

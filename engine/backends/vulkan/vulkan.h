@@ -45,6 +45,11 @@ struct VulkanOptions {
   /// first ones while the host records the rest. 0: chosen by device type
   /// (GPUs: a short first buffer, then longer ones; CPU devices: one buffer).
   uint32_t submit_every = 0;
+  /// Microseconds the host polls a submission's fence before it blocks in
+  /// vkWaitForFences (a blocked thread wakes tens of microseconds late, each
+  /// decode step). -1: the default (kFenceSpinUs on GPUs, 0 on CPU devices,
+  /// which need the host's cores).
+  int fence_spin_us = -1;
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

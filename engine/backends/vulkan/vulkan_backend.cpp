@@ -1,8 +1,10 @@
 #include "engine/backends/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "cpu/ref/blocks.h"
@@ -22,6 +24,7 @@ namespace {
 // A submission that has not finished after this long is treated as a lost
 // device: the user gets an error instead of a hang.
 constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
+constexpr int kFenceSpinUs = 3000;  // polling before blocking on a fence (GPUs)
 // The ring for op inputs and transfers (staging), and the device block size.
 constexpr uint64_t kRingBytes = 32ull << 20;
 constexpr uint64_t kBlockBytes = 256ull << 20;
@@ -267,6 +270,9 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
                   : dev_->info().type == "cpu" ? 0
                                                : kSubmitEvery;
   submit_first_ = std::min(submit_every_, kSubmitFirst);
+  fence_spin_us_ = opts.fence_spin_us >= 0         ? opts.fence_spin_us
+                   : dev_->info().type == "cpu" ? 0
+                                                : kFenceSpinUs;
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateFence");
@@ -434,6 +440,21 @@ Status VulkanBackend::submit_chunk() {
   return begin_cmd();
 }
 
+VkResult VulkanBackend::wait_fence() {
+  const vk::Fns& fn = dev_->fn();
+  if (fence_spin_us_ > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t k = 1;; ++k) {
+      const VkResult r = fn.vkGetFenceStatus(dev_->device(), fence_);
+      if (r != VK_NOT_READY) return r;
+      if ((k & 63) == 0 && std::chrono::steady_clock::now() - t0 >
+                               std::chrono::microseconds(fence_spin_us_))
+        break;
+    }
+  }
+  return fn.vkWaitForFences(dev_->device(), 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+}
+
 Status VulkanBackend::begin() {
   if (recording_) return {};
   cmd_index_ = 0;
@@ -534,7 +555,7 @@ Status VulkanBackend::flush() {
     return status_;
   }
   ++submissions_;
-  r = fn.vkWaitForFences(dev_->device(), 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+  r = wait_fence();
   if (r != VK_SUCCESS) {
     fail(vk::vk_error(r, "vkWaitForFences"));
     return status_;
@@ -776,7 +797,9 @@ void VulkanBackend::dispatch(const Variant& v, const Spec& spec, std::initialize
   fn.vkCmdPushConstants(cmd_, pipe_layouts_[n], VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
   const bool timed = profile_ && n_queries_ + 2 <= kMaxQueries;
   if (timed)
-    fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_, n_queries_);
+    // At the compute stage, so the time starts when the work before it has
+    // ended (top of pipe would count the previous dispatch's tail here).
+    fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_);
   fn.vkCmdDispatch(cmd_, gx, gy, gz);
   if (timed) {
     fn.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, query_pool_, n_queries_ + 1);
