@@ -12,13 +12,30 @@
 
 namespace loom::cpu {
 
+namespace {
+// Spin while `busy()`; yield after a while, so that when more threads than
+// cores are busy (other programs) a descheduled worker gets the core back
+// instead of us burning it.
+template <typename F>
+void wait_while(F busy) {
+  for (int k = 0; busy(); ++k) {
+    if (k < 4096) {
+      LOOM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+}  // namespace
+
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back(&ThreadPool::worker, this, i);
 }
 
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.store((generation_.load(std::memory_order_relaxed) & ~1u) + 2,
+                    std::memory_order_release);
   generation_.notify_all();
   for (auto& t : workers_) t.join();
 }
@@ -34,16 +51,36 @@ void ThreadPool::worker(int ith) {
       while ((g = generation_.load(std::memory_order_acquire)) == seen) {
         LOOM_CPU_RELAX();
         if ((++k & 255) == 0 &&
-            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_us_)) {
+            std::chrono::steady_clock::now() - t0 >
+                std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed))) {
           generation_.wait(seen, std::memory_order_acquire);
         }
       }
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    (*job_)(ith, n_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if ((g & 1u) == 0) {  // run(): this generation's job waits for this worker
+      (*job_)(ith, n_threads_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      continue;
+    }
+    // A parallel_for: join it if it is still open. With both sides seq_cst,
+    // either the caller sees this worker in active_ and waits for it, or the
+    // worker sees the job closed and leaves without touching it.
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    if (open_.load(std::memory_order_seq_cst) == g) take_pieces(ith);
+    active_.fetch_sub(1, std::memory_order_release);
   }
+}
+
+void ThreadPool::publish(bool shared) {
+  // The low bit carries the kind, so a worker that wakes late reads the kind
+  // of the generation it sees; a parallel_for's generation is never 0.
+  const uint32_t g =
+      ((generation_.load(std::memory_order_relaxed) & ~1u) + 2) | (shared ? 1u : 0u);
+  if (shared) open_.store(g, std::memory_order_relaxed);
+  generation_.store(g, std::memory_order_release);  // publishes the job's fields
+  generation_.notify_all();
 }
 
 void ThreadPool::run(const std::function<void(int, int)>& fn) {
@@ -52,46 +89,39 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     return;
   }
   job_ = &fn;
-  pending_.store(n_threads_ - 1, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  publish(false);
   fn(0, n_threads_);
-  // Spin while the workers finish; yield after a while, so that when more
-  // threads than cores are busy (other programs) a descheduled worker gets
-  // the core back instead of us burning it.
-  for (int k = 0; pending_.load(std::memory_order_acquire) != 0; ++k) {
-    if (k < 4096) {
-      LOOM_CPU_RELAX();
-    } else {
-      std::this_thread::yield();
-    }
+  wait_while([&] { return pending_.load(std::memory_order_acquire) != 0; });
+}
+
+void ThreadPool::take_pieces(int ith) {
+  for (;;) {
+    const int64_t c = next_.fetch_add(grain_, std::memory_order_relaxed);
+    if (c >= chunks_) return;
+    (*range_fn_)(c * align_, std::min(n_, (c + grain_) * align_), ith);
   }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t align,
                               const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
   const int64_t chunks = (n + align - 1) / align;
-  if (chunks <= n_threads_) {
-    run([&](int ith, int nth) {
-      int64_t b, e;
-      split_range(n, align, ith, nth, &b, &e);
-      if (b < e) fn(b, e, ith);
-    });
+  if (n_threads_ == 1 || chunks == 1) {
+    fn(0, n, 0);
     return;
   }
-  // Threads take pieces of about a quarter of an even share from a shared
-  // counter: a thread the OS preempts (a driver's thread, another program)
-  // or one that starts late leaves its pieces to the others instead of
-  // holding up the op by a whole share.
-  const int64_t grain = std::max<int64_t>(1, chunks / (int64_t{kPiecesPerThread} * n_threads_));
-  std::atomic<int64_t> next{0};
-  run([&](int ith, int) {
-    for (;;) {
-      const int64_t c = next.fetch_add(grain, std::memory_order_relaxed);
-      if (c >= chunks) return;
-      fn(c * align, std::min(n, (c + grain) * align), ith);
-    }
-  });
+  range_fn_ = &fn;
+  n_ = n;
+  align_ = align;
+  chunks_ = chunks;
+  grain_ = std::max<int64_t>(1, chunks / (int64_t{kPiecesPerThread} * n_threads_));
+  next_.store(0, std::memory_order_relaxed);
+  publish(true);
+  take_pieces(0);
+  // Every piece is taken: close the job, then wait for the workers inside it.
+  open_.store(0, std::memory_order_seq_cst);
+  wait_while([&] { return active_.load(std::memory_order_seq_cst) != 0; });
 }
 
 }  // namespace loom::cpu

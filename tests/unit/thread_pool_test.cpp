@@ -62,6 +62,28 @@ TEST(ThreadPool, ParallelForGivesAStalledThreadsShareToTheOthers) {
   EXPECT_LE(pieces[1], 1);  // the stalled thread's one piece, or none if it started late
 }
 
+// run() and parallel_for() back to back, with workers that fall asleep in
+// between and wake late: every run() reaches each thread once, every
+// parallel_for() covers its range once, whichever threads take part.
+TEST(ThreadPool, MixedJobsWithLateWorkers) {
+  ThreadPool pool(4);
+  pool.set_spin_us(1);
+  for (int rep = 0; rep < 300; ++rep) {
+    if (rep % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+    std::vector<std::atomic<int>> hits(4);
+    pool.run([&](int ith, int) { hits[static_cast<size_t>(ith)].fetch_add(1); });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "rep " << rep;
+    const int64_t n = 1 + rep % 97 * 13;
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+    pool.parallel_for(n, 4, [&](int64_t b, int64_t e, int ith) {
+      ASSERT_GE(ith, 0);
+      ASSERT_LT(ith, 4);
+      for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+    });
+    for (auto& v : seen) ASSERT_EQ(v.load(), 1) << "rep " << rep << " n " << n;
+  }
+}
+
 TEST(ThreadPool, SleepingWorkersWakeUp) {
   ThreadPool pool(2);
   pool.set_spin_us(1);
