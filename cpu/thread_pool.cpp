@@ -76,8 +76,7 @@ void ThreadPool::worker(int ith) {
 void ThreadPool::publish(bool shared) {
   // The low bit carries the kind, so a worker that wakes late reads the kind
   // of the generation it sees; a parallel_for's generation is never 0.
-  const uint32_t g =
-      ((generation_.load(std::memory_order_relaxed) & ~1u) + 2) | (shared ? 1u : 0u);
+  const uint32_t g = ((generation_.load(std::memory_order_relaxed) & ~1u) + 2) | (shared ? 1u : 0u);
   if (shared) open_.store(g, std::memory_order_relaxed);
   generation_.store(g, std::memory_order_release);  // publishes the job's fields
   generation_.notify_all();

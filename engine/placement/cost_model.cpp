@@ -252,23 +252,35 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
 }
 }  // namespace
 
-// A GPU layer in the middle of CPU work: upload the residual row, one
-// single-token matmul, download. Timed back to back (best of 6), then each
-// after the host has been busy for kHostWork (median of 7), as the executor
-// meets it between CPU layers. The difference is what every such round trip
-// costs beyond the modelled copies and op.
-static Result<double> measure_switch(const Model& m, Backend& gpu, Act x) {
-  constexpr double kHostWork = 1e-3;
+// A GPU layer in the middle of CPU work, as the executor meets it: a CPU
+// matmul (through the CPU backend's thread pool), then the GPU round trip
+// (upload the residual row, one single-token matmul, download), then the
+// next CPU matmul. Each part is timed back to back too (best of 6); what the
+// sequence takes beyond those (median of 7) — the GPU starting cold, the
+// fence wait's wake-up, the pool's workers waking after it — is what every
+// such round trip costs beyond the modelled copies and ops.
+static Result<double> measure_switch(const Model& m, Backend& cpu, Backend& gpu, Act x) {
   const Weight& w = m.layers[0].wk;
-  if (!w.present() || !gpu.supports(OpKind::kMatmul, w.dtype) || w.n_in != x.cols) return 0.0;
+  const Weight& wc = m.layers[0].wq;  // the CPU's work: read in place, every dtype supported
+  if (!w.present() || !gpu.supports(OpKind::kMatmul, w.dtype) || w.n_in != x.cols ||
+      !wc.present() || !cpu.supports(OpKind::kMatmul, wc.dtype))
+    return 0.0;
   const bool had = gpu.has_weight(OpKind::kMatmul, w);
   if (!had && !gpu.upload_weight(w).ok()) return 0.0;  // no room: leave it unmeasured
   auto ybuf = gpu.alloc_act(w.n_out);
-  if (!ybuf.ok()) {
+  auto cx = cpu.alloc_act(wc.n_in), cy = cpu.alloc_act(wc.n_out);
+  if (!ybuf.ok() || !cx.ok() || !cy.ok()) {
     if (!had) gpu.release_weight(w);
-    return ybuf.error();
+    return !ybuf.ok() ? ybuf.error() : (!cx.ok() ? cx.error() : cy.error());
   }
+  Act ax = (*cx)->view(1, wc.n_in), ay = (*cy)->view(1, wc.n_out);
+  std::fill(ax.data, ax.data + wc.n_in, 0.01f);
   std::vector<float> host(static_cast<size_t>(std::max(w.n_in, w.n_out)), 0.01f);
+  auto cpu_op = [&] {
+    const auto t0 = Clock::now();
+    cpu.matmul(wc, ax, ay, nullptr);
+    return seconds_since(t0);
+  };
   auto trip = [&]() -> Result<double> {
     const auto t0 = Clock::now();
     LOOM_TRY(gpu.upload(host.data(), x));
@@ -276,8 +288,8 @@ static Result<double> measure_switch(const Model& m, Backend& gpu, Act x) {
     LOOM_TRY(gpu.download((*ybuf)->view(1, w.n_out), host.data()));
     return seconds_since(t0);
   };
-  double warm = 1e30;
-  std::vector<double> cold;
+  double warm = 1e30, warm_cpu = 1e30;
+  std::vector<double> extra;
   Status st;
   for (int r = 0; r < 7 && st.ok(); ++r) {
     auto t = trip();
@@ -285,21 +297,23 @@ static Result<double> measure_switch(const Model& m, Backend& gpu, Act x) {
       st = t.error();
     else if (r > 0)
       warm = std::min(warm, *t);
+    const double c = cpu_op();
+    if (r > 0) warm_cpu = std::min(warm_cpu, c);
   }
   for (int r = 0; r < 7 && st.ok(); ++r) {
-    const auto t0 = Clock::now();
-    volatile double sink = 0;
-    while (seconds_since(t0) < kHostWork) sink = sink + 1.0;  // the host busy, the GPU idle
+    for (int k = 0; k < 4; ++k) (void)cpu_op();  // CPU layers: the pool busy, the GPU idle
     auto t = trip();
-    if (!t.ok())
+    if (!t.ok()) {
       st = t.error();
-    else
-      cold.push_back(*t);
+      break;
+    }
+    const double after = cpu_op();
+    extra.push_back(*t - warm + after - warm_cpu);
   }
   if (!had) gpu.release_weight(w);
   if (!st.ok()) return st;
-  std::sort(cold.begin(), cold.end());
-  return std::max(0.0, cold[cold.size() / 2] - warm);
+  std::sort(extra.begin(), extra.end());
+  return std::max(0.0, extra[extra.size() / 2]);
 }
 
 Result<CostModel> calibrate(const Model& m, Backend& cpu, Backend* gpu) {
@@ -325,7 +339,7 @@ Result<CostModel> calibrate(const Model& m, Backend& cpu, Backend* gpu) {
     LOOM_ASSIGN_OR_RETURN(double t_big, round_trip(big));
     c.xfer_latency_s = t_small;
     c.xfer_bytes_per_s = 4.0 * static_cast<double>(big) / std::max(t_big - t_small, 1e-7);
-    LOOM_ASSIGN_OR_RETURN(c.switch_s, measure_switch(m, *gpu, buf->view(1, m.hp.n_embd)));
+    LOOM_ASSIGN_OR_RETURN(c.switch_s, measure_switch(m, cpu, *gpu, buf->view(1, m.hp.n_embd)));
   }
   c.measured = true;
   return c;

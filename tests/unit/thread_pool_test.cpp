@@ -1,13 +1,13 @@
 // The thread pool: every thread runs each job once, ranges tile [0, n), and
 // back-to-back runs (as in a decode step) neither lose nor repeat work.
+#include "cpu/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
-
-#include "cpu/thread_pool.h"
 
 namespace loom::cpu {
 namespace {

@@ -337,7 +337,8 @@ TEST_P(VulkanMatmul, MatmulQkv) {
             for (int64_t r = 0; r < n; ++r) {
               double a = (c.bias && h == &wq) ? bq.deq[static_cast<size_t>(r)] : 0.0;
               for (int64_t k = 0; k < n_in; ++k)
-                a += h->deq[static_cast<size_t>(r * n_in + k)] * x[static_cast<size_t>(t0 * n_in + k)];
+                a += h->deq[static_cast<size_t>(r * n_in + k)] *
+                     x[static_cast<size_t>(t0 * n_in + k)];
               ref[static_cast<size_t>(t0 * n + r)] = a;
             }
           }

@@ -23,7 +23,8 @@ CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
 }
 
 std::string CpuBackend::name() const {
-  return std::string("cpu (") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) + " threads)";
+  return std::string("cpu (") + cpu::isa_name(cpu::active_isa()) + ", " +
+         std::to_string(pool_.size()) + " threads)";
 }
 
 bool CpuBackend::supports(OpKind op, DType dtype) const {
@@ -37,7 +38,8 @@ bool CpuBackend::supports(OpKind op, DType dtype) const {
 }
 
 void CpuBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
-  for (int64_t t = 0; t < out.rows; ++t) cpu::get_row(w.dtype, w.data, w.row_bytes, ids[t], out.row(t), w.n_in);
+  for (int64_t t = 0; t < out.rows; ++t)
+    cpu::get_row(w.dtype, w.data, w.row_bytes, ids[t], out.row(t), w.n_in);
 }
 
 void CpuBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
@@ -64,13 +66,16 @@ void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   const bool dense = w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16;
   // Dense prefill: our tiled kernel or oneDNN, whichever was measured faster
   // for this shape class (cpu/gemm_onednn.h). Decode keeps the GEMV path below.
-  if (dense && T > 6 && cpu::dense_prefill_choice(w.dtype, T, n, w.n_out, pool_.size()) == cpu::DenseImpl::kOneDnn) {
+  if (dense && T > 6 &&
+      cpu::dense_prefill_choice(w.dtype, T, n, w.n_out, pool_.size()) == cpu::DenseImpl::kOneDnn) {
     if (!onednn_) onednn_ = std::make_unique<cpu::OneDnnMatmul>();
     const size_t xrb = cpu::activation_row_bytes(w.dtype, n);
-    if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) cpu::convert_activation(w.dtype, x.row(t), act_buf_.data() + xrb * static_cast<size_t>(t), n);
-    Status s = cpu::dense_matmul_prefill(w.dtype, w.data, w.row_bytes, act_buf_.data(), xrb, T, out.data, out.cols, n,
-                                         w.n_out, pool_, onednn_.get());
+    if (act_buf_.size() < xrb * static_cast<size_t>(T))
+      act_buf_.resize(xrb * static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t)
+      cpu::convert_activation(w.dtype, x.row(t), act_buf_.data() + xrb * static_cast<size_t>(t), n);
+    Status s = cpu::dense_matmul_prefill(w.dtype, w.data, w.row_bytes, act_buf_.data(), xrb, T,
+                                         out.data, out.cols, n, w.n_out, pool_, onednn_.get());
     if (s.ok()) {
       if (bias) add_bias(out, *bias, 0, w.n_out);
       return;
@@ -81,10 +86,12 @@ void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
   uint8_t* xq = act_buf_.data();
   if (T * n < kMinParallelWork) {
-    for (int64_t t = 0; t < T; ++t) cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+    for (int64_t t = 0; t < T; ++t)
+      cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
   } else {
     pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
-      for (int64_t t = b; t < e; ++t) cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+      for (int64_t t = b; t < e; ++t)
+        cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
     });
   }
   pool_.parallel_for(w.n_out, kRowAlign, [&](int64_t r0, int64_t r1, int) {
@@ -93,7 +100,8 @@ void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   });
 }
 
-void CpuBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) {
+void CpuBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+                      const cpu::RopeParams& p) {
   cpu::rope(x.data, x.rows, n_heads, head_dim, pos, p);
 }
 
@@ -101,8 +109,8 @@ void CpuBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_
   for (int64_t t = 0; t < k.rows; ++t) kv.store(layer, pos[t], k.row(t), v.row(t));
 }
 
-void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
-                           Act out) {
+void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                           float scale, Act out) {
   const cpu::KvView view = kv.view(layer);
   const size_t scratch = cpu::attention_scratch_floats(view);
   for (auto& s : att_scratch_) {
@@ -122,9 +130,13 @@ void CpuBackend::silu_mul(Act gate, Act up, Act out) {
     cpu::silu_mul(gate.data, up.data, out.data, n);
     return;
   }
-  pool_.parallel_for(n, 64, [&](int64_t b, int64_t e, int) { cpu::silu_mul(gate.data + b, up.data + b, out.data + b, e - b); });
+  pool_.parallel_for(n, 64, [&](int64_t b, int64_t e, int) {
+    cpu::silu_mul(gate.data + b, up.data + b, out.data + b, e - b);
+  });
 }
 
-void CpuBackend::add(Act a, Act b, Act out) { cpu::add(a.data, b.data, out.data, a.rows * a.cols); }
+void CpuBackend::add(Act a, Act b, Act out) {
+  cpu::add(a.data, b.data, out.data, a.rows * a.cols);
+}
 
 }  // namespace loom

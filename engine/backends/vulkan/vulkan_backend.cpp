@@ -270,7 +270,7 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
                   : dev_->info().type == "cpu" ? 0
                                                : kSubmitEvery;
   submit_first_ = std::min(submit_every_, kSubmitFirst);
-  fence_spin_us_ = opts.fence_spin_us >= 0         ? opts.fence_spin_us
+  fence_spin_us_ = opts.fence_spin_us >= 0      ? opts.fence_spin_us
                    : dev_->info().type == "cpu" ? 0
                                                 : kFenceSpinUs;
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
@@ -447,8 +447,8 @@ VkResult VulkanBackend::wait_fence() {
     for (uint32_t k = 1;; ++k) {
       const VkResult r = fn.vkGetFenceStatus(dev_->device(), fence_);
       if (r != VK_NOT_READY) return r;
-      if ((k & 63) == 0 && std::chrono::steady_clock::now() - t0 >
-                               std::chrono::microseconds(fence_spin_us_))
+      if ((k & 63) == 0 &&
+          std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(fence_spin_us_))
         break;
     }
   }
@@ -1390,8 +1390,19 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
   auto w_off = [](const Resident* r) { return u32(r->alloc.offset / 4); };
   auto w_off2 = [](const Resident* r) { return u32((r->alloc.offset + r->off2) / 4); };
-  MatvecPush pc{w_off(rq),       w_off2(rq), 0, rq->row_units, u32(wq.n_in), M, 1, x_off, x_ld,
-                u32(q.offset / 4), u32(q.cols), 0, (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u};
+  MatvecPush pc{w_off(rq),
+                w_off2(rq),
+                0,
+                rq->row_units,
+                u32(wq.n_in),
+                M,
+                1,
+                x_off,
+                x_ld,
+                u32(q.offset / 4),
+                u32(q.cols),
+                0,
+                (x_off % 4 == 0 && x_ld % 4 == 0) ? 2u : 0u};
   pc.w_off_b = w_off(rk);
   pc.w_off2_b = w_off2(rk);
   pc.w_off_c = rv ? w_off(rv) : 0;
@@ -1507,13 +1518,13 @@ void VulkanBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, 
   // One dispatch (rope_kv) for an F16 cache with K and V in one block, normal
   // ordering over the whole head; rope_qk then kv_store otherwise.
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
-  const bool fused = status_.ok() && s && s->owner_ == this && s->layer_resident(layer) &&
-                     s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
-                     s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads &&
-                     k.rows == q.rows && v.rows == q.rows &&
-                     s->k_[static_cast<size_t>(layer)].block ==
-                         s->v_[static_cast<size_t>(layer)].block &&
-                     check_act(v, "rope_qk_kv");
+  const bool fused =
+      status_.ok() && s && s->owner_ == this && s->layer_resident(layer) &&
+      s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
+      s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads && k.rows == q.rows &&
+      v.rows == q.rows &&
+      s->k_[static_cast<size_t>(layer)].block == s->v_[static_cast<size_t>(layer)].block &&
+      check_act(v, "rope_qk_kv");
   if (!fused) return Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
   if (!positions_in_range(pos, k.rows, s->cfg_.n_ctx, "kv_store")) return;
   const RopeKv rk{v, &s->k_[static_cast<size_t>(layer)], &s->v_[static_cast<size_t>(layer)],
@@ -1579,9 +1590,10 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
     const uint64_t lo = std::min(ka.offset, va.offset),
                    hi = std::max(ka.offset + ka.size, va.offset + va.size);
     const uint64_t all = pairs + static_cast<uint64_t>(n_heads2 * (p.n_rot / 2));  // + v's pairs
-    dispatch(plain("rope_kv"), Spec{kWgSmall},
-             {act_bind(x, true), rb, rb, b2, act_bind(kv->v, false), Bind{ka.block, lo, hi - lo, true}},
-             &pc, sizeof(pc), u32((all + kWgSmall - 1) / kWgSmall), u32(x.rows), 1);
+    dispatch(
+        plain("rope_kv"), Spec{kWgSmall},
+        {act_bind(x, true), rb, rb, b2, act_bind(kv->v, false), Bind{ka.block, lo, hi - lo, true}},
+        &pc, sizeof(pc), u32((all + kWgSmall - 1) / kWgSmall), u32(x.rows), 1);
     return;
   }
   dispatch(plain("rope"), Spec{kWgSmall}, {act_bind(x, true), rb, rb, b2}, &pc, sizeof(pc),
