@@ -627,6 +627,18 @@ std::vector<float> row_values(DType t, const uint8_t* row, int64_t head_dim) {
   return f;
 }
 
+// A KV cache with device storage, layer `layer` resident there (null on failure).
+std::unique_ptr<KvCache> device_kv(VulkanBackend* be, const KvCacheConfig& cfg, int64_t layer) {
+  auto kv = KvCache::create(cfg);
+  auto storage = be->create_kv_storage(cfg);
+  if (!kv.ok() || !storage.ok()) return nullptr;
+  std::unique_ptr<KvCache> c = std::move(kv).value();
+  if (!c->attach_storage(std::move(storage).value()).ok() ||
+      !c->storage()->set_layer_resident(layer, true).ok())
+    return nullptr;
+  return c;
+}
+
 class VulkanKv : public VulkanTest, public ::testing::WithParamInterface<DType> {
  protected:
   void TearDown() override {
@@ -680,20 +692,15 @@ TEST_P(VulkanKv, ExportOfStoredRowsMatchesTheCpu) {
   // (the GPU may round a quant or an F16 value the other way).
   const DType t = GetParam();
   const int64_t n_kv = 2, hd = 64, n = 37, kv_dim = n_kv * hd;
-  KvCacheConfig cfg{1, n_kv, hd, 40, 16, t};
-  auto kv = KvCache::create(cfg);
-  ASSERT_TRUE(kv.ok());
-  auto storage = be_->create_kv_storage(cfg);
-  ASSERT_TRUE(storage.ok());
-  ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
-  KvStorage& s = *(*kv)->storage();
-  ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+  const auto kv = device_kv(be_, KvCacheConfig{1, n_kv, hd, 40, 16, t}, 0);
+  ASSERT_TRUE(kv);
+  KvStorage& s = *kv->storage();
   const auto k = random_floats(static_cast<size_t>(n * kv_dim), 93, -3.0f, 3.0f);
   const auto v = random_floats(static_cast<size_t>(n * kv_dim), 94);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   DevMat dk(be_, n, kv_dim, k), dv(be_, n, kv_dim, v);
-  be_->kv_store(**kv, 0, dk.act(), dv.act(), pos.data());
+  be_->kv_store(*kv, 0, dk.act(), dv.act(), pos.data());
   const size_t rb = kv_row_bytes(t, hd);
   std::vector<uint8_t> ek(rb * static_cast<size_t>(n * n_kv)), ev(ek.size());
   ASSERT_TRUE(s.export_layer(0, n, ek.data(), ev.data()).ok());
@@ -733,22 +740,17 @@ TEST_P(VulkanKv, RopeQkKvMatchesRopeThenStore) {
     std::vector<uint8_t> out[2][2];
     std::vector<float> qs[2], ks[2];
     for (int fused = 0; fused < 2; ++fused) {
-      KvCacheConfig cfg{2, n_kv, hd, n_ctx, 16, t};
-      auto kv = KvCache::create(cfg);
-      ASSERT_TRUE(kv.ok());
-      auto storage = be_->create_kv_storage(cfg);
-      ASSERT_TRUE(storage.ok());
-      ASSERT_TRUE((*kv)->attach_storage(std::move(storage).value()).ok());
-      KvStorage& s = *(*kv)->storage();
-      ASSERT_TRUE(s.set_layer_resident(1, true).ok());
+      const auto kv = device_kv(be_, KvCacheConfig{2, n_kv, hd, n_ctx, 16, t}, 1);
+      ASSERT_TRUE(kv);
+      KvStorage& s = *kv->storage();
       DevMat dq(be_, T, n_heads * hd, q), dk(be_, T, n_kv * hd, k), dv(be_, T, n_kv * hd, v);
       const uint64_t d0 = be_->dispatches();
       if (fused) {
-        be_->rope_qk_kv(dq.act(), dk.act(), dv.act(), **kv, 1, n_heads, n_kv, hd, pos.data(), p);
+        be_->rope_qk_kv(dq.act(), dk.act(), dv.act(), *kv, 1, n_heads, n_kv, hd, pos.data(), p);
         EXPECT_EQ(be_->dispatches() - d0, t == DType::kF16 && !neox ? 1u : 2u);
       } else {
         be_->rope_qk(dq.act(), dk.act(), n_heads, n_kv, hd, pos.data(), p);
-        be_->kv_store(**kv, 1, dk.act(), dv.act(), pos.data());
+        be_->kv_store(*kv, 1, dk.act(), dv.act(), pos.data());
       }
       qs[fused] = dq.fetch();
       ks[fused] = dk.fetch();
