@@ -254,14 +254,19 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
 
 // A GPU layer in the middle of CPU work, as the executor meets it: a CPU
 // matmul (through the CPU backend's thread pool), then the GPU round trip
-// (upload the residual row, one single-token matmul, download), then the
+// (upload the residual row, one single-token FFN matmul, download), then the
 // next CPU matmul. Each part is timed back to back too (best of 6); what the
-// sequence takes beyond those (median of 7) — the GPU starting cold, the
-// fence wait's wake-up, the pool's workers waking after it — is what every
-// such round trip costs beyond the modelled copies and ops.
+// sequence takes beyond those (median of 7) — the GPU starting cold and
+// slow, the fence wait's wake-up, the pool's workers waking after it — is
+// what every such round trip costs beyond the modelled copies and ops.
+constexpr double kHostWork = 1e-3;
+
 static Result<double> measure_switch(const Model& m, Backend& cpu, Backend& gpu, Act x) {
-  const Weight& w = m.layers[0].wk;
-  const Weight& wc = m.layers[0].wq;  // the CPU's work: read in place, every dtype supported
+  // On the GPU an FFN matrix (tens of MB: what a GPU segment of a hybrid
+  // step starts with after an idle spell, when its clocks may have dropped),
+  // on the CPU the Q projection, read in place (every dtype supported).
+  const Weight& w = m.layers[0].w_gate;
+  const Weight& wc = m.layers[0].wq;
   if (!w.present() || !gpu.supports(OpKind::kMatmul, w.dtype) || w.n_in != x.cols ||
       !wc.present() || !cpu.supports(OpKind::kMatmul, wc.dtype))
     return 0.0;
@@ -301,7 +306,9 @@ static Result<double> measure_switch(const Model& m, Backend& cpu, Backend& gpu,
     if (r > 0) warm_cpu = std::min(warm_cpu, c);
   }
   for (int r = 0; r < 7 && st.ok(); ++r) {
-    for (int k = 0; k < 4; ++k) (void)cpu_op();  // CPU layers: the pool busy, the GPU idle
+    // CPU layers: the pool busy and the GPU idle for about a millisecond.
+    const auto h0 = Clock::now();
+    while (seconds_since(h0) < kHostWork) (void)cpu_op();
     auto t = trip();
     if (!t.ok()) {
       st = t.error();

@@ -111,6 +111,25 @@ for s in $stages; do
       "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
         grep -E "^(decode|predicted|measured|cost)"
       ;;
+    auto5b)  # auto against layers:16 at half the weights as budget, and the CPU profiler's cost
+      m="$(model q4_k_m)"
+      half="$(( $(stat -c %s "$m") / 2 ))"
+      for st in auto layers:16; do
+        echo "--- Loom --strategy $st"
+        "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
+          grep -E "^(decode|predicted|measured|cost|GPU|CPU)"
+      done
+      echo "--- auto, per layer"
+      "$L" bench -m "$m" --strategy auto --vram-budget "$half" -t "$T" -p 16 -n 32 -r 1 --profile-every 1 2>&1 |
+        grep -E "^([0-9]+ |output|measured)"
+      m0="$(model q4_0)"
+      for rep in 1 2; do
+        for pr in "" --no-profiler; do
+          echo "--- profiler overhead: cpu ${pr:-(profiler on)}"
+          "$L" bench -m "$m0" --strategy cpu -t "$T" -p 16 -n 64 -r 3 $pr 2>&1 | grep -E "^decode:"
+        done
+      done
+      ;;
     overhead)
       m="$(model q4_0)"
       for b in vulkan cpu; do
