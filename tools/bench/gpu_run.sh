@@ -7,8 +7,8 @@
 # BUNDLE_DIR holds loom, loom_gpu_tests, loom_unit_tests, loom_membw_bench,
 # lib/ (the shared libraries they need) and llama/ (llama-bench with its ggml
 # libraries; llama.cpp is never part of this repository). Stages: info, tests,
-# issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, and a
-# per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
+# issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, or
+# $ISSUE4_DTYPES, and a per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
 # strategies against llama.cpp's -ngl and --override-tensor placements, and
 # CPU-only), quick (Loom's full-GPU decode and shader profile alone; $QUICK_DTYPES),
 # diag5 and auto5 (per-layer tables of hybrid steps), sweep (matvec shapes
@@ -41,7 +41,7 @@ for s in $stages; do
       "$B/loom_unit_tests" --gtest_brief=1 --gtest_filter='Vulkan*' 2>&1 | tail -n 5
       ;;
     issue4)
-      for d in q4_0 q4_k_m; do
+      for d in ${ISSUE4_DTYPES:-q4_0 q4_k_m}; do
         m="$(model $d)"
         echo "--- $d: Loom Vulkan"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^(prefill|decode|itl|memory|backend)"
