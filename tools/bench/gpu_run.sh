@@ -6,13 +6,18 @@
 #
 # BUNDLE_DIR holds loom, loom_gpu_tests, loom_unit_tests, loom_membw_bench,
 # lib/ (the shared libraries they need) and llama/ (llama-bench with its ggml
-# libraries; llama.cpp is never part of this repository). Stages: info, tests,
-# issue4 (full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M, or
-# $ISSUE4_DTYPES, and a per-shader profile), issue5 (half the weights' size as VRAM budget: Loom's
-# strategies against llama.cpp's -ngl and --override-tensor placements, and
-# CPU-only), quick (Loom's full-GPU decode and shader profile alone; $QUICK_DTYPES),
-# diag5 and auto5 (per-layer tables of hybrid steps), sweep (matvec shapes
-# of $SWEEP for $SWEEP_DTYPES). LLAMA=0 leaves llama.cpp out of issue5. Models are written by `loom synth` into /tmp/models.
+# libraries; llama.cpp is never part of this repository). Stages:
+#   info, tests
+#   issue4   full-GPU decode/prefill of llama3-8b-shaped Q4_0 and Q4_K_M (or
+#            $ISSUE4_DTYPES) against llama.cpp, and a per-shader profile
+#   issue5   half the weights' size as VRAM budget: Loom's strategies against
+#            llama.cpp's -ngl and --override-tensor placements, and CPU-only
+#            (LLAMA=0: Loom alone; STRATEGIES: Loom's strategies)
+#   overhead the profiler's cost (on / off)
+#   quick    Loom's full-GPU decode and shader profile alone ($QUICK_DTYPES)
+#   diag5, auto5, auto5b  per-layer tables of hybrid steps, thread counts
+#   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
+# Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
 stages="${*:-info tests issue4 issue5 overhead}"
