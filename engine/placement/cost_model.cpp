@@ -159,8 +159,11 @@ Result<double> time_ops(Backend& be, int n, F&& op) {
   return best;
 }
 
-// Weight bandwidth: single-token matmuls over the FFN matrices of successive
-// layers until more than the stream size went through, so the weights come
+// Weight bandwidth: single-token matmuls over the matrices of successive
+// layers, in a layer's order (the attention's smaller ones too, whose
+// start-up a thread pool or a GPU pays as well: on the H200 machine's CPU,
+// FFN matrices alone streamed at 131 GB/s where whole layers ran at about
+// 92), until more than the stream size went through, so the weights come
 // from memory as in a real decode step, not from a cache: host L3 caches
 // reach hundreds of MB (the H200 machine's 300 MB made 768 MB read at 121
 // GB/s, above its 100 GB/s), GPU L2 tens. The fixed cost per op: the larger
@@ -177,7 +180,7 @@ Result<UnitCost> measure_unit(const Model& m, Backend& be) {
   const double stream = be.host_memory() ? kHostStreamBytes : kStreamBytes;
   for (int64_t i = 0; i < hp.n_layer && bytes < stream; ++i) {
     const LayerWeights& lw = m.layers[static_cast<size_t>((hp.n_layer / 2 + i) % hp.n_layer)];
-    for (const Weight* w : {&lw.w_gate, &lw.w_up, &lw.w_down}) {
+    for (const Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) {
       if (!w->present() || !be.supports(OpKind::kMatmul, w->dtype)) continue;
       ws.push_back(w);
       bytes += static_cast<double>(w->row_bytes) * static_cast<double>(w->n_out);
