@@ -32,6 +32,10 @@ model() {  # model DTYPE -> path (written once)
   [ -f "$p" ] || { /usr/bin/time -f "synth $1: %e s" "$L" synth --preset llama3-8b --dtype "$1" -o "$p" > /dev/null; }
   echo "$p"
 }
+half_budget() {  # sets m (the Q4_K_M model) and half (half its size, the VRAM budget)
+  m="$(model q4_k_m)"
+  half="$(( $(stat -c %s "$m") / 2 ))"
+}
 for s in $stages; do
   echo "=== stage $s ($(date +%T))"
   case "$s" in
@@ -71,8 +75,7 @@ for s in $stages; do
       done
       ;;
     issue5)
-      m="$(model q4_k_m)"
-      half="$(( $(stat -c %s "$m") / 2 ))"
+      half_budget
       echo "--- Q4_K_M, VRAM budget $half bytes (half the file), $T threads"
       for st in ${STRATEGIES:-auto attn-gpu layers:16}; do
         echo "--- Loom --strategy $st"
@@ -96,8 +99,7 @@ for s in $stages; do
       LB -m "$m" -ngl 0 -t "$T" -p 64 -n 32 -r 2 2>&1 | grep -E "^\|"
       ;;
     diag5)  # where a hybrid step's time goes: per-layer tables, thread counts, spinning workers
-      m="$(model q4_k_m)"
-      half="$(( $(stat -c %s "$m") / 2 ))"
+      half_budget
       B5() { "$L" bench -m "$m" -p 64 -n 64 -r 2 "$@" 2>&1 | grep -E "^(decode|[0-9]+ |output|predicted|measured|cost|embed)"; }
       echo "--- cpu, $T threads, per layer"; B5 --strategy cpu -t "$T" --profile-every 1
       echo "--- layers:0 (Vulkan open, nothing on it)"; B5 --strategy layers:0 -t "$T" | grep -E "^(decode|measured)"
@@ -109,16 +111,14 @@ for s in $stages; do
       echo "--- cpu, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy cpu -t "$T" | grep -E "^(decode|measured)"
       ;;
     auto5)  # the auto strategy's per-layer table at half the weights as budget, and layers:16
-      m="$(model q4_k_m)"
-      half="$(( $(stat -c %s "$m") / 2 ))"
+      half_budget
       "$L" bench -m "$m" --strategy auto --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 --profile-every 1 2>&1 |
         grep -E "^(decode|[0-9]+ |output|predicted|measured|cost|embed|GPU|CPU)"
       "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
         grep -E "^(decode|predicted|measured|cost)"
       ;;
     auto5b)  # auto against layers:16 at half the weights as budget, and the CPU profiler's cost
-      m="$(model q4_k_m)"
-      half="$(( $(stat -c %s "$m") / 2 ))"
+      half_budget
       for st in auto layers:16; do
         echo "--- Loom --strategy $st"
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |

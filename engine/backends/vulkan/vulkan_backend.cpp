@@ -1318,16 +1318,14 @@ void VulkanBackend::matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx,
 }
 
 void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
-  const Resident* rg = find_weight(gate.data);
-  const Resident* ru = find_weight(up.data);
+  const Resident* rg = whole_tensor(gate);
+  const Resident* ru = whole_tensor(up);
   // One dispatch when both are whole tensors of one type in one memory block.
   const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rg && ru &&
                      rg->alloc.block == ru->alloc.block && rg->dtype == ru->dtype &&
                      rg->row_units == ru->row_units && gate.n_out == up.n_out &&
-                     gate.n_in == up.n_in && rg->n_rows == gate.n_out && ru->n_rows == up.n_out &&
-                     static_cast<const uint8_t*>(gate.data) == rg->begin() &&
-                     static_cast<const uint8_t*>(up.data) == ru->begin() &&
-                     check_act(x, "matmul_glu") && check_act(out, "matmul_glu");
+                     gate.n_in == up.n_in && check_act(x, "matmul_glu") &&
+                     check_act(out, "matmul_glu");
   if (!fused) return Backend::matmul_glu(gate, up, x, out, tmp);
   const uint32_t M = 2 * u32(gate.n_out);  // interleaved gate and up rows
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
@@ -1415,20 +1413,17 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
   uint32_t gx, gz;
   matvec1_grid(s, M, &gx, &gz);
   // The hazard ranges span the fused matrices and outputs (each in one block).
-  auto span = [](std::initializer_list<std::pair<uint64_t, uint64_t>> rs, Block* b, bool wr) {
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (const auto& [o, n] : rs) lo = std::min(lo, o), hi = std::max(hi, o + n);
-    return Bind{b, lo, hi - lo, wr};
-  };
-  auto wrange = [](const Resident* r) { return std::make_pair(r->alloc.offset, r->alloc.size); };
-  auto arange = [](const Act& a) {
-    return std::make_pair(a.offset, static_cast<uint64_t>(a.rows * a.cols) * 4);
-  };
-  const Bind wb = rv ? span({wrange(rq), wrange(rk), wrange(rv)}, rq->alloc.block, false)
-                     : span({wrange(rq), wrange(rk)}, rq->alloc.block, false);
-  auto* yb = static_cast<Block*>(q.buffer);
-  const Bind ob = rv ? span({arange(q), arange(k), arange(v)}, yb, true)
-                     : span({arange(q), arange(k)}, yb, true);
+  uint64_t wlo = UINT64_MAX, whi = 0, ylo = UINT64_MAX, yhi = 0;
+  for (const Resident* r : {rq, rk, rv}) {
+    if (r)
+      wlo = std::min(wlo, r->alloc.offset), whi = std::max(whi, r->alloc.offset + r->alloc.size);
+  }
+  for (const Act* a : {&q, &k, rv ? &v : &q}) {
+    ylo = std::min(ylo, a->offset);
+    yhi = std::max(yhi, a->offset + static_cast<uint64_t>(a->rows * a->cols) * 4);
+  }
+  const Bind wb{rq->alloc.block, wlo, whi - wlo, false};
+  const Bind ob{static_cast<Block*>(q.buffer), ylo, yhi - ylo, true};
   if (profile_) prof_shape_ = shape_tag(M, wq.n_in);
   dispatch(typed("matvec1_qkv", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
            {wb, act_bind(x, false), ob, wb}, &pc, sizeof(pc), gx, 1, gz);

@@ -259,12 +259,12 @@ class VulkanBackend final : public Backend {
   // with fence_, which covers every earlier submission of the queue.
   std::vector<VkCommandBuffer> cmds_;
   size_t cmd_index_ = 0;
-  uint32_t submit_every_ = 0;  ///< 0: one command buffer per batch
-  uint32_t submit_first_ = 0;  ///< dispatches in the batch's first command buffer
-  uint32_t chunk_dispatches_ = 0;
-  uint64_t dispatches_ = 0;
-  int fence_spin_us_ = 0;  ///< see VulkanOptions::fence_spin_us
-  VkResult wait_fence();   ///< the fence of the last submission  ///< dispatches in cmd_
+  uint32_t submit_every_ = 0;      ///< 0: one command buffer per batch
+  uint32_t submit_first_ = 0;      ///< dispatches in the batch's first command buffer
+  uint32_t chunk_dispatches_ = 0;  ///< dispatches in cmd_
+  uint64_t dispatches_ = 0;        ///< all dispatches recorded (dispatches())
+  int fence_spin_us_ = 0;          ///< see VulkanOptions::fence_spin_us
+  VkResult wait_fence();           ///< the fence of the last submission
   Status submit_chunk();
   Status begin_cmd();
   VkFence fence_ = VK_NULL_HANDLE;
