@@ -220,13 +220,18 @@ int main(int argc, char** argv) {
     }
     const double ms = ms_since(t0) / n_gen;
     double mv = 0;
+    std::string shapes;  // " label=us/call" per matvec shape
     for (const auto& t : (*be)->gpu_times()) {
-      if (t.name.rfind("matvec1", 0) == 0) mv += t.ms;
+      if (t.name.rfind("matvec1", 0) != 0) continue;
+      mv += t.ms;
+      char b[96];
+      std::snprintf(b, sizeof b, " [%s]=%.1f", t.name.c_str(), t.ms * 1e3 / t.calls);
+      shapes += b;
     }
     std::printf(
         "sweep wg,unroll,groups,rows,tpr = %-16s decode %.3f ms/token = %6.1f tokens/s, matvec1 "
-        "GPU %.3f ms/token\n",
-        item.c_str(), ms, 1e3 / ms, mv / n_gen);
+        "GPU %.3f ms/token; us/call:%s\n",
+        item.c_str(), ms, 1e3 / ms, mv / n_gen, shapes.c_str());
   }
 
   if (with_cpu) {
