@@ -46,17 +46,18 @@ constexpr uint32_t kWgMatvec = 64;
 constexpr uint32_t kMatvecRows = 2;
 constexpr uint32_t kMatvecCols = 8;  // NC of the "matvec" variants; up to this many tokens use them
 // Single-token matvecs (matvec1_*_sg): rows per row group up to NR_MAX, unit
-// parts per thread and step (UNROLL in mul_mat_vec.comp; a part is a quarter
-// of a 32-element unit), and the workgroup count that fills a large GPU
-// (H200: 132 SMs, eight workgroups each).
+// parts per thread and step for 4 parts per unit (UNROLL in mul_mat_vec.comp;
+// a part is a quarter of a 32-element unit, half for K-quants), and the
+// workgroup count that fills a large GPU (H200: 132 SMs, 16 workgroups each).
 constexpr uint32_t kMatvecRowsMax = 4;
 constexpr uint32_t kMatvecUnroll = 4;
 constexpr uint32_t kMatvecUnrollMax = 8;  // UNROLL_MAX in mul_mat_vec.comp
 // Parts per 32-element unit (PPU in dequant.glsl): K-quants 2, the rest 4.
+constexpr uint32_t kMatvecPartsMax = 4;
 uint32_t matvec_parts(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : 4;
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : kMatvecPartsMax;
 }
-constexpr uint32_t kManyGroups = 1024;
+constexpr uint32_t kManyGroups = 2048;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTile = 64;
 constexpr uint32_t kWgSmall = 64;
@@ -1261,24 +1262,24 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
 
 VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units,
                                                         DType dtype) const {
-  // Enough workgroups to give every SM of a large GPU several (kManyGroups),
-  // and enough rows per row group to share each x load: halve NR first, then
-  // split the row over more threads while each still gets 2 x UNROLL parts.
-  // set_matvec_tuning() fixes any of these instead.
+  // Two rows per row group (each x load serves both; measured on the H200,
+  // this beats one row with twice the workgroups, and four rows run out of
+  // registers), UNROLL parts of 32 elements in all per thread and step (K-quant
+  // parts are twice as long as the others), then the row split over more
+  // threads while the grid is short of kManyGroups workgroups and each thread
+  // still gets one whole step. set_matvec_tuning() fixes any of these instead.
   const uint32_t S = std::max<uint32_t>(1, dev_->caps().subgroup_size);
+  const uint32_t parts = matvec_parts(dtype);
   MatvecShape s;
   s.wg = mv_tune_.wg ? std::max(mv_tune_.wg, S) : matvec_wg_;
-  s.unroll = mv_tune_.unroll ? std::min(mv_tune_.unroll, kMatvecUnrollMax) : kMatvecUnroll;
+  s.unroll = mv_tune_.unroll ? std::min(mv_tune_.unroll, kMatvecUnrollMax)
+                             : kMatvecUnroll * parts / kMatvecPartsMax;
   s.nr = matvec_rows_ ? matvec_rows_ : kMatvecRowsMax / 2;
   s.tpr = matvec_tpr_ ? matvec_tpr_ : std::min(S, s.wg);
   const uint32_t many = mv_tune_.groups ? mv_tune_.groups : kManyGroups;
   auto groups = [&] { return (M + s.wg / s.tpr * s.nr - 1) / (s.wg / s.tpr * s.nr); };
-  if (!matvec_rows_) {
-    while (s.nr > 1 && groups() < many) s.nr /= 2;
-  }
   if (!matvec_tpr_) {
-    while (groups() < many && s.tpr * 2 <= s.wg &&
-           matvec_parts(dtype) * row_units >= 2 * 2 * s.tpr * s.unroll)
+    while (groups() < many && s.tpr * 2 <= s.wg && parts * row_units >= 2 * s.tpr * s.unroll)
       s.tpr *= 2;
   }
   return s;
