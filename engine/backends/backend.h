@@ -120,6 +120,16 @@ class Backend {
     (void)w;
     return {};
   }
+  /// upload_weight() of weights used together (q, k, v, o; gate, up, down).
+  /// A backend may keep them side by side so that fused ops read them in one
+  /// dispatch. Stops at the first error (the ones before stay resident).
+  virtual Status upload_weights(const std::vector<const Weight*>& ws) {
+    for (const Weight* w : ws) {
+      Status s = upload_weight(*w);
+      if (!s.ok()) return s;
+    }
+    return {};
+  }
   /// Forgets every resident weight copy (call when the model they mirror is
   /// unloaded; its file mapping may be reused by the next one).
   virtual void release_weights() {}

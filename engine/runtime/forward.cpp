@@ -140,16 +140,16 @@ Status ForwardPass::build_weights(const Placement& p, Weights* out) {
 Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
                                  const std::string& where) {
   Backend& gpu = be(Unit::kGpu);
+  std::erase_if(ws, [](const Weight* w) { return !w->present(); });
   for (const Weight* w : ws) {
-    if (!w->present()) continue;
     if (!gpu.supports(op, w->dtype)) {
       return make_error(ErrorCode::kUnsupported, "%s has no kernel for tensor '%s' of type %s (%s)",
                         gpu.name().c_str(), w->name().c_str(),
                         std::string(dtype_name(w->dtype)).c_str(), where.c_str());
     }
-    LOOM_TRY(gpu.upload_weight(*w));
-    gpu_tensors_.emplace(w->tensor_begin(), *w);
   }
+  LOOM_TRY(gpu.upload_weights(ws));
+  for (const Weight* w : ws) gpu_tensors_.emplace(w->tensor_begin(), *w);
   return {};
 }
 

@@ -352,6 +352,45 @@ TEST_P(VulkanMatmul, MatmulQkv) {
   be_->set_matvec_rows(0);
 }
 
+// upload_weights: one allocation cut in pieces for the tensors of a group; the
+// fused matvec reads them in one dispatch, and each piece is released and
+// uploaded again on its own.
+TEST_P(VulkanMatmul, GroupUpload) {
+  const DType t = GetParam();
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = kq ? 256 : 96;
+  const HostWeight wq = make_weight(t, n_in, 21, 970), wk = make_weight(t, n_in, 9, 971),
+                   wv = make_weight(t, n_in, 9, 972);
+  ASSERT_TRUE(be_->upload_weights({&wq.w, &wk.w, &wv.w, &wq.w}).ok());
+  for (const HostWeight* h : {&wq, &wk, &wv}) EXPECT_TRUE(be_->has_weight(OpKind::kMatmul, h->w));
+  const Weight none;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round ? "k released and uploaded again" : "uploaded as a group");
+    const auto x = random_floats(static_cast<size_t>(n_in), 973);
+    DevMat dx(be_, 1, n_in, x), dq(be_, 1, 21), dk(be_, 1, 9), dv(be_, 1, 9);
+    const uint64_t d0 = be_->dispatches();
+    be_->matmul_qkv(wq.w, wk.w, wv.w, none, none, none, dx.act(), dq.act(), dk.act(), dv.act());
+    if (be_->caps().subgroup_arithmetic) EXPECT_EQ(be_->dispatches() - d0, 1u);
+    const std::pair<const HostWeight*, DevMat*> outs[] = {{&wq, &dq}, {&wk, &dk}, {&wv, &dv}};
+    for (const auto& [h, d] : outs) {
+      const auto y = d->fetch();
+      std::vector<double> ref(static_cast<size_t>(h->w.n_out));
+      for (int64_t r = 0; r < h->w.n_out; ++r) {
+        for (int64_t k = 0; k < n_in; ++k)
+          ref[static_cast<size_t>(r)] +=
+              h->deq[static_cast<size_t>(r * n_in + k)] * x[static_cast<size_t>(k)];
+      }
+      EXPECT_LT(normalized_error(y, ref), 1e-5);
+    }
+    be_->release_weight(wk.w);
+    ASSERT_TRUE(be_->upload_weight(wk.w).ok());
+  }
+  for (const HostWeight* h : {&wq, &wk, &wv}) {
+    be_->release_weight(h->w);
+    EXPECT_FALSE(be_->has_weight(OpKind::kMatmul, h->w));
+  }
+}
+
 // Single-token matvecs (the decode path) over rows long enough for the
 // unrolled loop, with every way mul_mat_vec.comp may split a row: fewer
 // threads per row than a subgroup (shared memory only), one subgroup, several

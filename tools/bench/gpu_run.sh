@@ -18,7 +18,7 @@
 #   diag5, auto5, auto5b  per-layer tables of hybrid steps, thread counts
 #   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
-#            profile of the same decode ($QUICK_DTYPES)
+#            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
@@ -79,11 +79,11 @@ for s in $stages; do
     llprof)
       for d in ${QUICK_DTYPES:-q4_0}; do
         echo "--- $d: llama.cpp per-op timings of one decode step (the last one printed)"
-        GGML_VK_PERF_LOGGER=1 LB -m "$(model $d)" -ngl 99 -p 0 -n 8 -r 1 > /tmp/llprof.txt 2>&1
+        GGML_VK_PERF_LOGGER=1 LB -m "$(model $d)" -ngl 99 -p 0 -n 8 -d "${DEPTH:-0}" -r 1 > /tmp/llprof.txt 2>&1
         awk '/^Vulkan Timings:/ { n = 0; delete a } { a[n++] = $0 } END { for (i = 0; i < n; ++i) print a[i] }' /tmp/llprof.txt | head -n 60
         grep -E "^\|" /tmp/llprof.txt
         echo "--- $d: Loom, the same decode"
-        "$L" bench -m "$(model $d)" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 |
+        "$L" bench -m "$(model $d)" --backend vulkan -t "$T" -p "${DEPTH:-16}" -n 32 -r 1 --gpu-profile 2>&1 |
           sed -n '/^decode/p; /GPU shaders/,$p' | head -n 40
       done
       ;;

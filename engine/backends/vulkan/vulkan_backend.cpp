@@ -988,31 +988,44 @@ void VulkanBackend::release_weight(const Weight& w) {
   weights_.erase(it);
 }
 
-Status VulkanBackend::upload_weight(const Weight& w) {
-  if (!w.present()) return {};
+VulkanBackend::Source VulkanBackend::weight_source(const Weight& w) const {
+  // The whole tensor (fused tensors are used as row ranges: one upload serves all).
+  Source src;
+  src.begin = static_cast<const uint8_t*>(w.data);
+  src.n_rows = w.n_out;
+  if (w.tensor && w.tensor->data && w.row_bytes) {
+    src.begin = w.tensor->data;
+    src.n_rows = static_cast<int64_t>(w.tensor->n_bytes / w.row_bytes);
+  }
+  src.bytes = static_cast<uint64_t>(src.n_rows) * w.row_bytes;
+  src.fingerprint = fingerprint(w, src.begin, src.bytes);
+  auto same = weights_.find(src.begin);
+  src.resident = same != weights_.end() && same->second.fingerprint == src.fingerprint &&
+                 same->second.end == src.begin + src.bytes;
+  return src;
+}
+
+Status VulkanBackend::check_packable(const Weight& w, const vk::PackedLayout& l) const {
   if (!vk::packable(w.dtype)) {
     return make_error(ErrorCode::kUnsupported,
                       "Vulkan: tensor '%s' has type %s, which no shader reads", w.name().c_str(),
                       std::string(dtype_name(w.dtype)).c_str());
   }
-  // The whole tensor (fused tensors are used as row ranges: one upload serves all).
-  const uint8_t* begin = static_cast<const uint8_t*>(w.data);
-  int64_t n_rows = w.n_out;
-  if (w.tensor && w.tensor->data && w.row_bytes) {
-    begin = w.tensor->data;
-    n_rows = static_cast<int64_t>(w.tensor->n_bytes / w.row_bytes);
+  if (l.bytes == 0) {
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: tensor '%s' of type %s has rows of %" PRId64
+                      " elements, which its blocks do not divide",
+                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str(), w.n_in);
   }
-  const uint64_t src_bytes = static_cast<uint64_t>(n_rows) * w.row_bytes;
-  const uint64_t fp = fingerprint(w, begin, src_bytes);
-  auto same = weights_.find(begin);
-  if (same != weights_.end() && same->second.fingerprint == fp &&
-      same->second.end == begin + src_bytes)
-    return {};
-  // Anything else resident over these bytes is a stale copy of an unloaded tensor.
+  return {};
+}
+
+void VulkanBackend::drop_stale(const Source& src) {
+  // Anything resident over these bytes is a stale copy of an unloaded tensor.
   bool stale = false;
   for (auto it = weights_.begin(); it != weights_.end();) {
-    if (it->first < begin + src_bytes && begin < it->second.end) {
-      if (!stale) (void)flush();
+    if (it->first < src.begin + src.bytes && src.begin < it->second.end) {
+      if (!stale) (void)flush();  // recorded work may still read it; an error stays in status_
       stale = true;
       weight_bytes_ -= it->second.alloc.size;
       device_pool_->free(it->second.alloc);
@@ -1021,24 +1034,73 @@ Status VulkanBackend::upload_weight(const Weight& w) {
       ++it;
     }
   }
-  const vk::PackedLayout l = vk::packed_layout(w.dtype, w.n_in, n_rows);
-  if (l.bytes == 0) {
-    return make_error(ErrorCode::kUnsupported,
-                      "Vulkan: tensor '%s' of type %s has rows of %" PRId64
-                      " elements, which its blocks do not divide",
-                      w.name().c_str(), std::string(dtype_name(w.dtype)).c_str(), w.n_in);
-  }
+}
+
+Status VulkanBackend::upload_weight(const Weight& w) {
+  if (!w.present()) return {};
+  const Source src = weight_source(w);
+  if (src.resident) return {};
+  const vk::PackedLayout l = vk::packed_layout(w.dtype, w.n_in, src.n_rows);
+  LOOM_TRY(check_packable(w, l));
+  drop_stale(src);
   const std::string what = w.name().empty() ? std::string("a weight") : "tensor '" + w.name() + "'";
   LOOM_ASSIGN_OR_RETURN(Alloc a, device_pool_->alloc(l.bytes, what.c_str()));
+  return upload_into(w, src, l, a);
+}
+
+Status VulkanBackend::upload_weights(const std::vector<const Weight*>& ws) {
+  // The tensors not resident yet get one allocation, cut in pieces, so they
+  // share a memory block (matmul_qkv and matmul_glu fuse only within one);
+  // when that does not fit, each goes wherever it fits.
+  struct Item {
+    const Weight* w;
+    Source src;
+    vk::PackedLayout l;
+    uint64_t size;
+  };
+  std::vector<Item> items;
+  uint64_t total = 0;
+  for (const Weight* w : ws) {
+    if (!w->present()) continue;
+    const Source src = weight_source(*w);
+    if (src.resident || std::any_of(items.begin(), items.end(),
+                                    [&](const Item& i) { return i.src.begin == src.begin; }))
+      continue;
+    const vk::PackedLayout l = vk::packed_layout(w->dtype, w->n_in, src.n_rows);
+    LOOM_TRY(check_packable(*w, l));
+    const uint64_t size = (l.bytes + vk::MemoryPool::kAlign - 1) / vk::MemoryPool::kAlign *
+                          vk::MemoryPool::kAlign;
+    items.push_back(Item{w, src, l, size});
+    total += size;
+  }
+  if (items.size() < 2) return Backend::upload_weights(ws);
+  for (const Item& i : items) drop_stale(i.src);
+  auto group = device_pool_->alloc(total, "a layer's weights");
+  if (!group.ok()) return Backend::upload_weights(ws);
+  uint64_t at = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Item& i = items[k];
+    Status st = upload_into(*i.w, i.src, i.l, Alloc{group->block, group->offset + at, i.size});
+    at += i.size;
+    if (!st.ok()) {  // upload_into freed its piece; free the ones not used yet
+      if (at < total) device_pool_->free(Alloc{group->block, group->offset + at, total - at});
+      return st;
+    }
+  }
+  return {};
+}
+
+Status VulkanBackend::upload_into(const Weight& w, const Source& src, const vk::PackedLayout& l,
+                                  Alloc a) {
   std::vector<uint8_t> packed;
   try {
     packed.resize(l.bytes);
   } catch (const std::bad_alloc&) {
     device_pool_->free(a);
-    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking %s for the GPU",
-                      what.c_str());
+    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking tensor '%s' for the GPU",
+                      w.name().c_str());
   }
-  vk::pack_weight(w.dtype, begin, w.row_bytes, w.n_in, n_rows, l, packed.data());
+  vk::pack_weight(w.dtype, src.begin, w.row_bytes, w.n_in, src.n_rows, l, packed.data());
   for (uint64_t at = 0; at < l.bytes && status_.ok();) {
     const uint64_t n = std::min(l.bytes - at, ring_.size);
     Status st = ring_reserve(n);
@@ -1053,16 +1115,16 @@ Status VulkanBackend::upload_weight(const Weight& w) {
     return st;
   }
   Resident r;
-  r.fingerprint = fp;
-  r.end = begin + static_cast<size_t>(n_rows) * w.row_bytes;
+  r.fingerprint = src.fingerprint;
+  r.end = src.begin + src.bytes;
   r.alloc = a;
   r.dtype = w.dtype;
   r.src_row_bytes = w.row_bytes;
   r.n_in = w.n_in;
-  r.n_rows = n_rows;
+  r.n_rows = src.n_rows;
   r.row_units = l.row_units;
   r.off2 = l.off2;
-  weights_.emplace(begin, r);
+  weights_.emplace(src.begin, r);
   weight_bytes_ += a.size;
   return {};
 }

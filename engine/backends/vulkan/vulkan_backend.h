@@ -40,6 +40,7 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/vulkan/vk_device.h"
 #include "engine/backends/vulkan/vk_memory.h"
+#include "engine/backends/vulkan/vk_weights.h"
 #include "engine/backends/vulkan/vulkan.h"
 
 namespace loom {
@@ -60,6 +61,7 @@ class VulkanBackend final : public Backend {
   Status download(Act src, float* dst) override;
   Status synchronize() override;
   Status upload_weight(const Weight& w) override;
+  Status upload_weights(const std::vector<const Weight*>& ws) override;
   void release_weights() override;
   void release_weight(const Weight& w) override;
   uint64_t weight_bytes() const override { return weight_bytes_; }
@@ -231,6 +233,20 @@ class VulkanBackend final : public Backend {
   const Resident* find_weight(const void* p) const;
   /// The resident tensor `w` is all of (not a row range of), or null.
   const Resident* whole_tensor(const Weight& w) const;
+  // Uploads: the host range a weight's device copy mirrors (its whole tensor),
+  // and whether a copy of those bytes is resident already.
+  struct Source {
+    const uint8_t* begin = nullptr;
+    int64_t n_rows = 0;
+    uint64_t bytes = 0, fingerprint = 0;
+    bool resident = false;
+  };
+  Source weight_source(const Weight& w) const;
+  Status check_packable(const Weight& w, const vk::PackedLayout& l) const;
+  // Frees copies that overlap src's bytes (stale: an unloaded tensor's).
+  void drop_stale(const Source& src);
+  // Repacks w into `a` (freed on failure) and records it as resident.
+  Status upload_into(const Weight& w, const Source& src, const vk::PackedLayout& l, vk::Alloc a);
   Bind act_bind(const Act& a, bool write) const;
   bool check_act(const Act& a, const char* op);
   bool positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op);
