@@ -4,16 +4,19 @@
 // that share one KV head, and the keys [s * kps, s * kps + kps) ∩ [0, pos[t]]
 // (kps <= WG keys per split: the host takes fewer than WG for long contexts,
 // so more workgroups share the work and each walks fewer V rows).
-// Each thread scores one key against every query head of the group (the K
-// row is read once for all of them), the workgroup reduces max and sum, then
-// threads over (head, dimension pair) accumulate the weighted V rows.
+// TPK threads (a power of two, kps * TPK <= WG) score one key against every
+// query head of the group (the K row is read once for all of them), each over
+// every TPK-th dimension pair, and their partial scores are summed in shared
+// memory; the workgroup reduces max and sum, then threads over (head,
+// dimension pair) accumulate the weighted V rows.
 // With one split the normalized output is written directly; otherwise the
 // partial (max m, sum l, unnormalized o[head_dim]) goes to `part` and
 // attn_merge.comp combines the splits.
 // Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
 #define GM 8         // query heads per workgroup
 #define HD_MAX 256   // largest head_dim (checked by the host)
-#define UN 8         // K pairs / V rows loaded together
+#define UN 8         // K pairs loaded together
+#define UNV 16       // V rows loaded together
 #define RED_N GM
 #include "common.glsl"
 #include "kv_read.glsl"
@@ -33,6 +36,7 @@ layout(push_constant) uniform PC {
   uint n_splits;
   float scale;
   uint kps;           // keys per split, at most WG
+  uint tpk;           // threads per key, kps * tpk <= WG
 } pc;
 
 shared float qsh[GM][HD_MAX];
@@ -66,29 +70,47 @@ void main() {
   }
   barrier();
 
-  const uint j = start + tid;
+  // Thread tid scores part `sub` of key start + tid / TPK.
+  const uint tpk = pc.tpk, sub = tid % tpk;
+  const uint j = start + tid / tpk;
   float sc[GM];
   [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = 0.0;
   if (j < end) {
     const uint row = kvh * pc.n_ctx + j;
     // UN pairs' loads are issued before any is used (latency, not bandwidth, bounds short contexts).
-    uint i = 0;
-    for (; i + UN <= hp; i += UN) {
+    uint i = sub;
+    for (; i + (UN - 1) * tpk < hp; i += UN * tpk) {
       vec2 kv[UN];
-      [[unroll]] for (uint c = 0; c < UN; ++c) kv[c] = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i + c);
+      [[unroll]] for (uint c = 0; c < UN; ++c) kv[c] = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i + c * tpk);
       [[unroll]] for (uint c = 0; c < UN; ++c) {
+        const uint e = 2 * (i + c * tpk);
         [[unroll]] for (uint g = 0; g < GM; ++g) {
-          if (g < gn) sc[g] += qsh[g][2 * (i + c)] * kv[c].x + qsh[g][2 * (i + c) + 1] * kv[c].y;
+          if (g < gn) sc[g] += qsh[g][e] * kv[c].x + qsh[g][e + 1] * kv[c].y;
         }
       }
     }
-    for (; i < hp; ++i) {
+    for (; i < hp; i += tpk) {
       const vec2 kv = k_pair(pc.kc_off, pc.kc_d_off, hd, row, i);
       [[unroll]] for (uint g = 0; g < GM; ++g) {
         if (g < gn) sc[g] += qsh[g][2 * i] * kv.x + qsh[g][2 * i + 1] * kv.y;
       }
     }
-  } else {
+  }
+  // From here thread tid owns key jk = start + tid (tid < kps): the sum of its parts.
+  const uint jk = start + tid;
+  if (tpk > 1) {
+    [[unroll]] for (uint g = 0; g < GM; ++g) psh[g][tid] = sc[g];
+    barrier();
+    [[unroll]] for (uint g = 0; g < GM; ++g) {
+      float a = 0.0;
+      if (jk < end) {
+        for (uint u = 0; u < tpk; ++u) a += psh[g][tid * tpk + u];
+      }
+      sc[g] = a;
+    }
+    barrier();  // psh holds the probabilities next
+  }
+  if (jk >= end) {
     [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = NEG_BIG;
   }
   float m[GM];
@@ -96,7 +118,7 @@ void main() {
   wg_max_n(m);
   float l[GM];
   [[unroll]] for (uint g = 0; g < GM; ++g) {
-    const float p = j < end ? exp(sc[g] - m[g]) : 0.0;
+    const float p = jk < end ? exp(sc[g] - m[g]) : 0.0;
     psh[g][tid] = p;
     l[g] = p;
   }
@@ -108,10 +130,10 @@ void main() {
     vec2 acc = vec2(0.0);
     const uint vrow = kvh * pc.n_ctx + start;
     uint jj = 0;
-    for (; jj + UN <= nk; jj += UN) {
-      vec2 vv[UN];
-      [[unroll]] for (uint c = 0; c < UN; ++c) vv[c] = v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj + c, i);
-      [[unroll]] for (uint c = 0; c < UN; ++c) acc += psh[g][jj + c] * vv[c];
+    for (; jj + UNV <= nk; jj += UNV) {
+      vec2 vv[UNV];
+      [[unroll]] for (uint c = 0; c < UNV; ++c) vv[c] = v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj + c, i);
+      [[unroll]] for (uint c = 0; c < UNV; ++c) acc += psh[g][jj + c] * vv[c];
     }
     for (; jj < nk; ++jj) acc += psh[g][jj] * v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj, i);
     const uint h = h0 + g;

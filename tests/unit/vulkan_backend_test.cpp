@@ -605,14 +605,20 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   const auto q = random_floats(static_cast<size_t>(c.T * q_dim), 53, -2.0f, 2.0f);
   DevMat dq(be, c.T, q_dim, q), dout(be, c.T, q_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
-  const auto out = dout.fetch();
   std::vector<float> r(static_cast<size_t>(c.T * q_dim));
   ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale,
                  r.data(), 0, c.n_heads);
-  EXPECT_TRUE(all_finite(out));
-  EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
-            c.kv == DType::kF16 ? 1e-5 : 1e-3);
+  // Keys per split as chosen, and few (several threads per key, many splits to merge).
+  for (uint32_t keys : {0u, 8u, 3u}) {
+    SCOPED_TRACE("keys per split " + std::to_string(keys));
+    be->set_attn_split_keys(keys);
+    be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
+    const auto out = dout.fetch();
+    EXPECT_TRUE(all_finite(out));
+    EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
+              c.kv == DType::kF16 ? 1e-5 : 1e-3);
+  }
+  be->set_attn_split_keys(0);
 }
 
 class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};

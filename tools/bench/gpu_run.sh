@@ -16,6 +16,7 @@
 #   overhead the profiler's cost (on / off)
 #   quick    Loom's full-GPU decode and shader profile alone ($QUICK_DTYPES)
 #   diag5, auto5, auto5b  per-layer tables of hybrid steps, thread counts
+#   diag5b   a hybrid step's host op shares and GPU shader times, GPU clocks sampled
 #   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
@@ -122,6 +123,20 @@ for s in $stages; do
       done
       echo "--- layers:16, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy layers:16 --vram-budget "$half" -t "$T" | grep -E "^(decode|measured)"
       echo "--- cpu, $T threads, workers spin 20 ms"; LOOM_CPU_SPIN_US=20000 B5 --strategy cpu -t "$T" | grep -E "^(decode|measured)"
+      ;;
+    diag5b)  # a hybrid step: GPU clocks while it runs ($OUT/clocks.csv), host op shares, GPU shader times
+      half_budget
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv,noheader -lms 50 > "$OUT/clocks.csv" 2>&1 &
+      smi=$!
+      for st in layers:16 gpu; do
+        for pr in "" --gpu-profile; do
+          echo "--- $st ${pr:-(no GPU profile)} from $(date +%T.%N)"
+          "$L" bench -m "$m" --strategy "$st" --vram-budget "$([ $st = gpu ] && echo 0 || echo $half)" -t "$T" -p 64 -n 64 -r 2 $pr 2>&1 |
+            grep -vE "^([0-9]+ |load|note)" | head -n 45
+          echo "--- until $(date +%T.%N)"
+        done
+      done
+      kill "$smi"
       ;;
     auto5)  # the auto strategy's per-layer table at half the weights as budget, and layers:16
       half_budget

@@ -307,6 +307,11 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // split): four subgroups, so the cross-subgroup step is short (NVIDIA: 128,
   // lavapipe: 32, where every barrier is a costly coroutine switch).
   reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
+  // Decode attention (attn_split): 256 threads on GPUs, eight per key of a
+  // kAttnSplitKeys split; CPU devices keep reduce_wg_.
+  gpu_device_ = dev_->info().type != "cpu";
+  attn_wg_ = gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads)
+                                                  : reduce_wg_;
 
   if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, kMatvecRowsMax);
   matvec_rows_opt_ = matvec_rows_;
@@ -1734,12 +1739,19 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   // Decode (and heads too large for the tiles): split over the keys, then merge.
   int32_t max_pos = 0;
   for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
-  // Keys per split: a workgroup's worth, or for contexts longer than that
-  // kAttnSplitKeys, so the splits fill the GPU and each walks few V rows.
-  const uint32_t kps = static_cast<uint32_t>(max_pos) + 1 > reduce_wg_
-                           ? std::min(kAttnSplitKeys, reduce_wg_)
-                           : reduce_wg_;
-  const uint32_t n_splits = u32((static_cast<uint64_t>(max_pos) + 1 + kps - 1) / kps);
+  // Keys per split: all of them up to kAttnSplitKeys (or a workgroup's worth
+  // on CPU devices, where barriers are costly), else kAttnSplitKeys, so the
+  // splits fill the GPU and each walks few V rows. Threads per key: as many as
+  // the workgroup has for each key of a split (up to one per dimension pair).
+  const uint32_t n_keys = static_cast<uint32_t>(max_pos) + 1;
+  const uint32_t wg = attn_wg_;
+  uint32_t kps = attn_split_keys_ ? std::min(attn_split_keys_, wg)
+                 : n_keys <= kAttnSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
+                                                            : kAttnSplitKeys;
+  kps = std::max<uint32_t>(kps, 1);
+  const uint32_t n_splits = (n_keys + kps - 1) / kps;
+  uint32_t tpk = 1;
+  while (tpk * 2 * std::min(kps, n_keys) <= wg && tpk * 2 <= u32(hd / 2)) tpk *= 2;
   const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits *
                                                  static_cast<uint64_t>(hd + 2) * 4
                                            : 0;
@@ -1753,7 +1765,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps;
+    uint32_t kps, tpk;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
@@ -1770,12 +1782,13 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
        *po,
        n_splits,
        scale,
-       kps};
+       kps,
+       tpk};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
   const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true}
                                : Bind{ka.block, 0, 0, false};
-  dispatch(typed("attn_split", c.dtype, true, true), Spec{reduce_wg_},
+  dispatch(typed("attn_split", c.dtype, true, true), Spec{wg},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
             Bind{va.block, va.offset, va.size, false},
             part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
@@ -1791,7 +1804,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
          u32(n_heads),
          u32(hd),
          n_splits};
-    dispatch(plain("attn_merge"), Spec{kWgSmall},
+    dispatch(plain("attn_merge", true), Spec{reduce_wg_},
              {Bind{scratch_.block, scratch_.offset, part_bytes, false}, act_bind(out, true)}, &mp,
              sizeof(mp), u32(n_heads), u32(T), 1);
   }

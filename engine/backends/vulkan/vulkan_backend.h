@@ -123,6 +123,8 @@ class VulkanBackend final : public Backend {
   /// up to the workgroup size; 0: chosen from the matrix), so small shapes
   /// exercise every reduction path of mul_mat_vec.comp.
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
+  /// Test hook: keys per split of decode attention (0: chosen from the context).
+  void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) {
     matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
@@ -302,6 +304,9 @@ class VulkanBackend final : public Backend {
   uint32_t matvec_wg_ = 128;      ///< workgroup size of single-token matvecs
   MatvecTuning mv_tune_;
   uint32_t norm_wg_ = 128;  ///< workgroup size of rms_norm
+  uint32_t attn_wg_ = 128;  ///< workgroup size of attn_split
+  uint32_t attn_split_keys_ = 0;  ///< set_attn_split_keys()
+  bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
