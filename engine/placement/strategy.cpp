@@ -184,6 +184,29 @@ Placement auto_placement(const Model& m, const StrategyOptions& o, const CostMod
       best = p;
     }
   }
+  // Whole layers on the GPU in one run, the first ones or the last ones, with
+  // the output matrix there or not: two switches per step at most (the part
+  // of the cost model measured least well), next to the DP's choices.
+  for (const bool last : {false, true}) {
+    for (const Unit out_unit : {Unit::kGpu, Unit::kCpu}) {
+      Placement p = Placement::uniform(L, Unit::kCpu);
+      p.output.unit = out_unit;
+      set_dtypes(&p, o);
+      if (gpu_bytes_of(m, p, kv_layer) > budget) continue;
+      for (int64_t n = 0; n < L; ++n) {
+        Placement t = p;
+        for (auto& g : t.layers[static_cast<size_t>(last ? L - 1 - n : n)].g) g.unit = Unit::kGpu;
+        set_dtypes(&t, o);
+        if (gpu_bytes_of(m, t, kv_layer) > budget) break;
+        p = t;
+      }
+      const double total = cost.predict(m, p, n_past, o.kv_dtype).step_ms;
+      if (total < best_s) {
+        best_s = total;
+        best = p;
+      }
+    }
+  }
   if (best.layers.empty()) {
     best = Placement::uniform(L, Unit::kCpu);
     set_dtypes(&best, o);

@@ -170,6 +170,21 @@ TEST(Strategy, EachStrategyMakesTheDocumentedPlacement) {
   const double t_auto = cost.predict(*m, *au, 64, DType::kF16).step_ms;
   EXPECT_LE(t_auto, cost.predict(*m, *ag, 64, DType::kF16).step_ms + 1e-9);
   EXPECT_LE(t_auto, cost.predict(*m, *cpu, 64, DType::kF16).step_ms + 1e-9);
+  // ... nor than the most whole layers that fit (layers:N), at the context auto plans for.
+  const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
+  for (int64_t n = 4; n >= 0; --n) {
+    StrategyOptions ol = o;
+    ol.strategy = "layers:" + std::to_string(n);
+    auto ln = make_placement(*m, ol, cost);
+    ASSERT_TRUE(ln.ok());
+    if (placement_bytes(*m, *ln, kv_layer).on(Unit::kGpu) + gpu_overhead_bytes(*m, 16) >
+        o.vram_budget)
+      continue;
+    EXPECT_LE(cost.predict(*m, *au, n_past, DType::kF16).step_ms,
+              cost.predict(*m, *ln, n_past, DType::kF16).step_ms + 1e-9)
+        << ol.strategy;
+    break;
+  }
   // With room for everything, auto puts everything on the (much faster) GPU.
   o.vram_budget = 0;
   auto all = make_placement(*m, o, cost);
