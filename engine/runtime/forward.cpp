@@ -313,6 +313,8 @@ Status ForwardPass::apply(const Placement& want) {
     LOOM_TRY(alloc_acts(u));
   }
   valid_.fill(0);
+  // Steps alternate between the units: the GPU may keep busy (its clocks up) meanwhile.
+  if (unit(Unit::kGpu)) be(Unit::kGpu).set_keep_busy(p.uses(Unit::kGpu) && p.uses(Unit::kCpu));
   placement_ = std::move(p);
   w_ = std::move(nw);
   notes_ = std::move(notes);

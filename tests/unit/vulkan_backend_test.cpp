@@ -370,7 +370,9 @@ TEST_P(VulkanMatmul, GroupUpload) {
     DevMat dx(be_, 1, n_in, x), dq(be_, 1, 21), dk(be_, 1, 9), dv(be_, 1, 9);
     const uint64_t d0 = be_->dispatches();
     be_->matmul_qkv(wq.w, wk.w, wv.w, none, none, none, dx.act(), dq.act(), dk.act(), dv.act());
-    if (be_->caps().subgroup_arithmetic) EXPECT_EQ(be_->dispatches() - d0, 1u);
+    if (be_->caps().subgroup_arithmetic) {
+      EXPECT_EQ(be_->dispatches() - d0, 1u);
+    }
     const std::pair<const HostWeight*, DevMat*> outs[] = {{&wq, &dq}, {&wk, &dk}, {&wv, &dv}};
     for (const auto& [h, d] : outs) {
       const auto y = d->fetch();
@@ -389,6 +391,42 @@ TEST_P(VulkanMatmul, GroupUpload) {
     be_->release_weight(h->w);
     EXPECT_FALSE(be_->has_weight(OpKind::kMatmul, h->w));
   }
+}
+
+// keep_busy: after each batch a one-thread kernel polls until the next batch
+// starts recording; the batches' results are unaffected and nothing waits for
+// the kernel's cap. (CPU devices leave it off; the test forces it on.)
+TEST_F(VulkanTest, KeepBusyBetweenBatches) {
+  be_->force_keep_busy();
+  be_->set_keep_busy(true);
+  const HostWeight w = make_weight(DType::kQ8_0, 64, 9, 980);
+  ASSERT_TRUE(be_->upload_weight(w.w).ok());
+  const uint64_t starts0 = be_->keep_busy_starts();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < 3; ++step) {
+    const auto x = random_floats(64, 981 + static_cast<uint32_t>(step));
+    DevMat dx(be_, 1, 64, x), dy(be_, 1, 9);
+    be_->matmul(w.w, dx.act(), dy.act(), nullptr);
+    const auto y = dy.fetch();  // a batch: the kernel starts after its fence
+    std::vector<double> ref(9);
+    for (int64_t r = 0; r < 9; ++r) {
+      for (int64_t k = 0; k < 64; ++k)
+        ref[static_cast<size_t>(r)] +=
+            w.deq[static_cast<size_t>(r * 64 + k)] * x[static_cast<size_t>(k)];
+    }
+    EXPECT_LT(normalized_error(y, ref), 1e-5);
+  }
+  EXPECT_GE(be_->keep_busy_starts() - starts0, 3u);
+  be_->set_keep_busy(false);
+  EXPECT_TRUE(be_->synchronize().ok());
+  const uint64_t starts1 = be_->keep_busy_starts();
+  DevMat dx(be_, 1, 64, random_floats(64, 990)), dy(be_, 1, 9);
+  be_->matmul(w.w, dx.act(), dy.act(), nullptr);
+  (void)dy.fetch();
+  EXPECT_EQ(be_->keep_busy_starts(), starts1);  // off: no more starts
+  be_->release_weight(w.w);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);  // a generous bound against a kernel nobody stops (not a speed test)
 }
 
 // Single-token matvecs (the decode path) over rows long enough for the

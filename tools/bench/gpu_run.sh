@@ -96,6 +96,9 @@ for s in $stages; do
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
           grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU|cost)"
       done
+      echo "--- Loom --strategy layers:16 --gpu-idle (no keep-busy kernel between batches)"
+      "$L" bench -m "$m" --strategy layers:16 --gpu-idle --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
+        grep -E "^(decode|measured)"
       echo "--- Loom --strategy layers:16, $(( T - 1 )) threads"
       "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 |
         grep -E "^(decode|measured)"

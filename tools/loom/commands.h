@@ -57,6 +57,7 @@ struct EngineOptions {
   std::string vram_budget;      ///< "8G": the GPU behaves as if it had this much memory
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
   bool gpu_profile = false;  ///< timestamp every GPU dispatch (bench prints the shaders' times)
+  bool gpu_idle = false;     ///< no keep-busy kernel between batches (VulkanOptions::keep_busy)
 };
 
 struct PlanOptions {

@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
                   "Requantize weights placed on the CPU to this type (e.g. q4_0)");
     c->add_option("--gpu-dtype", e.gpu_dtype,
                   "Requantize weights placed on the GPU to this type (e.g. q8_0)");
+    c->add_flag("--gpu-idle", e.gpu_idle,
+                "Let the GPU idle while the CPU works in a hybrid step (by default a one-thread "
+                "kernel keeps it busy, so its clocks stay up)");
   };
   DevicesOptions dev;
   auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");

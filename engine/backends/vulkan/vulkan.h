@@ -50,6 +50,12 @@ struct VulkanOptions {
   /// decode step). -1: the default (kFenceSpinUs on GPUs, 0 on CPU devices,
   /// which need the host's cores).
   int fence_spin_us = -1;
+  /// While the host computes between two batches of a placement that uses
+  /// both the CPU and the GPU (set_keep_busy), a one-thread kernel keeps the
+  /// GPU busy, so the driver does not lower its clocks before the next batch
+  /// (measured on the H200: the SM clock fell from 1980 to 500-975 MHz in
+  /// hybrid decode). GPUs only; false: the GPU idles between batches.
+  bool keep_busy = true;
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

@@ -274,6 +274,7 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   fence_spin_us_ = opts.fence_spin_us >= 0      ? opts.fence_spin_us
                    : dev_->info().type == "cpu" ? 0
                                                 : kFenceSpinUs;
+  keep_allowed_ = opts.keep_busy && dev_->info().type != "cpu";
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateFence");
@@ -338,9 +339,11 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
 VulkanBackend::~VulkanBackend() {
   if (!dev_) return;
   if (recording_) (void)flush();
+  stop_keep_busy();
   const vk::Fns& fn = dev_->fn();
   const VkDevice d = dev_->device();
   fn.vkDeviceWaitIdle(d);
+  if (keep_flag_) host_pool_->free(keep_flag_);
   for (auto& a : weights_) device_pool_->free(a.second.alloc);
   device_pool_->free(scratch_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
@@ -463,6 +466,7 @@ VkResult VulkanBackend::wait_fence() {
 
 Status VulkanBackend::begin() {
   if (recording_) return {};
+  stop_keep_busy();
   cmd_index_ = 0;
   cmd_ = cmds_[0];
   LOOM_TRY(begin_cmd());
@@ -583,7 +587,77 @@ Status VulkanBackend::flush() {
     }
   }
   resolve_scopes();
+  if (status_.ok()) start_keep_busy();
   return status_;
+}
+
+// ---- keep_busy ----------------------------------------------------------------------
+
+namespace {
+constexpr uint32_t kKeepMaxPolls = 20000;  // a poll: a read across the bus (~1 us or more) and a spin
+constexpr uint32_t kKeepSpin = 2000;       // dependent multiply-adds per poll (~1 us at 2 GHz)
+}  // namespace
+
+void VulkanBackend::set_keep_busy(bool on) {
+  keep_on_ = on;
+  if (!on) stop_keep_busy();
+}
+
+Status VulkanBackend::record_keep_busy() {
+  LOOM_ASSIGN_OR_RETURN(keep_flag_, host_pool_->alloc(vk::MemoryPool::kAlign, "the keep-busy flag"));
+  const Bind b{keep_flag_.block, keep_flag_.offset, keep_flag_.size, true};
+  LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(plain("keep_busy"), Spec{1}, 1));
+  LOOM_ASSIGN_OR_RETURN(VkDescriptorSet set, descriptor_set(&b, 1));
+  const vk::Fns& fn = dev_->fn();
+  VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  cai.commandPool = cmd_pool_;
+  cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  cai.commandBufferCount = 1;
+  VkResult r = fn.vkAllocateCommandBuffers(dev_->device(), &cai, &keep_cmd_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkAllocateCommandBuffers");
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT;  // an old one may still be polling
+  r = fn.vkBeginCommandBuffer(keep_cmd_, &bi);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkBeginCommandBuffer");
+  const uint32_t pc[3] = {u32(keep_flag_.offset / 4), kKeepMaxPolls, kKeepSpin};
+  fn.vkCmdBindPipeline(keep_cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipe);
+  fn.vkCmdBindDescriptorSets(keep_cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, pipe_layouts_[1], 0, 1,
+                             &set, 0, nullptr);
+  fn.vkCmdPushConstants(keep_cmd_, pipe_layouts_[1], VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(pc),
+                        pc);
+  fn.vkCmdDispatch(keep_cmd_, 1, 1, 1);
+  r = fn.vkEndCommandBuffer(keep_cmd_);
+  if (r != VK_SUCCESS) return vk::vk_error(r, "vkEndCommandBuffer");
+  return {};
+}
+
+void VulkanBackend::start_keep_busy() {
+  if (!keep_allowed_ || !keep_on_ || keep_running_) return;
+  if (!keep_cmd_) {
+    // Not worth an error: without it the GPU only idles.
+    if (!record_keep_busy().ok()) {
+      keep_allowed_ = false;
+      return;
+    }
+  }
+  auto* flag = reinterpret_cast<volatile uint32_t*>(keep_flag_.block->mapped + keep_flag_.offset);
+  flag[0] = 0;
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &keep_cmd_;
+  if (dev_->fn().vkQueueSubmit(dev_->queue(), 1, &si, VK_NULL_HANDLE) != VK_SUCCESS) {
+    keep_allowed_ = false;
+    return;
+  }
+  keep_running_ = true;
+  ++keep_starts_;
+}
+
+void VulkanBackend::stop_keep_busy() {
+  if (!keep_running_) return;
+  // The next submission's first barrier waits for the kernel, which sees this within a poll.
+  reinterpret_cast<volatile uint32_t*>(keep_flag_.block->mapped + keep_flag_.offset)[0] = 1;
+  keep_running_ = false;
 }
 
 // ---- scope timing -----------------------------------------------------------------

@@ -62,6 +62,11 @@ class VulkanBackend final : public Backend {
   Status synchronize() override;
   Status upload_weight(const Weight& w) override;
   Status upload_weights(const std::vector<const Weight*>& ws) override;
+  void set_keep_busy(bool on) override;
+  /// Test hook: keep_busy on CPU devices too (it is for GPUs' clocks).
+  void force_keep_busy() { keep_allowed_ = true; }
+  /// Times the keep_busy kernel was started (tests).
+  uint64_t keep_busy_starts() const { return keep_starts_; }
   void release_weights() override;
   void release_weight(const Weight& w) override;
   uint64_t weight_bytes() const override { return weight_bytes_; }
@@ -305,6 +310,15 @@ class VulkanBackend final : public Backend {
   MatvecTuning mv_tune_;
   uint32_t norm_wg_ = 128;  ///< workgroup size of rms_norm
   uint32_t attn_wg_ = 128;  ///< workgroup size of attn_split
+  // keep_busy: allowed (options, GPU), asked for (set_keep_busy), the kernel
+  // submitted and not told to stop yet; its flag word and command buffer.
+  bool keep_allowed_ = false, keep_on_ = false, keep_running_ = false;
+  uint64_t keep_starts_ = 0;
+  vk::Alloc keep_flag_;
+  VkCommandBuffer keep_cmd_ = VK_NULL_HANDLE;
+  void start_keep_busy();  // after a batch's fence, when allowed and asked for
+  void stop_keep_busy();   // as the next batch starts recording
+  Status record_keep_busy();
   uint32_t attn_split_keys_ = 0;  ///< set_attn_split_keys()
   bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
