@@ -59,6 +59,7 @@ for s in $stages; do
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^(prefill|decode|itl|memory|backend)"
         echo "--- $d: llama.cpp Vulkan"
         LB -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
+        [ "${ISSUE4_PROFILE:-1}" = 0 ] && continue
         echo "--- $d: Loom Vulkan, per-shader profile"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 30
       done
@@ -99,16 +100,22 @@ for s in $stages; do
       echo "--- Loom --strategy layers:16 --gpu-idle (no keep-busy kernel between batches)"
       "$L" bench -m "$m" --strategy layers:16 --gpu-idle --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
         grep -E "^(decode|measured)"
-      echo "--- Loom --strategy layers:16, $(( T - 1 )) threads"
-      "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 |
-        grep -E "^(decode|measured)"
+      if [ "${FULL5:-1}" = 1 ]; then  # FULL5=0: without the rows at T - 1 threads and over the budget
+        echo "--- Loom --strategy layers:16, $(( T - 1 )) threads"
+        "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 |
+          grep -E "^(decode|measured)"
+      fi
       [ "${LLAMA:-1}" = 0 ] && continue  # Loom's figures only
-      echo "--- llama.cpp -ngl 16, $(( T - 1 )) threads"
-      LB -m "$m" -ngl 16 -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      if [ "${FULL5:-1}" = 1 ]; then
+        echo "--- llama.cpp -ngl 16, $(( T - 1 )) threads"
+        LB -m "$m" -ngl 16 -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      fi
       echo "--- llama.cpp -ngl 16"
       LB -m "$m" -ngl 16 -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
-      echo "--- llama.cpp -ngl 99, FFN of layers 16-31 on the CPU (-ot)"
-      LB -m "$m" -ngl 99 -ot 'blk\.(1[6-9]|2[0-9]|3[01])\.ffn_.*=CPU' -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      if [ "${FULL5:-1}" = 1 ]; then
+        echo "--- llama.cpp -ngl 99, FFN of layers 16-31 on the CPU (-ot; over the budget)"
+        LB -m "$m" -ngl 99 -ot 'blk\.(1[6-9]|2[0-9]|3[01])\.ffn_.*=CPU' -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
+      fi
       echo "--- llama.cpp -ngl 99, FFN up/gate of every layer on the CPU (-ot)"
       LB -m "$m" -ngl 99 -ot 'ffn_(up|gate)=CPU' -t "$T" -p 64 -n 64 -r 2 2>&1 | grep -E "^\|"
       echo "--- CPU only: Loom, llama.cpp"
