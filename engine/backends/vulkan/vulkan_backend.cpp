@@ -311,8 +311,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // Decode attention (attn_split): 256 threads on GPUs, eight per key of a
   // kAttnSplitKeys split; CPU devices keep reduce_wg_.
   gpu_device_ = dev_->info().type != "cpu";
-  attn_wg_ = gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads)
-                                                  : reduce_wg_;
+  attn_wg_ =
+      gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads) : reduce_wg_;
 
   if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, kMatvecRowsMax);
   matvec_rows_opt_ = matvec_rows_;
@@ -594,8 +594,10 @@ Status VulkanBackend::flush() {
 // ---- keep_busy ----------------------------------------------------------------------
 
 namespace {
-constexpr uint32_t kKeepMaxPolls = 20000;  // a poll: a read across the bus (~1 us or more) and a spin
-constexpr uint32_t kKeepSpin = 2000;       // dependent multiply-adds per poll (~1 us at 2 GHz)
+// A poll reads host memory across the bus (a microsecond or more), then spins
+// kKeepSpin dependent multiply-adds (a few microseconds at 2 GHz).
+constexpr uint32_t kKeepMaxPolls = 20000;
+constexpr uint32_t kKeepSpin = 2000;
 }  // namespace
 
 void VulkanBackend::set_keep_busy(bool on) {
@@ -604,7 +606,8 @@ void VulkanBackend::set_keep_busy(bool on) {
 }
 
 Status VulkanBackend::record_keep_busy() {
-  LOOM_ASSIGN_OR_RETURN(keep_flag_, host_pool_->alloc(vk::MemoryPool::kAlign, "the keep-busy flag"));
+  LOOM_ASSIGN_OR_RETURN(keep_flag_,
+                        host_pool_->alloc(vk::MemoryPool::kAlign, "the keep-busy flag"));
   const Bind b{keep_flag_.block, keep_flag_.offset, keep_flag_.size, true};
   LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(plain("keep_busy"), Spec{1}, 1));
   LOOM_ASSIGN_OR_RETURN(VkDescriptorSet set, descriptor_set(&b, 1));
@@ -1147,8 +1150,8 @@ Status VulkanBackend::upload_weights(const std::vector<const Weight*>& ws) {
       continue;
     const vk::PackedLayout l = vk::packed_layout(w->dtype, w->n_in, src.n_rows);
     LOOM_TRY(check_packable(*w, l));
-    const uint64_t size = (l.bytes + vk::MemoryPool::kAlign - 1) / vk::MemoryPool::kAlign *
-                          vk::MemoryPool::kAlign;
+    const uint64_t size =
+        (l.bytes + vk::MemoryPool::kAlign - 1) / vk::MemoryPool::kAlign * vk::MemoryPool::kAlign;
     items.push_back(Item{w, src, l, size});
     total += size;
   }
@@ -1176,8 +1179,8 @@ Status VulkanBackend::upload_into(const Weight& w, const Source& src, const vk::
     packed.resize(l.bytes);
   } catch (const std::bad_alloc&) {
     device_pool_->free(a);
-    return make_error(ErrorCode::kOutOfMemory, "out of host memory repacking tensor '%s' for the GPU",
-                      w.name().c_str());
+    return make_error(ErrorCode::kOutOfMemory,
+                      "out of host memory repacking tensor '%s' for the GPU", w.name().c_str());
   }
   vk::pack_weight(w.dtype, src.begin, w.row_bytes, w.n_in, src.n_rows, l, packed.data());
   for (uint64_t at = 0; at < l.bytes && status_.ok();) {
@@ -1819,7 +1822,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   // the workgroup has for each key of a split (up to one per dimension pair).
   const uint32_t n_keys = static_cast<uint32_t>(max_pos) + 1;
   const uint32_t wg = attn_wg_;
-  uint32_t kps = attn_split_keys_ ? std::min(attn_split_keys_, wg)
+  uint32_t kps = attn_split_keys_                           ? std::min(attn_split_keys_, wg)
                  : n_keys <= kAttnSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
                                                             : kAttnSplitKeys;
   kps = std::max<uint32_t>(kps, 1);

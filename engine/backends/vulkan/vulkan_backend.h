@@ -320,7 +320,7 @@ class VulkanBackend final : public Backend {
   void stop_keep_busy();   // as the next batch starts recording
   Status record_keep_busy();
   uint32_t attn_split_keys_ = 0;  ///< set_attn_split_keys()
-  bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
+  bool gpu_device_ = true;        ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
