@@ -17,6 +17,7 @@
 #   quick    Loom's full-GPU decode and shader profile alone ($QUICK_DTYPES)
 #   diag5, auto5, auto5b  per-layer tables of hybrid steps, thread counts
 #   diag5b   a hybrid step's host op shares and GPU shader times, GPU clocks sampled
+#   keep5    layers:16 with keep-busy kernels of several sizes, GPU clocks sampled
 #   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
@@ -146,6 +147,18 @@ for s in $stages; do
           echo "--- until $(date +%T.%N)"
         done
       done
+      kill "$smi"
+      ;;
+    keep5)  # keep-busy kernel sizes in a hybrid step, GPU clocks sampled ($OUT/clocks.csv)
+      half_budget
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader -lms 50 > "$OUT/clocks.csv" 2>&1 &
+      smi=$!
+      for k in ${KEEPS:-"--gpu-idle" "--gpu-keep-busy 132" "--gpu-keep-busy 1"}; do
+        echo "--- layers:16 $k from $(date +%T.%N)"
+        "$L" bench -m "$m" --strategy layers:16 $k --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
+          grep -E "^(decode|itl|measured)"
+      done
+      echo "--- until $(date +%T.%N)"
       kill "$smi"
       ;;
     auto5)  # the auto strategy's per-layer table at half the weights as budget, and layers:16

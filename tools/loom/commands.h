@@ -58,6 +58,7 @@ struct EngineOptions {
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
   bool gpu_profile = false;  ///< timestamp every GPU dispatch (bench prints the shaders' times)
   bool gpu_idle = false;     ///< no keep-busy kernel between batches (VulkanOptions::keep_busy)
+  uint32_t gpu_keep_groups = 1;  ///< its workgroups (VulkanOptions::keep_busy_groups)
 };
 
 struct PlanOptions {

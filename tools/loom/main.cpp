@@ -69,6 +69,9 @@ int main(int argc, char** argv) {
     c->add_flag("--gpu-idle", e.gpu_idle,
                 "Let the GPU idle while the CPU works in a hybrid step (by default a one-thread "
                 "kernel keeps it busy, so its clocks stay up)");
+    c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
+                  "Workgroups of that kernel: 1 (default) keeps one SM busy, one per SM keeps "
+                  "them all busy and draws power like it");
   };
   DevicesOptions dev;
   auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");

@@ -56,6 +56,9 @@ struct VulkanOptions {
   /// (measured on the H200: the SM clock fell from 1980 to 500-975 MHz in
   /// hybrid decode). GPUs only; false: the GPU idles between batches.
   bool keep_busy = true;
+  /// Workgroups (64 threads each) of that kernel: 1 keeps one SM busy; one
+  /// per SM keeps them all busy (and draws power like it).
+  uint32_t keep_busy_groups = 1;
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

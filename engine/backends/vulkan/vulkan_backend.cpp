@@ -274,7 +274,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   fence_spin_us_ = opts.fence_spin_us >= 0      ? opts.fence_spin_us
                    : dev_->info().type == "cpu" ? 0
                                                 : kFenceSpinUs;
-  keep_allowed_ = opts.keep_busy && dev_->info().type != "cpu";
+  keep_allowed_ = opts.keep_busy && opts.keep_busy_groups > 0 && dev_->info().type != "cpu";
+  keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateFence");
@@ -609,7 +610,7 @@ Status VulkanBackend::record_keep_busy() {
   LOOM_ASSIGN_OR_RETURN(keep_flag_,
                         host_pool_->alloc(vk::MemoryPool::kAlign, "the keep-busy flag"));
   const Bind b{keep_flag_.block, keep_flag_.offset, keep_flag_.size, true};
-  LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(plain("keep_busy"), Spec{1}, 1));
+  LOOM_ASSIGN_OR_RETURN(Pipeline * p, pipeline_for(plain("keep_busy"), Spec{kWgSmall}, 1));
   LOOM_ASSIGN_OR_RETURN(VkDescriptorSet set, descriptor_set(&b, 1));
   const vk::Fns& fn = dev_->fn();
   VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
@@ -628,7 +629,7 @@ Status VulkanBackend::record_keep_busy() {
                              &set, 0, nullptr);
   fn.vkCmdPushConstants(keep_cmd_, pipe_layouts_[1], VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(pc),
                         pc);
-  fn.vkCmdDispatch(keep_cmd_, 1, 1, 1);
+  fn.vkCmdDispatch(keep_cmd_, keep_groups_, 1, 1);
   r = fn.vkEndCommandBuffer(keep_cmd_);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkEndCommandBuffer");
   return {};

@@ -314,6 +314,7 @@ class VulkanBackend final : public Backend {
   // submitted and not told to stop yet; its flag word and command buffer.
   bool keep_allowed_ = false, keep_on_ = false, keep_running_ = false;
   uint64_t keep_starts_ = 0;
+  uint32_t keep_groups_ = 1;
   vk::Alloc keep_flag_;
   VkCommandBuffer keep_cmd_ = VK_NULL_HANDLE;
   void start_keep_busy();  // after a batch's fence, when allowed and asked for
