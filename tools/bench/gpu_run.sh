@@ -98,9 +98,6 @@ for s in $stages; do
         "$L" bench -m "$m" --strategy "$st" --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
           grep -E "^(prefill|decode|itl|strategy|predicted|measured|GPU|CPU|cost)"
       done
-      echo "--- Loom --strategy layers:16 --gpu-idle (no keep-busy kernel between batches)"
-      "$L" bench -m "$m" --strategy layers:16 --gpu-idle --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
-        grep -E "^(decode|measured)"
       if [ "${FULL5:-1}" = 1 ]; then  # FULL5=0: without the rows at T - 1 threads and over the budget
         echo "--- Loom --strategy layers:16, $(( T - 1 )) threads"
         "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$(( T - 1 ))" -p 64 -n 64 -r 2 2>&1 |
@@ -153,7 +150,7 @@ for s in $stages; do
       half_budget
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader -lms 50 > "$OUT/clocks.csv" 2>&1 &
       smi=$!
-      for k in ${KEEPS:-"--gpu-idle" "--gpu-keep-busy 132" "--gpu-keep-busy 1"}; do
+      for k in ${KEEPS:-"--gpu-keep-busy 0" "--gpu-keep-busy 132" "--gpu-keep-busy 1"}; do
         echo "--- layers:16 $k from $(date +%T.%N)"
         "$L" bench -m "$m" --strategy layers:16 $k --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
           grep -E "^(decode|itl|measured)"

@@ -57,8 +57,7 @@ struct EngineOptions {
   std::string vram_budget;      ///< "8G": the GPU behaves as if it had this much memory
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
   bool gpu_profile = false;  ///< timestamp every GPU dispatch (bench prints the shaders' times)
-  bool gpu_idle = false;     ///< no keep-busy kernel between batches (VulkanOptions::keep_busy)
-  uint32_t gpu_keep_groups = 1;  ///< its workgroups (VulkanOptions::keep_busy_groups)
+  uint32_t gpu_keep_groups = 0;  ///< VulkanOptions::keep_busy_groups (experimental; 0: off)
 };
 
 struct PlanOptions {

@@ -76,7 +76,6 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     VulkanOptions vo;
     vo.device = o.device;
     vo.profile = o.gpu_profile;
-    vo.keep_busy = !o.gpu_idle;
     vo.keep_busy_groups = o.gpu_keep_groups;
     vo.memory_limit = so.vram_budget;
     auto vb = create_vulkan_backend(vo);

@@ -66,12 +66,10 @@ int main(int argc, char** argv) {
                   "Requantize weights placed on the CPU to this type (e.g. q4_0)");
     c->add_option("--gpu-dtype", e.gpu_dtype,
                   "Requantize weights placed on the GPU to this type (e.g. q8_0)");
-    c->add_flag("--gpu-idle", e.gpu_idle,
-                "Let the GPU idle while the CPU works in a hybrid step (by default a one-thread "
-                "kernel keeps it busy, so its clocks stay up)");
     c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
-                  "Workgroups of that kernel: 1 (default) keeps one SM busy, one per SM keeps "
-                  "them all busy and draws power like it");
+                  "Experimental: while the CPU works in a hybrid step, N workgroups spin on the "
+                  "GPU so its clocks may stay up (one per SM keeps all busy and draws power "
+                  "like it; default 0: the GPU idles)");
   };
   DevicesOptions dev;
   auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");

@@ -50,15 +50,14 @@ struct VulkanOptions {
   /// decode step). -1: the default (kFenceSpinUs on GPUs, 0 on CPU devices,
   /// which need the host's cores).
   int fence_spin_us = -1;
-  /// While the host computes between two batches of a placement that uses
-  /// both the CPU and the GPU (set_keep_busy), a one-thread kernel keeps the
-  /// GPU busy, so the driver does not lower its clocks before the next batch
-  /// (measured on the H200: the SM clock fell from 1980 to 500-975 MHz in
-  /// hybrid decode). GPUs only; false: the GPU idles between batches.
-  bool keep_busy = true;
-  /// Workgroups (64 threads each) of that kernel: 1 keeps one SM busy; one
-  /// per SM keeps them all busy (and draws power like it).
-  uint32_t keep_busy_groups = 1;
+  /// Experimental, off by default: while the host computes between two
+  /// batches of a placement that uses both the CPU and the GPU
+  /// (set_keep_busy), a kernel of this many workgroups (64 threads each)
+  /// spins until the next batch starts, so the driver may keep the GPU's
+  /// clocks up (on the H200 the SM clock fell from 1980 to 500-975 MHz in
+  /// hybrid decode). One workgroup made no measurable difference there; more
+  /// (one per SM) is not measured yet. GPUs only; 0: the GPU idles.
+  uint32_t keep_busy_groups = 0;
 };
 
 /// GPU time of one shader variant, from timestamp queries (VulkanOptions::profile).

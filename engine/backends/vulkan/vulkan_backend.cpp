@@ -274,7 +274,7 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   fence_spin_us_ = opts.fence_spin_us >= 0      ? opts.fence_spin_us
                    : dev_->info().type == "cpu" ? 0
                                                 : kFenceSpinUs;
-  keep_allowed_ = opts.keep_busy && opts.keep_busy_groups > 0 && dev_->info().type != "cpu";
+  keep_allowed_ = opts.keep_busy_groups > 0 && dev_->info().type != "cpu";
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);

@@ -63,7 +63,7 @@ class VulkanBackend final : public Backend {
   Status upload_weight(const Weight& w) override;
   Status upload_weights(const std::vector<const Weight*>& ws) override;
   void set_keep_busy(bool on) override;
-  /// Test hook: keep_busy on CPU devices too (it is for GPUs' clocks).
+  /// Test hook: keep_busy on CPU devices too, and without the option (it is for GPUs' clocks).
   void force_keep_busy() { keep_allowed_ = true; }
   /// Times the keep_busy kernel was started (tests).
   uint64_t keep_busy_starts() const { return keep_starts_; }
