@@ -68,14 +68,4 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
 };
 
-/// Splits [0, n) for thread ith of nth, in chunks that are multiples of align.
-inline void split_range(int64_t n, int64_t align, int ith, int nth, int64_t* begin, int64_t* end) {
-  const int64_t chunks = (n + align - 1) / align;
-  const int64_t per = chunks / nth, extra = chunks % nth;
-  const int64_t c0 = ith * per + (ith < extra ? ith : extra);
-  const int64_t c1 = c0 + per + (ith < extra ? 1 : 0);
-  *begin = c0 * align < n ? c0 * align : n;
-  *end = c1 * align < n ? c1 * align : n;
-}
-
 }  // namespace loom::cpu

@@ -95,18 +95,5 @@ TEST(ThreadPool, SleepingWorkersWakeUp) {
   EXPECT_EQ(sum.load(), 20 * 3);
 }
 
-TEST(ThreadPool, SplitRange) {
-  int64_t b, e;
-  split_range(100, 1, 0, 3, &b, &e);
-  EXPECT_EQ(b, 0);
-  EXPECT_EQ(e, 34);
-  split_range(100, 1, 2, 3, &b, &e);
-  EXPECT_EQ(b, 67);
-  EXPECT_EQ(e, 100);
-  split_range(5, 16, 1, 2, &b, &e);
-  EXPECT_EQ(b, 5);
-  EXPECT_EQ(e, 5);
-}
-
 }  // namespace
 }  // namespace loom::cpu

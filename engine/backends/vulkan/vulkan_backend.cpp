@@ -64,7 +64,8 @@ constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
 constexpr int64_t kAttnMaxHeadDim = 256;      // HD_MAX in attn_split.comp
-constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past one workgroup's worth
+constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past kAttnOneSplitKeys (GPUs)
+constexpr uint32_t kAttnOneSplitKeys = 128;   // up to this many keys in one split (GPUs)
 constexpr int64_t kAttnTileMaxHeadDim = 128;  // HD_MAX in attn_tile.comp
 constexpr uint32_t kAttnTileRows = 16;        // BR in attn_tile.comp
 constexpr uint32_t kWgAttnTile = 128;         // BR * TPQ in attn_tile.comp
@@ -1817,15 +1818,17 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   // Decode (and heads too large for the tiles): split over the keys, then merge.
   int32_t max_pos = 0;
   for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
-  // Keys per split: all of them up to kAttnSplitKeys (or a workgroup's worth
-  // on CPU devices, where barriers are costly), else kAttnSplitKeys, so the
-  // splits fill the GPU and each walks few V rows. Threads per key: as many as
-  // the workgroup has for each key of a split (up to one per dimension pair).
+  // Keys per split: all of them up to kAttnOneSplitKeys (or a workgroup's
+  // worth on CPU devices, where barriers are costly), else kAttnSplitKeys, so
+  // the splits fill the GPU and each walks few V rows (on the H200, 32-key
+  // splits and their merge took longer than one split at 65-192 keys, less at
+  // 512-640). Threads per key: as many as the workgroup has for each key of a
+  // split (up to one per dimension pair).
   const uint32_t n_keys = static_cast<uint32_t>(max_pos) + 1;
   const uint32_t wg = attn_wg_;
-  uint32_t kps = attn_split_keys_                           ? std::min(attn_split_keys_, wg)
-                 : n_keys <= kAttnSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
-                                                            : kAttnSplitKeys;
+  uint32_t kps = attn_split_keys_                              ? std::min(attn_split_keys_, wg)
+                 : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
+                                                               : kAttnSplitKeys;
   kps = std::max<uint32_t>(kps, 1);
   const uint32_t n_splits = (n_keys + kps - 1) / kps;
   uint32_t tpk = 1;
