@@ -160,7 +160,8 @@ TEST(Strategy, EachStrategyMakesTheDocumentedPlacement) {
   EXPECT_LE(placement_bytes(*m, *ag, kv_layer).on(Unit::kGpu) + gpu_overhead_bytes(*m, 16),
             o.vram_budget);
 
-  // auto: within the budget, and no slower (by its own model) than the others that fit.
+  // auto: within the budget, and no slower (by its own model) than the others
+  // that fit, but for the margin it gives two-switch runs of whole layers.
   o.strategy = "auto";
   auto au = make_placement(*m, o, cost);
   ASSERT_TRUE(au.ok());
@@ -168,8 +169,8 @@ TEST(Strategy, EachStrategyMakesTheDocumentedPlacement) {
   EXPECT_LE(placement_bytes(*m, *au, kv_layer).on(Unit::kGpu) + gpu_overhead_bytes(*m, 16),
             o.vram_budget);
   const double t_auto = cost.predict(*m, *au, 64, DType::kF16).step_ms;
-  EXPECT_LE(t_auto, cost.predict(*m, *ag, 64, DType::kF16).step_ms + 1e-9);
-  EXPECT_LE(t_auto, cost.predict(*m, *cpu, 64, DType::kF16).step_ms + 1e-9);
+  EXPECT_LE(t_auto, 1.15 * cost.predict(*m, *ag, 64, DType::kF16).step_ms + 1e-9);
+  EXPECT_LE(t_auto, 1.15 * cost.predict(*m, *cpu, 64, DType::kF16).step_ms + 1e-9);
   // ... nor than the most whole layers that fit (layers:N), at the context auto plans for.
   const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
   for (int64_t n = 4; n >= 0; --n) {
