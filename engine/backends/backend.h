@@ -131,7 +131,7 @@ class Backend {
     return {};
   }
   /// The placement runs on this backend and another one in turn: a GPU may
-  /// keep itself busy while the other one works (VulkanOptions::keep_busy).
+  /// keep itself busy while the other one works (VulkanOptions::keep_busy_groups).
   virtual void set_keep_busy(bool on) { (void)on; }
   /// Forgets every resident weight copy (call when the model they mirror is
   /// unloaded; its file mapping may be reused by the next one).

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cinttypes>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace loom {
@@ -75,6 +76,20 @@ struct Budget {
 
 uint64_t gpu_bytes_of(const Model& m, const Placement& p, uint64_t kv_layer) {
   return placement_bytes(m, p, kv_layer).on(Unit::kGpu);
+}
+
+// Applies step(&t, i) for i = 0 .. n - 1 to a copy t of *p, keeping each
+// result while the GPU's share fits the budget; stops at the first that does not.
+void grow_while_fits(const Model& m, const StrategyOptions& o, uint64_t kv_layer, uint64_t budget,
+                     int64_t n, const std::function<void(Placement*, int64_t)>& step,
+                     Placement* p) {
+  for (int64_t i = 0; i < n; ++i) {
+    Placement t = *p;
+    step(&t, i);
+    set_dtypes(&t, o);
+    if (gpu_bytes_of(m, t, kv_layer) > budget) return;
+    *p = std::move(t);
+  }
 }
 
 Placement layers_n(const Model& m, int64_t n) {
@@ -200,13 +215,13 @@ Placement auto_placement(const Model& m, const StrategyOptions& o, const CostMod
       p.output.unit = out_unit;
       set_dtypes(&p, o);
       if (gpu_bytes_of(m, p, kv_layer) > budget) continue;
-      for (int64_t n = 0; n < L; ++n) {
-        Placement t = p;
-        for (auto& g : t.layers[static_cast<size_t>(last ? L - 1 - n : n)].g) g.unit = Unit::kGpu;
-        set_dtypes(&t, o);
-        if (gpu_bytes_of(m, t, kv_layer) > budget) break;
-        p = t;
-      }
+      grow_while_fits(
+          m, o, kv_layer, budget, L,
+          [&](Placement* t, int64_t n) {
+            for (auto& g : t->layers[static_cast<size_t>(last ? L - 1 - n : n)].g)
+              g.unit = Unit::kGpu;
+          },
+          &p);
       const double total = cost.predict(m, p, n_past, o.kv_dtype).step_ms;
       if (total < run_s) {
         run_s = total;
@@ -288,17 +303,14 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
     }
     set_dtypes(&p, o);
     // Then the output matrix, then FFNs from the first layer on, while the budget lasts.
-    Placement t = p;
-    t.output.unit = Unit::kGpu;
-    set_dtypes(&t, o);
-    if (gpu_bytes_of(m, t, kv_layer) <= budget) p = t;
-    for (int64_t l = 0; l < L; ++l) {
-      t = p;
-      t.layers[static_cast<size_t>(l)][OpGroup::kFfn].unit = Unit::kGpu;
-      set_dtypes(&t, o);
-      if (gpu_bytes_of(m, t, kv_layer) > budget) break;
-      p = t;
-    }
+    grow_while_fits(
+        m, o, kv_layer, budget, 1, [](Placement* t, int64_t) { t->output.unit = Unit::kGpu; }, &p);
+    grow_while_fits(
+        m, o, kv_layer, budget, L,
+        [](Placement* t, int64_t l) {
+          t->layers[static_cast<size_t>(l)][OpGroup::kFfn].unit = Unit::kGpu;
+        },
+        &p);
     p.strategy = "attn-gpu";
   } else {
     return auto_placement(m, o, cost, budget, kv_layer);

@@ -5,11 +5,13 @@
 namespace loom::vk {
 
 namespace {
-double mib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+double mib(uint64_t b) {
+  return static_cast<double>(b) / (1024.0 * 1024.0);
+}
 }  // namespace
 
-MemoryPool::MemoryPool(const Device& dev, uint32_t memory_type, bool host_visible, uint64_t block_size,
-                       uint64_t limit)
+MemoryPool::MemoryPool(const Device& dev, uint32_t memory_type, bool host_visible,
+                       uint64_t block_size, uint64_t limit)
     : dev_(dev), type_(memory_type), host_(host_visible), block_size_(block_size), limit_(limit) {}
 
 MemoryPool::~MemoryPool() {
@@ -30,20 +32,23 @@ void MemoryPool::destroy_block(Block* b) {
 Result<Block*> MemoryPool::new_block(uint64_t size, const char* what) {
   const DeviceCaps& c = dev_.caps();
   if (size > c.max_storage_range || size > c.max_allocation) {
-    return make_error(ErrorCode::kOutOfMemory,
-                      "Vulkan: %s needs %.1f MiB in one buffer, more than this device binds at once (%.1f MiB)",
-                      what, mib(size), mib(std::min(c.max_storage_range, c.max_allocation)));
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        "Vulkan: %s needs %.1f MiB in one buffer, more than this device binds at once (%.1f MiB)",
+        what, mib(size), mib(std::min(c.max_storage_range, c.max_allocation)));
   }
   if (limit_ && reserved_ + size > limit_) {
-    return make_error(ErrorCode::kOutOfMemory,
-                      "Vulkan: out of device memory for %s (%.1f MiB more; %.1f of %.1f MiB in use)", what, mib(size),
-                      mib(reserved_), mib(limit_));
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        "Vulkan: out of device memory for %s (%.1f MiB more; %.1f of %.1f MiB in use)", what,
+        mib(size), mib(reserved_), mib(limit_));
   }
   const Fns& fn = dev_.fn();
   auto b = std::make_unique<Block>();
   VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   bi.size = size;
-  bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+             VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   VkResult r = fn.vkCreateBuffer(dev_.device(), &bi, nullptr, &b->buffer);
   if (r != VK_SUCCESS) return vk_error(r, "vkCreateBuffer");
@@ -51,7 +56,8 @@ Result<Block*> MemoryPool::new_block(uint64_t size, const char* what) {
   fn.vkGetBufferMemoryRequirements(dev_.device(), b->buffer, &req);
   if (!(req.memoryTypeBits & (1u << type_))) {
     fn.vkDestroyBuffer(dev_.device(), b->buffer, nullptr);
-    return make_error(ErrorCode::kUnsupported, "Vulkan: storage buffers cannot live in memory type %u", type_);
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: storage buffers cannot live in memory type %u", type_);
   }
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
@@ -60,8 +66,10 @@ Result<Block*> MemoryPool::new_block(uint64_t size, const char* what) {
   if (r != VK_SUCCESS) {
     fn.vkDestroyBuffer(dev_.device(), b->buffer, nullptr);
     if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) {
-      return make_error(ErrorCode::kOutOfMemory, "Vulkan: out of device memory for %s (a block of %.1f MiB; %.1f MiB in use)",
-                        what, mib(req.size), mib(reserved_));
+      return make_error(
+          ErrorCode::kOutOfMemory,
+          "Vulkan: out of device memory for %s (a block of %.1f MiB; %.1f MiB in use)", what,
+          mib(req.size), mib(reserved_));
     }
     return vk_error(r, "vkAllocateMemory");
   }
@@ -89,7 +97,7 @@ Result<Block*> MemoryPool::new_block(uint64_t size, const char* what) {
 }
 
 Result<Alloc> MemoryPool::alloc(uint64_t size, const char* what) {
-  size = std::max<uint64_t>((size + kAlign - 1) / kAlign * kAlign, kAlign);
+  size = aligned(size);
   auto take = [&](Block* b) -> Alloc {
     for (auto it = b->free_.begin(); it != b->free_.end(); ++it) {
       if (it->second < size) continue;
@@ -109,7 +117,8 @@ Result<Alloc> MemoryPool::alloc(uint64_t size, const char* what) {
   // A new block: the usual size, but no more than the limit leaves (so a small
   // request still fits under a small limit), and never less than the request.
   uint64_t want = block_size_;
-  if (limit_) want = std::min(want, limit_ > reserved_ ? (limit_ - reserved_) / kAlign * kAlign : 0);
+  if (limit_)
+    want = std::min(want, limit_ > reserved_ ? (limit_ - reserved_) / kAlign * kAlign : 0);
   LOOM_ASSIGN_OR_RETURN(Block * b, new_block(std::max(size, want), what));
   return take(b);
 }

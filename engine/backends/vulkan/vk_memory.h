@@ -18,8 +18,8 @@ struct Block {
   VkDeviceMemory memory = VK_NULL_HANDLE;
   VkBuffer buffer = VK_NULL_HANDLE;
   uint64_t size = 0;
-  uint8_t* mapped = nullptr;            ///< host pointer (host-visible pools only)
-  std::map<uint64_t, uint64_t> free_;   ///< offset -> bytes, coalesced
+  uint8_t* mapped = nullptr;           ///< host pointer (host-visible pools only)
+  std::map<uint64_t, uint64_t> free_;  ///< offset -> bytes, coalesced
   uint64_t used = 0;
 };
 
@@ -35,7 +35,8 @@ struct Alloc {
 class MemoryPool {
  public:
   /// `limit`: most bytes this pool may hold in blocks (0: no limit of its own).
-  MemoryPool(const Device& dev, uint32_t memory_type, bool host_visible, uint64_t block_size, uint64_t limit);
+  MemoryPool(const Device& dev, uint32_t memory_type, bool host_visible, uint64_t block_size,
+             uint64_t limit);
   ~MemoryPool();
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
@@ -50,6 +51,10 @@ class MemoryPool {
   uint64_t reserved_bytes() const { return reserved_; }
 
   static constexpr uint64_t kAlign = 256;
+  /// The bytes alloc() takes for a request of `size`.
+  static uint64_t aligned(uint64_t size) {
+    return size ? (size + kAlign - 1) / kAlign * kAlign : kAlign;
+  }
 
  private:
   Result<Block*> new_block(uint64_t size, const char* what);

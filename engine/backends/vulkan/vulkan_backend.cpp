@@ -268,14 +268,11 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   cmds_.push_back(cmd_);
   // GPUs run a batch's first dispatches while the host records the rest; a
   // CPU device (lavapipe) shares the host's cores, so it gets one buffer.
-  submit_every_ = opts.submit_every            ? opts.submit_every
-                  : dev_->info().type == "cpu" ? 0
-                                               : kSubmitEvery;
+  gpu_device_ = dev_->info().type != "cpu";
+  submit_every_ = opts.submit_every ? opts.submit_every : gpu_device_ ? kSubmitEvery : 0;
   submit_first_ = std::min(submit_every_, kSubmitFirst);
-  fence_spin_us_ = opts.fence_spin_us >= 0      ? opts.fence_spin_us
-                   : dev_->info().type == "cpu" ? 0
-                                                : kFenceSpinUs;
-  keep_allowed_ = opts.keep_busy_groups > 0 && dev_->info().type != "cpu";
+  fence_spin_us_ = opts.fence_spin_us >= 0 ? opts.fence_spin_us : gpu_device_ ? kFenceSpinUs : 0;
+  keep_allowed_ = opts.keep_busy_groups > 0 && gpu_device_;
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
@@ -312,7 +309,6 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
   // Decode attention (attn_split): 256 threads on GPUs, eight per key of a
   // kAttnSplitKeys split; CPU devices keep reduce_wg_.
-  gpu_device_ = dev_->info().type != "cpu";
   attn_wg_ =
       gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads) : reduce_wg_;
 
@@ -602,6 +598,10 @@ constexpr uint32_t kKeepMaxPolls = 20000;
 constexpr uint32_t kKeepSpin = 2000;
 }  // namespace
 
+volatile uint32_t* VulkanBackend::keep_word() const {
+  return reinterpret_cast<volatile uint32_t*>(keep_flag_.block->mapped + keep_flag_.offset);
+}
+
 void VulkanBackend::set_keep_busy(bool on) {
   keep_on_ = on;
   if (!on) stop_keep_busy();
@@ -645,8 +645,7 @@ void VulkanBackend::start_keep_busy() {
       return;
     }
   }
-  auto* flag = reinterpret_cast<volatile uint32_t*>(keep_flag_.block->mapped + keep_flag_.offset);
-  flag[0] = 0;
+  *keep_word() = 0;
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &keep_cmd_;
@@ -661,7 +660,7 @@ void VulkanBackend::start_keep_busy() {
 void VulkanBackend::stop_keep_busy() {
   if (!keep_running_) return;
   // The next submission's first barrier waits for the kernel, which sees this within a poll.
-  reinterpret_cast<volatile uint32_t*>(keep_flag_.block->mapped + keep_flag_.offset)[0] = 1;
+  *keep_word() = 1;
   keep_running_ = false;
 }
 
@@ -1152,8 +1151,7 @@ Status VulkanBackend::upload_weights(const std::vector<const Weight*>& ws) {
       continue;
     const vk::PackedLayout l = vk::packed_layout(w->dtype, w->n_in, src.n_rows);
     LOOM_TRY(check_packable(*w, l));
-    const uint64_t size =
-        (l.bytes + vk::MemoryPool::kAlign - 1) / vk::MemoryPool::kAlign * vk::MemoryPool::kAlign;
+    const uint64_t size = vk::MemoryPool::aligned(l.bytes);
     items.push_back(Item{w, src, l, size});
     total += size;
   }

@@ -320,8 +320,9 @@ class VulkanBackend final : public Backend {
   void start_keep_busy();  // after a batch's fence, when allowed and asked for
   void stop_keep_busy();   // as the next batch starts recording
   Status record_keep_busy();
-  uint32_t attn_split_keys_ = 0;  ///< set_attn_split_keys()
-  bool gpu_device_ = true;        ///< not a CPU device (lavapipe)
+  volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
+  uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
+  bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
