@@ -10,8 +10,11 @@
 // memory; the workgroup reduces max and sum, then threads over (head,
 // dimension pair) accumulate the weighted V rows.
 // With one split the normalized output is written directly; otherwise the
-// partial (max m, sum l, unnormalized o[head_dim]) goes to `part` and
-// attn_merge.comp combines the splits.
+// partial (max m, sum l, unnormalized o[head_dim]) goes to `part`, and the
+// splits are combined either by attn_merge.comp (a dispatch of its own) or,
+// with cnt_off set, by the last workgroup of the (head group, token) to finish:
+// each counts itself in cnt[cnt_off + z * gridY + y] once its partial is
+// written, and the one that completes the count merges (merge_tail below).
 // Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
 #define GM 8         // query heads per workgroup
 #define HD_MAX 256   // largest head_dim (checked by the host)
@@ -22,9 +25,11 @@
 #include "kv_read.glsl"
 
 layout(binding = 0) readonly buffer Q { float q[]; };
-layout(binding = 3) writeonly buffer O { float o[]; };
+layout(binding = 3) buffer O { float o[]; };  // read back only by merge_tail
 layout(binding = 4) readonly buffer P { int pos[]; };
-layout(binding = 5) writeonly buffer PART { float part[]; };
+// coherent: merge_tail reads partials other workgroups wrote in this dispatch.
+layout(binding = 5) coherent buffer PART { float part[]; };
+layout(binding = 6) coherent buffer CNT { uint cnt[]; };
 
 layout(push_constant) uniform PC {
   uint q_off, q_ld;   // floats; row t of q is [n_heads * head_dim]
@@ -37,33 +42,69 @@ layout(push_constant) uniform PC {
   float scale;
   uint kps;           // keys per split, at most WG
   uint tpk;           // threads per key, kps * tpk <= WG
+  uint cnt_off;       // arrival counters (0xFFFFFFFF: attn_merge merges)
 } pc;
 
 shared float qsh[GM][HD_MAX];
 shared float psh[GM][WG];
+shared bool last_sh;
 
-void main() {
-  const uint tid = gl_LocalInvocationID.x;
-  const uint s = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
-  const uint group = pc.n_heads / pc.n_kv_heads;
-  const uint n_gchunks = (group + GM - 1) / GM;
-  const uint kvh = gl_WorkGroupID.y / n_gchunks;
-  const uint h0 = kvh * group + (gl_WorkGroupID.y % n_gchunks) * GM;
-  const uint gn = min(GM, kvh * group + group - h0);
-  const uint hd = pc.head_dim, hp = hd / 2;
-
-  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
-  const uint start = s * pc.kps;
-  const uint end = min(start + pc.kps, n_keys);
-  if (start >= n_keys) {  // a split past this token's last key: an empty partial
-    for (uint g = 0; g < gn; ++g) {
-      const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * pc.n_splits + s) * (hd + 2);
-      if (tid == 0) { part[pb] = NEG_BIG; part[pb + 1] = 0.0; }
-      for (uint d = tid; d < hd; d += WG) part[pb + 2 + d] = 0.0;
+// The last workgroup of this (head group, token): out = sum_s e^(m_s - M) o_s
+// / sum_s e^(m_s - M) l_s over the splits' partials, M = max_s m_s (as
+// attn_merge.comp), WG splits at a time: their weights in psh, then threads
+// over (head, dimension) sum the weighted o_s; o holds the running sum
+// between rounds (each element is read back by the thread that wrote it).
+void merge_tail(uint t, uint h0, uint gn, uint hd) {
+  const uint tid = gl_LocalInvocationID.x, ns = pc.n_splits, stride = hd + 2;
+  float mx[GM], l[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) mx[g] = NEG_BIG;
+  for (uint s = tid; s < ns; s += WG) {
+    [[unroll]] for (uint g = 0; g < GM; ++g) {
+      if (g < gn) mx[g] = max(mx[g], part[pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s) * stride]);
     }
-    return;
   }
+  wg_max_n(mx);
+  [[unroll]] for (uint g = 0; g < GM; ++g) l[g] = 0.0;
+  for (uint s = tid; s < ns; s += WG) {
+    [[unroll]] for (uint g = 0; g < GM; ++g) {
+      if (g < gn) {
+        const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s) * stride;
+        l[g] += exp(part[pb] - mx[g]) * part[pb + 1];
+      }
+    }
+  }
+  wg_sum_n(l);
+  for (uint s0 = 0; s0 < ns; s0 += WG) {
+    const uint n = min(WG, ns - s0);
+    if (tid < n) {
+      [[unroll]] for (uint g = 0; g < GM; ++g) {
+        if (g < gn) psh[g][tid] = exp(part[pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s0 + tid) * stride] - mx[g]);
+      }
+    }
+    barrier();
+    const bool final_round = s0 + WG >= ns;
+    for (uint e = tid; e < gn * hd; e += WG) {
+      const uint g = e / hd, d = e % hd;
+      const uint pb = pc.part_off + (t * pc.n_heads + h0 + g) * ns * stride + 2 + d;
+      const uint ob = pc.o_off + t * pc.o_ld + (h0 + g) * hd + d;
+      float acc = s0 == 0 ? 0.0 : o[ob];
+      uint s = 0;
+      for (; s + UNV <= n; s += UNV) {
+        float v[UNV];
+        [[unroll]] for (uint c = 0; c < UNV; ++c) v[c] = part[pb + (s0 + s + c) * stride];
+        [[unroll]] for (uint c = 0; c < UNV; ++c) acc += psh[g][s + c] * v[c];
+      }
+      for (; s < n; ++s) acc += psh[g][s] * part[pb + (s0 + s) * stride];
+      o[ob] = final_round ? acc / l[g] : acc;
+    }
+    barrier();
+  }
+}
 
+// Split s of query token t, heads h0 .. h0 + gn - 1 (KV head kvh): keys
+// [start, end), at least one.
+void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint end) {
+  const uint tid = gl_LocalInvocationID.x, hp = hd / 2;
   for (uint e = tid; e < gn * hd; e += WG) {
     const uint g = e / hd, d = e % hd;
     qsh[g][d] = q[pc.q_off + t * pc.q_ld + (h0 + g) * hd + d] * pc.scale;
@@ -148,4 +189,38 @@ void main() {
       part[pb + 3 + 2 * i] = acc.y;
     }
   }
+}
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint s = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
+  const uint group = pc.n_heads / pc.n_kv_heads;
+  const uint n_gchunks = (group + GM - 1) / GM;
+  const uint kvh = gl_WorkGroupID.y / n_gchunks;
+  const uint h0 = kvh * group + (gl_WorkGroupID.y % n_gchunks) * GM;
+  const uint gn = min(GM, kvh * group + group - h0);
+  const uint hd = pc.head_dim;
+
+  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
+  const uint start = s * pc.kps;
+  if (start >= n_keys) {  // a split past this token's last key: an empty partial
+    for (uint g = 0; g < gn; ++g) {
+      const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * pc.n_splits + s) * (hd + 2);
+      if (tid == 0) { part[pb] = NEG_BIG; part[pb + 1] = 0.0; }
+      for (uint d = tid; d < hd; d += WG) part[pb + 2 + d] = 0.0;
+    }
+  } else {
+    split(t, s, kvh, h0, gn, hd, start, min(start + pc.kps, n_keys));
+  }
+  if (pc.n_splits == 1 || pc.cnt_off == 0xFFFFFFFFu) return;  // uniform
+  // Count this workgroup in; the one that completes the count merges.
+  memoryBarrierBuffer();
+  barrier();
+  const uint ci = pc.cnt_off + t * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+  if (tid == 0) last_sh = atomicAdd(cnt[ci], 1u) == pc.n_splits - 1;
+  barrier();
+  if (!last_sh) return;  // uniform
+  memoryBarrierBuffer();
+  if (tid == 0) cnt[ci] = 0;  // ready for the next dispatch
+  merge_tail(t, h0, gn, hd);
 }

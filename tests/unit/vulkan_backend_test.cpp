@@ -646,17 +646,25 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   std::vector<float> r(static_cast<size_t>(c.T * q_dim));
   ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale,
                  r.data(), 0, c.n_heads);
-  // Keys per split as chosen, and few (several threads per key, many splits to merge).
-  for (uint32_t keys : {0u, 8u, 3u}) {
-    SCOPED_TRACE("keys per split " + std::to_string(keys));
-    be->set_attn_split_keys(keys);
-    be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
-    const auto out = dout.fetch();
-    EXPECT_TRUE(all_finite(out));
-    EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
-              c.kv == DType::kF16 ? 1e-5 : 1e-3);
+  // Keys per split as chosen, and few (several threads per key, many splits
+  // to merge: more than a workgroup's worth at 3 keys and 300 on lavapipe);
+  // splits merged by their last workgroup, or by attn_merge. Each case runs
+  // twice, so the arrival counters must be back at zero after a dispatch.
+  for (bool in_split : {true, false, true}) {
+    be->set_merge_in_split(in_split);
+    for (uint32_t keys : {0u, 8u, 3u}) {
+      SCOPED_TRACE("keys per split " + std::to_string(keys) +
+                   (in_split ? ", merged in the split" : ", attn_merge"));
+      be->set_attn_split_keys(keys);
+      be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
+      const auto out = dout.fetch();
+      EXPECT_TRUE(all_finite(out));
+      EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
+                c.kv == DType::kF16 ? 1e-5 : 1e-3);
+    }
   }
   be->set_attn_split_keys(0);
+  be->set_merge_in_split(true);
 }
 
 class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};

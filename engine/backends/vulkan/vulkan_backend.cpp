@@ -344,6 +344,7 @@ VulkanBackend::~VulkanBackend() {
   if (keep_flag_) host_pool_->free(keep_flag_);
   for (auto& a : weights_) device_pool_->free(a.second.alloc);
   device_pool_->free(scratch_);
+  device_pool_->free(counters_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
   for (VkDescriptorPool p : desc_pools_) fn.vkDestroyDescriptorPool(d, p, nullptr);
   for (uint32_t n = 1; n <= kMaxBindings; ++n) {
@@ -1238,6 +1239,20 @@ Status VulkanBackend::ensure_scratch(uint64_t bytes) {
   return {};
 }
 
+Result<VulkanBackend::Bind> VulkanBackend::counters(uint32_t n) {
+  if (n > kCounters)
+    return make_error(ErrorCode::kInternal, "Vulkan: %u arrival counters wanted, %u held", n,
+                      kCounters);
+  if (!counters_) {
+    LOOM_ASSIGN_OR_RETURN(counters_, device_pool_->alloc(kCounters * 4, "arrival counters"));
+    LOOM_TRY(begin());
+    const Bind b{counters_.block, counters_.offset, counters_.size, true};
+    barrier_if_needed(&b, 1);
+    dev_->fn().vkCmdFillBuffer(cmd_, counters_.block->buffer, counters_.offset, counters_.size, 0);
+  }
+  return Bind{counters_.block, counters_.offset, uint64_t{n} * 4, true};
+}
+
 // ---- KV transfers -----------------------------------------------------------------
 
 // Rows go through the staging ring in chunks of whole rows of one head; the
@@ -1844,7 +1859,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps, tpk;
+    uint32_t kps, tpk, cnt_off;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
@@ -1862,19 +1877,32 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
        n_splits,
        scale,
        kps,
-       tpk};
+       tpk,
+       0xFFFFFFFFu};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
+  const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
   const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true}
                                : Bind{ka.block, 0, 0, false};
+  // The splits' last workgroup merges them (no attn_merge dispatch) where
+  // there are counters for every (head group, token).
+  const uint64_t n_cnt = static_cast<uint64_t>(T) * gy;
+  Bind cnt{ka.block, 0, 0, false};
+  if (part_bytes && merge_in_split_ && n_cnt <= kCounters) {
+    auto b = counters(u32(n_cnt));
+    if (!b.ok()) return fail(b.status());
+    cnt = *b;
+    pc.cnt_off = u32(cnt.offset / 4);
+  }
+  const bool merged = pc.cnt_off != 0xFFFFFFFFu;
   dispatch(typed("attn_split", c.dtype, true, true), Spec{wg},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
             Bind{va.block, va.offset, va.size, false},
-            part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
-                       : act_bind(out, true),
-            Bind{ring_.block, 0, 0, false}, part},
-           &pc, sizeof(pc), n_splits, u32(c.n_kv_heads) * n_gchunks, u32(T));
-  if (part_bytes) {
+            part_bytes && !merged ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
+                                  : act_bind(out, true),
+            Bind{ring_.block, 0, 0, false}, part, cnt},
+           &pc, sizeof(pc), n_splits, gy, u32(T));
+  if (part_bytes && !merged) {
     struct {
       uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits;
     } mp{u32(scratch_.offset / 4),

@@ -130,6 +130,9 @@ class VulkanBackend final : public Backend {
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
+  /// Test hook: merge decode attention's splits in their last workgroup (the
+  /// default) or in an attn_merge dispatch of its own.
+  void set_merge_in_split(bool on) { merge_in_split_ = on; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) {
     matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
@@ -197,9 +200,10 @@ class VulkanBackend final : public Backend {
   struct FastKeyHash {
     size_t operator()(const FastKey& k) const;
   };
+  static constexpr uint32_t kMaxBindings = 8;
   struct DescKey {
     uint32_t n = 0;
-    std::array<VkBuffer, 6> b{};
+    std::array<VkBuffer, kMaxBindings> b{};
     bool operator==(const DescKey&) const = default;
   };
   struct DescKeyHash {
@@ -293,7 +297,6 @@ class VulkanBackend final : public Backend {
   VkFence fence_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   VkQueryPool query_pool_ = VK_NULL_HANDLE;
-  static constexpr uint32_t kMaxBindings = 6;
   std::array<VkDescriptorSetLayout, kMaxBindings + 1> set_layouts_{};
   std::array<VkPipelineLayout, kMaxBindings + 1> pipe_layouts_{};
   std::vector<VkDescriptorPool> desc_pools_;
@@ -322,6 +325,7 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
+  bool merge_in_split_ = true;           ///< set_merge_in_split()
   bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
@@ -361,6 +365,13 @@ class VulkanBackend final : public Backend {
   bool ints_memo_valid_ = false;
 
   vk::Alloc scratch_;  ///< attention partials
+  // Arrival counters of dispatches whose last workgroup finishes the op (a
+  // merge or a norm after the others' results): zero between dispatches (the
+  // last workgroup resets its counter). Allocated and zeroed on first use.
+  vk::Alloc counters_;
+  static constexpr uint32_t kCounters = 1024;
+  // The first n counters, bound for writing (so dispatches using them are ordered).
+  Result<Bind> counters(uint32_t n);
 
   std::map<const uint8_t*, Resident> weights_;  ///< by host begin address
   uint64_t weight_bytes_ = 0;                   ///< sum of their allocations
