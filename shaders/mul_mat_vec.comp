@@ -23,6 +23,11 @@
 // one shared-memory step.
 // Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
 //
+// NORM_TAIL (matvec1_norm_*): y += W x, then out = rms_norm(y) * nw (the
+// residual add and the norm after it): every workgroup counts itself in
+// cnt[cnt_off] once its rows are written, and the last one normalizes the
+// whole of y (no rms_norm dispatch, and no barrier before it).
+//
 // GLU (matvec1_glu_*): y = silu(gate x) * (up x) in one dispatch. The M rows
 // are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
 // at w_off, odd: up row i/2 at w_off_b, in the same buffer), NR even, so each
@@ -55,7 +60,18 @@ layout(constant_id = 1) const uint NR = 2;  // rows together, 1..NR_MAX (the hos
 
 layout(binding = 1) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
+#ifdef NORM_TAIL
+// coherent: the last workgroup reads rows the others wrote in this dispatch.
+layout(binding = 2) coherent buffer Y { float y[]; };
+layout(binding = 2) coherent buffer Y4 { vec4 y4[]; };
+layout(binding = 4) readonly buffer NW { float nw[]; };
+layout(binding = 4) readonly buffer NW4 { vec4 nw4[]; };
+layout(binding = 5) writeonly buffer NO { float no[]; };
+layout(binding = 5) writeonly buffer NO4 { vec4 no4[]; };
+layout(binding = 6) coherent buffer CNT { uint cnt[]; };
+#else
 layout(binding = 2) buffer Y { float y[]; };  // read too with flags & 4
+#endif
 layout(binding = 3) readonly buffer B { float bias[]; };
 
 layout(push_constant) uniform PC {
@@ -72,6 +88,10 @@ layout(push_constant) uniform PC {
   // QKV: rows [0, m_a) of the first matrix (w_off, y_off), [m_a, m_a + m_b)
   // of the second (w_off_b, y_off_b), the rest of the third (w_off_c, y_off_c).
   uint w_off_c, w_off2_c, m_a, m_b, y_off_b, y_off_c;
+  // NORM_TAIL: the norm weight (nw) and output (no), floats; the counter; eps.
+  // flags & 8: y_off, n_off, no_off and M multiples of 4 (vec4 access).
+  uint n_off, no_off, cnt_off;
+  float eps;
 } pc;
 
 void load_x(uint c, uint u, out vec4 xv[8]) {
@@ -130,6 +150,44 @@ void store_y(uint g, float v) {
   y[pc.y_off + g] = v;
 #endif
 }
+
+#ifdef NORM_TAIL
+shared bool last_sh;
+
+// Every workgroup calls this after writing its rows; the last one to arrive
+// writes no = y / sqrt(mean(y^2) + eps) * nw over all M rows (as rms_norm.comp).
+void norm_tail() {
+  const uint tid = gl_LocalInvocationID.x;
+  memoryBarrierBuffer();
+  barrier();
+  if (tid == 0) last_sh = atomicAdd(cnt[pc.cnt_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.z - 1;
+  barrier();
+  if (!last_sh) return;  // uniform
+  memoryBarrierBuffer();
+  if (tid == 0) cnt[pc.cnt_off] = 0;  // ready for the next dispatch
+  const bool v4 = (pc.flags & 8u) != 0;
+  float a = 0.0;
+  if (v4) {
+    for (uint i = tid; i < pc.M / 4; i += WG) {
+      const vec4 v = y4[pc.y_off / 4 + i];
+      a += dot(v, v);
+    }
+  } else {
+    for (uint i = tid; i < pc.M; i += WG) a += y[pc.y_off + i] * y[pc.y_off + i];
+  }
+  a = subgroupAdd(a);
+  if (subgroupElect()) red1[0][gl_SubgroupID] = a;
+  barrier();
+  float ss = 0.0;
+  for (uint g = 0; g < gl_NumSubgroups; ++g) ss += red1[0][g];
+  const float scale = 1.0 / sqrt(ss / float(pc.M) + pc.eps);
+  if (v4) {
+    for (uint i = tid; i < pc.M / 4; i += WG) no4[pc.no_off / 4 + i] = (y4[pc.y_off / 4 + i] * scale) * nw4[pc.n_off / 4 + i];
+  } else {
+    for (uint i = tid; i < pc.M; i += WG) no[pc.no_off + i] = (y[pc.y_off + i] * scale) * nw[pc.n_off + i];
+  }
+}
+#endif
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -234,8 +292,7 @@ void main() {
       }
     }
 #endif
-    return;
-  }
+  } else {
   uint parts, first;  // the row group's partial sums in red1[r][first .. first + parts)
   if (by_sg) {
     [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
@@ -275,6 +332,10 @@ void main() {
       store_y(r0 + r, v);
     }
   }
+#endif
+  }
+#ifdef NORM_TAIL
+  norm_tail();
 #endif
 }
 #elif defined(USE_SUBGROUP)

@@ -205,6 +205,13 @@ class Backend {
     matmul(w, x, tmp, nullptr);
     add(y, tmp, y);
   }
+  /// matmul_add(), then out = rms_norm(y) * norm (the norm that follows the
+  /// residual add: the FFN's, or the next layer's).
+  virtual void matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm,
+                               float eps, Act out) {
+    matmul_add(w, x, y, tmp);
+    rms_norm(y, norm, eps, out);
+  }
   /// out = silu(gate x) * (up x) (the FFN's first half); tmp [T, up.n_out]
   /// is scratch the default uses.
   virtual void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {

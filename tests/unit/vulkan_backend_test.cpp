@@ -249,6 +249,63 @@ TEST_P(VulkanMatmul, MatmulAdd) {
   be_->set_matvec_threads_per_row(0);
 }
 
+// matmul_add_norm (y += W x, out = rms_norm(y) * g): for a single token one
+// matvec whose last workgroup normalizes y (vec4 and scalar paths: 64 and 37
+// rows; several row splits, so many workgroups arrive), run twice in a row (the
+// arrival counter must be back at zero); the plain ops for more tokens.
+TEST_P(VulkanMatmul, MatmulAddNorm) {
+  const DType t = GetParam();
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  const int64_t n_in = kq ? 512 : 96;
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  const float eps = 1e-5f;
+  for (int64_t n_out : {64, 37}) {
+    const HostWeight hw = make_weight(t, n_in, n_out, 970);
+    const HostWeight hg = make_weight(DType::kF32, n_out, 1, 971);
+    ASSERT_TRUE(be_->upload_weight(hw.w).ok());
+    ASSERT_TRUE(be_->upload_weight(hg.w).ok());
+    for (int64_t T : {1, 3}) {
+      for (uint32_t tpr : {0u, sg, 2u}) {
+        if (T > 1 && tpr) continue;
+        SCOPED_TRACE("n_out " + std::to_string(n_out) + ", T " + std::to_string(T) +
+                     ", threads per row " + std::to_string(tpr));
+        be_->set_matvec_threads_per_row(tpr);
+        const auto x = random_floats(static_cast<size_t>(T * n_in), 972);
+        const auto y0 = random_floats(static_cast<size_t>(T * n_out), 973);
+        DevMat dx(be_, T, n_in, x), dy(be_, T, n_out, y0), dout(be_, T, n_out);
+        // Twice: y0 + 2 W x.
+        for (int rep = 0; rep < 2; ++rep)
+          be_->matmul_add_norm(hw.w, dx.act(), dy.act(), dout.act(), hg.w, eps, dout.act());
+        const auto y = dy.fetch(), o = dout.fetch();
+        std::vector<double> ry(static_cast<size_t>(T * n_out)), ro(ry.size());
+        for (int64_t t0 = 0; t0 < T; ++t0) {
+          double ss = 0;
+          for (int64_t r = 0; r < n_out; ++r) {
+            double a = 0;
+            for (int64_t k = 0; k < n_in; ++k) {
+              a += static_cast<double>(hw.deq[static_cast<size_t>(r * n_in + k)]) *
+                   x[static_cast<size_t>(t0 * n_in + k)];
+            }
+            const double v = y0[static_cast<size_t>(t0 * n_out + r)] + 2 * a;
+            ry[static_cast<size_t>(t0 * n_out + r)] = v;
+            ss += v * v;
+          }
+          const double scale = 1.0 / std::sqrt(ss / static_cast<double>(n_out) + eps);
+          for (int64_t r = 0; r < n_out; ++r) {
+            ro[static_cast<size_t>(t0 * n_out + r)] =
+                ry[static_cast<size_t>(t0 * n_out + r)] * scale * hg.deq[static_cast<size_t>(r)];
+          }
+        }
+        EXPECT_TRUE(all_finite(y));
+        EXPECT_TRUE(all_finite(o));
+        EXPECT_LT(normalized_error(y, ry), 1e-5);
+        EXPECT_LT(normalized_error(o, ro), 1e-5);
+      }
+    }
+  }
+  be_->set_matvec_threads_per_row(0);
+}
+
 // matmul_glu (silu(gate x) * (up x)): one fused matvec for a single token,
 // under several row splits (pairs of rows per row group), the plain ops for
 // more tokens; against the double reference.

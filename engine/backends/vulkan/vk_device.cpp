@@ -14,8 +14,8 @@ constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 constexpr uint64_t kMaxPrintedMessages = 20;
 
 std::string version_text(uint32_t v) {
-  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(v));
+  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) +
+         "." + std::to_string(VK_API_VERSION_PATCH(v));
 }
 
 const char* type_name(VkPhysicalDeviceType t) {
@@ -75,7 +75,8 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   }
   VkPhysicalDeviceVulkan11Properties p11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES};
   VkPhysicalDeviceVulkan12Properties p12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES};
-  VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceMaintenance3Properties m3{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
   p11.pNext = &p12;
   p12.pNext = &m3;
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
@@ -92,7 +93,8 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   p.subgroup_stages = p11.subgroupSupportedStages;
   i.subgroup_arithmetic = (p.subgroup_stages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (p.subgroup_ops & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
-                          (p.subgroup_ops & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) && p11.subgroupSize >= 4;
+                          (p.subgroup_ops & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                          p11.subgroupSize >= 4;
   p.f16_storage = f11.storageBuffer16BitAccess == VK_TRUE;
   i.storage_16bit = p.f16_storage;
   p.max_allocation = m3.maxMemoryAllocationSize;
@@ -121,13 +123,15 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
 }  // namespace
 
 VKAPI_ATTR VkBool32 VKAPI_CALL Device::on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                                  VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                                  VkDebugUtilsMessageTypeFlagsEXT,
+                                                  const VkDebugUtilsMessengerCallbackDataEXT* data,
                                                   void* user) {
   auto* self = static_cast<Device*>(user);
   if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     const uint64_t n = self->validation_messages_.fetch_add(1) + 1;
     if (n <= kMaxPrintedMessages) {
-      std::fprintf(stderr, "vulkan validation: %s\n", data && data->pMessage ? data->pMessage : "(no text)");
+      std::fprintf(stderr, "vulkan validation: %s\n",
+                   data && data->pMessage ? data->pMessage : "(no text)");
     }
   }
   return VK_FALSE;  // never abort the call
@@ -138,7 +142,8 @@ Status Device::create_instance(bool validation) {
   uint32_t api = VK_API_VERSION_1_0;
   if (loader_.fn.vkEnumerateInstanceVersion) loader_.fn.vkEnumerateInstanceVersion(&api);
   if (api < VK_API_VERSION_1_2) {
-    return make_error(ErrorCode::kUnsupported, "the Vulkan loader supports only Vulkan %s (Loom needs 1.2)",
+    return make_error(ErrorCode::kUnsupported,
+                      "the Vulkan loader supports only Vulkan %s (Loom needs 1.2)",
                       version_text(api).c_str());
   }
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
@@ -148,8 +153,10 @@ Status Device::create_instance(bool validation) {
 
   std::vector<const char*> layers, exts;
   VkDebugUtilsMessengerCreateInfoEXT dbg{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
-  dbg.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-  dbg.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+  dbg.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                        VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+  dbg.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                    VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
   dbg.pfnUserCallback = &Device::on_message;
   dbg.pUserData = this;
@@ -163,7 +170,8 @@ Status Device::create_instance(bool validation) {
     });
     if (!have) {
       return make_error(ErrorCode::kUnsupported,
-                        "Vulkan validation was asked for but %s is not installed (Debian: vulkan-validationlayers)",
+                        "Vulkan validation was asked for but %s is not installed (Debian: "
+                        "vulkan-validationlayers)",
                         kValidationLayer);
     }
     layers.push_back(kValidationLayer);
@@ -211,7 +219,9 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   uint32_t n = 0;
   VkResult r = fn.vkEnumeratePhysicalDevices(d->instance_, &n, nullptr);
   if (r != VK_SUCCESS) return vk_error(r, "vkEnumeratePhysicalDevices");
-  if (n == 0) return make_error(ErrorCode::kUnsupported, "Vulkan: no devices (is a GPU driver with Vulkan installed?)");
+  if (n == 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "Vulkan: no devices (is a GPU driver with Vulkan installed?)");
   std::vector<VkPhysicalDevice> phys(n);
   r = fn.vkEnumeratePhysicalDevices(d->instance_, &n, phys.data());
   if (r != VK_SUCCESS && r != VK_INCOMPLETE) return vk_error(r, "vkEnumeratePhysicalDevices");
@@ -221,13 +231,14 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   const PhysInfo* pick = nullptr;
   if (opts.device >= 0) {
     if (opts.device >= static_cast<int>(n)) {
-      return make_error(ErrorCode::kInvalidArgument, "Vulkan device %d does not exist (there are %u; see `loom devices`)",
+      return make_error(ErrorCode::kInvalidArgument,
+                        "Vulkan device %d does not exist (there are %u; see `loom devices`)",
                         opts.device, n);
     }
     pick = &all[static_cast<size_t>(opts.device)];
     if (!pick->info.usable) {
-      return make_error(ErrorCode::kUnsupported, "Vulkan device %d (%s) cannot run Loom: %s", opts.device,
-                        pick->info.name.c_str(), pick->info.why_not.c_str());
+      return make_error(ErrorCode::kUnsupported, "Vulkan device %d (%s) cannot run Loom: %s",
+                        opts.device, pick->info.name.c_str(), pick->info.why_not.c_str());
     }
   } else {
     for (const PhysInfo& p : all) {
@@ -239,8 +250,8 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
       }
     }
     if (!pick) {
-      return make_error(ErrorCode::kUnsupported, "no Vulkan device can run Loom (%s: %s)", all[0].info.name.c_str(),
-                        all[0].info.why_not.c_str());
+      return make_error(ErrorCode::kUnsupported, "no Vulkan device can run Loom (%s: %s)",
+                        all[0].info.name.c_str(), all[0].info.why_not.c_str());
     }
   }
   d->phys_ = pick->phys;
@@ -254,15 +265,18 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   for (uint32_t t = 0; t < mp.memoryTypeCount; ++t) {
     const VkMemoryPropertyFlags f = mp.memoryTypes[t].propertyFlags;
     if (dev_type < 0 && (f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)) dev_type = static_cast<int>(t);
-    const VkMemoryPropertyFlags hv = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    const VkMemoryPropertyFlags hv =
+        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
     if ((f & hv) == hv) {
       if (host_type < 0) host_type = static_cast<int>(t);
-      if (host_cached < 0 && (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT)) host_cached = static_cast<int>(t);
+      if (host_cached < 0 && (f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
+        host_cached = static_cast<int>(t);
     }
   }
   if (dev_type < 0) dev_type = host_type;  // some software devices have no device-local type
   if (dev_type < 0 || host_type < 0) {
-    return make_error(ErrorCode::kUnsupported, "Vulkan device %s has no usable memory types", d->info_.name.c_str());
+    return make_error(ErrorCode::kUnsupported, "Vulkan device %s has no usable memory types",
+                      d->info_.name.c_str());
   }
   DeviceCaps& c = d->caps_;
   c.device_local_type = static_cast<uint32_t>(dev_type);

@@ -17,17 +17,18 @@ namespace loom::vk {
 struct DeviceCaps {
   bool subgroup_arithmetic = false;  ///< used by the *_sg variants (and allowed by the options)
   uint32_t subgroup_size = 0;
-  bool f16_storage = false;          ///< storageBuffer16BitAccess enabled (and allowed)
-  uint64_t max_storage_range = 0;    ///< bytes one storage-buffer binding may span
-  uint64_t max_allocation = 0;       ///< maxMemoryAllocationSize
+  bool f16_storage = false;        ///< storageBuffer16BitAccess enabled (and allowed)
+  uint64_t max_storage_range = 0;  ///< bytes one storage-buffer binding may span
+  uint64_t max_allocation = 0;     ///< maxMemoryAllocationSize
   uint32_t max_groups[3] = {0, 0, 0};
-  uint32_t max_wg_threads = 128;     ///< min(maxComputeWorkGroupInvocations, maxComputeWorkGroupSize[0])
+  uint32_t max_wg_threads =
+      128;  ///< min(maxComputeWorkGroupInvocations, maxComputeWorkGroupSize[0])
   uint32_t max_shared_bytes = 0;
-  float timestamp_period_ns = 0;     ///< 0: no timestamps on the compute queue
-  uint32_t timestamp_bits = 0;       ///< valid low bits of a timestamp (timestampValidBits)
-  uint32_t device_local_type = 0;    ///< memory type index for weights, activations, KV
-  uint32_t host_type = 0;            ///< memory type index for staging (host-visible, coherent)
-  uint64_t device_local_heap = 0;    ///< bytes of the heap of device_local_type
+  float timestamp_period_ns = 0;   ///< 0: no timestamps on the compute queue
+  uint32_t timestamp_bits = 0;     ///< valid low bits of a timestamp (timestampValidBits)
+  uint32_t device_local_type = 0;  ///< memory type index for weights, activations, KV
+  uint32_t host_type = 0;          ///< memory type index for staging (host-visible, coherent)
+  uint64_t device_local_heap = 0;  ///< bytes of the heap of device_local_type
 };
 
 /// The instance, the chosen device and its queue. Owns them; destroys in order.
@@ -56,7 +57,8 @@ class Device {
   Status create_instance(bool validation);
   static VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                    VkDebugUtilsMessageTypeFlagsEXT types,
-                                                   const VkDebugUtilsMessengerCallbackDataEXT* data, void* user);
+                                                   const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                                   void* user);
 
   Loader loader_;
   VkInstance instance_ = VK_NULL_HANDLE;

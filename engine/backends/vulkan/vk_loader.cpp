@@ -15,11 +15,13 @@ Status Loader::open() {
     if (lib_) break;
   }
   if (!lib_) {
-    return make_error(ErrorCode::kUnsupported,
-                      "no Vulkan loader (libvulkan.so.1) on this system: install the GPU driver's Vulkan "
-                      "support (Debian: libvulkan1 plus mesa-vulkan-drivers or the vendor driver)");
+    return make_error(
+        ErrorCode::kUnsupported,
+        "no Vulkan loader (libvulkan.so.1) on this system: install the GPU driver's Vulkan "
+        "support (Debian: libvulkan1 plus mesa-vulkan-drivers or the vendor driver)");
   }
-  fn.vkGetInstanceProcAddr = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib_, "vkGetInstanceProcAddr"));
+  fn.vkGetInstanceProcAddr =
+      reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib_, "vkGetInstanceProcAddr"));
   if (!fn.vkGetInstanceProcAddr) {
     return make_error(ErrorCode::kUnsupported, "the Vulkan loader has no vkGetInstanceProcAddr");
   }
@@ -47,7 +49,7 @@ Status Loader::load_instance(VkInstance instance) {
 }
 
 Status Loader::load_device(VkDevice device) {
-#define LOOM_VK_LOAD_DEVICE(name)                                                 \
+#define LOOM_VK_LOAD_DEVICE(name)                                                \
   fn.name = reinterpret_cast<PFN_##name>(fn.vkGetDeviceProcAddr(device, #name)); \
   if (!fn.name) return make_error(ErrorCode::kUnsupported, "Vulkan device lacks %s", #name);
   LOOM_VK_DEVICE_FNS(LOOM_VK_LOAD_DEVICE)
@@ -83,8 +85,9 @@ Error vk_error(VkResult r, const char* what) {
   const char* hint = "";
   if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) {
     code = ErrorCode::kOutOfMemory;
-    hint = r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? ": the GPU is out of memory (lower the context size or place fewer layers on it)"
-                                              : ": out of host memory";
+    hint = r == VK_ERROR_OUT_OF_DEVICE_MEMORY
+               ? ": the GPU is out of memory (lower the context size or place fewer layers on it)"
+               : ": out of host memory";
   } else if (r == VK_ERROR_DEVICE_LOST) {
     code = ErrorCode::kIo;
     hint = ": the GPU device was lost (driver reset or hang); the Vulkan backend cannot continue";

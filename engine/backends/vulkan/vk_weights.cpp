@@ -8,7 +8,9 @@ namespace loom::vk {
 
 namespace {
 constexpr uint64_t kAlign = 256;
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 // Bytes of one GGUF block kept as they are, and the padded size on the device.
 constexpr uint64_t kQ6KDeviceBytes = 212;  // 210 rounded up to a whole word
 }  // namespace
@@ -90,7 +92,8 @@ void pack_weight(DType t, const uint8_t* src, size_t src_row_bytes, int64_t n_in
       }
       case DType::kQ6_K: {
         for (uint64_t b = 0; b < units / 8; ++b) {
-          std::memcpy(dst + (static_cast<uint64_t>(r) * (units / 8) + b) * kQ6KDeviceBytes, row + b * 210, 210);
+          std::memcpy(dst + (static_cast<uint64_t>(r) * (units / 8) + b) * kQ6KDeviceBytes,
+                      row + b * 210, 210);
         }
         break;
       }

@@ -1453,6 +1453,23 @@ void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   Backend::matmul_add(w, x, y, tmp);
 }
 
+void VulkanBackend::matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm,
+                                    float eps, Act out) {
+  // One dispatch whose last workgroup normalizes y (matvec1_norm) for a
+  // single token with a resident norm weight; otherwise the two ops.
+  const Resident* rn = norm_tails_ ? find_weight(norm.data) : nullptr;
+  if (!status_.ok() || x.rows != 1 || !dev_->caps().subgroup_arithmetic || !rn ||
+      rn->dtype != DType::kF32 || norm.n_in != y.cols || y.rows != 1 || out.rows != 1 ||
+      out.cols != y.cols || !check_act(out, "matmul_add_norm")) {
+    return Backend::matmul_add_norm(w, x, y, tmp, norm, eps, out);
+  }
+  const NormTail tail{rn,
+                      rn->alloc.offset + static_cast<uint64_t>(
+                                             static_cast<const uint8_t*>(norm.data) - rn->begin()),
+                      out, eps};
+  matmul_impl(w, x, y, nullptr, true, &tail);
+}
+
 namespace {
 // " MxK", appended to a matvec's profile label so each weight shape is timed apart.
 std::string shape_tag(uint32_t M, int64_t K) {
@@ -1467,6 +1484,8 @@ struct MatvecPush {
   uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
   uint32_t w_off_b = 0, w_off2_b = 0, row0_b = 0;
   uint32_t w_off_c = 0, w_off2_c = 0, m_a = 0, m_b = 0, y_off_b = 0, y_off_c = 0;
+  uint32_t n_off = 0, no_off = 0, cnt_off = 0;  // matvec1_norm
+  float eps = 0;
 };
 static_assert(sizeof(MatvecPush) <= kPushBytes);
 }  // namespace
@@ -1591,7 +1610,7 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
 }
 
 void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias,
-                                bool accumulate) {
+                                bool accumulate, const NormTail* tail) {
   if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
   const Resident* r = find_weight(w.data);
   if (!r)
@@ -1637,6 +1656,22 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     uint32_t gx, gz;
     matvec1_grid(s, M, &gx, &gz);
     if (profile_) prof_shape_ = shape_tag(M, w.n_in);
+    if (tail) {
+      auto cnt = counters(1);
+      if (!cnt.ok()) return fail(cnt.status());
+      pc.n_off = u32(tail->n_off / 4);
+      pc.no_off = u32(tail->out.offset / 4);
+      pc.cnt_off = u32(cnt->offset / 4);
+      pc.eps = tail->eps;
+      if ((pc.y_off | pc.n_off | pc.no_off | M) % 4 == 0) pc.flags |= 8;
+      const Resident* rn = tail->norm;
+      dispatch(typed("matvec1_norm", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
+               {wb, act_bind(x, false), act_bind(out, true), bb,
+                Bind{rn->alloc.block, rn->alloc.offset, rn->alloc.size, false},
+                act_bind(tail->out, true), *cnt},
+               &pc, sizeof(pc), gx, 1, gz);
+      return;
+    }
     dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {

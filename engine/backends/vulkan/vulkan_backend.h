@@ -87,6 +87,9 @@ class VulkanBackend final : public Backend {
             const cpu::RopeParams& p) override;
   /// Single-token steps: one matvec that adds into y. Otherwise the default.
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  /// Single-token steps: one matvec whose last workgroup also normalizes y.
+  void matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm, float eps,
+                       Act out) override;
   /// Single-token steps: one matvec over interleaved gate and up rows.
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
   void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
@@ -133,6 +136,8 @@ class VulkanBackend final : public Backend {
   /// Test hook: merge decode attention's splits in their last workgroup (the
   /// default) or in an attn_merge dispatch of its own.
   void set_merge_in_split(bool on) { merge_in_split_ = on; }
+  /// Test hook: matmul_add_norm in one dispatch (the default) or as two ops.
+  void set_norm_tails(bool on) { norm_tails_ = on; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) {
     matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
@@ -326,6 +331,7 @@ class VulkanBackend final : public Backend {
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
   bool merge_in_split_ = true;           ///< set_merge_in_split()
+  bool norm_tails_ = true;               ///< set_norm_tails()
   bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
@@ -334,8 +340,18 @@ class VulkanBackend final : public Backend {
   MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const;
   // Workgroups (x spilling into z) for M rows of single-token matvecs of shape s.
   void matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx, uint32_t* gz) const;
-  // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
-  void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
+  // The norm after a single-token matmul_add (matmul_add_norm): weight, its
+  // byte offset in the weight's block, output, eps.
+  struct NormTail {
+    const Resident* norm;
+    uint64_t n_off;
+    Act out;
+    float eps;
+  };
+  // matmul(), or with `accumulate` (single-token subgroup matvecs only) out +=
+  // W x, and with `tail` (then accumulate too) the norm after it.
+  void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate,
+                   const NormTail* tail = nullptr);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
   // With kv (rope_kv), x2 is k: also stores k and v in that layer's F16 cache.
   struct RopeKv {

@@ -3,14 +3,18 @@
 
 namespace loom {
 
-bool vulkan_built() { return false; }
+bool vulkan_built() {
+  return false;
+}
 
 Result<std::vector<VulkanDeviceInfo>> list_vulkan_devices() {
-  return make_error(ErrorCode::kUnsupported, "this build of Loom has no Vulkan backend (configured with LOOM_VULKAN=OFF)");
+  return make_error(ErrorCode::kUnsupported,
+                    "this build of Loom has no Vulkan backend (configured with LOOM_VULKAN=OFF)");
 }
 
 Result<std::unique_ptr<Backend>> create_vulkan_backend(const VulkanOptions&) {
-  return make_error(ErrorCode::kUnsupported, "this build of Loom has no Vulkan backend (configured with LOOM_VULKAN=OFF)");
+  return make_error(ErrorCode::kUnsupported,
+                    "this build of Loom has no Vulkan backend (configured with LOOM_VULKAN=OFF)");
 }
 
 std::vector<GpuOpTime> take_vulkan_gpu_times(Backend&) {
