@@ -28,6 +28,10 @@
 // cnt[cnt_off] once its rows are written, and the last one normalizes the
 // whole of y (no rms_norm dispatch, and no barrier before it).
 //
+// ROPE_KV (matvec1_qkv_rope_*, with QKV): then RoPE of q and k and the F16
+// KV store of k and v (rope.comp's rope_kv), row pairs (2i, 2i + 1) being
+// rotated pairs: NR is even, and each row group's thread for a pair writes it.
+//
 // GLU (matvec1_glu_*): y = silu(gate x) * (up x) in one dispatch. The M rows
 // are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
 // at w_off, odd: up row i/2 at w_off_b, in the same buffer), NR even, so each
@@ -73,6 +77,10 @@ layout(binding = 6) coherent buffer CNT { uint cnt[]; };
 layout(binding = 2) buffer Y { float y[]; };  // read too with flags & 4
 #endif
 layout(binding = 3) readonly buffer B { float bias[]; };
+#ifdef ROPE_KV
+layout(binding = 4) readonly buffer RF { float ff[]; };  // RoPE frequency factors
+layout(binding = 5) buffer KVC { uint cache[]; };       // K and V caches, F16 pairs
+#endif
 
 layout(push_constant) uniform PC {
   uint w_off, w_off2;   // weight arrays (uint words)
@@ -90,9 +98,49 @@ layout(push_constant) uniform PC {
   uint w_off_c, w_off2_c, m_a, m_b, y_off_b, y_off_c;
   // NORM_TAIL: the norm weight (nw) and output (no), floats; the counter; eps.
   // flags & 8: y_off, n_off, no_off and M multiples of 4 (vec4 access).
+#ifdef ROPE_KV
+  // rope.comp's parameters and this token's position. (128 bytes is all some
+  // devices take, so the head size, the cache length and the caches' offsets
+  // (words) take the places of N, y_ld, b_off and row0_b, unused here.)
+  int rope_pos;
+  uint ff_off;
+  float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
+#define RP_HEAD_DIM pc.N
+#define RP_N_CTX pc.y_ld
+#define RP_KC_OFF pc.b_off
+#define RP_VC_OFF pc.row0_b
+#else
   uint n_off, no_off, cnt_off;
   float eps;
+#endif
 } pc;
+
+#ifdef ROPE_KV
+#include "rope.glsl"
+
+// Rows g (even) and g + 1 of the stacked q, k, v: q and k rotated (as
+// rope.comp: x0 c - x1 s, x0 s + x1 c), k and v also into this position's
+// cache rows (kv_store.comp's F16 layout).
+void store_pair(uint g, float a, float b) {
+  const uint hd = RP_HEAD_DIM, half_hd = hd / 2, n_ctx = RP_N_CTX;
+  const int p = pc.rope_pos;
+  if (g < pc.m_a + pc.m_b) {
+    const bool is_k = g >= pc.m_a;
+    const uint gg = is_k ? g - pc.m_a : g, i = (gg % hd) / 2;
+    const vec2 cs = rope_cs(i, p);
+    const float y0 = a * cs.x - b * cs.y, y1 = a * cs.y + b * cs.x;
+    const uint base = is_k ? pc.y_off_b : pc.y_off;
+    y[base + gg] = y0;
+    y[base + gg + 1] = y1;
+    if (is_k) cache[RP_KC_OFF + ((gg / hd) * n_ctx + uint(p)) * half_hd + i] = packHalf2x16(vec2(y0, y1));
+  } else {
+    const uint gv = g - pc.m_a - pc.m_b;
+    y[pc.y_off_c + gv] = a;
+    y[pc.y_off_c + gv + 1] = b;
+    cache[RP_VC_OFF + ((gv / hd) * n_ctx + uint(p)) * half_hd + (gv % hd) / 2] = packHalf2x16(vec2(a, b));
+  }
+}
+#endif
 
 void load_x(uint c, uint u, out vec4 xv[8]) {
   const uint base = pc.x_off + c * pc.x_ld + 32 * u;
@@ -282,6 +330,10 @@ void main() {
         y[pc.y_off + r0 / 2 + j] = g / (1.0 + exp(-g)) * acc[2 * j + 1];  // as eltwise.comp's silu_mul
       }
     }
+#elif defined(ROPE_KV)
+    [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
+      if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) store_pair(r0 + 2 * j, acc[2 * j], acc[2 * j + 1]);
+    }
 #else
     [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
       if (r < NR && r % TPR == t && r0 + r < pc.M) {
@@ -320,6 +372,15 @@ void main() {
       for (uint i = 0; i < parts; ++i) g += red1[2 * j][first + i];
       for (uint i = 0; i < parts; ++i) u += red1[2 * j + 1][first + i];
       y[pc.y_off + r0 / 2 + j] = g / (1.0 + exp(-g)) * u;
+    }
+  }
+#elif defined(ROPE_KV)
+  [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
+    if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) {
+      float a = 0.0, b = 0.0;
+      for (uint i = 0; i < parts; ++i) a += red1[2 * j][first + i];
+      for (uint i = 0; i < parts; ++i) b += red1[2 * j + 1][first + i];
+      store_pair(r0 + 2 * j, a, b);
     }
   }
 #else

@@ -1,10 +1,8 @@
 #version 450
 // RoPE in place on x [T, n_heads * head_dim] and, when n_heads2 > 0, on x2
 // [T, n_heads2 * head_dim] (q and k in one dispatch): token t at position
-// pos[t]. One thread per rotated pair. The angle is built as cpu/ref's rope builds it
-// (pos * theta_scale^i by repeated float multiplication, then freq factors,
-// linear scaling and YaRN), so results agree with the CPU to float rounding of
-// cos/sin. Normal ordering rotates (2i, 2i+1); NeoX rotates (i, i + n_rot/2).
+// pos[t]. One thread per rotated pair, its angle from rope.glsl. Normal
+// ordering rotates (2i, 2i+1); NeoX rotates (i, i + n_rot/2).
 // Grid: x = ceil((n_heads + n_heads2) * n_rot / 2 / WG), y = T (rope_kv:
 // n_heads + 2 n_heads2 in place of n_heads + n_heads2).
 #include "common.glsl"
@@ -36,6 +34,8 @@ layout(push_constant) uniform PC {
   uint v_off, v_ld, kc_off, vc_off, n_ctx;  // KV_STORE: v, and the caches (words)
 } pc;
 
+#include "rope.glsl"
+
 void main() {
   const uint half_rot = pc.n_rot / 2;
   const uint g = gl_GlobalInvocationID.x;
@@ -56,30 +56,8 @@ void main() {
   const bool second = g >= pc.n_heads * half_rot;
   const uint h = (second ? g - pc.n_heads * half_rot : g) / half_rot, i = g % half_rot;
 
-  precise float theta = float(pos[pc.pos_off + t]);
-  for (uint k = 0; k < i; ++k) theta *= pc.theta_scale;
-  const float f = pc.ff_off != 0xFFFFFFFFu ? ff[pc.ff_off + i] : 1.0;
-  // (Division is not correctly rounded on every GPU: NVIDIA's may differ by
-  // an ulp from the CPU's, which the conformance bound allows for.)
-  const float theta_extrap = theta / f;
-  const float theta_interp = pc.freq_scale * theta_extrap;
-  float angle = theta_interp;
-  float mscale = pc.attn_factor;
-  if (pc.ext_factor != 0.0) {
-    const float y = (float(i) - pc.corr0) / max(0.001, pc.corr1 - pc.corr0);
-    const float mix = (1.0 - clamp(y, 0.0, 1.0)) * pc.ext_factor;
-    angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
-    mscale *= 1.0 + 0.1 * log(1.0 / pc.freq_scale);
-  }
-  // Reduce to about [0, 2 pi) first: some drivers' sin/cos lose accuracy on
-  // large arguments. Two-part 2 pi (Cody-Waite): k * C1 is exact (C1 has 8
-  // significant bits, k < 2^16 turns), so the reduction adds ~1 ulp of angle.
-  // `precise`: compilers may not refactor the two steps into angle - k * 2pi.
-  const float k = floor(angle * 0.15915494309189535);
-  precise float r1 = angle - k * 6.28125;
-  precise float r2 = r1 - k * 0.0019353071795864769;
-  angle = r2;
-  const float c = cos(angle) * mscale, s = sin(angle) * mscale;
+  const vec2 cs = rope_cs(i, pos[pc.pos_off + t]);
+  const float c = cs.x, s = cs.y;
 
   const uint i0 = pc.neox != 0 ? i : 2 * i;
   const uint i1 = pc.neox != 0 ? i + half_rot : 2 * i + 1;

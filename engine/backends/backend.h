@@ -240,6 +240,16 @@ class Backend {
     rope_qk(q, k, n_heads, n_kv_heads, head_dim, pos, p);
     kv_store(kv, layer, k, v, pos);
   }
+  /// matmul_qkv(), then rope_qk_kv() of its outputs (a decode step's whole
+  /// attention input, where one backend runs the projections and the attention).
+  virtual void matmul_qkv_rope_kv(const Weight& wq, const Weight& wk, const Weight& wv,
+                                  const Weight& bq, const Weight& bk, const Weight& bv, Act x,
+                                  Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                                  int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                                  const cpu::RopeParams& p) {
+    matmul_qkv(wq, wk, wv, bq, bk, bv, x, q, k, v);
+    rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
+  }
   /// @}
 };
 

@@ -584,14 +584,25 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     Act x = in(kX, un, T);
     be(un).rms_norm(x, w.attn_norm, hp.rms_eps, out(kXb, un, T));
   }
+  // Projections, RoPE and the KV store in one op where all three run on one
+  // unit (timed with attn_w), else apart.
+  const bool qkv_rope = uw == ua && un == ua;
   {
     OpTimer timer(stats_, OpLabel::kQkv);
     group_begin(scope(OpGroup::kAttnW), uw);
     Act xb = in(kXb, uw, T);
-    be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
-                      out(kV, uw, T));
+    if (qkv_rope) {
+      be(uw).matmul_qkv_rope_kv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T),
+                                out(kK, uw, T), out(kV, uw, T), kv_, l, hp.n_head, hp.n_head_kv,
+                                hp.head_dim, pos_.data(), rope_);
+    } else {
+      be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
+                        out(kV, uw, T));
+    }
   }
-  if (un == ua) {
+  if (qkv_rope) {
+    group_begin(scope(OpGroup::kAttn), ua);
+  } else if (un == ua) {
     // RoPE and the KV store in one op where the backend fuses them (timed with attention).
     OpTimer timer(stats_, OpLabel::kKvStore);
     group_begin(scope(OpGroup::kAttn), ua);

@@ -914,6 +914,97 @@ TEST_P(VulkanKv, RopeQkKvMatchesRopeThenStore) {
   }
 }
 
+// matmul_qkv_rope_kv: for a single token with an F16 cache, one matvec
+// (matvec1_qkv_rope) that leaves q, k and the cache as matmul_qkv, then
+// rope_qk_kv do (to float rounding of the rotation), over weight types, row
+// splits (pairs across row groups and subgroups), frequency factors and YaRN;
+// a Q8_0 cache takes the ops apart.
+TEST_P(VulkanKv, MatmulQkvRopeKvMatchesTheOpsApart) {
+  const DType t = GetParam();
+  // Heads of 18 (nine pairs: pairs split across row groups); Q8_0 caches need 32.
+  const int64_t n_heads = 4, n_kv = 2, hd = t == DType::kQ8_0 ? 32 : 18, n_ctx = 12, n_in = 256;
+  const std::vector<int32_t> pos = {7};
+  const auto ff = random_floats(static_cast<size_t>(hd / 2), 74, 1.0f, 4.0f);
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  const Weight none;
+  for (DType wt : {DType::kQ4_0, DType::kQ4_K, DType::kF16}) {
+    const HostWeight wq = make_weight(wt, n_in, n_heads * hd, 75),
+                     wk = make_weight(wt, n_in, n_kv * hd, 76),
+                     wv = make_weight(wt, n_in, n_kv * hd, 77);
+    ASSERT_TRUE(be_->upload_weights({&wq.w, &wk.w, &wv.w}).ok());
+    const auto x = random_floats(static_cast<size_t>(n_in), 78);
+    for (int variant = 0; variant < 3; ++variant) {
+      cpu::RopeParams p;
+      p.n_rot = hd;
+      p.freq_base = 10000.0f;
+      if (variant == 1) p.freq_factors = ff.data();
+      if (variant == 2) {
+        p.freq_scale = 0.25f;
+        p.ext_factor = 1.0f;
+        p.attn_factor = 1.1f;
+        p.n_ctx_orig = 8;
+      }
+      for (auto [tpr, nr] : {std::pair{0u, 0u}, {2u, 4u}, {2 * sg, 1u}}) {
+        SCOPED_TRACE(std::string(dtype_name(wt)) + " weights, rope variant " +
+                     std::to_string(variant) + ", threads per row " + std::to_string(tpr) +
+                     ", rows " + std::to_string(nr));
+        be_->set_matvec_threads_per_row(tpr);
+        be_->set_matvec_rows(nr);
+        std::vector<float> qs[2], ks[2], vs[2];
+        std::vector<uint8_t> cache[2][2];
+        for (int fused = 0; fused < 2; ++fused) {
+          be_->set_qkv_rope(fused == 1);
+          const auto kv = device_kv(be_, KvCacheConfig{1, n_kv, hd, n_ctx, 16, t}, 0);
+          ASSERT_TRUE(kv);
+          ASSERT_TRUE(kv->reserve(8).ok());
+          DevMat dx(be_, 1, n_in, x), dq(be_, 1, n_heads * hd), dk(be_, 1, n_kv * hd),
+              dv(be_, 1, n_kv * hd);
+          const uint64_t d0 = be_->dispatches();
+          be_->matmul_qkv_rope_kv(wq.w, wk.w, wv.w, none, none, none, dx.act(), dq.act(), dk.act(),
+                                  dv.act(), *kv, 0, n_heads, n_kv, hd, pos.data(), p);
+          const uint64_t n_disp = be_->dispatches() - d0;
+          if (fused && t == DType::kF16) {
+            EXPECT_EQ(n_disp, 1u);
+          } else {
+            EXPECT_GE(n_disp, 2u);
+          }
+          qs[fused] = dq.fetch();
+          ks[fused] = dk.fetch();
+          vs[fused] = dv.fetch();
+          const size_t rb = kv_row_bytes(t, hd);
+          cache[fused][0].resize(rb * static_cast<size_t>(8 * n_kv));
+          cache[fused][1].resize(cache[fused][0].size());
+          ASSERT_TRUE(kv->storage()
+                          ->export_layer(0, 8, cache[fused][0].data(), cache[fused][1].data())
+                          .ok());
+        }
+        auto as_double = [](const std::vector<float>& v) {
+          return std::vector<double>(v.begin(), v.end());
+        };
+        EXPECT_LT(normalized_error(qs[1], as_double(qs[0])), 1e-6);
+        EXPECT_LT(normalized_error(ks[1], as_double(ks[0])), 1e-6);
+        EXPECT_LT(normalized_error(vs[1], as_double(vs[0])), 1e-6);
+        // Position 7's rows of each head: K and V cache values.
+        const size_t rb = kv_row_bytes(t, hd);
+        for (int kvi = 0; kvi < 2; ++kvi) {
+          for (int64_t h = 0; h < n_kv; ++h) {
+            const size_t at = rb * static_cast<size_t>(h * 8 + 7);
+            std::vector<float> a(static_cast<size_t>(hd)), b(a.size());
+            ASSERT_TRUE(ref::dequantize_row(t, cache[0][kvi].data() + at, a.data(), hd).ok());
+            ASSERT_TRUE(ref::dequantize_row(t, cache[1][kvi].data() + at, b.data(), hd).ok());
+            EXPECT_LT(normalized_error(b, as_double(a)), 2e-3)
+                << (kvi ? "V" : "K") << " head " << h;
+          }
+        }
+      }
+    }
+    for (const HostWeight* h : {&wq, &wk, &wv}) be_->release_weight(h->w);
+  }
+  be_->set_matvec_threads_per_row(0);
+  be_->set_matvec_rows(0);
+  be_->set_qkv_rope(true);
+}
+
 TEST_P(VulkanKv, AttentionAfterImportMatchesTheCpuCache) {
   const DType t = GetParam();
   const int64_t n_heads = 4, n_kv = 2, hd = 64, n = 37, kv_dim = n_kv * hd, q_dim = n_heads * hd;

@@ -286,6 +286,7 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   c.max_allocation = pick->max_allocation ? pick->max_allocation : (1ull << 30);
   for (int k = 0; k < 3; ++k) c.max_groups[k] = pick->props.limits.maxComputeWorkGroupCount[k];
   c.max_shared_bytes = pick->props.limits.maxComputeSharedMemorySize;
+  c.max_push_bytes = pick->props.limits.maxPushConstantsSize;
   c.max_wg_threads = std::min(pick->props.limits.maxComputeWorkGroupInvocations,
                               pick->props.limits.maxComputeWorkGroupSize[0]);
   c.timestamp_period_ns = pick->timestamp_period;

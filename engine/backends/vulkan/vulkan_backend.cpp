@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/ref/blocks.h"
@@ -34,7 +36,7 @@ constexpr uint32_t kMaxQueries = 4096;  // two per dispatch
 constexpr uint32_t kScopeQueries = 1024;
 constexpr uint32_t kMaxScopeQueries = 65536;
 constexpr uint32_t kDescSetsPerPool = 256;
-constexpr uint32_t kPushBytes = 128;
+constexpr uint32_t kPushBytes = 128;  // push constants every device takes
 // Dispatches per command buffer on GPUs (VulkanOptions::submit_every): a
 // short first one so the GPU starts early, then longer ones (each submission
 // costs the host some microseconds).
@@ -273,6 +275,15 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   submit_first_ = std::min(submit_every_, kSubmitFirst);
   fence_spin_us_ = opts.fence_spin_us >= 0 ? opts.fence_spin_us : gpu_device_ ? kFenceSpinUs : 0;
   keep_allowed_ = opts.keep_busy_groups > 0 && gpu_device_;
+  // Decode fusions, for A/B measurements: LOOM_VK_FUSE bit 1 the attention
+  // merge in the split's last workgroup, bit 2 the norm after matmul_add in
+  // the matvec's, bit 4 RoPE and the KV store in the qkv matvec (default 7).
+  if (const char* e = std::getenv("LOOM_VK_FUSE")) {
+    const int bits = std::atoi(e);
+    merge_in_split_ = (bits & 1) != 0;
+    norm_tails_ = (bits & 2) != 0;
+    qkv_rope_ = (bits & 4) != 0;
+  }
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
@@ -1488,6 +1499,18 @@ struct MatvecPush {
   float eps = 0;
 };
 static_assert(sizeof(MatvecPush) <= kPushBytes);
+// matvec1_qkv_rope: MatvecPush up to y_off_c (N, y_ld, b_off and row0_b
+// holding head_dim, n_ctx and the K and V caches' word offsets), then these.
+struct MatvecRopePush {
+  uint32_t w_off, w_off2, row0, row_units, K, M, head_dim, x_off, x_ld, y_off, n_ctx, kc_off, flags;
+  uint32_t w_off_b, w_off2_b, vc_off;
+  uint32_t w_off_c, w_off2_c, m_a, m_b, y_off_b, y_off_c;
+  int32_t pos;
+  uint32_t ff_off;
+  float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
+};
+static_assert(sizeof(MatvecRopePush) <= kPushBytes);
+static_assert(offsetof(MatvecRopePush, y_off_c) == offsetof(MatvecPush, y_off_c));
 }  // namespace
 
 void VulkanBackend::matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx,
@@ -1547,6 +1570,39 @@ const VulkanBackend::Resident* VulkanBackend::whole_tensor(const Weight& w) cons
 void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv,
                                const Weight& bq, const Weight& bk, const Weight& bv, Act x, Act q,
                                Act k, Act v) {
+  (void)qkv_impl(wq, wk, wv, bq, bk, bv, x, q, k, v, nullptr);
+}
+
+void VulkanBackend::matmul_qkv_rope_kv(const Weight& wq, const Weight& wk, const Weight& wv,
+                                       const Weight& bq, const Weight& bk, const Weight& bv, Act x,
+                                       Act q, Act k, Act v, KvCache& kv, int64_t layer,
+                                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                       const int32_t* pos, const cpu::RopeParams& p) {
+  // One dispatch (matvec1_qkv_rope) where rope_kv's conditions hold (an F16
+  // cache with K and V in one block, normal ordering over whole heads) and q,
+  // k and v fuse into one matvec; otherwise matmul_qkv, then rope_qk_kv.
+  auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
+  const bool ok =
+      status_.ok() && x.rows == 1 && qkv_rope_ && s && s->owner_ == this &&
+      s->layer_resident(layer) && s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
+      head_dim % 2 == 0 && s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads &&
+      wq.n_out == n_heads * head_dim && wk.n_out == n_kv_heads * head_dim &&
+      wv.n_out == n_kv_heads * head_dim &&
+      s->k_[static_cast<size_t>(layer)].block == s->v_[static_cast<size_t>(layer)].block;
+  if (ok) {
+    if (!positions_in_range(pos, 1, s->cfg_.n_ctx, "kv_store")) return;
+    const RopeKv rk{v, &s->k_[static_cast<size_t>(layer)], &s->v_[static_cast<size_t>(layer)],
+                    u32(s->cfg_.n_ctx)};
+    const QkvRope r{&rk, pos, &p, u32(head_dim)};
+    if (qkv_impl(wq, wk, wv, bq, bk, bv, x, q, k, v, &r)) return;
+  }
+  Backend::matmul_qkv_rope_kv(wq, wk, wv, bq, bk, bv, x, q, k, v, kv, layer, n_heads, n_kv_heads,
+                              head_dim, pos, p);
+}
+
+bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                             const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v,
+                             const QkvRope* rope) {
   // One dispatch for q and k, and v with them, when they are whole tensors of
   // one type in one memory block without a bias, writing into one block.
   const Resident* rq = whole_tensor(wq);
@@ -1559,10 +1615,15 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
                : nullptr;
   };
   const Resident* rk = joins(wk, bk, k);
-  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rq && rk &&
-                     !bq.present() && check_act(x, "matmul_qkv") && check_act(q, "matmul_qkv");
-  if (!fused) return Backend::matmul_qkv(wq, wk, wv, bq, bk, bv, x, q, k, v);
   const Resident* rv = joins(wv, bv, v);
+  const bool fused = status_.ok() && x.rows == 1 && dev_->caps().subgroup_arithmetic && rq && rk &&
+                     !bq.present() && (rv || !rope) && check_act(x, "matmul_qkv") &&
+                     check_act(q, "matmul_qkv");
+  if (!fused) {
+    if (rope) return false;  // the caller runs the ops apart
+    Backend::matmul_qkv(wq, wk, wv, bq, bk, bv, x, q, k, v);
+    return true;
+  }
   const uint32_t mq = u32(wq.n_out), mk = u32(wk.n_out), M = mq + mk + (rv ? u32(wv.n_out) : 0);
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);
   auto w_off = [](const Resident* r) { return u32(r->alloc.offset / 4); };
@@ -1588,7 +1649,8 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
   pc.m_b = mk;
   pc.y_off_b = u32(k.offset / 4);
   pc.y_off_c = u32(v.offset / 4);
-  const MatvecShape s = matvec1_shape(M, rq->row_units, rq->dtype);
+  MatvecShape s = matvec1_shape(M, rq->row_units, rq->dtype);
+  if (rope) s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole rotated pairs per row group
   uint32_t gx, gz;
   matvec1_grid(s, M, &gx, &gz);
   // The hazard ranges span the fused matrices and outputs (each in one block).
@@ -1604,9 +1666,73 @@ void VulkanBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight&
   const Bind wb{rq->alloc.block, wlo, whi - wlo, false};
   const Bind ob{static_cast<Block*>(q.buffer), ylo, yhi - ylo, true};
   if (profile_) prof_shape_ = shape_tag(M, wq.n_in);
+  if (rope) {
+    const cpu::RopeParams& p = *rope->p;
+    const vk::Alloc &ka = *rope->kv->k_cache, &va = *rope->kv->v_cache;
+    MatvecRopePush rp{pc.w_off,
+                      pc.w_off2,
+                      0,
+                      pc.row_units,
+                      pc.K,
+                      pc.M,
+                      rope->head_dim,
+                      pc.x_off,
+                      pc.x_ld,
+                      pc.y_off,
+                      rope->kv->n_ctx,
+                      u32(ka.offset / 4),
+                      pc.flags,
+                      pc.w_off_b,
+                      pc.w_off2_b,
+                      u32(va.offset / 4),
+                      pc.w_off_c,
+                      pc.w_off2_c,
+                      pc.m_a,
+                      pc.m_b,
+                      pc.y_off_b,
+                      pc.y_off_c,
+                      rope->pos[0],
+                      0xFFFFFFFFu,
+                      std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)),
+                      p.freq_scale,
+                      p.ext_factor,
+                      p.attn_factor,
+                      0,
+                      0};
+    float corr[2];
+    ref::rope_yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
+    rp.corr0 = corr[0];
+    rp.corr1 = corr[1];
+    // Frequency factors: the resident tensor (rope_freqs), or a copy in the ring.
+    Bind fb{ring_.block, 0, 0, false};
+    if (p.freq_factors) {
+      if (const Resident* rf = find_weight(p.freq_factors); rf && rf->dtype == DType::kF32) {
+        fb = Bind{rf->alloc.block, rf->alloc.offset, rf->alloc.size, false};
+        rp.ff_off = u32((rf->alloc.offset +
+                         static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(p.freq_factors) -
+                                               rf->begin())) /
+                        4);
+      } else {
+        const uint64_t bytes = static_cast<uint64_t>(p.n_rot / 2) * 4;
+        Status st = ring_reserve(bytes);
+        if (!st.ok()) {
+          fail(st);
+          return true;
+        }
+        rp.ff_off = u32(ring_put(p.freq_factors, bytes) / 4);
+      }
+    }
+    const uint64_t lo = std::min(ka.offset, va.offset),
+                   hi = std::max(ka.offset + ka.size, va.offset + va.size);
+    dispatch(typed("matvec1_qkv_rope", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
+             {wb, act_bind(x, false), ob, wb, fb, Bind{ka.block, lo, hi - lo, true}}, &rp,
+             sizeof(rp), gx, 1, gz);
+    return true;
+  }
   dispatch(typed("matvec1_qkv", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
            {wb, act_bind(x, false), ob, wb}, &pc, sizeof(pc), gx, 1, gz);
   if (!rv) matmul(wv, x, v, bv.present() ? &bv : nullptr);
+  return true;
 }
 
 void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias,
@@ -1722,26 +1848,33 @@ void VulkanBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, 
   rope_impl(q, n_heads, k, n_kv_heads, head_dim, pos, p, &rk);
 }
 
+Status VulkanBackend::put_rope_inputs(const int32_t* pos, int64_t n, const cpu::RopeParams& p,
+                                      uint32_t* pos_off, uint32_t* ff_off) {
+  auto po = put_ints(pos, n);
+  LOOM_TRY(po.status());
+  *ff_off = 0xFFFFFFFFu;
+  if (p.freq_factors) {
+    const uint64_t bytes = static_cast<uint64_t>(p.n_rot / 2) * 4;
+    LOOM_TRY(ring_reserve(bytes));
+    if (!ints_memo_valid_) {  // the flush dropped the positions: put them again
+      po = put_ints(pos, n);
+      LOOM_TRY(po.status());
+      LOOM_TRY(ring_reserve(bytes));
+    }
+    *ff_off = u32(ring_put(p.freq_factors, bytes) / 4);
+  }
+  *pos_off = *po;
+  return {};
+}
+
 void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
                               const int32_t* pos, const cpu::RopeParams& p, const RopeKv* kv) {
   if (!status_.ok() || !check_act(x, "rope") || (n_heads2 && !check_act(x2, "rope"))) return;
   if (n_heads2 && x2.rows != x.rows)
     return fail(make_error(ErrorCode::kInternal, "Vulkan rope: q and k differ in rows"));
-  auto po = put_ints(pos, x.rows);
-  if (!po.ok()) return fail(po.status());
-  uint32_t ff_off = 0xFFFFFFFFu;
-  if (p.freq_factors) {
-    const uint64_t bytes = static_cast<uint64_t>(p.n_rot / 2) * 4;
-    Status st = ring_reserve(bytes);
-    if (st.ok() && !ints_memo_valid_) {  // the flush dropped the positions: put them again
-      auto again = put_ints(pos, x.rows);
-      st = again.status();
-      if (st.ok()) po = again;
-      if (st.ok()) st = ring_reserve(bytes);
-    }
-    if (!st.ok()) return fail(st);
-    ff_off = u32(ring_put(p.freq_factors, bytes) / 4);
-  }
+  uint32_t pos_off = 0, ff_off = 0;
+  Status rs = put_rope_inputs(pos, x.rows, p, &pos_off, &ff_off);
+  if (!rs.ok()) return fail(rs);
   float corr[2];
   ref::rope_yarn_corr_dims(p.n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
   struct {
@@ -1749,23 +1882,12 @@ void VulkanBackend::rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, 
     float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
     uint32_t x2_off, x2_ld, n_heads2;
     uint32_t v_off = 0, v_ld = 0, kc_off = 0, vc_off = 0, n_ctx = 0;
-  } pc{u32(x.offset / 4),
-       u32(x.cols),
-       u32(n_heads),
-       u32(head_dim),
-       u32(p.n_rot),
-       p.neox ? 1u : 0u,
-       *po,
-       ff_off,
-       std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)),
-       p.freq_scale,
-       p.ext_factor,
-       p.attn_factor,
-       corr[0],
-       corr[1],
-       u32(x2.offset / 4),
-       u32(x2.cols),
-       u32(n_heads2)};
+  } pc{u32(x.offset / 4), u32(x.cols),  u32(n_heads),
+       u32(head_dim),     u32(p.n_rot), p.neox ? 1u : 0u,
+       pos_off,           ff_off,       std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot)),
+       p.freq_scale,      p.ext_factor, p.attn_factor,
+       corr[0],           corr[1],      u32(x2.offset / 4),
+       u32(x2.cols),      u32(n_heads2)};
   const Bind rb{ring_.block, 0, 0, false};
   const uint64_t pairs = static_cast<uint64_t>((n_heads + n_heads2) * (p.n_rot / 2));
   // Without a second tensor, binding 3 repeats x's buffer with no range (no hazard).

@@ -94,6 +94,12 @@ class VulkanBackend final : public Backend {
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
   void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
                   const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) override;
+  /// Single-token steps with an F16 cache: one matvec that also rotates q
+  /// and k and stores k and v (matvec1_qkv_rope). Otherwise the two ops.
+  void matmul_qkv_rope_kv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                          const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v,
+                          KvCache& kv, int64_t layer, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
   /// One dispatch for both.
   void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                const int32_t* pos, const cpu::RopeParams& p) override;
@@ -138,6 +144,8 @@ class VulkanBackend final : public Backend {
   void set_merge_in_split(bool on) { merge_in_split_ = on; }
   /// Test hook: matmul_add_norm in one dispatch (the default) or as two ops.
   void set_norm_tails(bool on) { norm_tails_ = on; }
+  /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
+  void set_qkv_rope(bool on) { qkv_rope_ = on; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) {
     matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
@@ -332,6 +340,7 @@ class VulkanBackend final : public Backend {
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
   bool merge_in_split_ = true;           ///< set_merge_in_split()
   bool norm_tails_ = true;               ///< set_norm_tails()
+  bool qkv_rope_ = true;                 ///< set_qkv_rope()
   bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
@@ -362,6 +371,21 @@ class VulkanBackend final : public Backend {
   };
   void rope_impl(Act x, int64_t n_heads, Act x2, int64_t n_heads2, int64_t head_dim,
                  const int32_t* pos, const cpu::RopeParams& p, const RopeKv* kv = nullptr);
+  // Positions (and frequency factors, if any) of RoPE into the ring: their offsets there.
+  Status put_rope_inputs(const int32_t* pos, int64_t n, const cpu::RopeParams& p, uint32_t* pos_off,
+                         uint32_t* ff_off);
+  // matmul_qkv_rope_kv's RoPE and KV store, done by the matvec.
+  struct QkvRope {
+    const RopeKv* kv;
+    const int32_t* pos;
+    const cpu::RopeParams* p;
+    uint32_t head_dim;
+  };
+  // matmul_qkv(), or with `rope` matvec1_qkv_rope: then false (nothing
+  // recorded) when the three matrices do not fuse into one matvec.
+  bool qkv_impl(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v,
+                const QkvRope* rope);
   bool recording_ = false;
   Status status_;
   bool simulate_lost_ = false;
