@@ -255,7 +255,11 @@ Part load_part(uint w_off, uint w_off2, uint row_units, uint r, uint u, uint s) 
 
 // dot(the part of row unit u, its x vec4s xv).
 float dot_part(const Part p, uint u, const vec4 xv[XV]) {
-#if defined(DT_F32) || defined(DT_F16)
+#if defined(PROBE_LOADS) && defined(DT_Q4_0)
+  // matvec1_probe (benchmarks only, wrong results): the loads of a part and
+  // almost no arithmetic, to tell load-bound from ALU-bound matvecs.
+  return p.d * xv[0].x + xv[1].y * float(p.q & 1u);
+#elif defined(DT_F32) || defined(DT_F16)
   float s = 0.0;
   [[unroll]] for (uint i = 0; i < XV; ++i) s += dot(p.a[i], xv[i]);
   return s;

@@ -284,6 +284,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     norm_tails_ = (bits & 2) != 0;
     qkv_rope_ = (bits & 4) != 0;
   }
+  // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
+  probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
   VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   r = fn.vkCreateFence(d, &fci, nullptr, &fence_);
@@ -1798,8 +1800,10 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
                &pc, sizeof(pc), gx, 1, gz);
       return;
     }
-    dispatch(typed("matvec1", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
-             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc), gx, 1, gz);
+    dispatch(typed(probe_loads_ && r->dtype == DType::kQ4_0 ? "matvec1_probe" : "matvec1",
+                   r->dtype, true, true),
+             Spec{s.wg, s.nr, s.tpr, s.unroll}, {wb, act_bind(x, false), act_bind(out, true), bb},
+             &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {
     // With subgroups a workgroup covers (subgroups per workgroup) x kMatvecRows rows.
     const vk::DeviceCaps& c = dev_->caps();

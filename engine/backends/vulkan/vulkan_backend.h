@@ -341,6 +341,7 @@ class VulkanBackend final : public Backend {
   bool merge_in_split_ = true;           ///< set_merge_in_split()
   bool norm_tails_ = true;               ///< set_norm_tails()
   bool qkv_rope_ = true;                 ///< set_qkv_rope()
+  bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
