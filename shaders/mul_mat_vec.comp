@@ -32,6 +32,13 @@
 // KV store of k and v (rope.comp's rope_kv), row pairs (2i, 2i + 1) being
 // rotated pairs: NR is even, and each row group's thread for a pair writes it.
 //
+// XQ8 (matvec1x*, Q4_0 and Q8_0): x comes as rms_norm_q8 wrote it (32-element
+// blocks of int8 with (d, d * sum q)), and each part's dot is two 4x8-bit
+// integer dot products (OpSDot / OpSUDot, VK_KHR_shader_integer_dot_product)
+// scaled once: Q4_0's -8 offset is -8 d_w (d_x sum q) per block, which the
+// block's part 0 adds. A fifth of the float path's arithmetic, and a quarter
+// of its x bytes.
+//
 // GLU (matvec1_glu_*): y = silu(gate x) * (up x) in one dispatch. The M rows
 // are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
 // at w_off, odd: up row i/2 at w_off_b, in the same buffer), NR even, so each
@@ -44,6 +51,15 @@ layout(constant_id = 3) const uint UNROLL = 4;  // parts per thread and step, 1.
 #include "common.glsl"
 #define WANT_DOT_PART
 #include "dequant.glsl"
+#ifdef XQ8
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDotKHR / OpSUDotKHR on 4x8-bit packed words (format 0): sum of the four
+// byte products; SUDot's first operand signed, its second unsigned.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4(uint a, uint b, spirv_literal int fmt);
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
+int sudot4(uint a, uint b, spirv_literal int fmt);
+#endif
 #else
 // ---- several columns, or no subgroups --------------------------------------
 // A workgroup owns NR consecutive rows; all its threads stride over the
@@ -77,6 +93,10 @@ layout(binding = 6) coherent buffer CNT { uint cnt[]; };
 layout(binding = 2) buffer Y { float y[]; };  // read too with flags & 4
 #endif
 layout(binding = 3) readonly buffer B { float bias[]; };
+#if defined(XQ8) && NC == 1 && defined(USE_SUBGROUP)
+layout(binding = 6) readonly buffer XQ { uint xq[]; };
+layout(binding = 6) readonly buffer XD { vec2 xd[]; };
+#endif
 #ifdef ROPE_KV
 layout(binding = 4) readonly buffer RF { float ff[]; };  // RoPE frequency factors
 layout(binding = 5) buffer KVC { uint cache[]; };       // K and V caches, F16 pairs
@@ -112,7 +132,9 @@ layout(push_constant) uniform PC {
 #else
   uint n_off, no_off, cnt_off;
   float eps;
+  uint pad0, pad1, pad2, pad3;
 #endif
+  uint xq_off, xd_off;  // XQ8: x's Q8 copy (words, vec2s)
 } pc;
 
 #ifdef ROPE_KV
@@ -183,6 +205,41 @@ void load_x_part(uint u, uint s, out vec4 xv[XV]) {
 }
 
 shared float red1[NR_MAX][WG];
+
+// x for part s of unit u, and its dot with a weight part.
+#ifdef XQ8
+struct XP {
+  uint a, b;  // Q8 words s and 4 + s of the block (dequant.glsl's part layout)
+  vec2 ds;    // d, d * sum q of the block
+};
+XP load_xp(uint u, uint s) {
+  XP x;
+  x.a = xq[pc.xq_off + 8 * u + s];
+  x.b = xq[pc.xq_off + 8 * u + 4 + s];
+  x.ds = xd[pc.xd_off + u];
+  return x;
+}
+float dot_xp(const Part p, uint u, uint s, const XP x) {
+#if defined(DT_Q4_0)
+  const int i = sudot4(x.a, p.q & 0x0F0F0F0Fu, 0) + sudot4(x.b, (p.q >> 4) & 0x0F0F0F0Fu, 0);
+  return p.d * (x.ds.x * float(i) - (s == 0u ? 8.0 * x.ds.y : 0.0));
+#elif defined(DT_Q8_0)
+  return p.d * (x.ds.x * float(sdot4(x.a, p.q[0], 0) + sdot4(x.b, p.q[1], 0)));
+#else
+#error "XQ8: Q4_0 and Q8_0 only"
+#endif
+}
+#else
+struct XP {
+  vec4 v[XV];
+};
+XP load_xp(uint u, uint s) {
+  XP x;
+  load_x_part(u, s, x.v);
+  return x;
+}
+float dot_xp(const Part p, uint u, uint s, const XP x) { return dot_part(p, u, x.v); }
+#endif
 
 // Row g of the output: y[y_off + g], or (QKV) the row of its own matrix's output.
 void store_y(uint g, float v) {
@@ -298,10 +355,9 @@ void main() {
       [[unroll]] for (uint k = 0; k < UNROLL_MAX; ++k) {
         if (k >= UNROLL) break;
         const uint qk = q + k * TPR;
-        vec4 xv[XV];
-        load_x_part(qk / PPU, qk % PPU, xv);
+        const XP xv = load_xp(qk / PPU, qk % PPU);
         [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-          if (r < NR) acc[r] += dot_part(w[k][r], qk / PPU, xv);
+          if (r < NR) acc[r] += dot_xp(w[k][r], qk / PPU, qk % PPU, xv);
         }
       }
     }
@@ -310,10 +366,9 @@ void main() {
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
         if (r < NR) w[r] = load_part(W_OFF(r), W_OFF2(r), pc.row_units, rows[r], q / PPU, q % PPU);
       }
-      vec4 xv[XV];
-      load_x_part(q / PPU, q % PPU, xv);
+      const XP xv = load_xp(q / PPU, q % PPU);
       [[unroll]] for (uint r = 0; r < NR_MAX; ++r) {
-        if (r < NR) acc[r] += dot_part(w[r], q / PPU, xv);
+        if (r < NR) acc[r] += dot_xp(w[r], q / PPU, q % PPU, xv);
       }
     }
   }

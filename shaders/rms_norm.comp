@@ -8,7 +8,19 @@
 // reduction, and scales them without reading x again. Longer rows (more than
 // VPT vec4 per thread) and unaligned ones take the plain loops for the rest.
 #define RED_N 1
+#if defined(Q8_OUT) && !defined(USE_SUBGROUP)
+#undef Q8_OUT  // the variant without subgroups is plain rms_norm (never used)
+#endif
 #include "common.glsl"
+#ifdef Q8_OUT
+// rms_norm_q8: also a Q8 copy of the row for the integer-dot matvecs
+// (mul_mat_vec.comp's XQ8): per 32-element block, 32 int8 q = round(o / d)
+// with d = max|o| / 127 (four to a word, xq), and (d, d * sum q) (xd). The
+// host keeps to one row with every vec4 in registers; eight consecutive
+// threads hold a block (WG is a multiple of 8); they meet in shared memory.
+shared float qmax_sh[WG];
+shared int qsum_sh[WG];
+#endif
 
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
@@ -25,7 +37,13 @@ layout(push_constant) uniform PC {
   uint rows;
   float eps;
   uint vec4_ok;  // 1: every offset, stride and n a multiple of 4
+  uint xq_off, xd_off;  // rms_norm_q8: words, vec2s
 } pc;
+
+#ifdef Q8_OUT
+layout(binding = 3) writeonly buffer XQ { uint xq[]; };
+layout(binding = 3) writeonly buffer XD { vec2 xd[]; };
+#endif
 
 #define VPT 4  // vec4 per thread kept in registers
 
@@ -53,7 +71,26 @@ void main() {
     const float scale = 1.0 / sqrt(s[0] / float(pc.n) + pc.eps);
     [[unroll]] for (uint i = 0; i < VPT; ++i) {
       const uint j = tid + i * WG;
-      if (j < n4) o4[ob4 + j] = (xv[i] * scale) * wv[i];
+      const vec4 ov = (xv[i] * scale) * wv[i];
+      if (j < n4) o4[ob4 + j] = ov;
+#ifdef Q8_OUT
+      const uint b0 = tid & ~7u;  // the block's first thread
+      qmax_sh[tid] = max(max(abs(ov.x), abs(ov.y)), max(abs(ov.z), abs(ov.w)));
+      barrier();
+      float amax = 0.0;
+      [[unroll]] for (uint k = 0; k < 8; ++k) amax = max(amax, qmax_sh[b0 + k]);
+      const ivec4 qi = ivec4(roundEven(ov * (amax > 0.0 ? 127.0 / amax : 0.0)));
+      qsum_sh[tid] = qi.x + qi.y + qi.z + qi.w;
+      barrier();
+      int qsum = 0;
+      [[unroll]] for (uint k = 0; k < 8; ++k) qsum += qsum_sh[b0 + k];
+      barrier();  // the next round overwrites both
+      if (j < n4) {
+        xq[pc.xq_off + j] = uint(qi.x & 0xFF) | (uint(qi.y & 0xFF) << 8) | (uint(qi.z & 0xFF) << 16) | (uint(qi.w & 0xFF) << 24);
+        const float d = amax / 127.0;
+        if (j % 8 == 0) xd[pc.xd_off + j / 8] = vec2(d, d * float(qsum));
+      }
+#endif
     }
     for (uint j = tid + VPT * WG; j < n4; j += WG) o4[ob4 + j] = (x4[xb4 + j] * scale) * w4[wb4 + j];
   } else {

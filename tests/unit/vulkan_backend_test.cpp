@@ -249,8 +249,8 @@ TEST_P(VulkanMatmul, MatmulAdd) {
   be_->set_matvec_threads_per_row(0);
 }
 
-// matmul_add_norm (y += W x, out = rms_norm(y) * g): for a single token one
-// matvec whose last workgroup normalizes y (vec4 and scalar paths: 64 and 37
+// matmul_add_norm (y += W x, out = rms_norm(y) * g): for a single token (with
+// the option on) one matvec whose last workgroup normalizes y (vec4 and scalar paths: 64 and 37
 // rows; several row splits, so many workgroups arrive), run twice in a row (the
 // arrival counter must be back at zero); the plain ops for more tokens.
 TEST_P(VulkanMatmul, MatmulAddNorm) {
@@ -259,6 +259,7 @@ TEST_P(VulkanMatmul, MatmulAddNorm) {
   const int64_t n_in = kq ? 512 : 96;
   const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
   const float eps = 1e-5f;
+  be_->set_norm_tails(true);
   for (int64_t n_out : {64, 37}) {
     const HostWeight hw = make_weight(t, n_in, n_out, 970);
     const HostWeight hg = make_weight(DType::kF32, n_out, 1, 971);
@@ -304,6 +305,89 @@ TEST_P(VulkanMatmul, MatmulAddNorm) {
     }
   }
   be_->set_matvec_threads_per_row(0);
+  be_->set_norm_tails(false);
+}
+
+// Integer-dot matvecs (Q4_0, Q8_0): after rms_norm of one token, its Q8 copy
+// feeds matmul, matmul_glu and matmul_qkv; against a double reference that
+// quantizes the normed row as the shader does (32-element blocks, d = max|v| /
+// 127, round to even), over row splits. A write over the normed row (upload)
+// makes the copy stale: the float matvec runs and matches the new row.
+TEST_P(VulkanMatmul, IntDotAfterNorm) {
+  const DType t = GetParam();
+  if (t != DType::kQ4_0 && t != DType::kQ8_0) GTEST_SKIP() << "integer dots: Q4_0 and Q8_0";
+  if (!be_->caps().int_dot) GTEST_SKIP() << "the device has no 8-bit integer dot products";
+  const int64_t n = 256, m = 70;
+  const float eps = 1e-5f;
+  const HostWeight w = make_weight(t, n, m, 990), g = make_weight(t, n, m, 991),
+                   u = make_weight(t, n, m, 992), k = make_weight(t, n, 18, 993),
+                   v = make_weight(t, n, 18, 994), nw = make_weight(DType::kF32, n, 1, 995);
+  ASSERT_TRUE(be_->upload_weights({&w.w, &g.w, &u.w, &k.w, &v.w, &nw.w}).ok());
+  const auto x = random_floats(static_cast<size_t>(n), 996, -3.0f, 3.0f);
+  // The normed row, and its Q8 round trip.
+  std::vector<double> xn(static_cast<size_t>(n)), xq(xn.size());
+  {
+    double ss = 0;
+    for (float f : x) ss += static_cast<double>(f) * f;
+    const double sc = 1.0 / std::sqrt(ss / n + eps);
+    for (int64_t i = 0; i < n; ++i)
+      xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
+    for (int64_t b = 0; b < n / 32; ++b) {
+      double amax = 0;
+      for (int64_t i = 0; i < 32; ++i)
+        amax = std::max(amax, std::abs(xn[static_cast<size_t>(32 * b + i)]));
+      for (int64_t i = 0; i < 32; ++i) {
+        const size_t at = static_cast<size_t>(32 * b + i);
+        xq[at] = amax > 0 ? std::nearbyint(xn[at] * 127.0 / amax) * (amax / 127.0) : 0.0;
+      }
+    }
+  }
+  auto dot = [&](const HostWeight& h, int64_t r, const std::vector<double>& a) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i)
+      s += h.deq[static_cast<size_t>(r * n + i)] * a[static_cast<size_t>(i)];
+    return s;
+  };
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  for (uint32_t tpr : {0u, sg, 2u}) {
+    SCOPED_TRACE("threads per row " + std::to_string(tpr));
+    be_->set_matvec_threads_per_row(tpr);
+    DevMat dx(be_, 1, n, x), dn(be_, 1, n), dy(be_, 1, m), dt(be_, 1, m), dk(be_, 1, 18),
+        dv(be_, 1, 18);
+    std::vector<double> ry(static_cast<size_t>(m)), rg(ry.size()), rk(18), rv(18);
+    for (int64_t r = 0; r < m; ++r) {
+      ry[static_cast<size_t>(r)] = dot(w, r, xq);
+      const double a = dot(g, r, xq), b = dot(u, r, xq);
+      rg[static_cast<size_t>(r)] = a / (1.0 + std::exp(-a)) * b;
+    }
+    for (int64_t r = 0; r < 18; ++r) {
+      rk[static_cast<size_t>(r)] = dot(k, r, xq);
+      rv[static_cast<size_t>(r)] = dot(v, r, xq);
+    }
+    const uint64_t i0 = be_->int_dot_dispatches();
+    be_->rms_norm(dx.act(), nw.w, eps, dn.act());
+    be_->matmul(w.w, dn.act(), dy.act(), nullptr);
+    EXPECT_LT(normalized_error(dy.fetch(), ry), 1e-4);
+    be_->matmul_glu(g.w, u.w, dn.act(), dy.act(), dt.act());
+    EXPECT_LT(normalized_error(dy.fetch(), rg), 1e-4);
+    const Weight none;
+    be_->matmul_qkv(w.w, k.w, v.w, none, none, none, dn.act(), dy.act(), dk.act(), dv.act());
+    EXPECT_LT(normalized_error(dy.fetch(), ry), 1e-4);
+    EXPECT_LT(normalized_error(dk.fetch(), rk), 1e-4);
+    EXPECT_LT(normalized_error(dv.fetch(), rv), 1e-4);
+    EXPECT_EQ(be_->int_dot_dispatches() - i0, 3u);
+    // A new row over the normed one: the copy is stale, the float matvec reads the row.
+    const auto x2 = random_floats(static_cast<size_t>(n), 997);
+    ASSERT_TRUE(be_->upload(x2.data(), dn.act()).ok());
+    be_->matmul(w.w, dn.act(), dy.act(), nullptr);
+    std::vector<double> r2(static_cast<size_t>(m));
+    const std::vector<double> x2d(x2.begin(), x2.end());
+    for (int64_t r = 0; r < m; ++r) r2[static_cast<size_t>(r)] = dot(w, r, x2d);
+    EXPECT_LT(normalized_error(dy.fetch(), r2), 1e-5);
+    EXPECT_EQ(be_->int_dot_dispatches() - i0, 3u);
+  }
+  be_->set_matvec_threads_per_row(0);
+  for (const HostWeight* h : {&w, &g, &u, &k, &v, &nw}) be_->release_weight(h->w);
 }
 
 // matmul_glu (silu(gate x) * (up x)): one fused matvec for a single token,
@@ -482,6 +566,7 @@ TEST_F(VulkanTest, KeepBusyBetweenBatches) {
   (void)dy.fetch();
   EXPECT_EQ(be_->keep_busy_starts(), starts1);  // off: no more starts
   be_->release_weight(w.w);
+  be_->force_keep_busy(false);  // the backend is shared with later tests
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 30.0);  // a generous bound against a kernel nobody stops (not a speed test)
 }
@@ -721,7 +806,7 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
     }
   }
   be->set_attn_split_keys(0);
-  be->set_merge_in_split(true);
+  be->set_merge_in_split(false);
 }
 
 class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};

@@ -47,13 +47,15 @@ struct Case {
   double tol;  ///< normalized error of the logits vs the double reference
 };
 
-// The GPU keeps activations in f32 (the CPU converts them to Q8 for quantized
-// weights), so these bounds are those of forward_test.cpp or tighter.
+// The GPU keeps activations in f32, except that single-token Q8_0 and Q4_0
+// matvecs fed by a norm read its Q8 copy where the device has integer dot
+// products (as the CPU converts activations to Q8 for quantized weights): the
+// bounds are those of forward_test.cpp for those two, tighter for the rest.
 const Case kCases[] = {
-    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},    {"llama", "q8_0", 1e-2},
-    {"llama", "q4_0", 2e-2}, {"llama", "q4_k", 2e-2},   {"llama", "q5_k", 2e-2},
-    {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2}, {"qwen2", "q8_0", 1e-2},
-    {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 2e-2},
+    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},    {"llama", "q8_0", 2e-2},
+    {"llama", "q4_0", 3e-2}, {"llama", "q4_k", 2e-2},   {"llama", "q5_k", 2e-2},
+    {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2}, {"qwen2", "q8_0", 2e-2},
+    {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 3e-2},
 };
 
 class VulkanForward : public ::testing::TestWithParam<Case> {};

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace loom::vk {
 
@@ -49,6 +50,7 @@ struct PhysInfo {
   uint32_t subgroup_ops = 0;
   uint32_t subgroup_stages = 0;
   bool f16_storage = false;
+  bool int_dot = false;  ///< VK_KHR_shader_integer_dot_product with shaderIntegerDotProduct
   uint64_t max_allocation = 0;
 };
 
@@ -82,10 +84,23 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props2.pNext = &p11;
   fn.vkGetPhysicalDeviceProperties2(phys, &props2);
+  uint32_t n_ext = 0;
+  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> exts(n_ext);
+  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
+  bool has_int_dot_ext = false;
+  for (const VkExtensionProperties& e : exts) {
+    has_int_dot_ext |=
+        std::strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+  }
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
   VkPhysicalDeviceFeatures2 feats2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   feats2.pNext = &f11;
+  if (has_int_dot_ext) f11.pNext = &fdot;
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
+  p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
 
   i.driver = std::string(p12.driverName) + " " + p12.driverInfo;
   i.subgroup_size = p11.subgroupSize;
@@ -300,12 +315,22 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   qci.queueFamilyIndex = d->queue_family_;
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
+  c.int_dot = opts.use_int_dot && pick->int_dot && c.subgroup_arithmetic;
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   f11.storageBuffer16BitAccess = c.f16_storage ? VK_TRUE : VK_FALSE;
+  VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+  fdot.shaderIntegerDotProduct = VK_TRUE;
+  const char* dot_ext = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
   VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   feats.pNext = &f11;
+  if (c.int_dot) f11.pNext = &fdot;
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.pNext = &feats;
+  if (c.int_dot) {
+    dci.enabledExtensionCount = 1;
+    dci.ppEnabledExtensionNames = &dot_ext;
+  }
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   r = fn.vkCreateDevice(d->phys_, &dci, nullptr, &d->device_);

@@ -24,7 +24,8 @@ struct DeviceCaps {
   uint32_t max_wg_threads =
       128;  ///< min(maxComputeWorkGroupInvocations, maxComputeWorkGroupSize[0])
   uint32_t max_shared_bytes = 0;
-  uint32_t max_push_bytes = 128;   ///< maxPushConstantsSize
+  uint32_t max_push_bytes = 128;  ///< maxPushConstantsSize
+  bool int_dot = false;  ///< shaderIntegerDotProduct enabled (and allowed): the matvec1x variants
   float timestamp_period_ns = 0;   ///< 0: no timestamps on the compute queue
   uint32_t timestamp_bits = 0;     ///< valid low bits of a timestamp (timestampValidBits)
   uint32_t device_local_type = 0;  ///< memory type index for weights, activations, KV

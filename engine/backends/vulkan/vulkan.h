@@ -36,6 +36,9 @@ struct VulkanOptions {
   bool validation = false;    ///< enable VK_LAYER_KHRONOS_validation and count its messages
   bool profile = false;       ///< timestamp queries around every dispatch (take_vulkan_gpu_times)
   bool use_subgroups = true;  ///< false: shared-memory reductions even where subgroups exist
+  /// false: float matvecs even where the device has 8-bit integer dot products
+  /// (VK_KHR_shader_integer_dot_product).
+  bool use_int_dot = true;
   bool use_f16_storage =
       true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: the device's heap

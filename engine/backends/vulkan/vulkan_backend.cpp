@@ -65,6 +65,7 @@ constexpr uint32_t kMatmulTile = 64;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
+constexpr uint32_t kNormVec4PerThread = 4;    // VPT in rms_norm.comp
 constexpr int64_t kAttnMaxHeadDim = 256;      // HD_MAX in attn_split.comp
 constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past kAttnOneSplitKeys (GPUs)
 constexpr uint32_t kAttnOneSplitKeys = 128;   // up to this many keys in one split (GPUs)
@@ -277,13 +278,15 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   keep_allowed_ = opts.keep_busy_groups > 0 && gpu_device_;
   // Decode fusions, for A/B measurements: LOOM_VK_FUSE bit 1 the attention
   // merge in the split's last workgroup, bit 2 the norm after matmul_add in
-  // the matvec's, bit 4 RoPE and the KV store in the qkv matvec (default 7).
+  // the matvec's, bit 4 RoPE and the KV store in the qkv matvec (default 4).
   if (const char* e = std::getenv("LOOM_VK_FUSE")) {
     const int bits = std::atoi(e);
     merge_in_split_ = (bits & 1) != 0;
     norm_tails_ = (bits & 2) != 0;
     qkv_rope_ = (bits & 4) != 0;
   }
+  // LOOM_VK_INT_DOT=0: float matvecs only (A/B runs).
+  if (const char* e = std::getenv("LOOM_VK_INT_DOT")) int_dot_ = std::atoi(e) != 0;
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
   probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
@@ -358,6 +361,7 @@ VulkanBackend::~VulkanBackend() {
   for (auto& a : weights_) device_pool_->free(a.second.alloc);
   device_pool_->free(scratch_);
   device_pool_->free(counters_);
+  device_pool_->free(xq8_buf_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
   for (VkDescriptorPool p : desc_pools_) fn.vkDestroyDescriptorPool(d, p, nullptr);
   for (uint32_t n = 1; n <= kMaxBindings; ++n) {
@@ -529,6 +533,10 @@ void VulkanBackend::barrier_if_needed(const Bind* binds, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) {
     const Bind& b = binds[i];
     if (!b.size) continue;
+    // A write over the row xq8_ copies makes the copy stale.
+    if (b.write && xq8_.buffer == b.block && b.offset < xq8_.offset + uint64_t(xq8_.n) * 4 &&
+        xq8_.offset < b.offset + b.size)
+      xq8_ = Xq8{};
     (b.write ? pending_writes_ : pending_reads_)
         .push_back(Range{b.block->buffer, b.offset, b.offset + b.size});
   }
@@ -1417,10 +1425,18 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   struct {
     uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
     float eps;
-    uint32_t vec4_ok;
-  } pc{u32(x.offset / 4),   u32(x.cols),   u32(w_off / 4),
-       u32(out.offset / 4), u32(out.cols), u32(x.cols),
-       u32(x.rows),         eps,           0};
+    uint32_t vec4_ok, xq_off, xd_off;
+  } pc{u32(x.offset / 4),
+       u32(x.cols),
+       u32(w_off / 4),
+       u32(out.offset / 4),
+       u32(out.cols),
+       u32(x.cols),
+       u32(x.rows),
+       eps,
+       0,
+       0,
+       0};
   pc.vec4_ok = (pc.x_off | pc.x_ld | pc.w_off | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
   uint32_t gx, gz;
   grid_1d(static_cast<uint64_t>(x.rows), &gx, &gz);
@@ -1428,8 +1444,41 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   // Narrower workgroups for short rows: at least a vec4 per thread.
   uint32_t wg = norm_wg_;
   while (wg > reduce_wg_ && wg / 2 * 4 >= pc.n) wg /= 2;
+  // One token's row, all in registers: also its Q8 copy for the integer-dot
+  // matvecs that read it next (rms_norm_q8; see xq8_).
+  const vk::DeviceCaps& c = dev_->caps();
+  if (c.int_dot && int_dot_ && x.rows == 1 && pc.vec4_ok && pc.n % 32 == 0 &&
+      pc.n <= 4 * kNormVec4PerThread * wg && wg % 8 == 0) {
+    const uint64_t bytes = pc.n + pc.n / 32 * 8;  // int8 quants, then (d, d sum q) per block
+    if (xq8_buf_.size < bytes) {
+      Status st = flush();  // the old copy may be in use by recorded work
+      if (st.ok()) {
+        device_pool_->free(xq8_buf_);
+        xq8_buf_ = Alloc{};
+        auto a = device_pool_->alloc(std::max<uint64_t>(bytes, 64 << 10), "Q8 activations");
+        st = a.status();
+        if (a.ok()) xq8_buf_ = *a;
+      }
+      if (!st.ok()) return fail(st);
+    }
+    pc.xq_off = u32(xq8_buf_.offset / 4);
+    pc.xd_off = u32((xq8_buf_.offset + pc.n) / 8);
+    dispatch(plain("rms_norm_q8", true), Spec{wg},
+             {act_bind(x, false), wb, act_bind(out, true),
+              Bind{xq8_buf_.block, xq8_buf_.offset, bytes, true}},
+             &pc, sizeof(pc), gx, 1, gz);
+    xq8_ = Xq8{out.buffer, out.offset, out.cols, pc.xq_off, pc.xd_off};
+    return;
+  }
   dispatch(plain("rms_norm", true), Spec{wg}, {act_bind(x, false), wb, act_bind(out, true)}, &pc,
            sizeof(pc), gx, 1, gz);
+}
+
+const VulkanBackend::Xq8* VulkanBackend::xq8_for(const Act& x, int64_t K, DType t) const {
+  return xq8_.buffer && (t == DType::kQ4_0 || t == DType::kQ8_0) && x.rows == 1 &&
+                 x.buffer == xq8_.buffer && x.offset == xq8_.offset && K == xq8_.n
+             ? &xq8_
+             : nullptr;
 }
 
 VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units,
@@ -1499,6 +1548,8 @@ struct MatvecPush {
   uint32_t w_off_c = 0, w_off2_c = 0, m_a = 0, m_b = 0, y_off_b = 0, y_off_c = 0;
   uint32_t n_off = 0, no_off = 0, cnt_off = 0;  // matvec1_norm
   float eps = 0;
+  uint32_t pad[4] = {0, 0, 0, 0};
+  uint32_t xq_off = 0, xd_off = 0;  // matvec1x: x's Q8 copy (words, vec2s)
 };
 static_assert(sizeof(MatvecPush) <= kPushBytes);
 // matvec1_qkv_rope: MatvecPush up to y_off_c (N, y_ld, b_off and row0_b
@@ -1510,8 +1561,10 @@ struct MatvecRopePush {
   int32_t pos;
   uint32_t ff_off;
   float theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1;
+  uint32_t xq_off = 0, xd_off = 0;
 };
 static_assert(sizeof(MatvecRopePush) <= kPushBytes);
+static_assert(offsetof(MatvecRopePush, xq_off) == offsetof(MatvecPush, xq_off));
 static_assert(offsetof(MatvecRopePush, y_off_c) == offsetof(MatvecPush, y_off_c));
 }  // namespace
 
@@ -1557,8 +1610,22 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
   // Binding 4 (not read by the shader) puts the up tensor's range in the hazard tracking.
   const Bind wu{ru->alloc.block, ru->alloc.offset, ru->alloc.size, false};
   if (profile_) prof_shape_ = shape_tag(M, gate.n_in);
+  if (const Xq8* xq = xq8_for(x, gate.n_in, rg->dtype)) {  // integer dots on x's Q8 copy
+    pc.xq_off = xq->xq_off;
+    pc.xd_off = xq->xd_off;
+    dispatch(typed("matvec1x_glu", rg->dtype, true, false), Spec{s.wg, s.nr, s.tpr, s.unroll},
+             {wg, act_bind(x, false), act_bind(out, true), wg, wu,
+              Bind{rg->alloc.block, 0, 0, false}, xq8_bind()},
+             &pc, sizeof(pc), gx, 1, gz);
+    return;
+  }
   dispatch(typed("matvec1_glu", rg->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
            {wg, act_bind(x, false), act_bind(out, true), wg, wu}, &pc, sizeof(pc), gx, 1, gz);
+}
+
+VulkanBackend::Bind VulkanBackend::xq8_bind() {
+  ++int_dot_dispatches_;
+  return Bind{xq8_buf_.block, xq8_buf_.offset, uint64_t(xq8_.n) + uint64_t(xq8_.n) / 32 * 8, false};
 }
 
 const VulkanBackend::Resident* VulkanBackend::whole_tensor(const Weight& w) const {
@@ -1726,13 +1793,30 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
     }
     const uint64_t lo = std::min(ka.offset, va.offset),
                    hi = std::max(ka.offset + ka.size, va.offset + va.size);
+    const Bind cb{ka.block, lo, hi - lo, true};
+    if (const Xq8* xq = xq8_for(x, wq.n_in, rq->dtype)) {  // integer dots on x's Q8 copy
+      rp.xq_off = xq->xq_off;
+      rp.xd_off = xq->xd_off;
+      dispatch(typed("matvec1x_qkv_rope", rq->dtype, true, false),
+               Spec{s.wg, s.nr, s.tpr, s.unroll},
+               {wb, act_bind(x, false), ob, wb, fb, cb, xq8_bind()}, &rp, sizeof(rp), gx, 1, gz);
+      return true;
+    }
     dispatch(typed("matvec1_qkv_rope", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
-             {wb, act_bind(x, false), ob, wb, fb, Bind{ka.block, lo, hi - lo, true}}, &rp,
-             sizeof(rp), gx, 1, gz);
+             {wb, act_bind(x, false), ob, wb, fb, cb}, &rp, sizeof(rp), gx, 1, gz);
     return true;
   }
-  dispatch(typed("matvec1_qkv", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
-           {wb, act_bind(x, false), ob, wb}, &pc, sizeof(pc), gx, 1, gz);
+  const Xq8* xq = xq8_for(x, wq.n_in, rq->dtype);
+  if (xq) {  // integer dots on x's Q8 copy
+    pc.xq_off = xq->xq_off;
+    pc.xd_off = xq->xd_off;
+    const Bind none{rq->alloc.block, 0, 0, false};
+    dispatch(typed("matvec1x_qkv", rq->dtype, true, false), Spec{s.wg, s.nr, s.tpr, s.unroll},
+             {wb, act_bind(x, false), ob, wb, none, none, xq8_bind()}, &pc, sizeof(pc), gx, 1, gz);
+  } else {
+    dispatch(typed("matvec1_qkv", rq->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
+             {wb, act_bind(x, false), ob, wb}, &pc, sizeof(pc), gx, 1, gz);
+  }
   if (!rv) matmul(wv, x, v, bv.present() ? &bv : nullptr);
   return true;
 }
@@ -1800,8 +1884,18 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
                &pc, sizeof(pc), gx, 1, gz);
       return;
     }
-    dispatch(typed(probe_loads_ && r->dtype == DType::kQ4_0 ? "matvec1_probe" : "matvec1",
-                   r->dtype, true, true),
+    const Xq8* xq = probe_loads_ ? nullptr : xq8_for(x, w.n_in, r->dtype);
+    if (xq) {  // integer dots on x's Q8 copy
+      pc.xq_off = xq->xq_off;
+      pc.xd_off = xq->xd_off;
+      const Bind none{r->alloc.block, 0, 0, false};
+      dispatch(typed("matvec1x", r->dtype, true, false), Spec{s.wg, s.nr, s.tpr, s.unroll},
+               {wb, act_bind(x, false), act_bind(out, true), bb, none, none, xq8_bind()}, &pc,
+               sizeof(pc), gx, 1, gz);
+      return;
+    }
+    dispatch(typed(probe_loads_ && r->dtype == DType::kQ4_0 ? "matvec1_probe" : "matvec1", r->dtype,
+                   true, true),
              Spec{s.wg, s.nr, s.tpr, s.unroll}, {wb, act_bind(x, false), act_bind(out, true), bb},
              &pc, sizeof(pc), gx, 1, gz);
   } else if (T <= kMatvecCols) {

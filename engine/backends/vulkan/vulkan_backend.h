@@ -64,7 +64,7 @@ class VulkanBackend final : public Backend {
   Status upload_weights(const std::vector<const Weight*>& ws) override;
   void set_keep_busy(bool on) override;
   /// Test hook: keep_busy on CPU devices too, and without the option (it is for GPUs' clocks).
-  void force_keep_busy() { keep_allowed_ = true; }
+  void force_keep_busy(bool on = true) { keep_allowed_ = on; }
   /// Times the keep_busy kernel was started (tests).
   uint64_t keep_busy_starts() const { return keep_starts_; }
   void release_weights() override;
@@ -139,13 +139,18 @@ class VulkanBackend final : public Backend {
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
-  /// Test hook: merge decode attention's splits in their last workgroup (the
-  /// default) or in an attn_merge dispatch of its own.
+  /// Test hook: merge decode attention's splits in their last workgroup, or
+  /// in an attn_merge dispatch of its own (the default).
   void set_merge_in_split(bool on) { merge_in_split_ = on; }
-  /// Test hook: matmul_add_norm in one dispatch (the default) or as two ops.
+  /// Test hook: matmul_add_norm in one dispatch, or as two ops (the default).
   void set_norm_tails(bool on) { norm_tails_ = on; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
+  /// Test hook: integer-dot matvecs on norm outputs where the device has them
+  /// (the default), or float matvecs only.
+  void set_int_dot(bool on) { int_dot_ = on; }
+  /// Integer-dot matvec dispatches recorded so far (tests).
+  uint64_t int_dot_dispatches() const { return int_dot_dispatches_; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
   void set_matvec_rows(uint32_t nr) {
     matvec_rows_ = nr ? std::min<uint32_t>(nr, 4) : matvec_rows_opt_;
@@ -338,11 +343,29 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
-  bool merge_in_split_ = true;           ///< set_merge_in_split()
-  bool norm_tails_ = true;               ///< set_norm_tails()
-  bool qkv_rope_ = true;                 ///< set_qkv_rope()
-  bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
-  bool gpu_device_ = true;               ///< not a CPU device (lavapipe)
+  // Last-workgroup finishing is off by default: on the H200 each kind cost
+  // ~7% of decode speed (atomics and memory barriers in every workgroup).
+  bool merge_in_split_ = false;  ///< set_merge_in_split()
+  bool norm_tails_ = false;      ///< set_norm_tails()
+  bool qkv_rope_ = true;         ///< set_qkv_rope()
+  bool probe_loads_ = false;     ///< LOOM_VK_PROBE_LOADS (benchmarks)
+  bool int_dot_ = true;          ///< set_int_dot()
+  // The Q8 copy rms_norm_q8 made of one token's row (the act range it
+  // mirrors, and where its quants and block scales are): the integer-dot
+  // matvecs (matvec1x) read it while no dispatch has written that range since.
+  struct Xq8 {
+    void* buffer = nullptr;  ///< null: none
+    uint64_t offset = 0;
+    int64_t n = 0;
+    uint32_t xq_off = 0, xd_off = 0;  ///< words, vec2s in xq8_buf_
+  };
+  Xq8 xq8_;
+  vk::Alloc xq8_buf_;
+  // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
+  const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
+  Bind xq8_bind();  // xq8_'s bytes, read (and counts an integer-dot dispatch)
+  uint64_t int_dot_dispatches_ = 0;
+  bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
