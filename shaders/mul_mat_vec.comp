@@ -32,12 +32,12 @@
 // KV store of k and v (rope.comp's rope_kv), row pairs (2i, 2i + 1) being
 // rotated pairs: NR is even, and each row group's thread for a pair writes it.
 //
-// XQ8 (matvec1x*, Q4_0 and Q8_0): x comes as rms_norm_q8 wrote it (32-element
+// XQ8 (matvec1x*: Q4_0, Q8_0, Q4_K, Q6_K): x comes as rms_norm_q8 wrote it (32-element
 // blocks of int8 with (d, d * sum q)), and each part's dot is two 4x8-bit
 // integer dot products (OpSDot / OpSUDot, VK_KHR_shader_integer_dot_product)
-// scaled once: Q4_0's -8 offset is -8 d_w (d_x sum q) per block, which the
-// block's part 0 adds. A fifth of the float path's arithmetic, and a quarter
-// of its x bytes.
+// scaled once: Q4_0's -8 offset is -8 d_w (d_x sum q) per block (Q4_K's
+// minimum likewise), which the block's part 0 adds. A fraction of the float
+// path's arithmetic, and a quarter of its x bytes.
 //
 // GLU (matvec1_glu_*): y = silu(gate x) * (up x) in one dispatch. The M rows
 // are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
@@ -209,24 +209,49 @@ shared float red1[NR_MAX][WG];
 // x for part s of unit u, and its dot with a weight part.
 #ifdef XQ8
 struct XP {
-  uint a, b;  // Q8 words s and 4 + s of the block (dequant.glsl's part layout)
-  vec2 ds;    // d, d * sum q of the block
+  uint w[XV];  // the part's Q8 words of the block (dequant.glsl's part_vec)
+  vec2 ds;     // d, d * sum q of the block
 };
 XP load_xp(uint u, uint s) {
   XP x;
-  x.a = xq[pc.xq_off + 8 * u + s];
-  x.b = xq[pc.xq_off + 8 * u + 4 + s];
+  [[unroll]] for (uint i = 0; i < XV; ++i) x.w[i] = xq[pc.xq_off + 8 * u + part_vec(s, i)];
   x.ds = xd[pc.xd_off + u];
   return x;
 }
+// Offsets that apply to a whole 32-element block (Q4_0's -8, Q4_K's minimum)
+// are added once, by the block's part 0.
 float dot_xp(const Part p, uint u, uint s, const XP x) {
 #if defined(DT_Q4_0)
-  const int i = sudot4(x.a, p.q & 0x0F0F0F0Fu, 0) + sudot4(x.b, (p.q >> 4) & 0x0F0F0F0Fu, 0);
+  const int i = sudot4(x.w[0], p.q & 0x0F0F0F0Fu, 0) + sudot4(x.w[1], (p.q >> 4) & 0x0F0F0F0Fu, 0);
   return p.d * (x.ds.x * float(i) - (s == 0u ? 8.0 * x.ds.y : 0.0));
 #elif defined(DT_Q8_0)
-  return p.d * (x.ds.x * float(sdot4(x.a, p.q[0], 0) + sdot4(x.b, p.q[1], 0)));
+  return p.d * (x.ds.x * float(sdot4(x.w[0], p.q[0], 0) + sdot4(x.w[1], p.q[1], 0)));
+#elif defined(DT_Q4_K)
+  const uint j = u % 8, sh = 4 * (j % 2);
+  const vec2 dm = unpackHalf2x16(p.hdr.x);
+  float sc, mn;
+  k4_scale_min(p.hdr, j, sc, mn);
+  int i = 0;
+  [[unroll]] for (uint k = 0; k < XV; ++k) i += sudot4(x.w[k], (p.q[k] >> sh) & 0x0F0F0F0Fu, 0);
+  return (dm.x * sc) * (x.ds.x * float(i)) - (s == 0u ? (dm.y * mn) * x.ds.y : 0.0);
+#elif defined(DT_Q6_K)
+  // As dot_part: two 16-element halves with their own int8 scales; the
+  // 6-bit quants become signed bytes q - 32 without borrows between bytes.
+  const uint j = u % 8, k = j % 4, s0 = 2 * k;
+  const uint sb = (p.sc >> (8 * (s0 % 4))) ^ 0x8080u;
+  const float d0 = p.d * (uintBitsToFloat((sb & 0xFFu) | MAGIC) - 8388736.0);
+  const float d1 = p.d * (uintBitsToFloat(((sb >> 8) & 0xFFu) | MAGIC) - 8388736.0);
+  const uint lsh = 4 * (k / 2), hsh = 2 * k;
+  int a = 0, b = 0;
+  [[unroll]] for (uint i = 0; i < XV; ++i) {
+    const uint c = ((p.l[i] >> lsh) & 0x0F0F0F0Fu) | (((p.h[i] >> hsh) & 0x03030303u) << 4);
+    const int t = sdot4(x.w[i], ((c | 0x80808080u) - 0x20202020u) ^ 0x80808080u, 0);
+    if (i < XV / 2) a += t;
+    else b += t;
+  }
+  return x.ds.x * (d0 * float(a) + d1 * float(b));
 #else
-#error "XQ8: Q4_0 and Q8_0 only"
+#error "XQ8: Q4_0, Q8_0, Q4_K and Q6_K only"
 #endif
 }
 #else

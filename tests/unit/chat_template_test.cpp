@@ -5,12 +5,12 @@
 // "\n" is a newline in the template, "\\n" Jinja's escape inside a literal).
 // Every expected prompt is what transformers' apply_chat_template renders for
 // that template and conversation (Jinja with trim_blocks and lstrip_blocks).
+#include "engine/tokenizer/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
-
-#include "engine/tokenizer/chat_template.h"
 
 namespace loom {
 namespace {
@@ -18,13 +18,15 @@ namespace {
 // teknium/OpenHermes-2.5-Mistral-7B
 constexpr const char* kChatML =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
-    "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' "
     "}}{% endif %}";
 
 // Qwen/Qwen2-7B-Instruct
 constexpr const char* kQwen2 =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
-    "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' "
+    "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif "
+    "%}{{'<|im_start|>' "
     "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
@@ -32,7 +34,8 @@ constexpr const char* kQwen2 =
 constexpr const char* kLlama2 =
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
     "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set "
-    "system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == "
+    "system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] "
+    "== "
     "'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
     "user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != "
     "false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + "
@@ -45,14 +48,16 @@ constexpr const char* kLlama2 =
 constexpr const char* kLlama30 =
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
-    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ "
+    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif "
+    "%}{{ "
     "content }}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
 // HuggingFaceH4/zephyr-7b-beta (also TinyLlama-1.1B-Chat-v1.0)
 constexpr const char* kZephyr =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
-    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' "
+    "+ "
     "message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ "
     "'<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and "
     "add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
@@ -61,32 +66,38 @@ constexpr const char* kZephyr =
 constexpr const char* kPhi3Mini =
     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
     "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
-    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' "
+    "%}{{'<|assistant|>\n' "
     "+ message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 
 // An earlier Phi-3-mini revision: BOS, system messages dropped, every user turn
 // opens the assistant's.
 constexpr const char* kPhi3Legacy =
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + "
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' "
+    "+ "
     "'\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif "
     "(message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% "
     "endfor %}";
 
 // mistralai/Mistral-7B-Instruct-v0.1
 constexpr const char* kMistralV01 =
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % "
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 "
+    "% "
     "2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] "
+    "' "
     "+ message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
     "message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
     "roles are supported!') }}{% endif %}{% endfor %}";
 
 // mistralai/Mixtral-8x7B-Instruct-v0.1 and Mistral-7B-Instruct-v0.2 (v1 spacing)
 constexpr const char* kMistralV02 =
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % "
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 "
+    "% "
     "2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] "
+    "' "
     "+ message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
     "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles "
     "are supported!') }}{% endif %}{% endfor %}";
@@ -220,7 +231,8 @@ constexpr const char* kMistralV3Tekken = R"jinja({%- if messages[0]["role"] == "
 // mistralai/Mistral-Large-Instruct-2411 (v7): system prompts in place.
 constexpr const char* kMistralV7 =
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
-    "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + "
+    "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' "
+    "+ "
     "message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
     "message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and "
     "assistant roles are supported!') }}{% endif %}{% endfor %}";
@@ -231,13 +243,15 @@ constexpr const char* kGemma =
     "supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
     "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
     "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% "
-    "set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' "
+    "set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ "
+    "'<start_of_turn>' "
     "+ role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if "
     "add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
 
 // microsoft/phi-4: <|im_start|> but not ChatML (<|im_sep|> instead of a newline).
 constexpr const char* kPhi4 =
-    "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system<|im_sep|>' "
+    "{% for message in messages %}{% if (message['role'] == 'system') "
+    "%}{{'<|im_start|>system<|im_sep|>' "
     "+ message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') "
     "%}{{'<|im_start|>user<|im_sep|>' + message['content'] + "
     "'<|im_end|><|im_start|>assistant<|im_sep|>'}}{% elif (message['role'] == 'assistant') "
@@ -300,7 +314,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DetectCase{"gemma", kGemma, ChatFamily::kFallback},
                       DetectCase{"phi4", kPhi4, ChatFamily::kFallback},
                       DetectCase{"empty", "", ChatFamily::kFallback}),
-    [](const ::testing::TestParamInfo<DetectCase>& param) { return std::string(param.param.name); });
+    [](const ::testing::TestParamInfo<DetectCase>& param) {
+      return std::string(param.param.name);
+    });
 
 TEST(ChatFamilyName, EveryFamilyHasAName) {
   EXPECT_STREQ(chat_family_name(ChatFamily::kLlama2), "llama2");
@@ -460,10 +476,10 @@ TEST(ChatTemplateLlama3, TrimIsPythonStripOverUnicodeWhitespace) {
   ChatTemplate t = make_chat_template(kLlama30, "<|begin_of_text|>", "<|eot_id|>");
   // NBSP, ideographic space, line separator and U+001C are whitespace to
   // Python; the zero-width space U+200B is not.
-  EXPECT_EQ(render(t, {{"user", "\u00a0\u3000 hi \u2028\x1c"}, {"assistant", "\u200b ok \u200b"}},
-                   false),
-            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n\u200b ok \u200b<|eot_id|>");
+  EXPECT_EQ(
+      render(t, {{"user", "\u00a0\u3000 hi \u2028\x1c"}, {"assistant", "\u200b ok \u200b"}}, false),
+      "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n\u200b ok \u200b<|eot_id|>");
   // Invalid UTF-8 is kept as it is, not taken for whitespace.
   EXPECT_EQ(render(t, {{"user", " \xC2 \xE3\x80"}}, false),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n\xC2 \xE3\x80<|eot_id|>");
@@ -623,7 +639,8 @@ TEST(ChatTemplateMistral, DefaultSystemPromptBuiltFromTheDateIsAWarning) {
 // Every prefix of every embedded template (unterminated tags, strings cut in
 // half) still gives a usable template and never crashes (ASan/UBSan runs).
 TEST(ChatTemplateRobustness, TruncatedTemplatesNeverFail) {
-  for (const char* full : {kChatML, kLlama2, kLlama30, kZephyr, kPhi3Mini, kMistralV3, kMistralV7}) {
+  for (const char* full :
+       {kChatML, kLlama2, kLlama30, kZephyr, kPhi3Mini, kMistralV3, kMistralV7}) {
     const std::string text = full;
     for (size_t n = 0; n <= text.size(); n += 3) {
       ChatTemplate t = make_chat_template(std::string_view(text).substr(0, n), "<s>", "</s>");
@@ -640,8 +657,7 @@ TEST(ChatTemplateRobustness, BosAndEosAreTheVocabularysTexts) {
   ChatTemplate t = make_chat_template(kLlama2, "<BOS>", "<EOS>");
   EXPECT_EQ(t.bos_text(), "<BOS>");
   EXPECT_EQ(t.eos_text(), "<EOS>");
-  EXPECT_EQ(render(t, {{"user", "a"}, {"assistant", "b"}}, true),
-            "<BOS>[INST] a [/INST] b <EOS>");
+  EXPECT_EQ(render(t, {{"user", "a"}, {"assistant", "b"}}, true), "<BOS>[INST] a [/INST] b <EOS>");
 }
 
 }  // namespace

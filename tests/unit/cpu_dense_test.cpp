@@ -42,10 +42,10 @@
 // The two AVX-512 BF16 kernels (cpu/avx512/dense_avx512.cpp): the dispatcher
 // picks one per CPU and T, so both are also called directly.
 namespace loom::cpu::avx512 {
-void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1);
-void dense_bf16_widen(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                      int64_t ldy, int64_t n, int64_t r0, int64_t r1);
+void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+                float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1);
+void dense_bf16_widen(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
+                      int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1);
 }  // namespace loom::cpu::avx512
 
 namespace loom {
@@ -60,7 +60,9 @@ double gamma_n(int64_t n) {
   return nu / (1.0 - nu);
 }
 
-size_t elem_bytes(DType w) { return w == DType::kF32 ? 4 : 2; }
+size_t elem_bytes(DType w) {
+  return w == DType::kF32 ? 4 : 2;
+}
 
 // A [rows, n] matrix in dtype w with `stride` elements per row (>= n); the
 // padding holds NaN. `values` keeps the exact fp32 value of every element.
@@ -73,13 +75,15 @@ struct Matrix {
   Matrix(DType w, int64_t rows_, int64_t n_, int64_t pad, std::mt19937* rng)
       : type(w), rows(rows_), n(n_), stride(n_ + pad) {
     const size_t eb = elem_bytes(w);
-    bytes.resize(static_cast<size_t>(rows * stride) * eb + 64);  // + 64: room past the last row, NaN too
+    bytes.resize(static_cast<size_t>(rows * stride) * eb +
+                 64);  // + 64: room past the last row, NaN too
     values.resize(static_cast<size_t>(rows * n));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     const size_t count = bytes.size() / eb;
     for (size_t i = 0; i < count; ++i) set(i, std::nanf(""));
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(r * n + i)] = set(static_cast<size_t>(r * stride + i), u(*rng));
+      for (int64_t i = 0; i < n; ++i)
+        values[static_cast<size_t>(r * n + i)] = set(static_cast<size_t>(r * stride + i), u(*rng));
     }
   }
   // Stores v rounded to the dtype at element index i; returns the stored value.
@@ -101,8 +105,9 @@ struct Shape {
 };
 
 std::string describe(DType w, const Shape& s) {
-  return std::string(dtype_name(w)) + " n=" + std::to_string(s.n) + " rows=" + std::to_string(s.rows) +
-         " T=" + std::to_string(s.T) + " r=[" + std::to_string(s.r0) + "," + std::to_string(s.r1) + ")";
+  return std::string(dtype_name(w)) + " n=" + std::to_string(s.n) +
+         " rows=" + std::to_string(s.rows) + " T=" + std::to_string(s.T) + " r=[" +
+         std::to_string(s.r0) + "," + std::to_string(s.r1) + ")";
 }
 
 std::vector<Shape> test_shapes() {
@@ -125,15 +130,15 @@ std::vector<Shape> test_shapes() {
 
 // Checks y [T, ldy] against the reference for rows [r0, r1) (every
 // `row_step`-th one) and the sentinel elsewhere.
-void check(DType w, const Shape& s, const Matrix& W, const Matrix& X, const std::vector<float>& y, int64_t ldy,
-           const std::string& what, int64_t row_step = 1) {
+void check(DType w, const Shape& s, const Matrix& W, const Matrix& X, const std::vector<float>& y,
+           int64_t ldy, const std::string& what, int64_t row_step = 1) {
   const double bound = gamma_n(s.n);
   for (int64_t t = 0; t < s.T; ++t) {
     for (int64_t r = 0; r < ldy; ++r) {
       const float got = y[static_cast<size_t>(t * ldy + r)];
       if (r < s.r0 || r >= s.r1) {
-        ASSERT_EQ(got, kSentinel) << what << " " << describe(w, s) << ": wrote outside its rows at t=" << t
-                                  << " r=" << r;
+        ASSERT_EQ(got, kSentinel) << what << " " << describe(w, s)
+                                  << ": wrote outside its rows at t=" << t << " r=" << r;
         continue;
       }
       if ((r - s.r0) % row_step != 0) continue;
@@ -145,14 +150,14 @@ void check(DType w, const Shape& s, const Matrix& W, const Matrix& X, const std:
       }
       ASSERT_TRUE(std::isfinite(got)) << what << " " << describe(w, s) << " t=" << t << " r=" << r;
       const double err = std::fabs(got - exact) / (scale > 0.0 ? scale : 1.0);
-      ASSERT_LE(err, bound) << what << " " << describe(w, s) << " t=" << t << " r=" << r << ": got " << got
-                            << ", exact " << exact << ", sum|wx| " << scale;
+      ASSERT_LE(err, bound) << what << " " << describe(w, s) << " t=" << t << " r=" << r << ": got "
+                            << got << ", exact " << exact << ", sum|wx| " << scale;
     }
   }
 }
 
-using DenseKernel = std::function<void(const void*, size_t, const void*, size_t, int64_t, float*, int64_t, int64_t,
-                                       int64_t, int64_t)>;
+using DenseKernel = std::function<void(const void*, size_t, const void*, size_t, int64_t, float*,
+                                       int64_t, int64_t, int64_t, int64_t)>;
 
 // Runs `kernel` on every test shape for dtype w.
 void run_shapes(DType w, const DenseKernel& kernel, const std::string& what) {
@@ -162,7 +167,8 @@ void run_shapes(DType w, const DenseKernel& kernel, const std::string& what) {
     const Matrix X(w, s.T, s.n, 5, &rng);
     const int64_t ldy = s.rows + 2;
     std::vector<float> y(static_cast<size_t>(s.T * ldy), kSentinel);
-    kernel(W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), s.T, y.data(), ldy, s.n, s.r0, s.r1);
+    kernel(W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), s.T, y.data(), ldy, s.n,
+           s.r0, s.r1);
     check(w, s, W, X, y, ldy, what);
     if (::testing::Test::HasFatalFailure()) return;
   }
@@ -183,20 +189,21 @@ TEST_P(DenseIsaTest, MatchesDoubleReference) {
   }
   run_shapes(
       w,
-      [w = w](const void* W, size_t wrb, const void* X, size_t xrb, int64_t T, float* Y, int64_t ldy, int64_t n,
-         int64_t r0, int64_t r1) {
+      [w = w](const void* W, size_t wrb, const void* X, size_t xrb, int64_t T, float* Y,
+              int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
         cpu::detail::matmul_rows_dense(cpu::active_isa(), w, W, wrb, X, xrb, T, Y, ldy, n, r0, r1);
       },
       cpu::isa_name(isa));
 }
 
-INSTANTIATE_TEST_SUITE_P(All, DenseIsaTest,
-                         ::testing::Combine(::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
-                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
-                         [](const auto& param_info) {
-                           return std::string(cpu::isa_name(std::get<0>(param_info.param))) + "_" +
-                                  std::string(dtype_name(std::get<1>(param_info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    All, DenseIsaTest,
+    ::testing::Combine(::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
+    [](const auto& param_info) {
+      return std::string(cpu::isa_name(std::get<0>(param_info.param))) + "_" +
+             std::string(dtype_name(std::get<1>(param_info.param)));
+    });
 
 TEST(DenseAvx512, Bf16WideningMatchesDoubleReference) {
   if (cpu::detected_isa() < Isa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
@@ -205,7 +212,8 @@ TEST(DenseAvx512, Bf16WideningMatchesDoubleReference) {
 
 TEST(DenseAvx512, Bf16DpbfMatchesDoubleReference) {
   if (cpu::detected_isa() < Isa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
-  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "this CPU has no avx512_bf16 (vdpbf16ps)";
+  if (!__builtin_cpu_supports("avx512bf16"))
+    GTEST_SKIP() << "this CPU has no avx512_bf16 (vdpbf16ps)";
   run_shapes(DType::kBF16, cpu::avx512::dense_bf16, "avx512 bf16 (vdpbf16ps)");
 }
 
@@ -216,7 +224,8 @@ class DenseGemmTest : public ::testing::TestWithParam<DType> {};
 TEST_P(DenseGemmTest, OneDnnMatchesDoubleReference) {
   const DType w = GetParam();
   cpu::OneDnnMatmul onednn;
-  if (!onednn.available()) GTEST_SKIP() << "Loom was built without oneDNN (or it has no CPU engine)";
+  if (!onednn.available())
+    GTEST_SKIP() << "Loom was built without oneDNN (or it has no CPU engine)";
   std::mt19937 rng(99);
   for (const Shape& full : test_shapes()) {
     // oneDNN computes all rows it is given: a sub-range is W and Y offset by r0.
@@ -227,9 +236,9 @@ TEST_P(DenseGemmTest, OneDnnMatchesDoubleReference) {
     std::vector<float> y(static_cast<size_t>(s.T * ldy), kSentinel);
     for (const int threads : {1, 2}) {
       std::fill(y.begin(), y.end(), kSentinel);
-      const Status st = onednn.run(w, W.bytes.data() + static_cast<size_t>(s.r0) * W.row_bytes(), W.row_bytes(),
-                                   X.bytes.data(), X.row_bytes(), s.T, y.data() + s.r0, ldy, s.n, s.r1 - s.r0,
-                                   threads);
+      const Status st = onednn.run(w, W.bytes.data() + static_cast<size_t>(s.r0) * W.row_bytes(),
+                                   W.row_bytes(), X.bytes.data(), X.row_bytes(), s.T,
+                                   y.data() + s.r0, ldy, s.n, s.r1 - s.r0, threads);
       ASSERT_TRUE(st.ok()) << describe(w, s) << ": " << st.message();
       check(w, s, W, X, y, ldy, "onednn x" + std::to_string(threads));
     }
@@ -238,9 +247,15 @@ TEST_P(DenseGemmTest, OneDnnMatchesDoubleReference) {
   EXPECT_GT(onednn.cached_primitives(), 0u);
   const Matrix W(w, 5, 33, 0, &rng), X(w, 3, 33, 0, &rng);
   std::vector<float> y(15);
-  ASSERT_TRUE(onednn.run(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), 3, y.data(), 5, 33, 5, 1).ok());
+  ASSERT_TRUE(onednn
+                  .run(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), 3, y.data(),
+                       5, 33, 5, 1)
+                  .ok());
   const size_t cached = onednn.cached_primitives();
-  ASSERT_TRUE(onednn.run(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), 3, y.data(), 5, 33, 5, 1).ok());
+  ASSERT_TRUE(onednn
+                  .run(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), 3, y.data(),
+                       5, 33, 5, 1)
+                  .ok());
   EXPECT_EQ(onednn.cached_primitives(), cached);
 }
 
@@ -256,13 +271,15 @@ TEST_P(DenseGemmTest, PrefillMatchesDoubleReference) {
       const Matrix X(w, s.T, s.n, 5, &rng);
       const int64_t ldy = s.rows + 2;
       std::vector<float> y(static_cast<size_t>(s.T * ldy), kSentinel);
-      const Status st = cpu::dense_matmul_prefill(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(),
-                                                  s.T, y.data(), ldy, s.n, s.rows, pool, &onednn);
+      const Status st =
+          cpu::dense_matmul_prefill(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(),
+                                    s.T, y.data(), ldy, s.n, s.rows, pool, &onednn);
       ASSERT_TRUE(st.ok()) << describe(w, s) << ": " << st.message();
       check(w, s, W, X, y, ldy, "prefill x" + std::to_string(threads));
       std::fill(y.begin(), y.end(), kSentinel);
-      const Status st2 = cpu::dense_matmul_loom(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(),
-                                                s.T, y.data(), ldy, s.n, s.rows, pool);
+      const Status st2 =
+          cpu::dense_matmul_loom(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(),
+                                 s.T, y.data(), ldy, s.n, s.rows, pool);
       ASSERT_TRUE(st2.ok()) << describe(w, s) << ": " << st2.message();
       check(w, s, W, X, y, ldy, "loom x" + std::to_string(threads));
     }
@@ -274,16 +291,21 @@ TEST_P(DenseGemmTest, PrefillMatchesDoubleReference) {
   const Matrix W(w, s.rows, s.n, 3, &rng);
   const Matrix X(w, s.T, s.n, 5, &rng);
   std::vector<float> y(static_cast<size_t>(s.T * s.rows), kSentinel);
-  const Status st = cpu::dense_matmul_prefill(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(), s.T,
-                                              y.data(), s.rows, s.n, s.rows, pool, &onednn);
+  const Status st =
+      cpu::dense_matmul_prefill(w, W.bytes.data(), W.row_bytes(), X.bytes.data(), X.row_bytes(),
+                                s.T, y.data(), s.rows, s.n, s.rows, pool, &onednn);
   ASSERT_TRUE(st.ok()) << describe(w, s) << ": " << st.message();
   check(w, s, W, X, y, s.rows,
-        std::string("prefill via ") + cpu::dense_impl_name(cpu::dense_prefill_choice(w, s.T, s.n, s.rows, 1)),
+        std::string("prefill via ") +
+            cpu::dense_impl_name(cpu::dense_prefill_choice(w, s.T, s.n, s.rows, 1)),
         /*row_step=*/13);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, DenseGemmTest, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                         [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
+INSTANTIATE_TEST_SUITE_P(All, DenseGemmTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
+                         });
 
 TEST(DenseGemm, ChoiceKeepsGemvAndSmallShapesOurs) {
   for (const DType w : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -303,8 +325,8 @@ TEST(DenseGemm, RejectsBadArguments) {
   cpu::OneDnnMatmul onednn;
   std::vector<float> w(64), x(64), y(64);
   // Not a dense dtype.
-  Status st = cpu::dense_matmul_prefill(DType::kQ4_K, w.data(), 256, x.data(), 256, 1, y.data(), 8, 256, 1, pool,
-                                        &onednn);
+  Status st = cpu::dense_matmul_prefill(DType::kQ4_K, w.data(), 256, x.data(), 256, 1, y.data(), 8,
+                                        256, 1, pool, &onednn);
   EXPECT_EQ(st.error().code(), ErrorCode::kUnsupported) << st.message();
   // Row stride shorter than a row (8 floats = 32 bytes).
   st = cpu::dense_matmul_loom(DType::kF32, w.data(), 16, x.data(), 32, 2, y.data(), 2, 8, 2, pool);
@@ -319,7 +341,9 @@ TEST(DenseGemm, RejectsBadArguments) {
   st = cpu::dense_matmul_loom(DType::kF32, w.data(), 32, x.data(), 32, -1, y.data(), 2, 8, 2, pool);
   EXPECT_EQ(st.error().code(), ErrorCode::kInvalidArgument) << st.message();
   // Nothing to do is not an error.
-  EXPECT_TRUE(cpu::dense_matmul_loom(DType::kF32, w.data(), 32, x.data(), 32, 0, y.data(), 2, 8, 2, pool).ok());
+  EXPECT_TRUE(
+      cpu::dense_matmul_loom(DType::kF32, w.data(), 32, x.data(), 32, 0, y.data(), 2, 8, 2, pool)
+          .ok());
 }
 
 }  // namespace

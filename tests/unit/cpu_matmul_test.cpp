@@ -42,8 +42,9 @@ namespace {
 
 using cpu::Isa;
 
-constexpr DType kQuantTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
-                                 DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kQuantTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                 DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                                 DType::kQ5_K, DType::kQ6_K};
 // ISA levels, plus AVX-512 without its VBMI byte-permute paths.
 enum class Level { kScalar, kAvx2, kAvx512NoVbmi, kAvx512 };
 constexpr Level kLevels[] = {Level::kScalar, Level::kAvx2, Level::kAvx512NoVbmi, Level::kAvx512};
@@ -55,7 +56,9 @@ Isa level_isa(Level l) {
     default: return Isa::kAvx512;
   }
 }
-const char* level_name(Level l) { return l == Level::kAvx512NoVbmi ? "avx512_novbmi" : cpu::isa_name(level_isa(l)); }
+const char* level_name(Level l) {
+  return l == Level::kAvx512NoVbmi ? "avx512_novbmi" : cpu::isa_name(level_isa(l));
+}
 
 // Normalized error bounds. Every kernel sums integers exactly; what is left is
 // fp32 rounding of a few products per block and of the running sum over at
@@ -70,15 +73,17 @@ double max_error(DType t) {
     case DType::kQ5_1:
     case DType::kQ2_K:
     case DType::kQ4_K:
-    case DType::kQ5_K:
-      return 1e-5;
-    default:
-      return 2e-6;
+    case DType::kQ5_K: return 1e-5;
+    default: return 2e-6;
   }
 }
 
-int64_t block_size(DType t) { return static_cast<int64_t>(traits(t).block_size); }
-size_t row_bytes(DType t, int64_t n) { return static_cast<size_t>(*dtype_row_bytes(t, static_cast<uint64_t>(n))); }
+int64_t block_size(DType t) {
+  return static_cast<int64_t>(traits(t).block_size);
+}
+size_t row_bytes(DType t, int64_t n) {
+  return static_cast<size_t>(*dtype_row_bytes(t, static_cast<uint64_t>(n)));
+}
 
 // Floats like a layer's inputs: mostly N(0, 1), a few large outliers, some
 // exact zeros and a block that is zero throughout (scale 0).
@@ -150,7 +155,8 @@ class QuantMatmulTest : public ::testing::TestWithParam<std::tuple<DType, Level>
     const Level level = std::get<1>(GetParam());
     const Isa isa = level_isa(level);
     if (!cpu::set_isa(isa)) GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa);
-    if (level == Level::kAvx512 && !cpu::avx512::set_vbmi(true)) GTEST_SKIP() << "this CPU has no AVX512_VBMI";
+    if (level == Level::kAvx512 && !cpu::avx512::set_vbmi(true))
+      GTEST_SKIP() << "this CPU has no AVX512_VBMI";
     if (level == Level::kAvx512NoVbmi) {
       ASSERT_TRUE(cpu::avx512::set_vbmi(false));
     }
@@ -167,8 +173,9 @@ class QuantMatmulTest : public ::testing::TestWithParam<std::tuple<DType, Level>
 // Runs matmul_rows on rows [r0, r1) of `rows` weight rows and T activation
 // rows (acts: converted rows x_rb apart; xv: their values) and checks every
 // output against the double-precision reference. Returns the worst error.
-double check_matmul(DType t, const Weights& w, int64_t n, int64_t rows, const uint8_t* acts, size_t x_rb,
-                    const std::vector<std::vector<float>>& xv, int64_t T, int64_t r0, int64_t r1) {
+double check_matmul(DType t, const Weights& w, int64_t n, int64_t rows, const uint8_t* acts,
+                    size_t x_rb, const std::vector<std::vector<float>>& xv, int64_t T, int64_t r0,
+                    int64_t r1) {
   const size_t w_rb = row_bytes(t, n);
   const int64_t ldy = rows + 3;
   constexpr float kSentinel = -12345.5f;
@@ -188,7 +195,8 @@ double check_matmul(DType t, const Weights& w, int64_t n, int64_t rows, const ui
       double scale = 0.0;
       const std::vector<float>& xs = xv[static_cast<size_t>(s) % xv.size()];
       for (int64_t i = 0; i < n; ++i) {
-        const double p = static_cast<double>(w.values[static_cast<size_t>(r * n + i)]) * xs[static_cast<size_t>(i)];
+        const double p = static_cast<double>(w.values[static_cast<size_t>(r * n + i)]) *
+                         xs[static_cast<size_t>(i)];
         expect += p;
         scale += std::fabs(p);
       }
@@ -196,8 +204,9 @@ double check_matmul(DType t, const Weights& w, int64_t n, int64_t rows, const ui
       const double err = std::fabs(got - expect) / (scale + 1e-30);
       worst = std::max(worst, err);
       if (!(err <= max_error(t))) {
-        ADD_FAILURE() << "n=" << n << " rows=" << rows << " T=" << T << " r0=" << r0 << " r1=" << r1 << " t=" << s
-                      << " r=" << r << ": got " << got << ", expected " << expect << " (error " << err << ")";
+        ADD_FAILURE() << "n=" << n << " rows=" << rows << " T=" << T << " r0=" << r0 << " r1=" << r1
+                      << " t=" << s << " r=" << r << ": got " << got << ", expected " << expect
+                      << " (error " << err << ")";
         return err;
       }
     }
@@ -283,7 +292,8 @@ TEST_P(QuantMatmulTest, ActivationMatchesRefQuantizer) {
   // Block 1 all zero; block 2 with exact .5 ties after scaling (amax 127
   // makes the scale 1); block 3 with its extreme negative.
   std::fill(x.begin() + bs, x.begin() + 2 * bs, 0.0f);
-  for (int64_t i = 0; i < bs; ++i) x[static_cast<size_t>(2 * bs + i)] = static_cast<float>(i % 9) - 3.5f;
+  for (int64_t i = 0; i < bs; ++i)
+    x[static_cast<size_t>(2 * bs + i)] = static_cast<float>(i % 9) - 3.5f;
   x[static_cast<size_t>(2 * bs)] = 127.0f;
   x[static_cast<size_t>(3 * bs + 5)] = -1000.0f;
 
@@ -317,11 +327,13 @@ TEST_P(QuantMatmulTest, ActivationMatchesRefQuantizer) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, Level>>& info) {
-  return std::string(dtype_name(std::get<0>(info.param))) + "_" + level_name(std::get<1>(info.param));
+  return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+         level_name(std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllQuantTypes, QuantMatmulTest,
-                         ::testing::Combine(::testing::ValuesIn(kQuantTypes), ::testing::ValuesIn(kLevels)),
+                         ::testing::Combine(::testing::ValuesIn(kQuantTypes),
+                                            ::testing::ValuesIn(kLevels)),
                          param_name);
 
 TEST(QuantMatmul, IsaLevels) {

@@ -37,14 +37,17 @@ namespace {
 
 using cpu::Isa;
 
-constexpr int64_t kGuard = 16;              // sentinel floats on each side of an output
+constexpr int64_t kGuard = 16;                   // sentinel floats on each side of an output
 constexpr uint32_t kSentinelBits = 0xC2F6E979u;  // -123.456f: no kernel writes this by chance
 
 // A float buffer of n elements with kGuard sentinels before and after.
 class Guarded {
  public:
-  explicit Guarded(int64_t n) : n_(n), buf_(static_cast<size_t>(n + 2 * kGuard), std::bit_cast<float>(kSentinelBits)) {}
-  Guarded(int64_t n, const std::vector<float>& init) : Guarded(n) { std::copy(init.begin(), init.end(), data()); }
+  explicit Guarded(int64_t n)
+      : n_(n), buf_(static_cast<size_t>(n + 2 * kGuard), std::bit_cast<float>(kSentinelBits)) {}
+  Guarded(int64_t n, const std::vector<float>& init) : Guarded(n) {
+    std::copy(init.begin(), init.end(), data());
+  }
   float* data() { return buf_.data() + kGuard; }
   const float* data() const { return buf_.data() + kGuard; }
   std::vector<float> values() const { return {data(), data() + n_}; }
@@ -87,10 +90,12 @@ bool all_finite(const float* x, int64_t n) {
 }
 
 // Largest |got - want| / (|want| + floor) over n elements (index in *where).
-double max_rel_error(const float* got, const float* want, int64_t n, double floor, int64_t* where = nullptr) {
+double max_rel_error(const float* got, const float* want, int64_t n, double floor,
+                     int64_t* where = nullptr) {
   double worst = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (std::fabs(static_cast<double>(want[i])) + floor);
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) /
+                     (std::fabs(static_cast<double>(want[i])) + floor);
     if (e > worst) {
       worst = e;
       if (where) *where = i;
@@ -116,7 +121,9 @@ class CpuOpsTest : public ::testing::TestWithParam<Isa> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Isa, CpuOpsTest, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
-                         [](const ::testing::TestParamInfo<Isa>& p) { return std::string(cpu::isa_name(p.param)); });
+                         [](const ::testing::TestParamInfo<Isa>& p) {
+                           return std::string(cpu::isa_name(p.param));
+                         });
 
 // ---- element-wise ops --------------------------------------------------------------
 
@@ -150,7 +157,8 @@ TEST_P(CpuOpsTest, SiluMul) {
     std::vector<float> g = random_floats(rng, n, -20.0f, 20.0f);
     // Extremes: exp(-g) overflows or underflows without producing NaN.
     const float extremes[] = {-1000.0f, -100.0f, -88.5f, 0.0f, 88.5f, 100.0f, 1000.0f};
-    for (size_t i = 0; i < std::size(extremes) && static_cast<int64_t>(i) < n; ++i) g[i * 7 % static_cast<size_t>(n)] = extremes[i];
+    for (size_t i = 0; i < std::size(extremes) && static_cast<int64_t>(i) < n; ++i)
+      g[i * 7 % static_cast<size_t>(n)] = extremes[i];
     const std::vector<float> u = random_floats(rng, n, -3.0f, 3.0f);
     std::vector<float> want(static_cast<size_t>(n));
     ref::silu_mul(g.data(), u.data(), want.data(), n);
@@ -209,7 +217,8 @@ TEST_P(CpuOpsTest, Softmax) {
 
 TEST_P(CpuOpsTest, GetRow) {
   std::mt19937 rng(5);
-  for (const DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (const DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                        DType::kQ4_K, DType::kQ6_K}) {
     const int64_t n = 512;
     const int64_t rows = 3;
     const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, n));
@@ -277,7 +286,8 @@ TEST_P(CpuOpsTest, Rope) {
     EXPECT_TRUE(y.guards_intact());
     EXPECT_TRUE(all_finite(y.data(), n));
     double worst = 0.0;
-    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(static_cast<double>(y.data()[i]) - want[i]));
+    for (int64_t i = 0; i < n; ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(y.data()[i]) - want[i]));
     EXPECT_LE(worst, 1e-6);
     // Dimensions past n_rot are untouched.
     for (int64_t row = 0; row < T * n_heads; ++row) {
@@ -310,13 +320,15 @@ TEST(RefRope, MatchesDoubleFormula) {
       ref::rope(y.data(), 3, 1, hd, pos.data(), p);
       // YaRN ramp bounds: beta_fast (32) and beta_slow (1) turns over n_ctx_orig.
       auto corr = [&](double beta) {
-        return p.n_rot * std::log(p.n_ctx_orig / (beta * 2 * M_PI)) / (2 * std::log(static_cast<double>(p.freq_base)));
+        return p.n_rot * std::log(p.n_ctx_orig / (beta * 2 * M_PI)) /
+               (2 * std::log(static_cast<double>(p.freq_base)));
       };
       const double lo = std::max(0.0, std::floor(corr(p.beta_fast)));
       const double hi = std::min(static_cast<double>(p.n_rot - 1), std::ceil(corr(p.beta_slow)));
       for (int64_t t = 0; t < 3; ++t) {
         for (int64_t i = 0; i < p.n_rot / 2; ++i) {
-          const double theta = pos[t] * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+          const double theta =
+              pos[t] * std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
           double angle = theta * p.freq_scale;
           double mscale = 1.0;
           if (yarn) {
@@ -366,7 +378,8 @@ TEST_P(CpuOpsTest, KvStore) {
 // heads `head_stride` bytes apart (a little more than kv_head_bytes).
 class TestKvCache {
  public:
-  TestKvCache(DType dt, int64_t block_size, int64_t n_kv_heads, int64_t head_dim, int64_t n_ctx, uint32_t seed)
+  TestKvCache(DType dt, int64_t block_size, int64_t n_kv_heads, int64_t head_dim, int64_t n_ctx,
+              uint32_t seed)
       : dt_(dt), bs_(block_size), n_kv_(n_kv_heads), hd_(head_dim) {
     stride_ = cpu::kv_head_bytes(dt, bs_, hd_) + 34;
     const int64_t n_blocks = (n_ctx + bs_ - 1) / bs_;
@@ -416,8 +429,8 @@ struct AttnCase {
 
   std::string name() const {
     std::ostringstream s;
-    s << dtype_name(dt) << " kv=" << n_kv << " bs=" << bs << " hd=" << hd << " gqa=" << ratio << " T=" << T << " p0=" << p0
-      << " q_sigma=" << q_sigma;
+    s << dtype_name(dt) << " kv=" << n_kv << " bs=" << bs << " hd=" << hd << " gqa=" << ratio
+      << " T=" << T << " p0=" << p0 << " q_sigma=" << q_sigma;
     return s.str();
   }
 };
@@ -428,7 +441,8 @@ void check_attention(const AttnCase& c) {
   SCOPED_TRACE(c.name());
   const int64_t n_heads = c.n_kv * c.ratio;
   const int64_t n_ctx = c.p0 + c.T;
-  const uint32_t seed = static_cast<uint32_t>(c.bs * 7 + c.hd * 131 + c.ratio * 17 + c.T * 3 + c.p0 + static_cast<int>(c.dt));
+  const uint32_t seed = static_cast<uint32_t>(c.bs * 7 + c.hd * 131 + c.ratio * 17 + c.T * 3 +
+                                              c.p0 + static_cast<int>(c.dt));
   const TestKvCache cache(c.dt, c.bs, c.n_kv, c.hd, n_ctx, seed);
   const cpu::KvView kv = cache.view();
   std::mt19937 rng(seed + 1);
@@ -456,7 +470,8 @@ void check_attention(const AttnCase& c) {
     Guarded out(n_out);
     const int64_t n_scratch = static_cast<int64_t>(cpu::attention_scratch_floats(kv));
     Guarded scratch(n_scratch, std::vector<float>(static_cast<size_t>(n_scratch), NAN));
-    cpu::attention(q.data(), c.T, pos.data(), n_heads, kv, scale, out.data(), h0, h1, scratch.data());
+    cpu::attention(q.data(), c.T, pos.data(), n_heads, kv, scale, out.data(), h0, h1,
+                   scratch.data());
     ASSERT_TRUE(out.guards_intact());
     ASSERT_TRUE(scratch.guards_intact());
     double err2 = 0.0, ref2 = 0.0, worst = 0.0;

@@ -25,11 +25,13 @@ struct Case {
 // Tolerances: F32 weights differ from the reference only by float rounding and
 // the F16 KV cache; quantized weights also see Q8 activations (Q8_0 or Q8_K).
 const Case kCases[] = {
-    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},  {"llama", "bf16", 1e-2}, {"llama", "q8_0", 2e-2},
-    {"llama", "q4_0", 3e-2}, {"llama", "q4_1", 3e-2}, {"llama", "q5_0", 3e-2}, {"llama", "q5_1", 3e-2},
-    {"llama", "q2_k", 5e-2}, {"llama", "q3_k", 4e-2}, {"llama", "q4_k", 3e-2}, {"llama", "q5_k", 3e-2},
-    {"llama", "q6_k", 3e-2}, {"qwen2", "f32", 2e-3},  {"qwen2", "q8_0", 2e-2}, {"qwen2", "q4_k", 3e-2},
-    {"phi3", "f32", 2e-3},   {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 3e-2},  {"phi3", "q6_k", 3e-2},
+    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},  {"llama", "bf16", 1e-2},
+    {"llama", "q8_0", 2e-2}, {"llama", "q4_0", 3e-2}, {"llama", "q4_1", 3e-2},
+    {"llama", "q5_0", 3e-2}, {"llama", "q5_1", 3e-2}, {"llama", "q2_k", 5e-2},
+    {"llama", "q3_k", 4e-2}, {"llama", "q4_k", 3e-2}, {"llama", "q5_k", 3e-2},
+    {"llama", "q6_k", 3e-2}, {"qwen2", "f32", 2e-3},  {"qwen2", "q8_0", 2e-2},
+    {"qwen2", "q4_k", 3e-2}, {"phi3", "f32", 2e-3},   {"phi3", "f16", 3e-3},
+    {"phi3", "q4_0", 3e-2},  {"phi3", "q6_k", 3e-2},
 };
 
 class ForwardVsReference : public ::testing::TestWithParam<Case> {};
@@ -69,17 +71,22 @@ TEST_P(ForwardVsReference, LogitsMatchPrefillAndDecode) {
   ASSERT_TRUE(fwd.eval(std::span<const int32_t>(tokens.data(), 7), 0, logits.data(), true).ok());
   for (int64_t t = 0; t < 7; ++t) {
     std::vector<float> row(logits.begin() + t * V, logits.begin() + (t + 1) * V);
-    EXPECT_LT(test::normalized_error(row, ref[static_cast<size_t>(t)]), c.tol) << "prefill position " << t;
+    EXPECT_LT(test::normalized_error(row, ref[static_cast<size_t>(t)]), c.tol)
+        << "prefill position " << t;
   }
   std::vector<float> one(static_cast<size_t>(V));
   for (size_t t = 7; t < tokens.size(); ++t) {  // decode, one token a step
-    ASSERT_TRUE(fwd.eval(std::span<const int32_t>(&tokens[t], 1), static_cast<int64_t>(t), one.data()).ok());
+    ASSERT_TRUE(
+        fwd.eval(std::span<const int32_t>(&tokens[t], 1), static_cast<int64_t>(t), one.data())
+            .ok());
     EXPECT_LT(test::normalized_error(one, ref[t]), c.tol) << "decode position " << t;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchsAndDtypes, ForwardVsReference, ::testing::ValuesIn(kCases),
-                         [](const auto& p) { return std::string(p.param.arch) + "_" + p.param.dtype; });
+                         [](const auto& p) {
+                           return std::string(p.param.arch) + "_" + p.param.dtype;
+                         });
 
 TEST(Forward, Q8KvCacheStaysClose) {
   auto m = load_model(synth("llama", "f32", "q8kv"));
@@ -87,7 +94,8 @@ TEST(Forward, Q8KvCacheStaysClose) {
   const std::vector<int32_t> tokens = {0, 77, 301, 5, 122, 9};
   const auto ref = test::reference_logits(**m, tokens);
   CpuBackend be(1);
-  auto kv = KvCache::create({(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 64, 32, DType::kQ8_0});
+  auto kv = KvCache::create(
+      {(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 64, 32, DType::kQ8_0});
   ASSERT_TRUE(kv.ok()) << kv.message();
   ForwardPass fwd(**m, be, **kv);
   std::vector<float> logits(static_cast<size_t>((*m)->hp.n_vocab));
@@ -107,7 +115,8 @@ void patch(std::vector<uint8_t>& b, const std::string& from, const std::string& 
 TEST(ModelErrors, UnknownArchitecture) {
   std::string path = synth("llama", "f32", "err_arch");
   auto bytes = test::read_file(path);
-  patch(bytes, std::string("\x05\0\0\0\0\0\0\0llama", 13), std::string("\x05\0\0\0\0\0\0\0gpt-9", 13));
+  patch(bytes, std::string("\x05\0\0\0\0\0\0\0llama", 13),
+        std::string("\x05\0\0\0\0\0\0\0gpt-9", 13));
   test::write_file(path, bytes);
   auto m = load_model(path);
   ASSERT_FALSE(m.ok());
@@ -122,7 +131,8 @@ TEST(ModelErrors, MissingTensorIsNamed) {
   test::write_file(path, bytes);
   auto m = load_model(path);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.message().find("missing tensor 'blk.1.ffn_gate.weight'"), std::string::npos) << m.message();
+  EXPECT_NE(m.message().find("missing tensor 'blk.1.ffn_gate.weight'"), std::string::npos)
+      << m.message();
 }
 
 TEST(ModelErrors, WrongShapeNamesTensorAndShapes) {
@@ -138,7 +148,10 @@ TEST(ModelErrors, WrongShapeNamesTensorAndShapes) {
   test::write_file(path, bytes);
   auto m = load_model(path);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.message().find("tensor 'blk.0.ffn_down.weight' has shape [512, 256], expected [384, 256]"), std::string::npos) << m.message();
+  EXPECT_NE(
+      m.message().find("tensor 'blk.0.ffn_down.weight' has shape [512, 256], expected [384, 256]"),
+      std::string::npos)
+      << m.message();
 }
 
 class SessionTest : public ::testing::Test {
@@ -165,7 +178,8 @@ TEST_F(SessionTest, PromptLongerThanContextIsAClearError) {
   std::vector<int32_t> prompt(40, 65);
   auto r = s->generate(prompt, {}, nullptr);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.message().find("the prompt is 40 tokens but the context holds 16"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("the prompt is 40 tokens but the context holds 16"), std::string::npos)
+      << r.message();
 }
 
 TEST_F(SessionTest, FullContextStopsWithAReasonOrShifts) {
@@ -198,9 +212,15 @@ TEST_F(SessionTest, GreedyIsDeterministicAndCancelStops) {
   gp.stop_at_eog = false;
   auto prompt = s->tokenize_raw("The robot");
   std::string a, b;
-  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) { a += p; return true; }).ok());
+  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) {
+                 a += p;
+                 return true;
+               }).ok());
   s->reset();
-  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) { b += p; return true; }).ok());
+  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) {
+                 b += p;
+                 return true;
+               }).ok());
   EXPECT_EQ(a, b);
   EXPECT_FALSE(a.empty());
 
@@ -209,15 +229,27 @@ TEST_F(SessionTest, GreedyIsDeterministicAndCancelStops) {
   gp.sampling.seed = 99;
   std::string c, d;
   s->reset();
-  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) { c += p; return true; }).ok());
+  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) {
+                 c += p;
+                 return true;
+               }).ok());
   s->reset();
-  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) { d += p; return true; }).ok());
+  ASSERT_TRUE(s->generate(prompt, gp, [&](std::string_view p) {
+                 d += p;
+                 return true;
+               }).ok());
   EXPECT_EQ(c, d);
 
   std::atomic<bool> cancel{false};
   int pieces = 0;
   s->reset();
-  auto r = s->generate(prompt, gp, [&](std::string_view) { if (++pieces == 3) cancel = true; return true; }, &cancel);
+  auto r = s->generate(
+      prompt, gp,
+      [&](std::string_view) {
+        if (++pieces == 3) cancel = true;
+        return true;
+      },
+      &cancel);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reason, StopReason::kCancelled);
   EXPECT_LE(r->n_generated, 4);
@@ -232,7 +264,10 @@ TEST_F(SessionTest, SecondTurnReusesTheCachedPrefix) {
   auto p1 = s->tokenize_chat(msgs);
   ASSERT_TRUE(p1.ok());
   std::string reply;
-  ASSERT_TRUE(s->generate(*p1, gp, [&](std::string_view p) { reply += p; return true; }).ok());
+  ASSERT_TRUE(s->generate(*p1, gp, [&](std::string_view p) {
+                 reply += p;
+                 return true;
+               }).ok());
   msgs.push_back({"assistant", reply});
   msgs.push_back({"user", "And then?"});
   auto p2 = s->tokenize_chat(msgs);

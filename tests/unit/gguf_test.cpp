@@ -1,12 +1,13 @@
 // GGUF reader and writer: round trips of every value type, and corrupt files.
 // Every corruption is made by changing real bytes of a file the writer produced.
+#include "engine/model/gguf.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <new>
 #include <random>
 
-#include "engine/model/gguf.h"
 #include "engine/model/gguf_writer.h"
 #include "tests/alloc_probe.h"
 #include "tests/test_util.h"

@@ -1,11 +1,11 @@
 // The lock-free latency histogram and per-layer stats the GUI reads: bucket
 // edges, percentiles within a bucket's width, decode-only recording, reset.
+#include "engine/profile/layer_stats.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <thread>
-
-#include "engine/profile/layer_stats.h"
 
 namespace loom {
 namespace {

@@ -25,12 +25,14 @@
 namespace loom {
 namespace {
 
-using ref::fp16_to_fp32;
-using ref::fp32_to_fp16;
 using ref::bf16_to_fp32;
+using ref::fp16_to_fp32;
 using ref::fp32_to_bf16;
+using ref::fp32_to_fp16;
 
-uint16_t h16(float f) { return fp32_to_fp16(f); }
+uint16_t h16(float f) {
+  return fp32_to_fp16(f);
+}
 
 uint64_t fnv1a(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -103,20 +105,34 @@ struct FormatCase {
 //   Q5_1 0.05 | Q5_0 0.055 | Q5_K 0.048 | Q4_1 0.10 | Q4_0 0.11 | Q4_K 0.095
 //   Q3_K 0.20 | Q2_K 0.38
 const FormatCase kFormats[] = {
-    {DType::kF32, 0.0, 0x9dd195f48112c547ull, 0x9dd195f48112c547ull, 0x2bdb6ca0eb65a5b3ull, 0x2bdb6ca0eb65a5b3ull},
-    {DType::kF16, 3e-4, 0x52be69f7456d6a0full, 0x653b94e24b0da344ull, 0xbc7943d2cd959abcull, 0x3d5cf24df35c35b3ull},
-    {DType::kBF16, 2.5e-3, 0xeebeb8c91168d4fbull, 0x06ebb6e8eb80c4a3ull, 0x29692b119096f9ddull, 0x1b70ec0c4d14d115ull},
-    {DType::kQ4_0, 0.11, 0x9109b6c5b5a14aeeull, 0xb9e8a21876541927ull, 0x0ae02e81c9d52e05ull, 0xe0b3becb25759f4cull},
-    {DType::kQ4_1, 0.10, 0x9d824c4311e2fb34ull, 0x34585577e2f788ecull, 0x4bab87a7138a3959ull, 0x3b0c5436e38876e1ull},
-    {DType::kQ5_0, 0.055, 0x7ab31bf1cf659174ull, 0xb2ca636a1e3ad48full, 0xdcf969366ccecb85ull, 0x459e81af349200f3ull},
-    {DType::kQ5_1, 0.05, 0x85fddc35cbf1e2acull, 0x454b78b1ad88e327ull, 0xf3d901da48c5b5c8ull, 0xe19d68d87d2550c8ull},
-    {DType::kQ8_0, 0.008, 0x1b49a285c45defa7ull, 0xd95c657666d59841ull, 0xc980a5ce432db9fdull, 0xc4e3452f0e12ee1eull},
-    {DType::kQ2_K, 0.38, 0x31bf2055a65bbc77ull, 0xb1a54f61cc1c57c5ull, 0x53a66d0ff104b1acull, 0x3a934cc682b99fa1ull},
-    {DType::kQ3_K, 0.20, 0x4950c9181ba3d465ull, 0x76b0d0b41c6415b5ull, 0x209ab5c2368aeceaull, 0xb77b13a97c924899ull},
-    {DType::kQ4_K, 0.095, 0x658650687d423679ull, 0xd38526d54cc6f109ull, 0x535983b0a04764c1ull, 0xe00fd96ce2cdd3deull},
-    {DType::kQ5_K, 0.048, 0xf56febb222e99a04ull, 0x7081fd1bd81c92c0ull, 0xda623bf194ac15b2ull, 0xb230c1eaeffffd8full},
-    {DType::kQ6_K, 0.024, 0xac3b8bba6fa59541ull, 0xc91e5911d92bffdaull, 0x2378d559d71549f0ull, 0x0b5336a1bbfa69f2ull},
-    {DType::kQ8_K, 0.01, 0xf91e522a580cbfa6ull, 0x771b4e2e39d2ac36ull, 0x743b371a8f4b4914ull, 0x504fc54d2414e8b6ull},
+    {DType::kF32, 0.0, 0x9dd195f48112c547ull, 0x9dd195f48112c547ull, 0x2bdb6ca0eb65a5b3ull,
+     0x2bdb6ca0eb65a5b3ull},
+    {DType::kF16, 3e-4, 0x52be69f7456d6a0full, 0x653b94e24b0da344ull, 0xbc7943d2cd959abcull,
+     0x3d5cf24df35c35b3ull},
+    {DType::kBF16, 2.5e-3, 0xeebeb8c91168d4fbull, 0x06ebb6e8eb80c4a3ull, 0x29692b119096f9ddull,
+     0x1b70ec0c4d14d115ull},
+    {DType::kQ4_0, 0.11, 0x9109b6c5b5a14aeeull, 0xb9e8a21876541927ull, 0x0ae02e81c9d52e05ull,
+     0xe0b3becb25759f4cull},
+    {DType::kQ4_1, 0.10, 0x9d824c4311e2fb34ull, 0x34585577e2f788ecull, 0x4bab87a7138a3959ull,
+     0x3b0c5436e38876e1ull},
+    {DType::kQ5_0, 0.055, 0x7ab31bf1cf659174ull, 0xb2ca636a1e3ad48full, 0xdcf969366ccecb85ull,
+     0x459e81af349200f3ull},
+    {DType::kQ5_1, 0.05, 0x85fddc35cbf1e2acull, 0x454b78b1ad88e327ull, 0xf3d901da48c5b5c8ull,
+     0xe19d68d87d2550c8ull},
+    {DType::kQ8_0, 0.008, 0x1b49a285c45defa7ull, 0xd95c657666d59841ull, 0xc980a5ce432db9fdull,
+     0xc4e3452f0e12ee1eull},
+    {DType::kQ2_K, 0.38, 0x31bf2055a65bbc77ull, 0xb1a54f61cc1c57c5ull, 0x53a66d0ff104b1acull,
+     0x3a934cc682b99fa1ull},
+    {DType::kQ3_K, 0.20, 0x4950c9181ba3d465ull, 0x76b0d0b41c6415b5ull, 0x209ab5c2368aeceaull,
+     0xb77b13a97c924899ull},
+    {DType::kQ4_K, 0.095, 0x658650687d423679ull, 0xd38526d54cc6f109ull, 0x535983b0a04764c1ull,
+     0xe00fd96ce2cdd3deull},
+    {DType::kQ5_K, 0.048, 0xf56febb222e99a04ull, 0x7081fd1bd81c92c0ull, 0xda623bf194ac15b2ull,
+     0xb230c1eaeffffd8full},
+    {DType::kQ6_K, 0.024, 0xac3b8bba6fa59541ull, 0xc91e5911d92bffdaull, 0x2378d559d71549f0ull,
+     0x0b5336a1bbfa69f2ull},
+    {DType::kQ8_K, 0.01, 0xf91e522a580cbfa6ull, 0x771b4e2e39d2ac36ull, 0x743b371a8f4b4914ull,
+     0x504fc54d2414e8b6ull},
 };
 
 class RefFormat : public ::testing::TestWithParam<FormatCase> {};
@@ -151,9 +167,11 @@ TEST_P(RefFormat, GoldenHashesMatchGgml) {
   const std::vector<float> ys = dequantize(c.type, qs, sine.size());
   const std::vector<float> yn = dequantize(c.type, qn, noise.size());
   EXPECT_EQ(fnv1a(qs.data(), qs.size()), c.sine_bytes) << "quantized bytes (sine)";
-  EXPECT_EQ(fnv1a(ys.data(), ys.size() * sizeof(float)), c.sine_values) << "dequantized values (sine)";
+  EXPECT_EQ(fnv1a(ys.data(), ys.size() * sizeof(float)), c.sine_values)
+      << "dequantized values (sine)";
   EXPECT_EQ(fnv1a(qn.data(), qn.size()), c.noise_bytes) << "quantized bytes (noise)";
-  EXPECT_EQ(fnv1a(yn.data(), yn.size() * sizeof(float)), c.noise_values) << "dequantized values (noise)";
+  EXPECT_EQ(fnv1a(yn.data(), yn.size() * sizeof(float)), c.noise_values)
+      << "dequantized values (noise)";
 }
 
 TEST_P(RefFormat, ZerosStayZero) {
@@ -183,9 +201,12 @@ TEST_P(RefFormat, RejectsCountsOffTheBlockGrid) {
   std::vector<float> x(2 * bs + 8, 1.0f);
   std::vector<uint8_t> q(4096);
   EXPECT_TRUE(ref::quantize_row(c.type, x.data(), q.data(), 0).ok());
-  EXPECT_EQ(ref::quantize_row(c.type, x.data(), q.data(), -bs).error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(ref::dequantize_row(c.type, q.data(), x.data(), -1).error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(ref::quantize_row(c.type, nullptr, q.data(), bs).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ref::quantize_row(c.type, x.data(), q.data(), -bs).error().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ref::dequantize_row(c.type, q.data(), x.data(), -1).error().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ref::quantize_row(c.type, nullptr, q.data(), bs).error().code(),
+            ErrorCode::kInvalidArgument);
   if (bs > 1) {
     Status s = ref::quantize_row(c.type, x.data(), q.data(), bs + 1);
     ASSERT_FALSE(s.ok());
@@ -234,8 +255,8 @@ TEST(RefDispatch, HasReferenceAgreesWithTheDtypeTable) {
 TEST(RefDispatch, UnsupportedDtypesAreErrors) {
   std::vector<float> x(256, 1.0f);
   std::vector<uint8_t> q(4096);
-  for (DType t : {DType::kQ8_1, DType::kIQ2_XXS, DType::kIQ4_NL, DType::kI8, DType::kF64, DType::kTQ1_0,
-                  DType::kMXFP4}) {
+  for (DType t : {DType::kQ8_1, DType::kIQ2_XXS, DType::kIQ4_NL, DType::kI8, DType::kF64,
+                  DType::kTQ1_0, DType::kMXFP4}) {
     const int64_t n = 256;
     Status s = ref::quantize_row(t, x.data(), q.data(), n);
     ASSERT_FALSE(s.ok()) << dtype_name(t);
@@ -270,12 +291,13 @@ TEST(RefKnownBlocks, Q4_0) {
   float y[32];
   ref::dequantize_row_q4_0(&b, y, 32);
   // Low nibbles 0..15 are elements 0..15, high nibbles 15..0 elements 16..31.
-  EXPECT_EQ(y[0], -4.0f);   // (0 - 8) * 0.5
+  EXPECT_EQ(y[0], -4.0f);  // (0 - 8) * 0.5
   EXPECT_EQ(y[8], 0.0f);
-  EXPECT_EQ(y[15], 3.5f);   // (15 - 8) * 0.5
+  EXPECT_EQ(y[15], 3.5f);  // (15 - 8) * 0.5
   EXPECT_EQ(y[16], 3.5f);
   EXPECT_EQ(y[31], -4.0f);
-  for (int e = 0; e < 32; ++e) EXPECT_EQ(y[e], 0.5f * static_cast<float>(e < 16 ? e - 8 : 23 - e)) << e;
+  for (int e = 0; e < 32; ++e)
+    EXPECT_EQ(y[e], 0.5f * static_cast<float>(e < 16 ? e - 8 : 23 - e)) << e;
 }
 
 TEST(RefKnownBlocks, Q4_1) {
@@ -285,11 +307,12 @@ TEST(RefKnownBlocks, Q4_1) {
   for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
   float y[32];
   ref::dequantize_row_q4_1(&b, y, 32);
-  EXPECT_EQ(y[0], -1.0f);    // 0 * 0.25 - 1
-  EXPECT_EQ(y[15], 2.75f);   // 15 * 0.25 - 1
+  EXPECT_EQ(y[0], -1.0f);   // 0 * 0.25 - 1
+  EXPECT_EQ(y[15], 2.75f);  // 15 * 0.25 - 1
   EXPECT_EQ(y[16], 2.75f);
   EXPECT_EQ(y[31], -1.0f);
-  for (int e = 0; e < 32; ++e) EXPECT_EQ(y[e], 0.25f * static_cast<float>(e < 16 ? e : 31 - e) - 1.0f) << e;
+  for (int e = 0; e < 32; ++e)
+    EXPECT_EQ(y[e], 0.25f * static_cast<float>(e < 16 ? e : 31 - e) - 1.0f) << e;
 }
 
 TEST(RefKnownBlocks, Q5_0) {
@@ -322,10 +345,10 @@ TEST(RefKnownBlocks, Q5_1) {
   b.qh[3] = 0xFF;
   float y[32];
   ref::dequantize_row_q5_1(&b, y, 32);
-  EXPECT_EQ(y[0], 10.0f);    // (0 + 16) * 0.5 + 2
-  EXPECT_EQ(y[8], 6.0f);     // 8 * 0.5 + 2
-  EXPECT_EQ(y[23], 5.5f);    // 7 * 0.5 + 2
-  EXPECT_EQ(y[31], 17.5f);   // (15 + 16) * 0.5 + 2
+  EXPECT_EQ(y[0], 10.0f);   // (0 + 16) * 0.5 + 2
+  EXPECT_EQ(y[8], 6.0f);    // 8 * 0.5 + 2
+  EXPECT_EQ(y[23], 5.5f);   // 7 * 0.5 + 2
+  EXPECT_EQ(y[31], 17.5f);  // (15 + 16) * 0.5 + 2
   for (int e = 0; e < 32; ++e) {
     const int q = (e % 16) + ((e < 8 || e >= 24) ? 16 : 0);
     EXPECT_EQ(y[e], 0.5f * static_cast<float>(q) + 2.0f) << e;
@@ -354,7 +377,7 @@ TEST(RefKnownBlocks, Q2_K) {
   std::memset(b.qs, 0xE4, sizeof(b.qs));
   float y[256];
   ref::dequantize_row_q2_k(&b, y, 256);
-  EXPECT_EQ(y[0], -3.75f);          // s 0: 0.5*0*0 - 0.25*15
+  EXPECT_EQ(y[0], -3.75f);                      // s 0: 0.5*0*0 - 0.25*15
   EXPECT_EQ(y[40], 0.5f * 2 * 1 - 0.25f * 13);  // s 2, q 1
   EXPECT_EQ(y[255], 0.5f * 15 * 3 - 0.0f);      // s 15, q 3: 22.5
   for (int e = 0; e < 256; ++e) {
@@ -373,14 +396,14 @@ TEST(RefKnownBlocks, Q3_K) {
   for (int j = 0; j < 8; ++j) b.scales[j] = 0x21;
   for (int j = 8; j < 12; ++j) b.scales[j] = 0xE4;
   const int kScale[4] = {-31, -15, 2, 18};
-  std::memset(b.qs, 0xE4, sizeof(b.qs));    // low bits (e % 128) / 32
+  std::memset(b.qs, 0xE4, sizeof(b.qs));        // low bits (e % 128) / 32
   std::memset(b.hmask, 0x0F, sizeof(b.hmask));  // high bit set for e < 128
   float y[256];
   ref::dequantize_row_q3_k(&b, y, 256);
-  EXPECT_EQ(y[0], 0.0f);                  // q 0 with high bit: 0
-  EXPECT_EQ(y[96], 0.25f * -15 * 3);      // s 6, q 3
-  EXPECT_EQ(y[128], 0.25f * 2 * -4);      // s 8, no high bit: 0 - 4
-  EXPECT_EQ(y[255], 0.25f * 18 * -1);     // s 15, 3 - 4
+  EXPECT_EQ(y[0], 0.0f);               // q 0 with high bit: 0
+  EXPECT_EQ(y[96], 0.25f * -15 * 3);   // s 6, q 3
+  EXPECT_EQ(y[128], 0.25f * 2 * -4);   // s 8, no high bit: 0 - 4
+  EXPECT_EQ(y[255], 0.25f * 18 * -1);  // s 15, 3 - 4
   for (int e = 0; e < 256; ++e) {
     const int q = (e % 128) / 32 - (e < 128 ? 0 : 4);
     EXPECT_EQ(y[e], 0.25f * static_cast<float>(kScale[e / 64]) * static_cast<float>(q)) << e;
@@ -418,14 +441,16 @@ TEST(RefKnownBlocks, Q4_K) {
   for (int i = 0; i < 128; ++i) b.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
   float y[256];
   ref::dequantize_row_q4_k(&b, y, 256);
-  EXPECT_EQ(y[0], -0.625f);             // 0.5*1*0 - 0.125*5
+  EXPECT_EQ(y[0], -0.625f);  // 0.5*1*0 - 0.125*5
   EXPECT_EQ(y[32 + 1], 0.5f * 2 * 14 - 0.125f * 6);
   EXPECT_EQ(y[255], 0.5f * 23 * 0 - 0.125f * 40);  // s 7, l 31: 15 - 15
   for (int e = 0; e < 256; ++e) {
     const int s = e / 32;
     const int l = e % 32;
     const int q = s % 2 == 0 ? l % 16 : 15 - l % 16;
-    EXPECT_EQ(y[e], 0.5f * static_cast<float>(kK4Scale[s] * q) - 0.125f * static_cast<float>(kK4Min[s])) << e;
+    EXPECT_EQ(y[e],
+              0.5f * static_cast<float>(kK4Scale[s] * q) - 0.125f * static_cast<float>(kK4Min[s]))
+        << e;
   }
 }
 
@@ -439,13 +464,15 @@ TEST(RefKnownBlocks, Q5_K) {
   for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<uint8_t>(l);
   float y[256];
   ref::dequantize_row_q5_k(&b, y, 256);
-  EXPECT_EQ(y[1], 0.5f * 1 * 17 - 0.125f * 5);       // s 0, l 1: 1 + 16
+  EXPECT_EQ(y[1], 0.5f * 1 * 17 - 0.125f * 5);              // s 0, l 1: 1 + 16
   EXPECT_EQ(y[32 + 2], 0.5f * 2 * (13 + 16) - 0.125f * 6);  // s 1, l 2: bit 1 of 2
   for (int e = 0; e < 256; ++e) {
     const int s = e / 32;
     const int l = e % 32;
     const int q = (s % 2 == 0 ? l % 16 : 15 - l % 16) + 16 * ((l >> s) & 1);
-    EXPECT_EQ(y[e], 0.5f * static_cast<float>(kK4Scale[s] * q) - 0.125f * static_cast<float>(kK4Min[s])) << e;
+    EXPECT_EQ(y[e],
+              0.5f * static_cast<float>(kK4Scale[s] * q) - 0.125f * static_cast<float>(kK4Min[s]))
+        << e;
   }
 }
 
@@ -460,10 +487,11 @@ TEST(RefKnownBlocks, Q6_K) {
   const int kQ[4] = {-31, -15, 2, 18};
   float y[256];
   ref::dequantize_row_q6_k(&b, y, 256);
-  EXPECT_EQ(y[0], 0.25f * -8 * -31);    // 62
-  EXPECT_EQ(y[255], 0.25f * 7 * 18);    // 31.5
+  EXPECT_EQ(y[0], 0.25f * -8 * -31);  // 62
+  EXPECT_EQ(y[255], 0.25f * 7 * 18);  // 31.5
   for (int e = 0; e < 256; ++e) {
-    EXPECT_EQ(y[e], 0.25f * static_cast<float>(e / 16 - 8) * static_cast<float>(kQ[(e % 128) / 32])) << e;
+    EXPECT_EQ(y[e], 0.25f * static_cast<float>(e / 16 - 8) * static_cast<float>(kQ[(e % 128) / 32]))
+        << e;
   }
 }
 
@@ -473,7 +501,7 @@ TEST(RefKnownBlocks, Q8_K) {
   for (int e = 0; e < 256; ++e) b.qs[e] = static_cast<int8_t>(e % 255 - 127);
   float y[256];
   ref::dequantize_row_q8_k(&b, y, 256);
-  EXPECT_EQ(y[0], -3.96875f);   // -127 / 32
+  EXPECT_EQ(y[0], -3.96875f);  // -127 / 32
   EXPECT_EQ(y[254], 3.96875f);
   EXPECT_EQ(y[255], -3.96875f);
   for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], static_cast<float>(e % 255 - 127) / 32.0f) << e;
@@ -505,7 +533,9 @@ double half_value(uint16_t h) {
   return sign ? -mag : mag;
 }
 
-bool is_half_nan(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0; }
+bool is_half_nan(uint16_t h) {
+  return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+}
 
 TEST(RefFp16, AllHalvesWidenExactlyAndRoundTrip) {
   for (uint32_t i = 0; i < 65536; ++i) {
@@ -553,9 +583,9 @@ TEST(RefFp16, OverflowUnderflowInfNan) {
   EXPECT_EQ(h16(-1e10f), 0xFC00);
   EXPECT_EQ(h16(std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_EQ(h16(-std::numeric_limits<float>::infinity()), 0xFC00);
-  EXPECT_EQ(h16(0x1p-25f), 0x0000);                // half the smallest subnormal: tie to 0
+  EXPECT_EQ(h16(0x1p-25f), 0x0000);  // half the smallest subnormal: tie to 0
   EXPECT_EQ(h16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
-  EXPECT_EQ(h16(0x1.8p-24f), 0x0002);              // 1.5 ulp: tie to 2
+  EXPECT_EQ(h16(0x1.8p-24f), 0x0002);  // 1.5 ulp: tie to 2
   EXPECT_EQ(h16(-0x1p-30f), 0x8000);
   EXPECT_EQ(h16(std::numeric_limits<float>::denorm_min()), 0x0000);
   EXPECT_EQ(h16(-0.0f), 0x8000);
@@ -576,7 +606,10 @@ TEST(RefFp16, RandomFloatsRoundToNearest) {
     uint32_t hi = 0x7BFF;
     while (lo < hi) {  // largest code with value <= f
       const uint32_t mid = (lo + hi + 1) / 2;
-      if (half_value(static_cast<uint16_t>(mid)) <= f) lo = mid; else hi = mid - 1;
+      if (half_value(static_cast<uint16_t>(mid)) <= f)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     uint32_t want = lo;
     if (lo < 0x7BFF) {
@@ -599,13 +632,14 @@ TEST(RefBf16, AllPatternsRoundTripAndNansStayQuiet) {
 }
 
 TEST(RefBf16, RoundsToNearestEven) {
-  EXPECT_EQ(fp32_to_bf16(1.0f + 0x1p-8f), 0x3F80);        // tie, 0x3F80 even
-  EXPECT_EQ(fp32_to_bf16(1.0f + 0x1.8p-7f), 0x3F82);      // tie between 0x3F81 and 0x3F82
+  EXPECT_EQ(fp32_to_bf16(1.0f + 0x1p-8f), 0x3F80);    // tie, 0x3F80 even
+  EXPECT_EQ(fp32_to_bf16(1.0f + 0x1.8p-7f), 0x3F82);  // tie between 0x3F81 and 0x3F82
   EXPECT_EQ(fp32_to_bf16(std::nextafter(1.0f + 0x1p-8f, 2.0f)), 0x3F81);
   EXPECT_EQ(fp32_to_bf16(-1.0f - 0x1p-8f), 0xBF80);
   EXPECT_EQ(fp32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to inf
   EXPECT_EQ(fp32_to_bf16(-std::numeric_limits<float>::infinity()), 0xFF80);
-  EXPECT_EQ(fp32_to_bf16(std::numeric_limits<float>::denorm_min()), 0x0000);  // subnormal, not flushed:
+  EXPECT_EQ(fp32_to_bf16(std::numeric_limits<float>::denorm_min()),
+            0x0000);                           // subnormal, not flushed:
   EXPECT_EQ(fp32_to_bf16(0x1p-130f), 0x0008);  // 2^19 * 2^-149: kept exactly
   // A NaN whose payload lives only in the dropped bits must stay a NaN.
   EXPECT_EQ(fp32_to_bf16(std::bit_cast<float>(0x7F800001u)), 0x7FC0);
@@ -619,9 +653,11 @@ TEST(RefBf16, RoundsToNearestEven) {
     const uint32_t lo = bits & 0xFFFF0000u;
     const double dlo = static_cast<double>(f) - std::bit_cast<float>(lo);
     // The step above the largest finite bf16 is 2^128 (it rounds to inf).
-    const double next = lo == 0x7F7F0000u ? std::ldexp(1.0, 128) : std::bit_cast<float>(lo + 0x10000u);
+    const double next =
+        lo == 0x7F7F0000u ? std::ldexp(1.0, 128) : std::bit_cast<float>(lo + 0x10000u);
     const double dhi = next - f;
-    const uint32_t want = (dhi < dlo || (dhi == dlo && ((lo >> 16) & 1))) ? (lo >> 16) + 1 : lo >> 16;
+    const uint32_t want =
+        (dhi < dlo || (dhi == dlo && ((lo >> 16) & 1))) ? (lo >> 16) + 1 : lo >> 16;
     ASSERT_EQ(fp32_to_bf16(f), want) << bits;
   }
 }

@@ -1,14 +1,16 @@
 // Sampling: greedy, each filter on its own, penalties, seeded determinism.
+#include "engine/runtime/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "engine/runtime/sampler.h"
-
 namespace loom {
 namespace {
 
-std::vector<float> logits5() { return {1.0f, 3.0f, 2.0f, 0.5f, 2.9f}; }
+std::vector<float> logits5() {
+  return {1.0f, 3.0f, 2.0f, 0.5f, 2.9f};
+}
 
 TEST(Sampler, GreedyPicksTheMaximum) {
   SamplerParams p;
@@ -89,7 +91,9 @@ TEST(Sampler, SameSeedSameSequence) {
   for (int i = 0; i < 100; ++i) ASSERT_EQ(a.sample(l.data(), {}), b.sample(l.data(), {}));
   p.seed = 1235;
   Sampler c(p, 5);
-  Sampler d(SamplerParams{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.repeat_last_n, 1234}, 5);
+  Sampler d(SamplerParams{p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty,
+                          p.repeat_last_n, 1234},
+            5);
   int diff = 0;
   for (int i = 0; i < 100; ++i) diff += c.sample(l.data(), {}) != d.sample(l.data(), {});
   EXPECT_GT(diff, 0);

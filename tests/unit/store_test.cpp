@@ -2,6 +2,8 @@
 // file built here from a frozen copy of its SQL, refusal of newer and foreign
 // files, one connection per thread, and streamed message updates surviving a
 // killed process.
+#include "storage/store.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -12,13 +14,14 @@
 #include <thread>
 #include <vector>
 
-#include "storage/store.h"
 #include "tests/test_util.h"
 
 namespace loom::storage {
 namespace {
 
-std::string db_path(const std::string& test) { return test::temp_dir("store_" + test) + "/loom.db"; }
+std::string db_path(const std::string& test) {
+  return test::temp_dir("store_" + test) + "/loom.db";
+}
 
 std::unique_ptr<Store> open_ok(const std::string& path) {
   auto s = Store::open(path);
@@ -122,7 +125,8 @@ TEST(Store, MessagesAddUpdateListTruncate) {
   const int64_t u1 = *s->add_message(chat, "user", "hi");
   const int64_t a1 = *s->add_message(chat, "assistant", "", MessageState::kStreaming);
   ASSERT_TRUE(s->update_message(a1, "Hel", MessageState::kStreaming).ok());
-  ASSERT_TRUE(s->update_message(a1, "Hello — ünïcode ✓", MessageState::kComplete, "12 tokens").ok());
+  ASSERT_TRUE(
+      s->update_message(a1, "Hello — ünïcode ✓", MessageState::kComplete, "12 tokens").ok());
   const int64_t u2 = *s->add_message(chat, "user", "again");
   ASSERT_TRUE(s->add_message(chat, "assistant", "sure").ok());
 
@@ -163,7 +167,8 @@ TEST(Store, AppSettingsRecentModelsPresets) {
   EXPECT_EQ(s->recent_models()->front().path, "/m/b.gguf");
 
   const int64_t p = *s->save_preset("attn on gpu", R"({"strategy":"attn-gpu"})");
-  EXPECT_EQ(*s->save_preset("attn on gpu", R"({"strategy":"attn-gpu","budget":4})"), p);  // replaced
+  EXPECT_EQ(*s->save_preset("attn on gpu", R"({"strategy":"attn-gpu","budget":4})"),
+            p);  // replaced
   ASSERT_TRUE(s->save_preset("all cpu", R"({"strategy":"cpu"})").ok());
   auto ps = *s->list_presets();
   ASSERT_EQ(ps.size(), 2u);
@@ -301,7 +306,8 @@ TEST(StoreDeathTest, StreamedUpdatesSurviveAKilledProcess) {
   auto msgs = *s->list_messages(chat);
   ASSERT_EQ(msgs.size(), 1u);
   EXPECT_EQ(msgs[0].state, MessageState::kStreaming);
-  EXPECT_EQ(msgs[0].content.substr(msgs[0].content.size() - 6), "tok39 ");  // the last update is there
+  EXPECT_EQ(msgs[0].content.substr(msgs[0].content.size() - 6),
+            "tok39 ");  // the last update is there
   // At start-up the app marks it interrupted.
   EXPECT_EQ(*s->recover_interrupted(), 1);
   msgs = *s->list_messages(chat);

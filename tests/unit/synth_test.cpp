@@ -1,4 +1,6 @@
 // Synthetic models: layout per architecture, dtypes, determinism, errors.
+#include "engine/model/synth.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 
 #include "cpu/ref/quants.h"
 #include "engine/model/gguf.h"
-#include "engine/model/synth.h"
 #include "tests/test_util.h"
 
 namespace loom {
@@ -44,7 +45,8 @@ TEST(Synth, LlamaLayoutAndMetadata) {
   EXPECT_EQ(*f->get_int("llama.rope.dimension_count").value(), 64);
   EXPECT_EQ(*f->get_int("general.file_type").value(), 2);
   const int64_t n_vocab = *f->get_int("llama.vocab_size").value();
-  EXPECT_EQ(static_cast<int64_t>(f->get_string_array("tokenizer.ggml.tokens").value()->size()), n_vocab);
+  EXPECT_EQ(static_cast<int64_t>(f->get_string_array("tokenizer.ggml.tokens").value()->size()),
+            n_vocab);
   // 1 embedding + 9 per layer + output_norm + output.
   EXPECT_EQ(f->tensors().size(), 1u + 2u * 9u + 2u);
   const GgufTensor* q = f->find_tensor("blk.1.attn_q.weight");
@@ -54,7 +56,8 @@ TEST(Synth, LlamaLayoutAndMetadata) {
   EXPECT_EQ(f->find_tensor("blk.1.attn_k.weight")->shape_string(), "[256, 128]");
   EXPECT_EQ(f->find_tensor("blk.0.ffn_down.weight")->shape_string(), "[512, 256]");
   EXPECT_EQ(f->find_tensor("blk.0.attn_norm.weight")->dtype, DType::kF32);
-  EXPECT_EQ(f->find_tensor("output.weight")->shape_string(), "[256, " + std::to_string(n_vocab) + "]");
+  EXPECT_EQ(f->find_tensor("output.weight")->shape_string(),
+            "[256, " + std::to_string(n_vocab) + "]");
   ASSERT_TRUE(f->get_string("tokenizer.chat_template").value().has_value());
 }
 
@@ -79,8 +82,8 @@ TEST(Synth, Phi3HasFusedQkvAndGateUp) {
 }
 
 TEST(Synth, EveryWeightTypeWritesAndDequantizes) {
-  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k",
-                        "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"}) {
+  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k",
+                        "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"}) {
     SynthSpec s = small("llama", t);
     s.n_layer = 1;
     auto f = synth_and_open(s, std::string("w_") + t);

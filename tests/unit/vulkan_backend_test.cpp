@@ -308,16 +308,17 @@ TEST_P(VulkanMatmul, MatmulAddNorm) {
   be_->set_norm_tails(false);
 }
 
-// Integer-dot matvecs (Q4_0, Q8_0): after rms_norm of one token, its Q8 copy
+// Integer-dot matvecs (Q4_0, Q8_0, Q4_K, Q6_K): after rms_norm of one token, its Q8 copy
 // feeds matmul, matmul_glu and matmul_qkv; against a double reference that
 // quantizes the normed row as the shader does (32-element blocks, d = max|v| /
 // 127, round to even), over row splits. A write over the normed row (upload)
 // makes the copy stale: the float matvec runs and matches the new row.
 TEST_P(VulkanMatmul, IntDotAfterNorm) {
   const DType t = GetParam();
-  if (t != DType::kQ4_0 && t != DType::kQ8_0) GTEST_SKIP() << "integer dots: Q4_0 and Q8_0";
+  if (t != DType::kQ4_0 && t != DType::kQ8_0 && t != DType::kQ4_K && t != DType::kQ6_K)
+    GTEST_SKIP() << "integer dots: Q4_0, Q8_0, Q4_K and Q6_K";
   if (!be_->caps().int_dot) GTEST_SKIP() << "the device has no 8-bit integer dot products";
-  const int64_t n = 256, m = 70;
+  const int64_t n = 512, m = 70;
   const float eps = 1e-5f;
   const HostWeight w = make_weight(t, n, m, 990), g = make_weight(t, n, m, 991),
                    u = make_weight(t, n, m, 992), k = make_weight(t, n, 18, 993),

@@ -47,10 +47,10 @@ struct Case {
   double tol;  ///< normalized error of the logits vs the double reference
 };
 
-// The GPU keeps activations in f32, except that single-token Q8_0 and Q4_0
-// matvecs fed by a norm read its Q8 copy where the device has integer dot
-// products (as the CPU converts activations to Q8 for quantized weights): the
-// bounds are those of forward_test.cpp for those two, tighter for the rest.
+// The GPU keeps activations in f32, except that single-token Q8_0, Q4_0, Q4_K
+// and Q6_K matvecs fed by a norm read its Q8 copy where the device has integer
+// dot products (as the CPU converts activations to Q8 for quantized weights):
+// the bounds are those of forward_test.cpp or tighter.
 const Case kCases[] = {
     {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},    {"llama", "q8_0", 2e-2},
     {"llama", "q4_0", 3e-2}, {"llama", "q4_k", 2e-2},   {"llama", "q5_k", 2e-2},

@@ -1475,8 +1475,10 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
 }
 
 const VulkanBackend::Xq8* VulkanBackend::xq8_for(const Act& x, int64_t K, DType t) const {
-  return xq8_.buffer && (t == DType::kQ4_0 || t == DType::kQ8_0) && x.rows == 1 &&
-                 x.buffer == xq8_.buffer && x.offset == xq8_.offset && K == xq8_.n
+  return xq8_.buffer &&
+                 (t == DType::kQ4_0 || t == DType::kQ8_0 || t == DType::kQ4_K ||
+                  t == DType::kQ6_K) &&
+                 x.rows == 1 && x.buffer == xq8_.buffer && x.offset == xq8_.offset && K == xq8_.n
              ? &xq8_
              : nullptr;
 }
