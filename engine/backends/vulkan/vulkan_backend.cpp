@@ -987,6 +987,8 @@ Result<std::unique_ptr<ActBuffer>> VulkanBackend::alloc_act(int64_t n_floats) {
   LOOM_ASSIGN_OR_RETURN(
       Alloc a, device_pool_->alloc(static_cast<uint64_t>(std::max<int64_t>(n_floats, 1)) * 4,
                                    "activations"));
+  // The memory may be a freed act's that xq8_ still names: forget the copy.
+  xq8_ = Xq8{};
   return std::unique_ptr<ActBuffer>(new VkActBuffer(this, a, n_floats));
 }
 
