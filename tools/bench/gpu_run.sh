@@ -19,6 +19,9 @@
 #   diag5b   a hybrid step's host op shares and GPU shader times, GPU clocks sampled
 #   keep5    layers:16 with keep-busy kernels of several sizes, GPU clocks sampled
 #   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
+#   ab       Q4_0 decode with the decode fusions (LOOM_VK_FUSE) and integer-dot
+#            matvecs (LOOM_VK_INT_DOT) off and on
+#   probe    per-shape matvec times, and with the Q4_0 arithmetic left out
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
 # Models are written by `loom synth` into /tmp/models.
@@ -49,9 +52,22 @@ for s in $stages; do
       "$L" devices
       "$B/loom_membw_bench" 1 4 8 "$T"
       ;;
-    tests)
-      "$B/loom_gpu_tests" --gtest_brief=1 2>&1 | tail -n 15
-      "$B/loom_unit_tests" --gtest_brief=1 --gtest_filter='Vulkan*' 2>&1 | tail -n 5
+    tests)  # time-limited: a hang must not eat the device budget
+      timeout 120 "$B/loom_gpu_tests" --gtest_brief=1 2>&1 | tail -n 15
+      timeout 240 "$B/loom_unit_tests" --gtest_brief=1 \
+        --gtest_filter='Vulkan*:*VulkanAttention*:*VulkanMatmul*:*VulkanKv*:*VulkanForward*' 2>&1 | tail -n 5
+      ;;
+    ab)  # Q4_0 decode with each decode fusion and the integer-dot matvecs off and on
+      m="$(model q4_0)"
+      for e in "LOOM_VK_FUSE=0" "LOOM_VK_FUSE=4" "LOOM_VK_FUSE=7" "LOOM_VK_INT_DOT=0" "LOOM_VK_INT_DOT=1"; do
+        echo "--- $e"
+        env "$e" timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 2 2>&1 | grep -E "^(decode|itl)"
+      done
+      ;;
+    probe)  # per-shape matvec us/call, then with the Q4_0 matvecs' arithmetic left out (LOOM_VK_PROBE_LOADS)
+      m="$(model q4_0)"
+      LOOM_VK_FUSE=0 LOOM_VK_INT_DOT=0 "$B/loom_vulkan_bench" "$m" 16 32 --sweep 0 2>&1 | grep -E "^sweep"
+      LOOM_VK_FUSE=0 LOOM_VK_INT_DOT=0 LOOM_VK_PROBE_LOADS=1 "$B/loom_vulkan_bench" "$m" 16 32 --sweep 0 2>&1 | grep -E "^sweep"
       ;;
     issue4)
       for d in ${ISSUE4_DTYPES:-q4_0 q4_k_m}; do
