@@ -9,7 +9,8 @@
 // VPT vec4 per thread) and unaligned ones take the plain loops for the rest.
 #define RED_N 1
 #if defined(Q8_OUT) && !defined(USE_SUBGROUP)
-#undef Q8_OUT  // the variant without subgroups is plain rms_norm (never used)
+#undef Q8_OUT  // the variants without subgroups are plain rms_norm (never used)
+#undef Q8_ONLY
 #endif
 #include "common.glsl"
 #ifdef Q8_OUT
@@ -18,6 +19,8 @@
 // with d = max|o| / 127 (four to a word, xq), and (d, d * sum q) (xd). The
 // host keeps to one row with every vec4 in registers; eight consecutive
 // threads hold a block (WG is a multiple of 8); they meet in shared memory.
+// quant_q8 (Q8_ONLY): the Q8 copy of a row as it is (an input of o or down),
+// up to VPT = 8 vec4 per thread.
 shared float qmax_sh[WG];
 shared int qsum_sh[WG];
 #endif
@@ -45,7 +48,9 @@ layout(binding = 3) writeonly buffer XQ { uint xq[]; };
 layout(binding = 3) writeonly buffer XD { vec2 xd[]; };
 #endif
 
+#ifndef VPT
 #define VPT 4  // vec4 per thread kept in registers
+#endif
 
 void main() {
   const uint t = linear_group();
@@ -61,18 +66,26 @@ void main() {
     [[unroll]] for (uint i = 0; i < VPT; ++i) {
       const uint j = tid + i * WG;
       xv[i] = j < n4 ? x4[xb4 + j] : vec4(0.0);
+#ifndef Q8_ONLY
       wv[i] = j < n4 ? w4[wb4 + j] : vec4(0.0);
+#endif
     }
+#ifndef Q8_ONLY
     float a = 0.0;
     [[unroll]] for (uint i = 0; i < VPT; ++i) a += dot(xv[i], xv[i]);
     for (uint j = tid + VPT * WG; j < n4; j += WG) a += dot(x4[xb4 + j], x4[xb4 + j]);
     s[0] = a;
     wg_sum_n(s);
     const float scale = 1.0 / sqrt(s[0] / float(pc.n) + pc.eps);
+#endif
     [[unroll]] for (uint i = 0; i < VPT; ++i) {
       const uint j = tid + i * WG;
+#ifdef Q8_ONLY
+      const vec4 ov = xv[i];  // quant_q8: the row as it is, no norm, no float output
+#else
       const vec4 ov = (xv[i] * scale) * wv[i];
       if (j < n4) o4[ob4 + j] = ov;
+#endif
 #ifdef Q8_OUT
       const uint b0 = tid & ~7u;  // the block's first thread
       qmax_sh[tid] = max(max(abs(ov.x), abs(ov.y)), max(abs(ov.z), abs(ov.w)));
@@ -92,7 +105,9 @@ void main() {
       }
 #endif
     }
+#ifndef Q8_ONLY
     for (uint j = tid + VPT * WG; j < n4; j += WG) o4[ob4 + j] = (x4[xb4 + j] * scale) * w4[wb4 + j];
+#endif
   } else {
     for (uint i = tid; i < pc.n; i += WG) s[0] += x[xb + i] * x[xb + i];
     wg_sum_n(s);

@@ -312,7 +312,8 @@ TEST_P(VulkanMatmul, MatmulAddNorm) {
 // feeds matmul, matmul_glu and matmul_qkv; against a double reference that
 // quantizes the normed row as the shader does (32-element blocks, d = max|v| /
 // 127, round to even), over row splits. A write over the normed row (upload)
-// makes the copy stale: the float matvec runs and matches the new row.
+// makes the copy stale: the float matvec runs and matches the new row. With
+// the option, matmul_add quantizes its own input first (quant_q8).
 TEST_P(VulkanMatmul, IntDotAfterNorm) {
   const DType t = GetParam();
   if (t != DType::kQ4_0 && t != DType::kQ8_0 && t != DType::kQ4_K && t != DType::kQ6_K)
@@ -388,6 +389,29 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
     EXPECT_EQ(be_->int_dot_dispatches() - i0, 3u);
   }
   be_->set_matvec_threads_per_row(0);
+  // With copies of matmul_add's inputs too (quant_q8): y += W x on the Q8 round trip of x.
+  {
+    be_->set_int_dot(true, /*inputs=*/true);
+    std::vector<double> x1q(static_cast<size_t>(n)), ry(static_cast<size_t>(m));
+    for (int64_t b = 0; b < n / 32; ++b) {
+      double amax = 0;
+      for (int64_t i = 0; i < 32; ++i)
+        amax = std::max(amax, std::abs(static_cast<double>(x[static_cast<size_t>(32 * b + i)])));
+      for (int64_t i = 0; i < 32; ++i) {
+        const size_t at = static_cast<size_t>(32 * b + i);
+        x1q[at] = std::nearbyint(x[at] * 127.0 / amax) * (amax / 127.0);
+      }
+    }
+    const auto y0 = random_floats(static_cast<size_t>(m), 998);
+    for (int64_t r = 0; r < m; ++r)
+      ry[static_cast<size_t>(r)] = y0[static_cast<size_t>(r)] + dot(w, r, x1q);
+    DevMat dx(be_, 1, n, x), dy(be_, 1, m, y0), dt(be_, 1, m);
+    const uint64_t i0 = be_->int_dot_dispatches();
+    be_->matmul_add(w.w, dx.act(), dy.act(), dt.act());
+    EXPECT_LT(normalized_error(dy.fetch(), ry), 1e-4);
+    EXPECT_EQ(be_->int_dot_dispatches() - i0, 1u);
+    be_->set_int_dot(true);
+  }
   for (const HostWeight* h : {&w, &g, &u, &k, &v, &nw}) be_->release_weight(h->w);
 }
 

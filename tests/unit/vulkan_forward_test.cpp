@@ -75,9 +75,14 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
   const int64_t V = model.hp.n_vocab;
 
   KvCacheConfig kc{model.hp.n_layer, model.hp.n_head_kv, model.hp.head_dim, 64, 16, DType::kF16};
-  auto kv = KvCache::create(kc);
-  ASSERT_TRUE(kv.ok());
-  {
+  // Quantized types also with Q8 copies of o's and down's inputs (off by default).
+  const bool quantized = std::string(c.dtype) != "f32" && std::string(c.dtype) != "f16";
+  for (const bool inputs : {false, true}) {
+    if (inputs && !quantized) break;
+    SCOPED_TRACE(inputs ? "integer dots on every matvec input" : "default");
+    be->set_int_dot(true, inputs);
+    auto kv = KvCache::create(kc);
+    ASSERT_TRUE(kv.ok());
     ForwardPass fwd(model, *be, **kv, /*max_chunk=*/4);
     const Status prep = fwd.prepare();
     ASSERT_TRUE(prep.ok()) << prep.message();
@@ -97,6 +102,7 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
       EXPECT_LT(test::normalized_error(one, ref[t]), c.tol) << "decode position " << t;
     }
   }
+  be->set_int_dot(true);
   be->release_weights();
   EXPECT_EQ(be->validation_messages(), msgs0);
 }

@@ -66,6 +66,7 @@ constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
 constexpr uint32_t kNormVec4PerThread = 4;    // VPT in rms_norm.comp
+constexpr uint32_t kQuantVec4PerThread = 8;   // VPT of quant_q8 (shaders/variants.txt)
 constexpr int64_t kAttnMaxHeadDim = 256;      // HD_MAX in attn_split.comp
 constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past kAttnOneSplitKeys (GPUs)
 constexpr uint32_t kAttnOneSplitKeys = 128;   // up to this many keys in one split (GPUs)
@@ -285,8 +286,14 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     norm_tails_ = (bits & 2) != 0;
     qkv_rope_ = (bits & 4) != 0;
   }
-  // LOOM_VK_INT_DOT=0: float matvecs only (A/B runs).
-  if (const char* e = std::getenv("LOOM_VK_INT_DOT")) int_dot_ = std::atoi(e) != 0;
+  // LOOM_VK_INT_DOT (A/B runs): 0 float matvecs only; 1 integer dots on the
+  // norms' Q8 copies (the default); 3 also on Q8 copies made for o and down
+  // (quant_q8, a dispatch each; not measured on a GPU yet, so off by default).
+  if (const char* e = std::getenv("LOOM_VK_INT_DOT")) {
+    const int bits = std::atoi(e);
+    int_dot_ = (bits & 1) != 0;
+    int_dot_inputs_ = (bits & 2) != 0;
+  }
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
   probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);
@@ -1416,6 +1423,56 @@ void VulkanBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
            &pc, sizeof(pc), (r->row_units + kWgSmall - 1) / kWgSmall, u32(out.rows), 1);
 }
 
+namespace {
+// Push constants of rms_norm.comp (rms_norm, rms_norm_q8, quant_q8).
+struct NormPush {
+  uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
+  float eps;
+  uint32_t vec4_ok, xq_off, xd_off;
+};
+}  // namespace
+
+Status VulkanBackend::ensure_xq8(uint64_t n) {
+  const uint64_t bytes = n + n / 32 * 8;  // int8 quants, then (d, d sum q) per block
+  if (xq8_buf_.size >= bytes) return {};
+  LOOM_TRY(flush());  // the old copy may be in use by recorded work
+  device_pool_->free(xq8_buf_);
+  xq8_buf_ = Alloc{};
+  xq8_ = Xq8{};
+  LOOM_ASSIGN_OR_RETURN(xq8_buf_,
+                        device_pool_->alloc(std::max<uint64_t>(bytes, 64 << 10), "Q8 activations"));
+  return {};
+}
+
+void VulkanBackend::quantize_q8(Act x) {
+  // One row, 16-byte aligned, all of it in registers (VPT of quant_q8).
+  const uint32_t wg = norm_wg_;
+  if (!status_.ok() || x.rows != 1 || x.cols % 32 || x.offset % 16 ||
+      static_cast<uint64_t>(x.cols) > uint64_t{4} * kQuantVec4PerThread * wg || wg % 8 ||
+      !check_act(x, "quantize_q8"))
+    return;
+  Status st = ensure_xq8(static_cast<uint64_t>(x.cols));
+  if (!st.ok()) return fail(st);
+  const uint32_t n = u32(x.cols);
+  NormPush pc{u32(x.offset / 4),
+              n,
+              0,
+              0,
+              n,
+              n,
+              1,
+              0.0f,
+              1,
+              u32(xq8_buf_.offset / 4),
+              u32((xq8_buf_.offset + n) / 8)};
+  const Bind none{static_cast<Block*>(x.buffer), 0, 0, false};
+  dispatch(plain("quant_q8", true), Spec{wg},
+           {act_bind(x, false), none, none,
+            Bind{xq8_buf_.block, xq8_buf_.offset, uint64_t{n} + n / 32 * 8, true}},
+           &pc, sizeof(pc), 1, 1, 1);
+  if (status_.ok()) xq8_ = Xq8{x.buffer, x.offset, x.cols, pc.xq_off, pc.xd_off};
+}
+
 void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   if (!status_.ok() || !check_act(x, "rms_norm") || !check_act(out, "rms_norm")) return;
   const Resident* r = find_weight(w.data);
@@ -1424,21 +1481,17 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
                            w.name().c_str()));
   const uint64_t w_off =
       r->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) - r->begin());
-  struct {
-    uint32_t x_off, x_ld, w_off, o_off, o_ld, n, rows;
-    float eps;
-    uint32_t vec4_ok, xq_off, xd_off;
-  } pc{u32(x.offset / 4),
-       u32(x.cols),
-       u32(w_off / 4),
-       u32(out.offset / 4),
-       u32(out.cols),
-       u32(x.cols),
-       u32(x.rows),
-       eps,
-       0,
-       0,
-       0};
+  NormPush pc{u32(x.offset / 4),
+              u32(x.cols),
+              u32(w_off / 4),
+              u32(out.offset / 4),
+              u32(out.cols),
+              u32(x.cols),
+              u32(x.rows),
+              eps,
+              0,
+              0,
+              0};
   pc.vec4_ok = (pc.x_off | pc.x_ld | pc.w_off | pc.o_off | pc.o_ld | pc.n) % 4 == 0 ? 1 : 0;
   uint32_t gx, gz;
   grid_1d(static_cast<uint64_t>(x.rows), &gx, &gz);
@@ -1451,36 +1504,29 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   const vk::DeviceCaps& c = dev_->caps();
   if (c.int_dot && int_dot_ && x.rows == 1 && pc.vec4_ok && pc.n % 32 == 0 &&
       pc.n <= 4 * kNormVec4PerThread * wg && wg % 8 == 0) {
-    const uint64_t bytes = pc.n + pc.n / 32 * 8;  // int8 quants, then (d, d sum q) per block
-    if (xq8_buf_.size < bytes) {
-      Status st = flush();  // the old copy may be in use by recorded work
-      if (st.ok()) {
-        device_pool_->free(xq8_buf_);
-        xq8_buf_ = Alloc{};
-        auto a = device_pool_->alloc(std::max<uint64_t>(bytes, 64 << 10), "Q8 activations");
-        st = a.status();
-        if (a.ok()) xq8_buf_ = *a;
-      }
-      if (!st.ok()) return fail(st);
-    }
+    const uint64_t bytes = pc.n + pc.n / 32 * 8;
+    Status st = ensure_xq8(pc.n);
+    if (!st.ok()) return fail(st);
     pc.xq_off = u32(xq8_buf_.offset / 4);
     pc.xd_off = u32((xq8_buf_.offset + pc.n) / 8);
     dispatch(plain("rms_norm_q8", true), Spec{wg},
              {act_bind(x, false), wb, act_bind(out, true),
               Bind{xq8_buf_.block, xq8_buf_.offset, bytes, true}},
              &pc, sizeof(pc), gx, 1, gz);
-    xq8_ = Xq8{out.buffer, out.offset, out.cols, pc.xq_off, pc.xd_off};
+    if (status_.ok()) xq8_ = Xq8{out.buffer, out.offset, out.cols, pc.xq_off, pc.xd_off};
     return;
   }
   dispatch(plain("rms_norm", true), Spec{wg}, {act_bind(x, false), wb, act_bind(out, true)}, &pc,
            sizeof(pc), gx, 1, gz);
 }
 
+bool VulkanBackend::int_dot_type(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ6_K;
+}
+
 const VulkanBackend::Xq8* VulkanBackend::xq8_for(const Act& x, int64_t K, DType t) const {
-  return xq8_.buffer &&
-                 (t == DType::kQ4_0 || t == DType::kQ8_0 || t == DType::kQ4_K ||
-                  t == DType::kQ6_K) &&
-                 x.rows == 1 && x.buffer == xq8_.buffer && x.offset == xq8_.offset && K == xq8_.n
+  return xq8_.buffer && int_dot_type(t) && x.rows == 1 && x.buffer == xq8_.buffer &&
+                 x.offset == xq8_.offset && K == xq8_.n
              ? &xq8_
              : nullptr;
 }
@@ -1515,7 +1561,14 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
 }
 
 void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
-  if (x.rows == 1 && dev_->caps().subgroup_arithmetic) return matmul_impl(w, x, y, nullptr, true);
+  if (x.rows == 1 && dev_->caps().subgroup_arithmetic) {
+    // Optionally (int_dot_inputs_) a Q8 copy of x first, for the integer-dot matvec.
+    const Resident* r = find_weight(w.data);
+    if (int_dot_inputs_ && int_dot_ && dev_->caps().int_dot && r && int_dot_type(r->dtype) &&
+        !xq8_for(x, w.n_in, r->dtype))
+      quantize_q8(x);
+    return matmul_impl(w, x, y, nullptr, true);
+  }
   Backend::matmul_add(w, x, y, tmp);
 }
 

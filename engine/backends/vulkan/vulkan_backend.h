@@ -147,8 +147,12 @@ class VulkanBackend final : public Backend {
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
   /// Test hook: integer-dot matvecs on norm outputs where the device has them
-  /// (the default), or float matvecs only.
-  void set_int_dot(bool on) { int_dot_ = on; }
+  /// (the default), or float matvecs only; `inputs`: matmul_add also makes a
+  /// Q8 copy of its input first (off by default: not measured on a GPU yet).
+  void set_int_dot(bool on, bool inputs = false) {
+    int_dot_ = on;
+    int_dot_inputs_ = inputs;
+  }
   /// Integer-dot matvec dispatches recorded so far (tests).
   uint64_t int_dot_dispatches() const { return int_dot_dispatches_; }
   /// Test hook: rows per row group of single-token matvecs (1..4; 0: as created).
@@ -350,6 +354,7 @@ class VulkanBackend final : public Backend {
   bool qkv_rope_ = true;         ///< set_qkv_rope()
   bool probe_loads_ = false;     ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;          ///< set_int_dot()
+  bool int_dot_inputs_ = false;  ///< set_int_dot(): Q8 copies of o's and down's inputs
   // The Q8 copy rms_norm_q8 made of one token's row (the act range it
   // mirrors, and where its quants and block scales are): the integer-dot
   // matvecs (matvec1x) read it while no dispatch has written that range since.
@@ -363,7 +368,10 @@ class VulkanBackend final : public Backend {
   vk::Alloc xq8_buf_;
   // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
   const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
-  Bind xq8_bind();  // xq8_'s bytes, read (and counts an integer-dot dispatch)
+  static bool int_dot_type(DType t);  // a matvec1x variant exists for t
+  Status ensure_xq8(uint64_t n);      // xq8_buf_ holds a copy of n elements
+  void quantize_q8(Act x);            // xq8_ = a Q8 copy of one token's row x (quant_q8)
+  Bind xq8_bind();                    // xq8_'s bytes, read (and counts an integer-dot dispatch)
   uint64_t int_dot_dispatches_ = 0;
   bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
