@@ -59,7 +59,7 @@ for s in $stages; do
       ;;
     ab)  # Q4_0 decode with each decode fusion and the integer-dot matvecs off and on
       m="$(model q4_0)"
-      for e in "LOOM_VK_FUSE=0" "LOOM_VK_FUSE=4" "LOOM_VK_FUSE=7" "LOOM_VK_INT_DOT=0" "LOOM_VK_INT_DOT=1"; do
+      for e in "LOOM_VK_FUSE=0" "LOOM_VK_FUSE=4" "LOOM_VK_FUSE=7" "LOOM_VK_INT_DOT=0" "LOOM_VK_INT_DOT=1" "LOOM_VK_INT_DOT=3"; do
         echo "--- $e"
         env "$e" timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 2 2>&1 | grep -E "^(decode|itl)"
       done
