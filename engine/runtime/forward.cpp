@@ -628,15 +628,21 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
                      1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));
   }
+  bool ffn_normed = false;
   if (uw == un) {
-    // One op where the backend fuses them: x += wo att, and the FFN's norm
-    // (timed with attn_w).
+    // One op where the backend fuses them: x += wo att (timed with attn_w),
+    // and the FFN's norm with it where the backend fuses that too.
     OpTimer timer(stats_, OpLabel::kAttnOut);
     group_begin(scope(OpGroup::kAttnW), uw);
     Act att = in(kAtt, uw, T), x = in(kX, uw, T);
     valid_[kX] = bit(uw);
     Act xb = out(kXb, uw, T);
-    be(uw).matmul_add_norm(w.wo, att, x, xb, w.ffn_norm, hp.rms_eps, xb);
+    if (be(uw).fuses_add_norm(T)) {
+      be(uw).matmul_add_norm(w.wo, att, x, xb, w.ffn_norm, hp.rms_eps, xb);
+      ffn_normed = true;
+    } else {
+      be(uw).matmul_add(w.wo, att, x, xb);
+    }
   } else {
     {
       OpTimer timer(stats_, OpLabel::kAttnOut);
@@ -644,13 +650,13 @@ void ForwardPass::layer(int64_t l, int64_t T) {
       Act att = in(kAtt, uw, T);
       be(uw).matmul(w.wo, att, out(kXb, uw, T), nullptr);
     }
-    {
-      OpTimer timer(stats_, OpLabel::kAdd);
-      group_begin(scope(OpGroup::kNorm), un);
-      Act x = in(kX, un, T), xb = in(kXb, un, T);
-      valid_[kX] = bit(un);
-      be(un).add(x, xb, x);
-    }
+    OpTimer timer(stats_, OpLabel::kAdd);
+    group_begin(scope(OpGroup::kNorm), un);
+    Act x = in(kX, un, T), xb = in(kXb, un, T);
+    valid_[kX] = bit(un);
+    be(un).add(x, xb, x);
+  }
+  if (!ffn_normed) {
     OpTimer timer(stats_, OpLabel::kNorm);
     be(un).rms_norm(in(kX, un, T), w.ffn_norm, hp.rms_eps, out(kXb, un, T));
   }
@@ -669,7 +675,9 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     // or the output's when this chunk's logits are wanted.
     const bool last = l + 1 == hp.n_layer;
     const Weight* next_norm = nullptr;
-    if (!last && placement_.layers[static_cast<size_t>(l + 1)][OpGroup::kNorm].unit == uf)
+    if (!be(uf).fuses_add_norm(T)) {
+      // The norm runs apart, in the next layer's norm scope (or the output's).
+    } else if (!last && placement_.layers[static_cast<size_t>(l + 1)][OpGroup::kNorm].unit == uf)
       next_norm = &w_.layers[static_cast<size_t>(l + 1)].attn_norm;
     else if (last && want_logits_ && placement_.output.unit == uf)
       next_norm = &w_.output_norm;

@@ -87,6 +87,9 @@ class VulkanBackend final : public Backend {
             const cpu::RopeParams& p) override;
   /// Single-token steps: one matvec that adds into y. Otherwise the default.
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  bool fuses_add_norm(int64_t T) const override {
+    return norm_tails_ && T == 1 && dev_->caps().subgroup_arithmetic;
+  }
   /// Single-token steps: one matvec whose last workgroup also normalizes y.
   void matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm, float eps,
                        Act out) override;
