@@ -673,14 +673,15 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     valid_[kX] = bit(uf);
     // The norm that follows on the same unit goes with it: the next layer's,
     // or the output's when this chunk's logits are wanted.
+    // (Where the backend does not fuse it, the norm runs apart, in its own scope.)
     const bool last = l + 1 == hp.n_layer;
     const Weight* next_norm = nullptr;
-    if (!be(uf).fuses_add_norm(T)) {
-      // The norm runs apart, in the next layer's norm scope (or the output's).
-    } else if (!last && placement_.layers[static_cast<size_t>(l + 1)][OpGroup::kNorm].unit == uf)
-      next_norm = &w_.layers[static_cast<size_t>(l + 1)].attn_norm;
-    else if (last && want_logits_ && placement_.output.unit == uf)
-      next_norm = &w_.output_norm;
+    if (be(uf).fuses_add_norm(T)) {
+      if (!last && placement_.layers[static_cast<size_t>(l + 1)][OpGroup::kNorm].unit == uf)
+        next_norm = &w_.layers[static_cast<size_t>(l + 1)].attn_norm;
+      else if (last && want_logits_ && placement_.output.unit == uf)
+        next_norm = &w_.output_norm;
+    }
     Act xb = out(kXb, uf, T);
     if (next_norm) {
       be(uf).matmul_add_norm(w.w_down, hb, x, xb, *next_norm, hp.rms_eps, xb);

@@ -326,24 +326,27 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
                    v = make_weight(t, n, 18, 994), nw = make_weight(DType::kF32, n, 1, 995);
   ASSERT_TRUE(be_->upload_weights({&w.w, &g.w, &u.w, &k.w, &v.w, &nw.w}).ok());
   const auto x = random_floats(static_cast<size_t>(n), 996, -3.0f, 3.0f);
+  // A row's Q8 round trip: 32-element blocks, d = max|v| / 127, round to even.
+  auto q8_round_trip = [](const std::vector<double>& row) {
+    std::vector<double> q(row.size());
+    for (size_t b = 0; b + 32 <= row.size(); b += 32) {
+      double amax = 0;
+      for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(row[b + i]));
+      for (size_t i = 0; i < 32; ++i)
+        q[b + i] = amax > 0 ? std::nearbyint(row[b + i] * 127.0 / amax) * (amax / 127.0) : 0.0;
+    }
+    return q;
+  };
   // The normed row, and its Q8 round trip.
-  std::vector<double> xn(static_cast<size_t>(n)), xq(xn.size());
+  std::vector<double> xn(static_cast<size_t>(n));
   {
     double ss = 0;
     for (float f : x) ss += static_cast<double>(f) * f;
     const double sc = 1.0 / std::sqrt(ss / n + eps);
     for (int64_t i = 0; i < n; ++i)
       xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
-    for (int64_t b = 0; b < n / 32; ++b) {
-      double amax = 0;
-      for (int64_t i = 0; i < 32; ++i)
-        amax = std::max(amax, std::abs(xn[static_cast<size_t>(32 * b + i)]));
-      for (int64_t i = 0; i < 32; ++i) {
-        const size_t at = static_cast<size_t>(32 * b + i);
-        xq[at] = amax > 0 ? std::nearbyint(xn[at] * 127.0 / amax) * (amax / 127.0) : 0.0;
-      }
-    }
   }
+  const std::vector<double> xq = q8_round_trip(xn);
   auto dot = [&](const HostWeight& h, int64_t r, const std::vector<double>& a) {
     double s = 0;
     for (int64_t i = 0; i < n; ++i)
@@ -392,16 +395,8 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
   // With copies of matmul_add's inputs too (quant_q8): y += W x on the Q8 round trip of x.
   {
     be_->set_int_dot(true, /*inputs=*/true);
-    std::vector<double> x1q(static_cast<size_t>(n)), ry(static_cast<size_t>(m));
-    for (int64_t b = 0; b < n / 32; ++b) {
-      double amax = 0;
-      for (int64_t i = 0; i < 32; ++i)
-        amax = std::max(amax, std::abs(static_cast<double>(x[static_cast<size_t>(32 * b + i)])));
-      for (int64_t i = 0; i < 32; ++i) {
-        const size_t at = static_cast<size_t>(32 * b + i);
-        x1q[at] = std::nearbyint(x[at] * 127.0 / amax) * (amax / 127.0);
-      }
-    }
+    const std::vector<double> x1q = q8_round_trip(std::vector<double>(x.begin(), x.end()));
+    std::vector<double> ry(static_cast<size_t>(m));
     const auto y0 = random_floats(static_cast<size_t>(m), 998);
     for (int64_t r = 0; r < m; ++r)
       ry[static_cast<size_t>(r)] = y0[static_cast<size_t>(r)] + dot(w, r, x1q);

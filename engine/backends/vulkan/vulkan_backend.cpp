@@ -1432,8 +1432,12 @@ struct NormPush {
 };
 }  // namespace
 
+uint64_t VulkanBackend::q8_bytes(uint64_t n) {
+  return n + n / 32 * 8;
+}
+
 Status VulkanBackend::ensure_xq8(uint64_t n) {
-  const uint64_t bytes = n + n / 32 * 8;  // int8 quants, then (d, d sum q) per block
+  const uint64_t bytes = q8_bytes(n);
   if (xq8_buf_.size >= bytes) return {};
   LOOM_TRY(flush());  // the old copy may be in use by recorded work
   device_pool_->free(xq8_buf_);
@@ -1451,26 +1455,23 @@ void VulkanBackend::quantize_q8(Act x) {
       static_cast<uint64_t>(x.cols) > uint64_t{4} * kQuantVec4PerThread * wg || wg % 8 ||
       !check_act(x, "quantize_q8"))
     return;
-  Status st = ensure_xq8(static_cast<uint64_t>(x.cols));
-  if (!st.ok()) return fail(st);
   const uint32_t n = u32(x.cols);
-  NormPush pc{u32(x.offset / 4),
-              n,
-              0,
-              0,
-              n,
-              n,
-              1,
-              0.0f,
-              1,
-              u32(xq8_buf_.offset / 4),
-              u32((xq8_buf_.offset + n) / 8)};
+  NormPush pc{u32(x.offset / 4), n, 0, 0, n, n, 1, 0.0f, 1, 0, 0};
+  auto qb = xq8_out(x, &pc.xq_off, &pc.xd_off);
+  if (!qb.ok()) return fail(qb.status());
   const Bind none{static_cast<Block*>(x.buffer), 0, 0, false};
-  dispatch(plain("quant_q8", true), Spec{wg},
-           {act_bind(x, false), none, none,
-            Bind{xq8_buf_.block, xq8_buf_.offset, uint64_t{n} + n / 32 * 8, true}},
-           &pc, sizeof(pc), 1, 1, 1);
+  dispatch(plain("quant_q8", true), Spec{wg}, {act_bind(x, false), none, none, *qb}, &pc,
+           sizeof(pc), 1, 1, 1);
   if (status_.ok()) xq8_ = Xq8{x.buffer, x.offset, x.cols, pc.xq_off, pc.xd_off};
+}
+
+Result<VulkanBackend::Bind> VulkanBackend::xq8_out(const Act& row, uint32_t* xq_off,
+                                                   uint32_t* xd_off) {
+  const auto n = static_cast<uint64_t>(row.cols);
+  LOOM_TRY(ensure_xq8(n));
+  *xq_off = u32(xq8_buf_.offset / 4);
+  *xd_off = u32((xq8_buf_.offset + n) / 8);
+  return Bind{xq8_buf_.block, xq8_buf_.offset, q8_bytes(n), true};
 }
 
 void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
@@ -1479,8 +1480,7 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   if (!r)
     return fail(make_error(ErrorCode::kInternal, "Vulkan rms_norm: tensor '%s' is not on the GPU",
                            w.name().c_str()));
-  const uint64_t w_off =
-      r->alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(w.data) - r->begin());
+  const uint64_t w_off = r->device_offset(w.data);
   NormPush pc{u32(x.offset / 4),
               u32(x.cols),
               u32(w_off / 4),
@@ -1504,15 +1504,10 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   const vk::DeviceCaps& c = dev_->caps();
   if (c.int_dot && int_dot_ && x.rows == 1 && pc.vec4_ok && pc.n % 32 == 0 &&
       pc.n <= 4 * kNormVec4PerThread * wg && wg % 8 == 0) {
-    const uint64_t bytes = pc.n + pc.n / 32 * 8;
-    Status st = ensure_xq8(pc.n);
-    if (!st.ok()) return fail(st);
-    pc.xq_off = u32(xq8_buf_.offset / 4);
-    pc.xd_off = u32((xq8_buf_.offset + pc.n) / 8);
+    auto qb = xq8_out(out, &pc.xq_off, &pc.xd_off);
+    if (!qb.ok()) return fail(qb.status());
     dispatch(plain("rms_norm_q8", true), Spec{wg},
-             {act_bind(x, false), wb, act_bind(out, true),
-              Bind{xq8_buf_.block, xq8_buf_.offset, bytes, true}},
-             &pc, sizeof(pc), gx, 1, gz);
+             {act_bind(x, false), wb, act_bind(out, true), *qb}, &pc, sizeof(pc), gx, 1, gz);
     if (status_.ok()) xq8_ = Xq8{out.buffer, out.offset, out.cols, pc.xq_off, pc.xd_off};
     return;
   }
@@ -1563,10 +1558,10 @@ void VulkanBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) 
 void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   if (x.rows == 1 && dev_->caps().subgroup_arithmetic) {
     // Optionally (int_dot_inputs_) a Q8 copy of x first, for the integer-dot matvec.
-    const Resident* r = find_weight(w.data);
-    if (int_dot_inputs_ && int_dot_ && dev_->caps().int_dot && r && int_dot_type(r->dtype) &&
-        !xq8_for(x, w.n_in, r->dtype))
-      quantize_q8(x);
+    if (int_dot_inputs_ && int_dot_ && dev_->caps().int_dot) {
+      const Resident* r = find_weight(w.data);
+      if (r && int_dot_type(r->dtype) && !xq8_for(x, w.n_in, r->dtype)) quantize_q8(x);
+    }
     return matmul_impl(w, x, y, nullptr, true);
   }
   Backend::matmul_add(w, x, y, tmp);
@@ -1582,10 +1577,7 @@ void VulkanBackend::matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, cons
       out.cols != y.cols || !check_act(out, "matmul_add_norm")) {
     return Backend::matmul_add_norm(w, x, y, tmp, norm, eps, out);
   }
-  const NormTail tail{rn,
-                      rn->alloc.offset + static_cast<uint64_t>(
-                                             static_cast<const uint8_t*>(norm.data) - rn->begin()),
-                      out, eps};
+  const NormTail tail{rn, rn->device_offset(norm.data), out, eps};
   matmul_impl(w, x, y, nullptr, true, &tail);
 }
 
@@ -1682,7 +1674,7 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
 
 VulkanBackend::Bind VulkanBackend::xq8_bind() {
   ++int_dot_dispatches_;
-  return Bind{xq8_buf_.block, xq8_buf_.offset, uint64_t(xq8_.n) + uint64_t(xq8_.n) / 32 * 8, false};
+  return Bind{xq8_buf_.block, xq8_buf_.offset, q8_bytes(static_cast<uint64_t>(xq8_.n)), false};
 }
 
 const VulkanBackend::Resident* VulkanBackend::whole_tensor(const Weight& w) const {
@@ -1834,10 +1826,7 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
     if (p.freq_factors) {
       if (const Resident* rf = find_weight(p.freq_factors); rf && rf->dtype == DType::kF32) {
         fb = Bind{rf->alloc.block, rf->alloc.offset, rf->alloc.size, false};
-        rp.ff_off = u32((rf->alloc.offset +
-                         static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(p.freq_factors) -
-                                               rf->begin())) /
-                        4);
+        rp.ff_off = u32(rf->device_offset(p.freq_factors) / 4);
       } else {
         const uint64_t bytes = static_cast<uint64_t>(p.n_rot / 2) * 4;
         Status st = ring_reserve(bytes);
@@ -1894,9 +1883,7 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     if (!rb)
       return fail(make_error(ErrorCode::kInternal, "Vulkan matmul: bias '%s' is not on the GPU",
                              bias->name().c_str()));
-    b_off = (rb->alloc.offset +
-             static_cast<uint64_t>(static_cast<const uint8_t*>(bias->data) - rb->begin())) /
-            4;
+    b_off = rb->device_offset(bias->data) / 4;
   }
   const uint32_t T = u32(x.rows), M = u32(w.n_out);
   const uint32_t x_off = u32(x.offset / 4), x_ld = u32(x.cols);

@@ -183,6 +183,12 @@ class VulkanBackend final : public Backend {
     uint64_t fingerprint = 0;
     /// Start of the host range it mirrors (the tensor's first row).
     const uint8_t* begin() const { return end - static_cast<size_t>(n_rows) * src_row_bytes; }
+    /// Byte offset in alloc's block of host address p inside that range (a
+    /// vector weight's data, or its own first byte). Row-packed layouts only
+    /// map rows whole: F32 vectors and row starts.
+    uint64_t device_offset(const void* p) const {
+      return alloc.offset + static_cast<uint64_t>(static_cast<const uint8_t*>(p) - begin());
+    }
   };
 
  private:
@@ -371,10 +377,13 @@ class VulkanBackend final : public Backend {
   vk::Alloc xq8_buf_;
   // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
   const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
-  static bool int_dot_type(DType t);  // a matvec1x variant exists for t
-  Status ensure_xq8(uint64_t n);      // xq8_buf_ holds a copy of n elements
-  void quantize_q8(Act x);            // xq8_ = a Q8 copy of one token's row x (quant_q8)
-  Bind xq8_bind();                    // xq8_'s bytes, read (and counts an integer-dot dispatch)
+  static bool int_dot_type(DType t);     // a matvec1x variant exists for t
+  static uint64_t q8_bytes(uint64_t n);  // a Q8 copy of n: int8 quants, then (d, d sum q) per block
+  Status ensure_xq8(uint64_t n);         // xq8_buf_ holds a copy of n elements
+  // xq8_buf_ made ready for a copy of `row`: its offsets for the shader, and its bytes to write.
+  Result<Bind> xq8_out(const Act& row, uint32_t* xq_off, uint32_t* xd_off);
+  void quantize_q8(Act x);  // xq8_ = a Q8 copy of one token's row x (quant_q8)
+  Bind xq8_bind();          // xq8_'s bytes, read (and counts an integer-dot dispatch)
   uint64_t int_dot_dispatches_ = 0;
   bool gpu_device_ = true;  ///< not a CPU device (lavapipe)
   // Single-token matvec launch shape: workgroup size, rows and threads per row group.
