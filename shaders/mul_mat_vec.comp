@@ -43,6 +43,13 @@
 // are 2 n_ff virtual rows, gate and up rows interleaved (even: gate row i/2
 // at w_off, odd: up row i/2 at w_off_b, in the same buffer), NR even, so each
 // row group holds whole pairs and writes silu(g) * u itself.
+//
+// Q8_TAIL (matvec1x_glu_q8_*, with GLU): also y's Q8 copy (q8.glsl) for the
+// integer-dot down matrix. A workgroup's outputs lie in one 32-element block
+// (the host keeps to it); each workgroup counts its outputs into the block's
+// counter cnt[cnt_off + block] once they are written, and the last one to
+// arrive quantizes the block: no quant_q8 dispatch, and every block's
+// copy is done by one of the workgroups that made it.
 #define NR_MAX 4
 #define UNROLL_MAX 8
 layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
@@ -89,6 +96,13 @@ layout(binding = 4) readonly buffer NW4 { vec4 nw4[]; };
 layout(binding = 5) writeonly buffer NO { float no[]; };
 layout(binding = 5) writeonly buffer NO4 { vec4 no4[]; };
 layout(binding = 6) coherent buffer CNT { uint cnt[]; };
+#elif defined(Q8_TAIL)
+// coherent: a block's last workgroup reads outputs the others wrote.
+layout(binding = 2) coherent buffer Y { float y[]; };
+layout(binding = 2) coherent buffer Y4 { vec4 y4[]; };
+layout(binding = 5) writeonly buffer QO { uint qo[]; };
+layout(binding = 5) writeonly buffer QD { vec2 qdo[]; };
+layout(binding = 7) coherent buffer CNT { uint cnt[]; };
 #else
 layout(binding = 2) buffer Y { float y[]; };  // read too with flags & 4
 #endif
@@ -132,7 +146,8 @@ layout(push_constant) uniform PC {
 #else
   uint n_off, no_off, cnt_off;
   float eps;
-  uint pad0, pad1, pad2, pad3;
+  uint qo_off, qdo_off;  // Q8_TAIL: y's Q8 copy (words, vec2s)
+  uint pad2, pad3;
 #endif
   uint xq_off, xd_off;  // XQ8: x's Q8 copy (words, vec2s)
 } pc;
@@ -319,6 +334,30 @@ void norm_tail() {
 }
 #endif
 
+#ifdef Q8_TAIL
+#include "q8.glsl"
+shared bool last_q8_sh;
+
+// Every workgroup calls this after writing its outputs (GLU: a pair of rows
+// each); the last of its block's workgroups writes the block's Q8 copy.
+void q8_tail() {
+  const uint tid = gl_LocalInvocationID.x, per = WG / TPR * NR / 2;
+  const uint first = linear_group() * per, blk = first / 32;
+  memoryBarrierBuffer();
+  barrier();
+  if (tid == 0) last_q8_sh = first < pc.M / 2 && atomicAdd(cnt[pc.cnt_off + blk], per) == 32 - per;
+  barrier();
+  if (!last_q8_sh) return;  // uniform
+  memoryBarrierBuffer();
+  if (tid == 0) cnt[pc.cnt_off + blk] = 0;  // ready for the next dispatch
+  const vec4 v = tid < 8 ? y4[pc.y_off / 4 + 8 * blk + tid] : vec4(0.0);
+  vec2 ds;
+  const uint w = q8_quant(v, ds);
+  if (tid < 8) qo[pc.qo_off + 8 * blk + tid] = w;
+  if (tid == 0) qdo[pc.qdo_off + blk] = ds;
+}
+#endif
+
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   // Row group and index inside it. Whole subgroups make a row group (so
@@ -477,6 +516,9 @@ void main() {
   }
 #ifdef NORM_TAIL
   norm_tail();
+#endif
+#ifdef Q8_TAIL
+  q8_tail();
 #endif
 }
 #elif defined(USE_SUBGROUP)

@@ -14,15 +14,11 @@
 #endif
 #include "common.glsl"
 #ifdef Q8_OUT
-// rms_norm_q8: also a Q8 copy of the row for the integer-dot matvecs
-// (mul_mat_vec.comp's XQ8): per 32-element block, 32 int8 q = round(o / d)
-// with d = max|o| / 127 (four to a word, xq), and (d, d * sum q) (xd). The
-// host keeps to one row with every vec4 in registers; eight consecutive
-// threads hold a block (WG is a multiple of 8); they meet in shared memory.
-// quant_q8 (Q8_ONLY): the Q8 copy of a row as it is (an input of o or down),
-// up to VPT = 8 vec4 per thread.
-shared float qmax_sh[WG];
-shared int qsum_sh[WG];
+// rms_norm_q8: also a Q8 copy of the row (q8.glsl) for the integer-dot
+// matvecs. The host keeps to one row with every vec4 in registers, WG a
+// multiple of 8. quant_q8 (Q8_ONLY): the Q8 copy of a row as it is (an input
+// of o or down), up to VPT = 8 vec4 per thread.
+#include "q8.glsl"
 #endif
 
 layout(binding = 0) readonly buffer X { float x[]; };
@@ -87,21 +83,11 @@ void main() {
       if (j < n4) o4[ob4 + j] = ov;
 #endif
 #ifdef Q8_OUT
-      const uint b0 = tid & ~7u;  // the block's first thread
-      qmax_sh[tid] = max(max(abs(ov.x), abs(ov.y)), max(abs(ov.z), abs(ov.w)));
-      barrier();
-      float amax = 0.0;
-      [[unroll]] for (uint k = 0; k < 8; ++k) amax = max(amax, qmax_sh[b0 + k]);
-      const ivec4 qi = ivec4(roundEven(ov * (amax > 0.0 ? 127.0 / amax : 0.0)));
-      qsum_sh[tid] = qi.x + qi.y + qi.z + qi.w;
-      barrier();
-      int qsum = 0;
-      [[unroll]] for (uint k = 0; k < 8; ++k) qsum += qsum_sh[b0 + k];
-      barrier();  // the next round overwrites both
+      vec2 ds;
+      const uint qw = q8_quant(ov, ds);
       if (j < n4) {
-        xq[pc.xq_off + j] = uint(qi.x & 0xFF) | (uint(qi.y & 0xFF) << 8) | (uint(qi.z & 0xFF) << 16) | (uint(qi.w & 0xFF) << 24);
-        const float d = amax / 127.0;
-        if (j % 8 == 0) xd[pc.xd_off + j / 8] = vec2(d, d * float(qsum));
+        xq[pc.xq_off + j] = qw;
+        if (j % 8 == 0) xd[pc.xd_off + j / 8] = ds;
       }
 #endif
     }

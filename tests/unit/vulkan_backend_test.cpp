@@ -149,6 +149,28 @@ HostWeight make_weight(DType t, int64_t n_in, int64_t n_out, uint32_t seed) {
   return h;
 }
 
+// A row's Q8 round trip as the shaders quantize (q8.glsl): 32-element blocks,
+// d = max|v| / 127, round to even.
+std::vector<double> q8_round_trip(const std::vector<double>& row) {
+  std::vector<double> q(row.size());
+  for (size_t b = 0; b + 32 <= row.size(); b += 32) {
+    double amax = 0;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(row[b + i]));
+    for (size_t i = 0; i < 32; ++i)
+      q[b + i] = amax > 0 ? std::nearbyint(row[b + i] * 127.0 / amax) * (amax / 127.0) : 0.0;
+  }
+  return q;
+}
+
+// Row r of W (dequantized) dotted with a.
+double row_dot(const HostWeight& h, int64_t r, const std::vector<double>& a) {
+  const auto n = static_cast<int64_t>(a.size());
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    s += h.deq[static_cast<size_t>(r * n + i)] * a[static_cast<size_t>(i)];
+  return s;
+}
+
 class VulkanTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -326,17 +348,6 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
                    v = make_weight(t, n, 18, 994), nw = make_weight(DType::kF32, n, 1, 995);
   ASSERT_TRUE(be_->upload_weights({&w.w, &g.w, &u.w, &k.w, &v.w, &nw.w}).ok());
   const auto x = random_floats(static_cast<size_t>(n), 996, -3.0f, 3.0f);
-  // A row's Q8 round trip: 32-element blocks, d = max|v| / 127, round to even.
-  auto q8_round_trip = [](const std::vector<double>& row) {
-    std::vector<double> q(row.size());
-    for (size_t b = 0; b + 32 <= row.size(); b += 32) {
-      double amax = 0;
-      for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(row[b + i]));
-      for (size_t i = 0; i < 32; ++i)
-        q[b + i] = amax > 0 ? std::nearbyint(row[b + i] * 127.0 / amax) * (amax / 127.0) : 0.0;
-    }
-    return q;
-  };
   // The normed row, and its Q8 round trip.
   std::vector<double> xn(static_cast<size_t>(n));
   {
@@ -347,12 +358,7 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
       xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
   }
   const std::vector<double> xq = q8_round_trip(xn);
-  auto dot = [&](const HostWeight& h, int64_t r, const std::vector<double>& a) {
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i)
-      s += h.deq[static_cast<size_t>(r * n + i)] * a[static_cast<size_t>(i)];
-    return s;
-  };
+  const auto dot = row_dot;
   const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
   for (uint32_t tpr : {0u, sg, 2u}) {
     SCOPED_TRACE("threads per row " + std::to_string(tpr));
@@ -408,6 +414,71 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
     be_->set_int_dot(true);
   }
   for (const HostWeight* h : {&w, &g, &u, &k, &v, &nw}) be_->release_weight(h->w);
+}
+
+// The fused gate+up matvec on a norm's Q8 copy also writes the Q8 copy of its
+// output (matvec1x_glu_q8: the last workgroup of each 32-element block), and
+// the down matrix's matmul_add takes integer dots on it: y0 + down q8(glu),
+// glu = silu(g q8(xn)) * (u q8(xn)), against the double reference. Row splits
+// whose workgroups span several blocks make no copy: down is then float.
+// Twice per split, so the arrival counters must be back at zero.
+TEST_P(VulkanMatmul, IntDotOfGateUpOutput) {
+  const DType t = GetParam();
+  if (t != DType::kQ4_0 && t != DType::kQ8_0 && t != DType::kQ4_K && t != DType::kQ6_K)
+    GTEST_SKIP() << "integer dots: Q4_0, Q8_0, Q4_K and Q6_K";
+  if (!be_->caps().int_dot) GTEST_SKIP() << "the device has no 8-bit integer dot products";
+  const int64_t n = 256, n_ff = 512, m = 40;
+  const float eps = 1e-5f;
+  const HostWeight g = make_weight(t, n, n_ff, 981), u = make_weight(t, n, n_ff, 982),
+                   dw = make_weight(t, n_ff, m, 983), nw = make_weight(DType::kF32, n, 1, 984);
+  ASSERT_TRUE(be_->upload_weights({&g.w, &u.w, &dw.w, &nw.w}).ok());
+  const auto x = random_floats(static_cast<size_t>(n), 985, -3.0f, 3.0f);
+  const auto y0 = random_floats(static_cast<size_t>(m), 986);
+  std::vector<double> xn(static_cast<size_t>(n));
+  {
+    double ss = 0;
+    for (float f : x) ss += static_cast<double>(f) * f;
+    const double sc = 1.0 / std::sqrt(ss / n + eps);
+    for (int64_t i = 0; i < n; ++i)
+      xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
+  }
+  const std::vector<double> xq = q8_round_trip(xn);
+  std::vector<double> h(static_cast<size_t>(n_ff));
+  for (int64_t r = 0; r < n_ff; ++r) {
+    const double a = row_dot(g, r, xq), b = row_dot(u, r, xq);
+    h[static_cast<size_t>(r)] = a / (1.0 + std::exp(-a)) * b;
+  }
+  const std::vector<double> hq = q8_round_trip(h);
+  std::vector<double> ry(static_cast<size_t>(m)), rf(ry.size());
+  for (int64_t r = 0; r < m; ++r) {
+    ry[static_cast<size_t>(r)] = y0[static_cast<size_t>(r)] + row_dot(dw, r, hq);
+    rf[static_cast<size_t>(r)] = y0[static_cast<size_t>(r)] + row_dot(dw, r, h);
+  }
+  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
+  for (uint32_t tpr : {0u, 0u, sg, 2u}) {
+    SCOPED_TRACE("threads per row " + std::to_string(tpr));
+    be_->set_matvec_threads_per_row(tpr);
+    DevMat dx(be_, 1, n, x), dn(be_, 1, n), dh(be_, 1, n_ff), dt(be_, 1, n_ff), dy(be_, 1, m, y0),
+        dt2(be_, 1, m);
+    be_->rms_norm(dx.act(), nw.w, eps, dn.act());
+    be_->matmul_glu(g.w, u.w, dn.act(), dh.act(), dt.act());
+    EXPECT_LT(normalized_error(dh.fetch(), h), 1e-4);
+    const uint64_t i0 = be_->int_dot_dispatches();
+    be_->matmul_add(dw.w, dh.act(), dy.act(), dt2.act());
+    const bool int_down = be_->int_dot_dispatches() - i0 == 1;
+    const auto y = dy.fetch();
+    EXPECT_TRUE(all_finite(y));
+    if (int_down) {
+      EXPECT_LT(normalized_error(y, ry), 2e-4);
+    } else {
+      EXPECT_LT(normalized_error(y, rf), 1e-4);
+    }
+    if (tpr == 0) {
+      EXPECT_TRUE(int_down) << "the default split makes the copy";
+    }
+  }
+  be_->set_matvec_threads_per_row(0);
+  for (const HostWeight* hw : {&g, &u, &dw, &nw}) be_->release_weight(hw->w);
 }
 
 // matmul_glu (silu(gate x) * (up x)): one fused matvec for a single token,
@@ -805,6 +876,14 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   const auto q = random_floats(static_cast<size_t>(c.T * q_dim), 53, -2.0f, 2.0f);
   DevMat dq(be, c.T, q_dim, q), dout(be, c.T, q_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // A Q8_0 o matrix for one token's integer-dot check.
+  const int64_t o_rows = 24;
+  HostWeight o_w;
+  if (c.T == 1 && c.head_dim % 32 == 0 && be->caps().int_dot) {
+    o_w = make_weight(DType::kQ8_0, q_dim, o_rows, 54);
+    EXPECT_TRUE(be->upload_weights({&o_w.w}).ok());
+  }
+  DevMat dy(be, 1, o_rows);
   std::vector<float> r(static_cast<size_t>(c.T * q_dim));
   ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale,
                  r.data(), 0, c.n_heads);
@@ -823,10 +902,29 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
       EXPECT_TRUE(all_finite(out));
       EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
                 c.kv == DType::kF16 ? 1e-5 : 1e-3);
+      // One token whose splits attn_merge merged (head sizes of 32-element
+      // blocks): its Q8 copy feeds o's integer-dot matvec.
+      if (o_w.w.data) {
+        const uint64_t i0 = be->int_dot_dispatches();
+        be->matmul(o_w.w, dout.act(), dy.act(), nullptr);
+        const bool merged = be->int_dot_dispatches() - i0 == 1;
+        if (!in_split && keys != 0 && n_tok > keys) {
+          EXPECT_TRUE(merged) << "attn_merge makes the copy";
+        }
+        if (in_split) {
+          EXPECT_FALSE(merged) << "merged in the split: no copy";
+        }
+        const std::vector<double> od(out.begin(), out.end());
+        const std::vector<double> oq = merged ? q8_round_trip(od) : od;
+        std::vector<double> ry(static_cast<size_t>(o_rows));
+        for (int64_t i = 0; i < o_rows; ++i) ry[static_cast<size_t>(i)] = row_dot(o_w, i, oq);
+        EXPECT_LT(normalized_error(dy.fetch(), ry), merged ? 2e-4 : 1e-5);
+      }
     }
   }
   be->set_attn_split_keys(0);
   be->set_merge_in_split(false);
+  if (o_w.w.data) be->release_weight(o_w.w);
 }
 
 class VulkanAttention : public VulkanTest, public ::testing::WithParamInterface<AttnCase> {};

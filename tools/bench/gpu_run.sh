@@ -19,8 +19,8 @@
 #   diag5b   a hybrid step's host op shares and GPU shader times, GPU clocks sampled
 #   keep5    layers:16 with keep-busy kernels of several sizes, GPU clocks sampled
 #   sweep    single-token matvec shapes $SWEEP for $SWEEP_DTYPES
-#   ab       Q4_0 decode with the decode fusions (LOOM_VK_FUSE) and integer-dot
-#            matvecs (LOOM_VK_INT_DOT) off and on
+#   ab       decode ($AB_DTYPES, Q4_0) under each setting of $AB: the decode
+#            fusions (LOOM_VK_FUSE) and integer-dot matvecs (LOOM_VK_INT_DOT)
 #   probe    per-shape matvec times, and with the Q4_0 arithmetic left out
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
@@ -57,11 +57,13 @@ for s in $stages; do
       timeout 240 "$B/loom_unit_tests" --gtest_brief=1 \
         --gtest_filter='Vulkan*:*VulkanAttention*:*VulkanMatmul*:*VulkanKv*:*VulkanForward*' 2>&1 | tail -n 5
       ;;
-    ab)  # Q4_0 decode with each decode fusion and the integer-dot matvecs off and on
-      m="$(model q4_0)"
-      for e in "LOOM_VK_FUSE=0" "LOOM_VK_FUSE=4" "LOOM_VK_FUSE=7" "LOOM_VK_INT_DOT=0" "LOOM_VK_INT_DOT=1" "LOOM_VK_INT_DOT=3"; do
-        echo "--- $e"
-        env "$e" timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 2 2>&1 | grep -E "^(decode|itl)"
+    ab)  # decode ($AB_DTYPES) under each setting of $AB (decode fusions, integer-dot matvecs)
+      for d in ${AB_DTYPES:-q4_0}; do
+        m="$(model $d)"
+        for e in ${AB:-LOOM_VK_FUSE=0 LOOM_VK_FUSE=4 LOOM_VK_FUSE=7 LOOM_VK_INT_DOT=0 LOOM_VK_INT_DOT=1 LOOM_VK_INT_DOT=3}; do
+          echo "--- $d $e"
+          env "$e" timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 2 2>&1 | grep -E "^(decode|itl)"
+        done
       done
       ;;
     probe)  # per-shape matvec us/call, then with the Q4_0 matvecs' arithmetic left out (LOOM_VK_PROBE_LOADS)

@@ -286,13 +286,15 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     norm_tails_ = (bits & 2) != 0;
     qkv_rope_ = (bits & 4) != 0;
   }
-  // LOOM_VK_INT_DOT (A/B runs): 0 float matvecs only; 1 integer dots on the
-  // norms' Q8 copies (the default); 3 also on Q8 copies made for o and down
-  // (quant_q8, a dispatch each; not measured on a GPU yet, so off by default).
+  // LOOM_VK_INT_DOT (A/B runs), bits: 1 integer dots on the norms' Q8 copies;
+  // 4 also on the Q8 copies gate+up and the attention merge write of their
+  // outputs, for down and o; 2 on copies quant_q8 makes for o and down (a
+  // dispatch each, slower on the H200). 0: float matvecs only; default 5.
   if (const char* e = std::getenv("LOOM_VK_INT_DOT")) {
     const int bits = std::atoi(e);
     int_dot_ = (bits & 1) != 0;
     int_dot_inputs_ = (bits & 2) != 0;
+    int_dot_outputs_ = (bits & 4) != 0;
   }
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
   probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
@@ -1437,14 +1439,16 @@ uint64_t VulkanBackend::q8_bytes(uint64_t n) {
 }
 
 Status VulkanBackend::ensure_xq8(uint64_t n) {
-  const uint64_t bytes = q8_bytes(n);
-  if (xq8_buf_.size >= bytes) return {};
-  LOOM_TRY(flush());  // the old copy may be in use by recorded work
+  const uint64_t bytes = (q8_bytes(n) + 255) & ~uint64_t{255};  // slots 256-byte aligned
+  if (xq8_slot_ >= bytes) return {};
+  LOOM_TRY(flush());  // the old copies may be in use by recorded work
   device_pool_->free(xq8_buf_);
   xq8_buf_ = Alloc{};
   xq8_ = Xq8{};
-  LOOM_ASSIGN_OR_RETURN(xq8_buf_,
-                        device_pool_->alloc(std::max<uint64_t>(bytes, 64 << 10), "Q8 activations"));
+  xq8_slot_ = 0;
+  const uint64_t slot = std::max<uint64_t>(bytes, 32 << 10);
+  LOOM_ASSIGN_OR_RETURN(xq8_buf_, device_pool_->alloc(2 * slot, "Q8 activations"));
+  xq8_slot_ = slot;
   return {};
 }
 
@@ -1456,22 +1460,24 @@ void VulkanBackend::quantize_q8(Act x) {
       !check_act(x, "quantize_q8"))
     return;
   const uint32_t n = u32(x.cols);
-  NormPush pc{u32(x.offset / 4), n, 0, 0, n, n, 1, 0.0f, 1, 0, 0};
-  auto qb = xq8_out(x, &pc.xq_off, &pc.xd_off);
+  Xq8 copy;
+  auto qb = xq8_out(x, &copy);
   if (!qb.ok()) return fail(qb.status());
+  NormPush pc{u32(x.offset / 4), n, 0, 0, n, n, 1, 0.0f, 1, copy.xq_off, copy.xd_off};
   const Bind none{static_cast<Block*>(x.buffer), 0, 0, false};
   dispatch(plain("quant_q8", true), Spec{wg}, {act_bind(x, false), none, none, *qb}, &pc,
            sizeof(pc), 1, 1, 1);
-  if (status_.ok()) xq8_ = Xq8{x.buffer, x.offset, x.cols, pc.xq_off, pc.xd_off};
+  if (status_.ok()) xq8_ = copy;
 }
 
-Result<VulkanBackend::Bind> VulkanBackend::xq8_out(const Act& row, uint32_t* xq_off,
-                                                   uint32_t* xd_off) {
+Result<VulkanBackend::Bind> VulkanBackend::xq8_out(const Act& row, Xq8* copy) {
   const auto n = static_cast<uint64_t>(row.cols);
   LOOM_TRY(ensure_xq8(n));
-  *xq_off = u32(xq8_buf_.offset / 4);
-  *xd_off = u32((xq8_buf_.offset + n) / 8);
-  return Bind{xq8_buf_.block, xq8_buf_.offset, q8_bytes(n), true};
+  // The slot the current copy is not in (a dispatch may read that one).
+  const uint64_t base =
+      xq8_buf_.offset + (xq8_.buffer && xq8_.base == xq8_buf_.offset ? xq8_slot_ : 0);
+  *copy = Xq8{row.buffer, row.offset, row.cols, u32(base / 4), u32((base + n) / 8), base};
+  return Bind{xq8_buf_.block, base, q8_bytes(n), true};
 }
 
 void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
@@ -1504,11 +1510,14 @@ void VulkanBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   const vk::DeviceCaps& c = dev_->caps();
   if (c.int_dot && int_dot_ && x.rows == 1 && pc.vec4_ok && pc.n % 32 == 0 &&
       pc.n <= 4 * kNormVec4PerThread * wg && wg % 8 == 0) {
-    auto qb = xq8_out(out, &pc.xq_off, &pc.xd_off);
+    Xq8 copy;
+    auto qb = xq8_out(out, &copy);
     if (!qb.ok()) return fail(qb.status());
+    pc.xq_off = copy.xq_off;
+    pc.xd_off = copy.xd_off;
     dispatch(plain("rms_norm_q8", true), Spec{wg},
              {act_bind(x, false), wb, act_bind(out, true), *qb}, &pc, sizeof(pc), gx, 1, gz);
-    if (status_.ok()) xq8_ = Xq8{out.buffer, out.offset, out.cols, pc.xq_off, pc.xd_off};
+    if (status_.ok()) xq8_ = copy;
     return;
   }
   dispatch(plain("rms_norm", true), Spec{wg}, {act_bind(x, false), wb, act_bind(out, true)}, &pc,
@@ -1526,20 +1535,23 @@ const VulkanBackend::Xq8* VulkanBackend::xq8_for(const Act& x, int64_t K, DType 
              : nullptr;
 }
 
-VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units,
-                                                        DType dtype) const {
+VulkanBackend::MatvecShape VulkanBackend::matvec1_shape(uint32_t M, uint32_t row_units, DType dtype,
+                                                        bool int_dot) const {
   // Two rows per row group (each x load serves both; measured on the H200,
   // this beats one row with twice the workgroups, and four rows run out of
   // registers), UNROLL parts of 32 elements in all per thread and step (K-quant
   // parts are twice as long as the others), then the row split over more
   // threads while the grid is short of kManyGroups workgroups and each thread
-  // still gets one whole step. set_matvec_tuning() fixes any of these instead.
+  // still gets one whole step. The K-quants' integer-dot variants take one part
+  // per step (on the H200 their matvecs took 10-15% less time than with two).
+  // set_matvec_tuning() fixes any of these instead.
   const uint32_t S = std::max<uint32_t>(1, dev_->caps().subgroup_size);
   const uint32_t parts = matvec_parts(dtype);
   MatvecShape s;
   s.wg = mv_tune_.wg ? std::max(mv_tune_.wg, S) : matvec_wg_;
-  s.unroll = mv_tune_.unroll ? std::min(mv_tune_.unroll, kMatvecUnrollMax)
-                             : kMatvecUnroll * parts / kMatvecPartsMax;
+  s.unroll = mv_tune_.unroll         ? std::min(mv_tune_.unroll, kMatvecUnrollMax)
+             : int_dot && parts == 2 ? 1
+                                     : kMatvecUnroll * parts / kMatvecPartsMax;
   s.nr = matvec_rows_ ? matvec_rows_ : kMatvecRowsMax / 2;
   s.tpr = matvec_tpr_ ? matvec_tpr_ : std::min(S, s.wg);
   const uint32_t many = mv_tune_.groups ? mv_tune_.groups : kManyGroups;
@@ -1595,9 +1607,10 @@ struct MatvecPush {
   uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
   uint32_t w_off_b = 0, w_off2_b = 0, row0_b = 0;
   uint32_t w_off_c = 0, w_off2_c = 0, m_a = 0, m_b = 0, y_off_b = 0, y_off_c = 0;
-  uint32_t n_off = 0, no_off = 0, cnt_off = 0;  // matvec1_norm
+  uint32_t n_off = 0, no_off = 0, cnt_off = 0;  // matvec1_norm (cnt_off: also matvec1x_glu_q8)
   float eps = 0;
-  uint32_t pad[4] = {0, 0, 0, 0};
+  uint32_t qo_off = 0, qdo_off = 0;  // matvec1x_glu_q8: y's Q8 copy (words, vec2s)
+  uint32_t pad[2] = {0, 0};
   uint32_t xq_off = 0, xd_off = 0;  // matvec1x: x's Q8 copy (words, vec2s)
 };
 static_assert(sizeof(MatvecPush) <= kPushBytes);
@@ -1651,7 +1664,13 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
                 u32(ru->alloc.offset / 4),
                 u32((ru->alloc.offset + ru->off2) / 4),
                 0};
-  MatvecShape s = matvec1_shape(M, rg->row_units, rg->dtype);
+  // Room for out's Q8 copy first: making room drops the copies there are.
+  if (int_dot_outputs_ && xq8_.buffer) {
+    Status st = ensure_xq8(static_cast<uint64_t>(std::max(gate.n_in, gate.n_out)));
+    if (!st.ok()) return fail(st);
+  }
+  const Xq8* xq = xq8_for(x, gate.n_in, rg->dtype);  // integer dots on x's Q8 copy
+  MatvecShape s = matvec1_shape(M, rg->row_units, rg->dtype, xq != nullptr);
   s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole (gate, up) pairs per row group
   uint32_t gx, gz;
   matvec1_grid(s, M, &gx, &gz);
@@ -1659,9 +1678,29 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
   // Binding 4 (not read by the shader) puts the up tensor's range in the hazard tracking.
   const Bind wu{ru->alloc.block, ru->alloc.offset, ru->alloc.size, false};
   if (profile_) prof_shape_ = shape_tag(M, gate.n_in);
-  if (const Xq8* xq = xq8_for(x, gate.n_in, rg->dtype)) {  // integer dots on x's Q8 copy
+  // With integer dots on x's Q8 copy, and where each workgroup's outputs lie
+  // in one 32-element block, also out's Q8 copy (matvec1x_glu_q8) for down.
+  const uint32_t per_group = s.wg / s.tpr * s.nr / 2;
+  const uint32_t n_blocks = u32(gate.n_out / 32);
+  if (xq) {
     pc.xq_off = xq->xq_off;
     pc.xd_off = xq->xd_off;
+    if (int_dot_outputs_ && gate.n_out % 32 == 0 && out.offset % 16 == 0 && 32 % per_group == 0 &&
+        s.wg % 8 == 0 && n_blocks <= kCounters) {
+      Xq8 copy;
+      auto qo = xq8_out(out, &copy);
+      if (!qo.ok()) return fail(qo.status());
+      auto cnt = counters(n_blocks);
+      if (!cnt.ok()) return fail(cnt.status());
+      pc.cnt_off = u32(cnt->offset / 4);
+      pc.qo_off = copy.xq_off;
+      pc.qdo_off = copy.xd_off;
+      dispatch(typed("matvec1x_glu_q8", rg->dtype, true, false), Spec{s.wg, s.nr, s.tpr, s.unroll},
+               {wg, act_bind(x, false), act_bind(out, true), wg, wu, *qo, xq8_bind(), *cnt}, &pc,
+               sizeof(pc), gx, 1, gz);
+      if (status_.ok()) xq8_ = copy;
+      return;
+    }
     dispatch(typed("matvec1x_glu", rg->dtype, true, false), Spec{s.wg, s.nr, s.tpr, s.unroll},
              {wg, act_bind(x, false), act_bind(out, true), wg, wu,
               Bind{rg->alloc.block, 0, 0, false}, xq8_bind()},
@@ -1674,7 +1713,7 @@ void VulkanBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act 
 
 VulkanBackend::Bind VulkanBackend::xq8_bind() {
   ++int_dot_dispatches_;
-  return Bind{xq8_buf_.block, xq8_buf_.offset, q8_bytes(static_cast<uint64_t>(xq8_.n)), false};
+  return Bind{xq8_buf_.block, xq8_.base, q8_bytes(static_cast<uint64_t>(xq8_.n)), false};
 }
 
 const VulkanBackend::Resident* VulkanBackend::whole_tensor(const Weight& w) const {
@@ -1767,7 +1806,8 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
   pc.m_b = mk;
   pc.y_off_b = u32(k.offset / 4);
   pc.y_off_c = u32(v.offset / 4);
-  MatvecShape s = matvec1_shape(M, rq->row_units, rq->dtype);
+  const Xq8* xq = xq8_for(x, wq.n_in, rq->dtype);  // integer dots on x's Q8 copy
+  MatvecShape s = matvec1_shape(M, rq->row_units, rq->dtype, xq != nullptr);
   if (rope) s.nr = std::max<uint32_t>(2, s.nr & ~1u);  // whole rotated pairs per row group
   uint32_t gx, gz;
   matvec1_grid(s, M, &gx, &gz);
@@ -1840,7 +1880,7 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
     const uint64_t lo = std::min(ka.offset, va.offset),
                    hi = std::max(ka.offset + ka.size, va.offset + va.size);
     const Bind cb{ka.block, lo, hi - lo, true};
-    if (const Xq8* xq = xq8_for(x, wq.n_in, rq->dtype)) {  // integer dots on x's Q8 copy
+    if (xq) {
       rp.xq_off = xq->xq_off;
       rp.xd_off = xq->xd_off;
       dispatch(typed("matvec1x_qkv_rope", rq->dtype, true, false),
@@ -1852,8 +1892,7 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
              {wb, act_bind(x, false), ob, wb, fb, cb}, &rp, sizeof(rp), gx, 1, gz);
     return true;
   }
-  const Xq8* xq = xq8_for(x, wq.n_in, rq->dtype);
-  if (xq) {  // integer dots on x's Q8 copy
+  if (xq) {
     pc.xq_off = xq->xq_off;
     pc.xd_off = xq->xd_off;
     const Bind none{rq->alloc.block, 0, 0, false};
@@ -1908,7 +1947,8 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
                      : Bind{r->alloc.block, 0, 0, false};
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
     // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
-    const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype);
+    const Xq8* xq = probe_loads_ || tail ? nullptr : xq8_for(x, w.n_in, r->dtype);
+    const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype, xq != nullptr);
     uint32_t gx, gz;
     matvec1_grid(s, M, &gx, &gz);
     if (profile_) prof_shape_ = shape_tag(M, w.n_in);
@@ -1928,7 +1968,6 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
                &pc, sizeof(pc), gx, 1, gz);
       return;
     }
-    const Xq8* xq = probe_loads_ ? nullptr : xq8_for(x, w.n_in, r->dtype);
     if (xq) {  // integer dots on x's Q8 copy
       pc.xq_off = xq->xq_off;
       pc.xd_off = xq->xd_off;
@@ -2203,15 +2242,30 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
            &pc, sizeof(pc), n_splits, gy, u32(T));
   if (part_bytes && !merged) {
     struct {
-      uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits;
+      uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits, qo_off, qdo_off;
     } mp{u32(scratch_.offset / 4),
          u32(out.offset / 4),
          u32(out.cols),
          u32(n_heads),
          u32(hd),
-         n_splits};
-    dispatch(plain("attn_merge", true), Spec{reduce_wg_},
-             {Bind{scratch_.block, scratch_.offset, part_bytes, false}, act_bind(out, true)}, &mp,
+         n_splits,
+         0,
+         0};
+    const Bind pb{scratch_.block, scratch_.offset, part_bytes, false};
+    // One token with integer dots on: also the output's Q8 copy, for o.
+    if (int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && T == 1 && hd % 32 == 0 &&
+        reduce_wg_ % 8 == 0 && out.cols == n_heads * hd) {
+      Xq8 copy;
+      auto qo = xq8_out(out, &copy);
+      if (!qo.ok()) return fail(qo.status());
+      mp.qo_off = copy.xq_off;
+      mp.qdo_off = copy.xd_off;
+      dispatch(plain("attn_merge_q8", true), Spec{reduce_wg_}, {pb, act_bind(out, true), *qo}, &mp,
+               sizeof(mp), u32(n_heads), 1, 1);
+      if (status_.ok()) xq8_ = copy;
+      return;
+    }
+    dispatch(plain("attn_merge", true), Spec{reduce_wg_}, {pb, act_bind(out, true)}, &mp,
              sizeof(mp), u32(n_heads), u32(T), 1);
   }
 }

@@ -149,12 +149,15 @@ class VulkanBackend final : public Backend {
   void set_norm_tails(bool on) { norm_tails_ = on; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
-  /// Test hook: integer-dot matvecs on norm outputs where the device has them
-  /// (the default), or float matvecs only; `inputs`: matmul_add also makes a
-  /// Q8 copy of its input first (off by default: not measured on a GPU yet).
-  void set_int_dot(bool on, bool inputs = false) {
+  /// Test hook: integer-dot matvecs where the device has them (the default),
+  /// or float matvecs only. `outputs` (the default): the fused gate+up matvec
+  /// and the attention merge also write Q8 copies of their outputs, for the
+  /// down and o matrices. `inputs`: matmul_add makes a Q8 copy of an input
+  /// that has none first (quant_q8, a dispatch each; slower on the H200).
+  void set_int_dot(bool on, bool inputs = false, bool outputs = true) {
     int_dot_ = on;
     int_dot_inputs_ = inputs;
+    int_dot_outputs_ = outputs;
   }
   /// Integer-dot matvec dispatches recorded so far (tests).
   uint64_t int_dot_dispatches() const { return int_dot_dispatches_; }
@@ -363,25 +366,31 @@ class VulkanBackend final : public Backend {
   bool qkv_rope_ = true;         ///< set_qkv_rope()
   bool probe_loads_ = false;     ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;          ///< set_int_dot()
-  bool int_dot_inputs_ = false;  ///< set_int_dot(): Q8 copies of o's and down's inputs
-  // The Q8 copy rms_norm_q8 made of one token's row (the act range it
-  // mirrors, and where its quants and block scales are): the integer-dot
-  // matvecs (matvec1x) read it while no dispatch has written that range since.
+  bool int_dot_inputs_ = false;  ///< set_int_dot(): quant_q8 copies of o's and down's inputs
+  bool int_dot_outputs_ = true;  ///< set_int_dot(): Q8 copies from gate+up and the attention merge
+  // The Q8 copy last made of one token's row (by rms_norm_q8, the gate+up
+  // matvec, the attention merge or quant_q8: the act range it mirrors, and
+  // where its quants and block scales are): the integer-dot matvecs (matvec1x)
+  // read it while no dispatch has written that range since. xq8_buf_ has two
+  // slots, so a dispatch can read one copy and write the next.
   struct Xq8 {
     void* buffer = nullptr;  ///< null: none
     uint64_t offset = 0;
     int64_t n = 0;
     uint32_t xq_off = 0, xd_off = 0;  ///< words, vec2s in xq8_buf_
+    uint64_t base = 0;                ///< its slot's byte offset in xq8_buf_'s block
   };
   Xq8 xq8_;
   vk::Alloc xq8_buf_;
+  uint64_t xq8_slot_ = 0;  ///< bytes per slot of xq8_buf_
   // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
   const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
   static bool int_dot_type(DType t);     // a matvec1x variant exists for t
   static uint64_t q8_bytes(uint64_t n);  // a Q8 copy of n: int8 quants, then (d, d sum q) per block
-  Status ensure_xq8(uint64_t n);         // xq8_buf_ holds a copy of n elements
-  // xq8_buf_ made ready for a copy of `row`: its offsets for the shader, and its bytes to write.
-  Result<Bind> xq8_out(const Act& row, uint32_t* xq_off, uint32_t* xd_off);
+  Status ensure_xq8(uint64_t n);         // xq8_buf_'s slots hold a copy of n elements
+  // The slot xq8_ is not in made ready for a copy of `row`: the copy's record
+  // (set xq8_ to it once written) and its bytes to write.
+  Result<Bind> xq8_out(const Act& row, Xq8* copy);
   void quantize_q8(Act x);  // xq8_ = a Q8 copy of one token's row x (quant_q8)
   Bind xq8_bind();          // xq8_'s bytes, read (and counts an integer-dot dispatch)
   uint64_t int_dot_dispatches_ = 0;
@@ -390,7 +399,7 @@ class VulkanBackend final : public Backend {
   struct MatvecShape {
     uint32_t wg, nr, tpr, unroll;
   };
-  MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype) const;
+  MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype, bool int_dot) const;
   // Workgroups (x spilling into z) for M rows of single-token matvecs of shape s.
   void matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx, uint32_t* gz) const;
   // The norm after a single-token matmul_add (matmul_add_norm): weight, its
@@ -453,7 +462,7 @@ class VulkanBackend final : public Backend {
   // merge or a norm after the others' results): zero between dispatches (the
   // last workgroup resets its counter). Allocated and zeroed on first use.
   vk::Alloc counters_;
-  static constexpr uint32_t kCounters = 1024;
+  static constexpr uint32_t kCounters = 4096;
   // The first n counters, bound for writing (so dispatches using them are ordered).
   Result<Bind> counters(uint32_t n);
 
