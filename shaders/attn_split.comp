@@ -15,6 +15,9 @@
 // with cnt_off set, by the last workgroup of the (head group, token) to finish:
 // each counts itself in cnt[cnt_off + z * gridY + y] once its partial is
 // written, and the one that completes the count merges (merge_tail below).
+// Q8_OUT (attn_split_q8_*, one token, one split): also the output's Q8 copy
+// (q8.glsl) for the integer-dot o matrix, through shared memory (qsh, free
+// once the scores are summed); head_dim a multiple of 32.
 // Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
 #define GM 8         // query heads per workgroup
 #define HD_MAX 256   // largest head_dim (checked by the host)
@@ -30,6 +33,11 @@ layout(binding = 4) readonly buffer P { int pos[]; };
 // coherent: merge_tail reads partials other workgroups wrote in this dispatch.
 layout(binding = 5) coherent buffer PART { float part[]; };
 layout(binding = 6) coherent buffer CNT { uint cnt[]; };
+#ifdef Q8_OUT
+#include "q8.glsl"
+layout(binding = 7) writeonly buffer QO { uint qo[]; };
+layout(binding = 7) writeonly buffer QD { vec2 qdo[]; };
+#endif
 
 layout(push_constant) uniform PC {
   uint q_off, q_ld;   // floats; row t of q is [n_heads * head_dim]
@@ -43,6 +51,7 @@ layout(push_constant) uniform PC {
   uint kps;           // keys per split, at most WG
   uint tpk;           // threads per key, kps * tpk <= WG
   uint cnt_off;       // arrival counters (0xFFFFFFFF: attn_merge merges)
+  uint qo_off, qdo_off;  // Q8_OUT: words, vec2s
 } pc;
 
 shared float qsh[GM][HD_MAX];
@@ -182,6 +191,10 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
       const uint ob = pc.o_off + t * pc.o_ld + h * hd + 2 * i;
       o[ob] = acc.x / l[g];
       o[ob + 1] = acc.y / l[g];
+#ifdef Q8_OUT
+      qsh[g][2 * i] = acc.x / l[g];
+      qsh[g][2 * i + 1] = acc.y / l[g];
+#endif
     } else {
       const uint pb = pc.part_off + ((t * pc.n_heads + h) * pc.n_splits + s) * (hd + 2);
       if (i == 0) { part[pb] = m[g]; part[pb + 1] = l[g]; }
@@ -189,6 +202,22 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
       part[pb + 3 + 2 * i] = acc.y;
     }
   }
+#ifdef Q8_OUT
+  if (pc.n_splits == 1) {  // uniform: the group's outputs, eight threads per 32-element block
+    barrier();
+    const uint n4 = gn * hd / 4, w0 = h0 * hd / 4;
+    for (uint i0 = 0; i0 < n4; i0 += WG) {  // uniform
+      const uint e = i0 + tid, g = min(4 * e / hd, GM - 1), d = 4 * e % hd;
+      const vec4 v = e < n4 ? vec4(qsh[g][d], qsh[g][d + 1], qsh[g][d + 2], qsh[g][d + 3]) : vec4(0.0);
+      vec2 ds;
+      const uint w = q8_quant(v, ds);
+      if (e < n4) {
+        qo[pc.qo_off + w0 + e] = w;
+        if (e % 8 == 0) qdo[pc.qdo_off + (w0 + e) / 8] = ds;
+      }
+    }
+  }
+#endif
 }
 
 void main() {

@@ -2197,7 +2197,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps, tpk, cnt_off;
+    uint32_t kps, tpk, cnt_off, qo_off, qdo_off;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
@@ -2216,7 +2216,9 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
        scale,
        kps,
        tpk,
-       0xFFFFFFFFu};
+       0xFFFFFFFFu,
+       0,
+       0};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
   const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
@@ -2233,6 +2235,24 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     pc.cnt_off = u32(cnt.offset / 4);
   }
   const bool merged = pc.cnt_off != 0xFFFFFFFFu;
+  // One token with integer dots on: the output's Q8 copy for o, written by
+  // whichever kernel writes the output (attn_split with one split, else attn_merge).
+  const bool q8_out = int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && T == 1 &&
+                      hd % 32 == 0 && out.cols == n_heads * hd && !merged;
+  if (q8_out && !part_bytes && wg % 8 == 0) {
+    Xq8 copy;
+    auto qo = xq8_out(out, &copy);
+    if (!qo.ok()) return fail(qo.status());
+    pc.qo_off = copy.xq_off;
+    pc.qdo_off = copy.xd_off;
+    dispatch(typed("attn_split_q8", c.dtype, true, true), Spec{wg},
+             {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
+              Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
+              Bind{ring_.block, 0, 0, false}, part, cnt, *qo},
+             &pc, sizeof(pc), n_splits, gy, u32(T));
+    if (status_.ok()) xq8_ = copy;
+    return;
+  }
   dispatch(typed("attn_split", c.dtype, true, true), Spec{wg},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
             Bind{va.block, va.offset, va.size, false},
@@ -2252,9 +2272,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
          0,
          0};
     const Bind pb{scratch_.block, scratch_.offset, part_bytes, false};
-    // One token with integer dots on: also the output's Q8 copy, for o.
-    if (int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && T == 1 && hd % 32 == 0 &&
-        reduce_wg_ % 8 == 0 && out.cols == n_heads * hd) {
+    if (q8_out && reduce_wg_ % 8 == 0) {
       Xq8 copy;
       auto qo = xq8_out(out, &copy);
       if (!qo.ok()) return fail(qo.status());
