@@ -46,10 +46,12 @@
 //
 // Q8_TAIL (matvec1x_glu_q8_*, with GLU): also y's Q8 copy (q8.glsl) for the
 // integer-dot down matrix. A workgroup's outputs lie in one 32-element block
-// (the host keeps to it); each workgroup counts its outputs into the block's
-// counter cnt[cnt_off + block] once they are written, and the last one to
-// arrive quantizes the block: no quant_q8 dispatch, and every block's
-// copy is done by one of the workgroups that made it.
+// (the host keeps to it); they are counted into the block's counter
+// cnt[cnt_off + block] once written, and whoever completes the count
+// quantizes the block: no quant_q8 dispatch. With one subgroup per row group
+// each writing thread counts its own output, and the subgroup whose thread
+// completes the count quantizes (no workgroup barrier); otherwise the
+// workgroup counts its outputs after a barrier and quantizes as a whole.
 #define NR_MAX 4
 #define UNROLL_MAX 8
 layout(constant_id = 1) const uint NR = 2;    // rows per row group, 1..NR_MAX
@@ -338,8 +340,33 @@ void norm_tail() {
 #include "q8.glsl"
 shared bool last_q8_sh;
 
-// Every workgroup calls this after writing its outputs (GLU: a pair of rows
-// each); the last of its block's workgroups writes the block's Q8 copy.
+// The Q8 copy of block blk of y by one subgroup of at least 8 threads: the
+// first eight hold a vec4 each, the others zeros, so whole-subgroup
+// reductions give the block's max and sum.
+void q8_block_sg(uint blk) {
+  memoryBarrierBuffer();
+  const uint l = gl_SubgroupInvocationID;
+  const vec4 v = l < 8 ? y4[pc.y_off / 4 + 8 * blk + l] : vec4(0.0);
+  const float amax = subgroupMax(max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w))));
+  const ivec4 qi = q8_round(v, amax);
+  const int qsum = subgroupAdd(qi.x + qi.y + qi.z + qi.w);
+  if (l < 8) qo[pc.qo_off + 8 * blk + l] = q8_pack(qi);
+  if (l == 0) {
+    const float d = amax / 127.0;
+    qdo[pc.qdo_off + blk] = vec2(d, d * float(qsum));
+    cnt[pc.cnt_off + blk] = 0;  // ready for the next dispatch
+  }
+}
+
+// One subgroup per row group: a thread that wrote output i counts it in (last:
+// it completed the count), and the subgroup quantizes the block if any did.
+bool q8_count(uint i) {
+  memoryBarrierBuffer();
+  return atomicAdd(cnt[pc.cnt_off + i / 32], 1u) == 31u;
+}
+
+// Otherwise every workgroup calls this after writing its outputs (GLU: a pair
+// of rows each); the last of its block's workgroups writes the block's copy.
 void q8_tail() {
   const uint tid = gl_LocalInvocationID.x, per = WG / TPR * NR / 2;
   const uint first = linear_group() * per, blk = first / 32;
@@ -443,12 +470,23 @@ void main() {
       if (r < NR) acc[r] = subgroupAdd(acc[r]);
     }
 #ifdef GLU
+    bool last = false;
     [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
       if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) {
         const float g = acc[2 * j];
         y[pc.y_off + r0 / 2 + j] = g / (1.0 + exp(-g)) * acc[2 * j + 1];  // as eltwise.comp's silu_mul
+#ifdef Q8_TAIL
+        if (S >= 8) last = q8_count(r0 / 2 + j) || last;
+#endif
       }
     }
+#ifdef Q8_TAIL
+    if (S >= 8) {  // uniform
+      if (subgroupMax(last ? 1u : 0u) != 0u) q8_block_sg(r0 / 64);  // any
+    } else {
+      q8_tail();
+    }
+#endif
 #elif defined(ROPE_KV)
     [[unroll]] for (uint j = 0; j < NR_MAX / 2; ++j) {
       if (2 * j < NR && j % TPR == t && r0 + 2 * j < pc.M) store_pair(r0 + 2 * j, acc[2 * j], acc[2 * j + 1]);
@@ -513,12 +551,12 @@ void main() {
     }
   }
 #endif
+#ifdef Q8_TAIL
+  q8_tail();  // uniform: the shared-memory branch
+#endif
   }
 #ifdef NORM_TAIL
   norm_tail();
-#endif
-#ifdef Q8_TAIL
-  q8_tail();
 #endif
 }
 #elif defined(USE_SUBGROUP)

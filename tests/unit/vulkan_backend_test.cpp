@@ -421,6 +421,7 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
 // the down matrix's matmul_add takes integer dots on it: y0 + down q8(glu),
 // glu = silu(g q8(xn)) * (u q8(xn)), against the double reference. Row splits
 // whose workgroups span several blocks make no copy: down is then float.
+// (lavapipe: 8-wide subgroups, 128-thread workgroups.)
 // Twice per split, so the arrival counters must be back at zero.
 TEST_P(VulkanMatmul, IntDotOfGateUpOutput) {
   const DType t = GetParam();
@@ -455,7 +456,9 @@ TEST_P(VulkanMatmul, IntDotOfGateUpOutput) {
     rf[static_cast<size_t>(r)] = y0[static_cast<size_t>(r)] + row_dot(dw, r, h);
   }
   const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
-  for (uint32_t tpr : {0u, 0u, sg, 2u}) {
+  // Default and one subgroup per row group: each subgroup counts its outputs;
+  // two subgroups: the workgroup counts after a barrier; 2: no copy.
+  for (uint32_t tpr : {0u, 0u, sg, 2 * sg, 2u}) {
     SCOPED_TRACE("threads per row " + std::to_string(tpr));
     be_->set_matvec_threads_per_row(tpr);
     DevMat dx(be_, 1, n, x), dn(be_, 1, n), dh(be_, 1, n_ff), dt(be_, 1, n_ff), dy(be_, 1, m, y0),
@@ -473,8 +476,8 @@ TEST_P(VulkanMatmul, IntDotOfGateUpOutput) {
     } else {
       EXPECT_LT(normalized_error(y, rf), 1e-4);
     }
-    if (tpr == 0) {
-      EXPECT_TRUE(int_down) << "the default split makes the copy";
+    if (tpr == 0 || tpr == sg || tpr == 2 * sg) {
+      EXPECT_TRUE(int_down) << "this split makes the copy";
     }
   }
   be_->set_matvec_threads_per_row(0);
