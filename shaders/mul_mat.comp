@@ -1,22 +1,24 @@
 #version 450
 // Y[n][m] = sum_k W[m][k] * X[n][k] (+ bias[m]) for many columns (prefill):
 // a tiled matrix-matrix product. A workgroup of 256 threads computes a tile
-// of BM = 64 rows x BN = 64 columns; each step dequantizes one 32-wide unit of
-// its 64 weight rows into shared memory (As [BM][32]) next to the matching
-// activations (Bs [BN][32]), then every thread accumulates a 4 x 4 block whose
-// rows and columns are 16 apart (so shared-memory reads hit distinct banks).
+// of BM = 128 weight rows x BN = 64 columns. Each step takes one 32-wide unit
+// of k: half the threads dequantize a weight row's unit each into shared
+// memory and all of them load the matching activations, both stored k-major
+// as vec4s of 4 rows (As4[k][m / 4]) or columns (Bs4[k][n / 4]). Then every
+// thread accumulates an 8 x 4 block: rows 4 ty .. 4 ty + 3 and 64 + the same,
+// columns 4 tx .. 4 tx + 3 (tx = tid % 16, ty = tid / 16), three vec4 reads
+// of shared memory for 32 multiply-adds per k.
 // Grid: x = ceil(M / BM), y = ceil(N / BN).
 
 #include "common.glsl"
 #include "dequant.glsl"
 
-#define BM 64
+#define BM 128
 #define BN 64
-#define TM 4
-#define TN 4
-// WG must be (BM / TM) * (BN / TN) = 256 (set by the host).
+// WG must be 256 (set by the host): 16 x 16 threads of 8 x 4 outputs.
 
 layout(binding = 1) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(binding = 2) writeonly buffer Y { float y[]; };
 layout(binding = 3) readonly buffer B { float bias[]; };
 
@@ -28,52 +30,63 @@ layout(push_constant) uniform PC {
   uint x_off, x_ld;
   uint y_off, y_ld;
   uint b_off;
-  uint flags;  // 1: add bias
+  uint flags;  // 1: add bias; 2: x rows 16-byte aligned (vec4 loads)
 } pc;
 
-shared float As[BM][33];  // +1 column: row-wise stores hit distinct banks
-shared float Bs[BN][33];
+shared vec4 As4[32][BM / 4];
+shared vec4 Bs4[32][BN / 4];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint m0 = gl_WorkGroupID.x * BM, n0 = gl_WorkGroupID.y * BN;
-  const uint tx = tid % (BN / TN), ty = tid / (BN / TN);
+  const uint tx = tid % 16, ty = tid / 16;
+  const bool x_vec4 = (pc.flags & 2u) != 0;
 
-  float acc[TM][TN];
-  [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] = 0.0;
+  vec4 acc[8];  // acc[i][j]: row (i < 4 ? 4 ty + i : 64 + 4 ty + i - 4), column 4 tx + j
+  [[unroll]] for (uint i = 0; i < 8; ++i) acc[i] = vec4(0.0);
 
   for (uint u = 0; u < pc.row_units; ++u) {
     if (tid < BM) {
+      // Rows past M repeat the last row (their sums are dropped) so loads stay in bounds.
       vec4 w[8];
       dq_unit(pc.w_off, pc.w_off2, pc.row_units, pc.row0 + min(m0 + tid, pc.M - 1), u, w);
       [[unroll]] for (uint i = 0; i < 8; ++i) {
-        As[tid][4 * i] = w[i].x;
-        As[tid][4 * i + 1] = w[i].y;
-        As[tid][4 * i + 2] = w[i].z;
-        As[tid][4 * i + 3] = w[i].w;
+        [[unroll]] for (uint c = 0; c < 4; ++c) As4[4 * i + c][tid / 4][tid % 4] = w[i][c];
       }
     }
-    [[unroll]] for (uint e = tid; e < BN * 32; e += WG) {
-      const uint n = e / 32, k = e % 32;
-      const uint kk = 32 * u + k;
-      Bs[n][k] = (n0 + n < pc.N && kk < pc.K) ? x[pc.x_off + (n0 + n) * pc.x_ld + kk] : 0.0;
+    // Activations: thread (k4, n) loads x[n0 + n][32 u + 4 k4 .. + 3], two rounds of 256.
+    [[unroll]] for (uint r = 0; r < 2; ++r) {
+      const uint e = tid + 256 * r, n = e % BN, k4 = e / BN;
+      const uint kk = 32 * u + 4 * k4;
+      vec4 v = vec4(0.0);
+      if (n0 + n < pc.N) {
+        const uint base = pc.x_off + (n0 + n) * pc.x_ld + kk;
+        if (x_vec4 && kk + 4 <= pc.K) {
+          v = x4[base / 4];
+        } else {
+          // Past K, x belongs to the next row (maybe Inf): masked.
+          [[unroll]] for (uint c = 0; c < 4; ++c) v[c] = kk + c < pc.K ? x[base + c] : 0.0;
+        }
+      }
+      [[unroll]] for (uint c = 0; c < 4; ++c) Bs4[4 * k4 + c][n / 4][n % 4] = v[c];
     }
     barrier();
     [[unroll]] for (uint k = 0; k < 32; ++k) {
-      float a[TM], b[TN];
-      [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = As[ty + 16 * i][k];
-      [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = Bs[tx + 16 * j][k];
-      [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+      const vec4 a0 = As4[k][ty], a1 = As4[k][16 + ty], b = Bs4[k][tx];
+      [[unroll]] for (uint i = 0; i < 4; ++i) {
+        acc[i] += a0[i] * b;
+        acc[4 + i] += a1[i] * b;
+      }
     }
     barrier();
   }
 
-  [[unroll]] for (uint i = 0; i < TM; ++i) {
-    const uint m = m0 + ty + 16 * i;
+  [[unroll]] for (uint i = 0; i < 8; ++i) {
+    const uint m = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
     if (m >= pc.M) continue;
     const float bv = (pc.flags & 1u) != 0 ? bias[pc.b_off + m] : 0.0;
-    [[unroll]] for (uint j = 0; j < TN; ++j) {
-      const uint n = n0 + tx + 16 * j;
+    [[unroll]] for (uint j = 0; j < 4; ++j) {
+      const uint n = n0 + 4 * tx + j;
       if (n < pc.N) y[pc.y_off + n * pc.y_ld + m] = acc[i][j] + bv;
     }
   }

@@ -60,8 +60,9 @@ uint32_t matvec_parts(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : kMatvecPartsMax;
 }
 constexpr uint32_t kManyGroups = 2048;
-constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
-constexpr uint32_t kMatmulTile = 64;
+constexpr uint32_t kWgMatmul = 256;     // mul_mat.comp's tile needs exactly 256
+constexpr uint32_t kMatmulTileM = 128;  // BM and BN in mul_mat.comp
+constexpr uint32_t kMatmulTileN = 64;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
@@ -1995,7 +1996,7 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   } else {
     dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
-             (M + kMatmulTile - 1) / kMatmulTile, (T + kMatmulTile - 1) / kMatmulTile, 1);
+             (M + kMatmulTileM - 1) / kMatmulTileM, (T + kMatmulTileN - 1) / kMatmulTileN, 1);
   }
 }
 
