@@ -1994,6 +1994,13 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
              Spec{kWgMatvec, kMatvecRows, nsg}, {wb, act_bind(x, false), act_bind(out, true), bb},
              &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
+    static const bool wide = std::getenv("LOOM_VK_MATMULW") != nullptr;  // A/B (temporary)
+    if (wide && (r->dtype == DType::kQ4_0 || r->dtype == DType::kQ4_K || r->dtype == DType::kQ6_K)) {
+      dispatch(typed("matmulw", r->dtype, false, true), Spec{kWgMatmul},
+               {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
+               (M + kMatmulTileM - 1) / kMatmulTileM, (T + 127) / 128, 1);
+      return;
+    }
     dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
              (M + kMatmulTileM - 1) / kMatmulTileM, (T + kMatmulTileN - 1) / kMatmulTileN, 1);
