@@ -10,11 +10,8 @@
 // memory; the workgroup reduces max and sum, then threads over (head,
 // dimension pair) accumulate the weighted V rows.
 // With one split the normalized output is written directly; otherwise the
-// partial (max m, sum l, unnormalized o[head_dim]) goes to `part`, and the
-// splits are combined either by attn_merge.comp (a dispatch of its own) or,
-// with cnt_off set, by the last workgroup of the (head group, token) to finish:
-// each counts itself in cnt[cnt_off + z * gridY + y] once its partial is
-// written, and the one that completes the count merges (merge_tail below).
+// partial (max m, sum l, unnormalized o[head_dim]) goes to `part`, and
+// attn_merge.comp combines the splits.
 // Q8_OUT (attn_split_q8_*, one token, one split): also the output's Q8 copy
 // (q8.glsl) for the integer-dot o matrix, through shared memory (qsh, free
 // once the scores are summed); head_dim a multiple of 32.
@@ -28,15 +25,13 @@
 #include "kv_read.glsl"
 
 layout(binding = 0) readonly buffer Q { float q[]; };
-layout(binding = 3) buffer O { float o[]; };  // read back only by merge_tail
+layout(binding = 3) writeonly buffer O { float o[]; };
 layout(binding = 4) readonly buffer P { int pos[]; };
-// coherent: merge_tail reads partials other workgroups wrote in this dispatch.
-layout(binding = 5) coherent buffer PART { float part[]; };
-layout(binding = 6) coherent buffer CNT { uint cnt[]; };
+layout(binding = 5) writeonly buffer PART { float part[]; };
 #ifdef Q8_OUT
 #include "q8.glsl"
-layout(binding = 7) writeonly buffer QO { uint qo[]; };
-layout(binding = 7) writeonly buffer QD { vec2 qdo[]; };
+layout(binding = 6) writeonly buffer QO { uint qo[]; };
+layout(binding = 6) writeonly buffer QD { vec2 qdo[]; };
 #endif
 
 layout(push_constant) uniform PC {
@@ -50,65 +45,11 @@ layout(push_constant) uniform PC {
   float scale;
   uint kps;           // keys per split, at most WG
   uint tpk;           // threads per key, kps * tpk <= WG
-  uint cnt_off;       // arrival counters (0xFFFFFFFF: attn_merge merges)
   uint qo_off, qdo_off;  // Q8_OUT: words, vec2s
 } pc;
 
 shared float qsh[GM][HD_MAX];
 shared float psh[GM][WG];
-shared bool last_sh;
-
-// The last workgroup of this (head group, token): out = sum_s e^(m_s - M) o_s
-// / sum_s e^(m_s - M) l_s over the splits' partials, M = max_s m_s (as
-// attn_merge.comp), WG splits at a time: their weights in psh, then threads
-// over (head, dimension) sum the weighted o_s; o holds the running sum
-// between rounds (each element is read back by the thread that wrote it).
-void merge_tail(uint t, uint h0, uint gn, uint hd) {
-  const uint tid = gl_LocalInvocationID.x, ns = pc.n_splits, stride = hd + 2;
-  float mx[GM], l[GM];
-  [[unroll]] for (uint g = 0; g < GM; ++g) mx[g] = NEG_BIG;
-  for (uint s = tid; s < ns; s += WG) {
-    [[unroll]] for (uint g = 0; g < GM; ++g) {
-      if (g < gn) mx[g] = max(mx[g], part[pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s) * stride]);
-    }
-  }
-  wg_max_n(mx);
-  [[unroll]] for (uint g = 0; g < GM; ++g) l[g] = 0.0;
-  for (uint s = tid; s < ns; s += WG) {
-    [[unroll]] for (uint g = 0; g < GM; ++g) {
-      if (g < gn) {
-        const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s) * stride;
-        l[g] += exp(part[pb] - mx[g]) * part[pb + 1];
-      }
-    }
-  }
-  wg_sum_n(l);
-  for (uint s0 = 0; s0 < ns; s0 += WG) {
-    const uint n = min(WG, ns - s0);
-    if (tid < n) {
-      [[unroll]] for (uint g = 0; g < GM; ++g) {
-        if (g < gn) psh[g][tid] = exp(part[pc.part_off + ((t * pc.n_heads + h0 + g) * ns + s0 + tid) * stride] - mx[g]);
-      }
-    }
-    barrier();
-    const bool final_round = s0 + WG >= ns;
-    for (uint e = tid; e < gn * hd; e += WG) {
-      const uint g = e / hd, d = e % hd;
-      const uint pb = pc.part_off + (t * pc.n_heads + h0 + g) * ns * stride + 2 + d;
-      const uint ob = pc.o_off + t * pc.o_ld + (h0 + g) * hd + d;
-      float acc = s0 == 0 ? 0.0 : o[ob];
-      uint s = 0;
-      for (; s + UNV <= n; s += UNV) {
-        float v[UNV];
-        [[unroll]] for (uint c = 0; c < UNV; ++c) v[c] = part[pb + (s0 + s + c) * stride];
-        [[unroll]] for (uint c = 0; c < UNV; ++c) acc += psh[g][s + c] * v[c];
-      }
-      for (; s < n; ++s) acc += psh[g][s] * part[pb + (s0 + s) * stride];
-      o[ob] = final_round ? acc / l[g] : acc;
-    }
-    barrier();
-  }
-}
 
 // Split s of query token t, heads h0 .. h0 + gn - 1 (KV head kvh): keys
 // [start, end), at least one.
@@ -241,15 +182,4 @@ void main() {
   } else {
     split(t, s, kvh, h0, gn, hd, start, min(start + pc.kps, n_keys));
   }
-  if (pc.n_splits == 1 || pc.cnt_off == 0xFFFFFFFFu) return;  // uniform
-  // Count this workgroup in; the one that completes the count merges.
-  memoryBarrierBuffer();
-  barrier();
-  const uint ci = pc.cnt_off + t * gl_NumWorkGroups.y + gl_WorkGroupID.y;
-  if (tid == 0) last_sh = atomicAdd(cnt[ci], 1u) == pc.n_splits - 1;
-  barrier();
-  if (!last_sh) return;  // uniform
-  memoryBarrierBuffer();
-  if (tid == 0) cnt[ci] = 0;  // ready for the next dispatch
-  merge_tail(t, h0, gn, hd);
 }

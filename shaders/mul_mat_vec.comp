@@ -23,11 +23,6 @@
 // one shared-memory step.
 // Grid: x (spilling into z) = ceil(M / NR / (WG / TPR)) workgroups.
 //
-// NORM_TAIL (matvec1_norm_*): y += W x, then out = rms_norm(y) * nw (the
-// residual add and the norm after it): every workgroup counts itself in
-// cnt[cnt_off] once its rows are written, and the last one normalizes the
-// whole of y (no rms_norm dispatch, and no barrier before it).
-//
 // ROPE_KV (matvec1_qkv_rope_*, with QKV): then RoPE of q and k and the F16
 // KV store of k and v (rope.comp's rope_kv), row pairs (2i, 2i + 1) being
 // rotated pairs: NR is even, and each row group's thread for a pair writes it.
@@ -89,16 +84,7 @@ layout(constant_id = 1) const uint NR = 2;  // rows together, 1..NR_MAX (the hos
 
 layout(binding = 1) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer X4 { vec4 x4[]; };
-#ifdef NORM_TAIL
-// coherent: the last workgroup reads rows the others wrote in this dispatch.
-layout(binding = 2) coherent buffer Y { float y[]; };
-layout(binding = 2) coherent buffer Y4 { vec4 y4[]; };
-layout(binding = 4) readonly buffer NW { float nw[]; };
-layout(binding = 4) readonly buffer NW4 { vec4 nw4[]; };
-layout(binding = 5) writeonly buffer NO { float no[]; };
-layout(binding = 5) writeonly buffer NO4 { vec4 no4[]; };
-layout(binding = 6) coherent buffer CNT { uint cnt[]; };
-#elif defined(Q8_TAIL)
+#if defined(Q8_TAIL)
 // coherent: a block's last workgroup reads outputs the others wrote.
 layout(binding = 2) coherent buffer Y { float y[]; };
 layout(binding = 2) coherent buffer Y4 { vec4 y4[]; };
@@ -132,8 +118,6 @@ layout(push_constant) uniform PC {
   // QKV: rows [0, m_a) of the first matrix (w_off, y_off), [m_a, m_a + m_b)
   // of the second (w_off_b, y_off_b), the rest of the third (w_off_c, y_off_c).
   uint w_off_c, w_off2_c, m_a, m_b, y_off_b, y_off_c;
-  // NORM_TAIL: the norm weight (nw) and output (no), floats; the counter; eps.
-  // flags & 8: y_off, n_off, no_off and M multiples of 4 (vec4 access).
 #ifdef ROPE_KV
   // rope.comp's parameters and this token's position. (128 bytes is all some
   // devices take, so the head size, the cache length and the caches' offsets
@@ -146,10 +130,9 @@ layout(push_constant) uniform PC {
 #define RP_KC_OFF pc.b_off
 #define RP_VC_OFF pc.row0_b
 #else
-  uint n_off, no_off, cnt_off;
-  float eps;
+  uint cnt_off;          // Q8_TAIL: the blocks' arrival counters
   uint qo_off, qdo_off;  // Q8_TAIL: y's Q8 copy (words, vec2s)
-  uint pad2, pad3;
+  uint pad0, pad1, pad2, pad3, pad4;
 #endif
   uint xq_off, xd_off;  // XQ8: x's Q8 copy (words, vec2s)
 } pc;
@@ -298,43 +281,6 @@ void store_y(uint g, float v) {
 #endif
 }
 
-#ifdef NORM_TAIL
-shared bool last_sh;
-
-// Every workgroup calls this after writing its rows; the last one to arrive
-// writes no = y / sqrt(mean(y^2) + eps) * nw over all M rows (as rms_norm.comp).
-void norm_tail() {
-  const uint tid = gl_LocalInvocationID.x;
-  memoryBarrierBuffer();
-  barrier();
-  if (tid == 0) last_sh = atomicAdd(cnt[pc.cnt_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.z - 1;
-  barrier();
-  if (!last_sh) return;  // uniform
-  memoryBarrierBuffer();
-  if (tid == 0) cnt[pc.cnt_off] = 0;  // ready for the next dispatch
-  const bool v4 = (pc.flags & 8u) != 0;
-  float a = 0.0;
-  if (v4) {
-    for (uint i = tid; i < pc.M / 4; i += WG) {
-      const vec4 v = y4[pc.y_off / 4 + i];
-      a += dot(v, v);
-    }
-  } else {
-    for (uint i = tid; i < pc.M; i += WG) a += y[pc.y_off + i] * y[pc.y_off + i];
-  }
-  a = subgroupAdd(a);
-  if (subgroupElect()) red1[0][gl_SubgroupID] = a;
-  barrier();
-  float ss = 0.0;
-  for (uint g = 0; g < gl_NumSubgroups; ++g) ss += red1[0][g];
-  const float scale = 1.0 / sqrt(ss / float(pc.M) + pc.eps);
-  if (v4) {
-    for (uint i = tid; i < pc.M / 4; i += WG) no4[pc.no_off / 4 + i] = (y4[pc.y_off / 4 + i] * scale) * nw4[pc.n_off / 4 + i];
-  } else {
-    for (uint i = tid; i < pc.M; i += WG) no[pc.no_off + i] = (y[pc.y_off + i] * scale) * nw[pc.n_off + i];
-  }
-}
-#endif
 
 #ifdef Q8_TAIL
 #include "q8.glsl"
@@ -555,9 +501,6 @@ void main() {
   q8_tail();  // uniform: the shared-memory branch
 #endif
   }
-#ifdef NORM_TAIL
-  norm_tail();
-#endif
 }
 #elif defined(USE_SUBGROUP)
 // Several columns with subgroups: each subgroup owns NR consecutive rows at a

@@ -205,19 +205,6 @@ class Backend {
     matmul(w, x, tmp, nullptr);
     add(y, tmp, y);
   }
-  /// Whether matmul_add_norm() of a T-token step is one op here (else the
-  /// caller runs the norm apart, in the norm's own profiler scope).
-  virtual bool fuses_add_norm(int64_t T) const {
-    (void)T;
-    return false;
-  }
-  /// matmul_add(), then out = rms_norm(y) * norm (the norm that follows the
-  /// residual add: the FFN's, or the next layer's).
-  virtual void matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm,
-                               float eps, Act out) {
-    matmul_add(w, x, y, tmp);
-    rms_norm(y, norm, eps, out);
-  }
   /// out = silu(gate x) * (up x) (the FFN's first half); tmp [T, up.n_out]
   /// is scratch the default uses.
   virtual void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {

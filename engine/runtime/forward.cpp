@@ -514,8 +514,6 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
           0;
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;
-  normed_layer_ = -1;
-  want_logits_ = logits != nullptr;
   {
     OpTimer timer(stats_, OpLabel::kEmbed);
     const Unit ue = placement_.embed.unit;
@@ -543,14 +541,9 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
   const int64_t first = all_logits ? 0 : T - 1;
   const int64_t rows = T - first;
   group_begin(prof_ ? prof_->output_scope() : 0, uo);
-  Act xb;
-  if (normed_layer_ == hp.n_layer) {  // the last layer's down matrix did the norm
-    xb = in(kXb, uo, T).rows_view(first, rows);
-  } else {
-    Act x = in(kX, uo, T).rows_view(first, rows);
-    xb = out(kXb, uo, rows);
-    be(uo).rms_norm(x, w_.output_norm, hp.rms_eps, xb);
-  }
+  Act x = in(kX, uo, T).rows_view(first, rows);
+  Act xb = out(kXb, uo, rows);
+  be(uo).rms_norm(x, w_.output_norm, hp.rms_eps, xb);
   if (be(uo).host_memory()) {  // the CPU writes straight into the caller's array
     be(uo).matmul(w_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
     group_end();
@@ -578,7 +571,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
              un = P[OpGroup::kNorm].unit;
   auto scope = [&](OpGroup g) { return prof_ ? prof_->scope(l, g) : 0; };
 
-  if (normed_layer_ != l) {
+  {
     OpTimer timer(stats_, OpLabel::kNorm);
     group_begin(scope(OpGroup::kNorm), un);
     Act x = in(kX, un, T);
@@ -628,21 +621,13 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
                      1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));
   }
-  bool ffn_normed = false;
   if (uw == un) {
-    // One op where the backend fuses them: x += wo att (timed with attn_w),
-    // and the FFN's norm with it where the backend fuses that too.
+    // One op where the backend fuses them: x += wo att (timed with attn_w).
     OpTimer timer(stats_, OpLabel::kAttnOut);
     group_begin(scope(OpGroup::kAttnW), uw);
     Act att = in(kAtt, uw, T), x = in(kX, uw, T);
     valid_[kX] = bit(uw);
-    Act xb = out(kXb, uw, T);
-    if (be(uw).fuses_add_norm(T)) {
-      be(uw).matmul_add_norm(w.wo, att, x, xb, w.ffn_norm, hp.rms_eps, xb);
-      ffn_normed = true;
-    } else {
-      be(uw).matmul_add(w.wo, att, x, xb);
-    }
+    be(uw).matmul_add(w.wo, att, x, out(kXb, uw, T));
   } else {
     {
       OpTimer timer(stats_, OpLabel::kAttnOut);
@@ -656,7 +641,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     valid_[kX] = bit(un);
     be(un).add(x, xb, x);
   }
-  if (!ffn_normed) {
+  {
     OpTimer timer(stats_, OpLabel::kNorm);
     be(un).rms_norm(in(kX, un, T), w.ffn_norm, hp.rms_eps, out(kXb, un, T));
   }
@@ -671,24 +656,7 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kFfnDown);
     Act hb = in(kHb, uf, T), x = in(kX, uf, T);
     valid_[kX] = bit(uf);
-    // The norm that follows on the same unit goes with it: the next layer's,
-    // or the output's when this chunk's logits are wanted.
-    // (Where the backend does not fuse it, the norm runs apart, in its own scope.)
-    const bool last = l + 1 == hp.n_layer;
-    const Weight* next_norm = nullptr;
-    if (be(uf).fuses_add_norm(T)) {
-      if (!last && placement_.layers[static_cast<size_t>(l + 1)][OpGroup::kNorm].unit == uf)
-        next_norm = &w_.layers[static_cast<size_t>(l + 1)].attn_norm;
-      else if (last && want_logits_ && placement_.output.unit == uf)
-        next_norm = &w_.output_norm;
-    }
-    Act xb = out(kXb, uf, T);
-    if (next_norm) {
-      be(uf).matmul_add_norm(w.w_down, hb, x, xb, *next_norm, hp.rms_eps, xb);
-      normed_layer_ = l + 1;
-    } else {
-      be(uf).matmul_add(w.w_down, hb, x, xb);
-    }
+    be(uf).matmul_add(w.w_down, hb, x, out(kXb, uf, T));
     return;
   }
   {

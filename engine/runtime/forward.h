@@ -151,10 +151,6 @@ class ForwardPass {
   bool profiling_ = false;     ///< this step's groups and transfers are timed
   uint64_t decode_steps_ = 0;  ///< decode steps seen by the profiler (for its sampling)
   int64_t cur_layer_ = -1;
-  // The norm that starts layer normed_layer_ (n_layer: the output norm) was
-  // done by the op before it (matmul_add_norm), kXb holds its result; -1: none.
-  int64_t normed_layer_ = -1;
-  bool want_logits_ = false;  ///< the chunk being evaluated ends in the output matrix
   int32_t cur_scope_ = -1;
   Unit cur_unit_ = Unit::kCpu;
   uint64_t cur_t0_ = 0, cur_xfer_ns_ = 0;

@@ -271,65 +271,6 @@ TEST_P(VulkanMatmul, MatmulAdd) {
   be_->set_matvec_threads_per_row(0);
 }
 
-// matmul_add_norm (y += W x, out = rms_norm(y) * g): for a single token (with
-// the option on) one matvec whose last workgroup normalizes y (vec4 and scalar paths: 64 and 37
-// rows; several row splits, so many workgroups arrive), run twice in a row (the
-// arrival counter must be back at zero); the plain ops for more tokens.
-TEST_P(VulkanMatmul, MatmulAddNorm) {
-  const DType t = GetParam();
-  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
-  const int64_t n_in = kq ? 512 : 96;
-  const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
-  const float eps = 1e-5f;
-  be_->set_norm_tails(true);
-  for (int64_t n_out : {64, 37}) {
-    const HostWeight hw = make_weight(t, n_in, n_out, 970);
-    const HostWeight hg = make_weight(DType::kF32, n_out, 1, 971);
-    ASSERT_TRUE(be_->upload_weight(hw.w).ok());
-    ASSERT_TRUE(be_->upload_weight(hg.w).ok());
-    for (int64_t T : {1, 3}) {
-      for (uint32_t tpr : {0u, sg, 2u}) {
-        if (T > 1 && tpr) continue;
-        SCOPED_TRACE("n_out " + std::to_string(n_out) + ", T " + std::to_string(T) +
-                     ", threads per row " + std::to_string(tpr));
-        be_->set_matvec_threads_per_row(tpr);
-        const auto x = random_floats(static_cast<size_t>(T * n_in), 972);
-        const auto y0 = random_floats(static_cast<size_t>(T * n_out), 973);
-        DevMat dx(be_, T, n_in, x), dy(be_, T, n_out, y0), dout(be_, T, n_out);
-        // Twice: y0 + 2 W x.
-        for (int rep = 0; rep < 2; ++rep)
-          be_->matmul_add_norm(hw.w, dx.act(), dy.act(), dout.act(), hg.w, eps, dout.act());
-        const auto y = dy.fetch(), o = dout.fetch();
-        std::vector<double> ry(static_cast<size_t>(T * n_out)), ro(ry.size());
-        for (int64_t t0 = 0; t0 < T; ++t0) {
-          double ss = 0;
-          for (int64_t r = 0; r < n_out; ++r) {
-            double a = 0;
-            for (int64_t k = 0; k < n_in; ++k) {
-              a += static_cast<double>(hw.deq[static_cast<size_t>(r * n_in + k)]) *
-                   x[static_cast<size_t>(t0 * n_in + k)];
-            }
-            const double v = y0[static_cast<size_t>(t0 * n_out + r)] + 2 * a;
-            ry[static_cast<size_t>(t0 * n_out + r)] = v;
-            ss += v * v;
-          }
-          const double scale = 1.0 / std::sqrt(ss / static_cast<double>(n_out) + eps);
-          for (int64_t r = 0; r < n_out; ++r) {
-            ro[static_cast<size_t>(t0 * n_out + r)] =
-                ry[static_cast<size_t>(t0 * n_out + r)] * scale * hg.deq[static_cast<size_t>(r)];
-          }
-        }
-        EXPECT_TRUE(all_finite(y));
-        EXPECT_TRUE(all_finite(o));
-        EXPECT_LT(normalized_error(y, ry), 1e-5);
-        EXPECT_LT(normalized_error(o, ro), 1e-5);
-      }
-    }
-  }
-  be_->set_matvec_threads_per_row(0);
-  be_->set_norm_tails(false);
-}
-
 // Integer-dot matvecs (Q4_0, Q8_0, Q4_K, Q6_K): after rms_norm of one token, its Q8 copy
 // feeds matmul, matmul_glu and matmul_qkv; against a double reference that
 // quantizes the normed row as the shader does (32-element blocks, d = max|v| /
@@ -891,14 +832,10 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   ref::attention(q.data(), c.T, pos.data() + c.n_past, c.n_heads, (*host_kv)->view(0), scale,
                  r.data(), 0, c.n_heads);
   // Keys per split as chosen, and few (several threads per key, many splits
-  // to merge: more than a workgroup's worth at 3 keys and 300 on lavapipe);
-  // splits merged by their last workgroup, or by attn_merge. Each case runs
-  // twice, so the arrival counters must be back at zero after a dispatch.
-  for (bool in_split : {true, false, true}) {
-    be->set_merge_in_split(in_split);
+  // to merge: more than a workgroup's worth at 3 keys and 300 on lavapipe).
+  {
     for (uint32_t keys : {0u, 8u, 3u}) {
-      SCOPED_TRACE("keys per split " + std::to_string(keys) +
-                   (in_split ? ", merged in the split" : ", attn_merge"));
+      SCOPED_TRACE("keys per split " + std::to_string(keys));
       be->set_attn_split_keys(keys);
       be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
       const auto out = dout.fetch();
@@ -907,25 +844,19 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
                 c.kv == DType::kF16 ? 1e-5 : 1e-3);
       // One token (head sizes of 32-element blocks): the kernel that writes
       // the output, attn_split with one split or attn_merge, also writes its
-      // Q8 copy, which feeds o's integer-dot matvec; the merge in the
-      // split's last workgroup makes none.
+      // Q8 copy, which feeds o's integer-dot matvec.
       if (o_w.w.data) {
         const uint64_t i0 = be->int_dot_dispatches();
         be->matmul(o_w.w, dout.act(), dy.act(), nullptr);
-        const bool copied = be->int_dot_dispatches() - i0 == 1;
-        if (keys != 0) {
-          EXPECT_EQ(copied, n_tok <= keys || !in_split);
-        }
-        const std::vector<double> od(out.begin(), out.end());
-        const std::vector<double> oq = copied ? q8_round_trip(od) : od;
+        EXPECT_EQ(be->int_dot_dispatches() - i0, 1u);
+        const std::vector<double> oq = q8_round_trip(std::vector<double>(out.begin(), out.end()));
         std::vector<double> ry(static_cast<size_t>(o_rows));
         for (int64_t i = 0; i < o_rows; ++i) ry[static_cast<size_t>(i)] = row_dot(o_w, i, oq);
-        EXPECT_LT(normalized_error(dy.fetch(), ry), copied ? 2e-4 : 1e-5);
+        EXPECT_LT(normalized_error(dy.fetch(), ry), 2e-4);
       }
     }
   }
   be->set_attn_split_keys(0);
-  be->set_merge_in_split(false);
   if (o_w.w.data) be->release_weight(o_w.w);
 }
 

@@ -75,18 +75,13 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
   const int64_t V = model.hp.n_vocab;
 
   KvCacheConfig kc{model.hp.n_layer, model.hp.n_head_kv, model.hp.head_dim, 64, 16, DType::kF16};
-  // Also, for quantized types, with Q8 copies of o's and down's inputs, and
-  // with the norms and the attention merge done by the last workgroup (both
-  // off by default).
+  // Also, for quantized types, with quant_q8 copies of o's and down's inputs
+  // instead of the ones their producers write (off by default).
   const bool quantized = std::string(c.dtype) != "f32" && std::string(c.dtype) != "f16";
-  for (const int mode : {0, 1, 2}) {
+  for (const int mode : {0, 1}) {
     if (mode == 1 && !quantized) continue;
-    SCOPED_TRACE(mode == 0   ? "default"
-                 : mode == 1 ? "integer dots on every matvec input"
-                             : "last-workgroup norms and merges");
-    be->set_int_dot(true, mode == 1);
-    be->set_norm_tails(mode == 2);
-    be->set_merge_in_split(mode == 2);
+    SCOPED_TRACE(mode == 0 ? "default" : "quant_q8 copies of o's and down's inputs");
+    be->set_int_dot(true, mode == 1, /*outputs=*/mode == 0);
     auto kv = KvCache::create(kc);
     ASSERT_TRUE(kv.ok());
     ForwardPass fwd(model, *be, **kv, /*max_chunk=*/4);
@@ -109,8 +104,6 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
     }
   }
   be->set_int_dot(true);
-  be->set_norm_tails(false);
-  be->set_merge_in_split(false);
   be->release_weights();
   EXPECT_EQ(be->validation_messages(), msgs0);
 }

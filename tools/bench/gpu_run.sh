@@ -60,7 +60,7 @@ for s in $stages; do
     ab)  # decode ($AB_DTYPES) under each setting of $AB (decode fusions, integer-dot matvecs)
       for d in ${AB_DTYPES:-q4_0}; do
         m="$(model $d)"
-        for e in ${AB:-LOOM_VK_FUSE=0 LOOM_VK_FUSE=4 LOOM_VK_FUSE=7 LOOM_VK_INT_DOT=0 LOOM_VK_INT_DOT=1 LOOM_VK_INT_DOT=3}; do
+        for e in ${AB:-LOOM_VK_FUSE=0 LOOM_VK_FUSE=4 LOOM_VK_INT_DOT=0 LOOM_VK_INT_DOT=1 LOOM_VK_INT_DOT=5}; do
           echo "--- $d $e"
           env "$e" timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p 512 -n 128 -r 2 2>&1 | grep -E "^(decode|itl)"
         done

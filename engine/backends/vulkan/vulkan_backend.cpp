@@ -278,15 +278,9 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   submit_first_ = std::min(submit_every_, kSubmitFirst);
   fence_spin_us_ = opts.fence_spin_us >= 0 ? opts.fence_spin_us : gpu_device_ ? kFenceSpinUs : 0;
   keep_allowed_ = opts.keep_busy_groups > 0 && gpu_device_;
-  // Decode fusions, for A/B measurements: LOOM_VK_FUSE bit 1 the attention
-  // merge in the split's last workgroup, bit 2 the norm after matmul_add in
-  // the matvec's, bit 4 RoPE and the KV store in the qkv matvec (default 4).
-  if (const char* e = std::getenv("LOOM_VK_FUSE")) {
-    const int bits = std::atoi(e);
-    merge_in_split_ = (bits & 1) != 0;
-    norm_tails_ = (bits & 2) != 0;
-    qkv_rope_ = (bits & 4) != 0;
-  }
+  // Decode fusion, for A/B measurements: LOOM_VK_FUSE bit 4 RoPE and the KV
+  // store in the qkv matvec (default 4; 0 off).
+  if (const char* e = std::getenv("LOOM_VK_FUSE")) qkv_rope_ = (std::atoi(e) & 4) != 0;
   // LOOM_VK_INT_DOT (A/B runs), bits: 1 integer dots on the norms' Q8 copies;
   // 4 also on the Q8 copies gate+up and the attention merge write of their
   // outputs, for down and o; 2 on copies quant_q8 makes for o and down (a
@@ -1580,20 +1574,6 @@ void VulkanBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   Backend::matmul_add(w, x, y, tmp);
 }
 
-void VulkanBackend::matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm,
-                                    float eps, Act out) {
-  // One dispatch whose last workgroup normalizes y (matvec1_norm) for a
-  // single token with a resident norm weight; otherwise the two ops.
-  const Resident* rn = norm_tails_ ? find_weight(norm.data) : nullptr;
-  if (!status_.ok() || x.rows != 1 || !dev_->caps().subgroup_arithmetic || !rn ||
-      rn->dtype != DType::kF32 || norm.n_in != y.cols || y.rows != 1 || out.rows != 1 ||
-      out.cols != y.cols || !check_act(out, "matmul_add_norm")) {
-    return Backend::matmul_add_norm(w, x, y, tmp, norm, eps, out);
-  }
-  const NormTail tail{rn, rn->device_offset(norm.data), out, eps};
-  matmul_impl(w, x, y, nullptr, true, &tail);
-}
-
 namespace {
 // " MxK", appended to a matvec's profile label so each weight shape is timed apart.
 std::string shape_tag(uint32_t M, int64_t K) {
@@ -1608,10 +1588,9 @@ struct MatvecPush {
   uint32_t w_off, w_off2, row0, row_units, K, M, N, x_off, x_ld, y_off, y_ld, b_off, flags;
   uint32_t w_off_b = 0, w_off2_b = 0, row0_b = 0;
   uint32_t w_off_c = 0, w_off2_c = 0, m_a = 0, m_b = 0, y_off_b = 0, y_off_c = 0;
-  uint32_t n_off = 0, no_off = 0, cnt_off = 0;  // matvec1_norm (cnt_off: also matvec1x_glu_q8)
-  float eps = 0;
+  uint32_t cnt_off = 0;              // matvec1x_glu_q8: the blocks' arrival counters
   uint32_t qo_off = 0, qdo_off = 0;  // matvec1x_glu_q8: y's Q8 copy (words, vec2s)
-  uint32_t pad[2] = {0, 0};
+  uint32_t pad[5] = {0, 0, 0, 0, 0};
   uint32_t xq_off = 0, xd_off = 0;  // matvec1x: x's Q8 copy (words, vec2s)
 };
 static_assert(sizeof(MatvecPush) <= kPushBytes);
@@ -1908,7 +1887,7 @@ bool VulkanBackend::qkv_impl(const Weight& wq, const Weight& wk, const Weight& w
 }
 
 void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* bias,
-                                bool accumulate, const NormTail* tail) {
+                                bool accumulate) {
   if (!status_.ok() || !check_act(x, "matmul") || !check_act(out, "matmul")) return;
   const Resident* r = find_weight(w.data);
   if (!r)
@@ -1948,27 +1927,11 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
                      : Bind{r->alloc.block, 0, 0, false};
   if (T == 1 && dev_->caps().subgroup_arithmetic) {
     // Decode: row groups of TPR threads own NR rows each (mul_mat_vec.comp).
-    const Xq8* xq = probe_loads_ || tail ? nullptr : xq8_for(x, w.n_in, r->dtype);
+    const Xq8* xq = probe_loads_ ? nullptr : xq8_for(x, w.n_in, r->dtype);
     const MatvecShape s = matvec1_shape(M, r->row_units, r->dtype, xq != nullptr);
     uint32_t gx, gz;
     matvec1_grid(s, M, &gx, &gz);
     if (profile_) prof_shape_ = shape_tag(M, w.n_in);
-    if (tail) {
-      auto cnt = counters(1);
-      if (!cnt.ok()) return fail(cnt.status());
-      pc.n_off = u32(tail->n_off / 4);
-      pc.no_off = u32(tail->out.offset / 4);
-      pc.cnt_off = u32(cnt->offset / 4);
-      pc.eps = tail->eps;
-      if ((pc.y_off | pc.n_off | pc.no_off | M) % 4 == 0) pc.flags |= 8;
-      const Resident* rn = tail->norm;
-      dispatch(typed("matvec1_norm", r->dtype, true, true), Spec{s.wg, s.nr, s.tpr, s.unroll},
-               {wb, act_bind(x, false), act_bind(out, true), bb,
-                Bind{rn->alloc.block, rn->alloc.offset, rn->alloc.size, false},
-                act_bind(tail->out, true), *cnt},
-               &pc, sizeof(pc), gx, 1, gz);
-      return;
-    }
     if (xq) {  // integer dots on x's Q8 copy
       pc.xq_off = xq->xq_off;
       pc.xd_off = xq->xd_off;
@@ -1995,7 +1958,8 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
              &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
     static const bool wide = std::getenv("LOOM_VK_MATMULW") != nullptr;  // A/B (temporary)
-    if (wide && (r->dtype == DType::kQ4_0 || r->dtype == DType::kQ4_K || r->dtype == DType::kQ6_K)) {
+    if (wide &&
+        (r->dtype == DType::kQ4_0 || r->dtype == DType::kQ4_K || r->dtype == DType::kQ6_K)) {
       dispatch(typed("matmulw", r->dtype, false, true), Spec{kWgMatmul},
                {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
                (M + kMatmulTileM - 1) / kMatmulTileM, (T + 127) / 128, 1);
@@ -2205,7 +2169,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps, tpk, cnt_off, qo_off, qdo_off;
+    uint32_t kps, tpk, qo_off, qdo_off;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
@@ -2224,7 +2188,6 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
        scale,
        kps,
        tpk,
-       0xFFFFFFFFu,
        0,
        0};
   const uint32_t group = u32(n_heads / c.n_kv_heads);
@@ -2232,21 +2195,10 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
   const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true}
                                : Bind{ka.block, 0, 0, false};
-  // The splits' last workgroup merges them (no attn_merge dispatch) where
-  // there are counters for every (head group, token).
-  const uint64_t n_cnt = static_cast<uint64_t>(T) * gy;
-  Bind cnt{ka.block, 0, 0, false};
-  if (part_bytes && merge_in_split_ && n_cnt <= kCounters) {
-    auto b = counters(u32(n_cnt));
-    if (!b.ok()) return fail(b.status());
-    cnt = *b;
-    pc.cnt_off = u32(cnt.offset / 4);
-  }
-  const bool merged = pc.cnt_off != 0xFFFFFFFFu;
   // One token with integer dots on: the output's Q8 copy for o, written by
   // whichever kernel writes the output (attn_split with one split, else attn_merge).
   const bool q8_out = int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && T == 1 &&
-                      hd % 32 == 0 && out.cols == n_heads * hd && !merged;
+                      hd % 32 == 0 && out.cols == n_heads * hd;
   if (q8_out && !part_bytes && wg % 8 == 0) {
     Xq8 copy;
     auto qo = xq8_out(out, &copy);
@@ -2256,7 +2208,7 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     dispatch(typed("attn_split_q8", c.dtype, true, true), Spec{wg},
              {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
               Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
-              Bind{ring_.block, 0, 0, false}, part, cnt, *qo},
+              Bind{ring_.block, 0, 0, false}, part, *qo},
              &pc, sizeof(pc), n_splits, gy, u32(T));
     if (status_.ok()) xq8_ = copy;
     return;
@@ -2264,11 +2216,11 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   dispatch(typed("attn_split", c.dtype, true, true), Spec{wg},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
             Bind{va.block, va.offset, va.size, false},
-            part_bytes && !merged ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
-                                  : act_bind(out, true),
-            Bind{ring_.block, 0, 0, false}, part, cnt},
+            part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
+                       : act_bind(out, true),
+            Bind{ring_.block, 0, 0, false}, part},
            &pc, sizeof(pc), n_splits, gy, u32(T));
-  if (part_bytes && !merged) {
+  if (part_bytes) {
     struct {
       uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits, qo_off, qdo_off;
     } mp{u32(scratch_.offset / 4),

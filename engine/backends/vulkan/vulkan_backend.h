@@ -87,12 +87,6 @@ class VulkanBackend final : public Backend {
             const cpu::RopeParams& p) override;
   /// Single-token steps: one matvec that adds into y. Otherwise the default.
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
-  bool fuses_add_norm(int64_t T) const override {
-    return norm_tails_ && T == 1 && dev_->caps().subgroup_arithmetic;
-  }
-  /// Single-token steps: one matvec whose last workgroup also normalizes y.
-  void matmul_add_norm(const Weight& w, Act x, Act y, Act tmp, const Weight& norm, float eps,
-                       Act out) override;
   /// Single-token steps: one matvec over interleaved gate and up rows.
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
   void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
@@ -142,11 +136,6 @@ class VulkanBackend final : public Backend {
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
-  /// Test hook: merge decode attention's splits in their last workgroup, or
-  /// in an attn_merge dispatch of its own (the default).
-  void set_merge_in_split(bool on) { merge_in_split_ = on; }
-  /// Test hook: matmul_add_norm in one dispatch, or as two ops (the default).
-  void set_norm_tails(bool on) { norm_tails_ = on; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
   /// Test hook: integer-dot matvecs where the device has them (the default),
@@ -359,13 +348,9 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
-  // Last-workgroup finishing is off by default: on the H200 each kind cost
-  // ~7% of decode speed (atomics and memory barriers in every workgroup).
-  bool merge_in_split_ = false;  ///< set_merge_in_split()
-  bool norm_tails_ = false;      ///< set_norm_tails()
-  bool qkv_rope_ = true;         ///< set_qkv_rope()
-  bool probe_loads_ = false;     ///< LOOM_VK_PROBE_LOADS (benchmarks)
-  bool int_dot_ = true;          ///< set_int_dot()
+  bool qkv_rope_ = true;                 ///< set_qkv_rope()
+  bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
+  bool int_dot_ = true;                  ///< set_int_dot()
   bool int_dot_inputs_ = false;  ///< set_int_dot(): quant_q8 copies of o's and down's inputs
   bool int_dot_outputs_ = true;  ///< set_int_dot(): Q8 copies from gate+up and the attention merge
   // The Q8 copy last made of one token's row (by rms_norm_q8, the gate+up
@@ -402,18 +387,8 @@ class VulkanBackend final : public Backend {
   MatvecShape matvec1_shape(uint32_t M, uint32_t row_units, DType dtype, bool int_dot) const;
   // Workgroups (x spilling into z) for M rows of single-token matvecs of shape s.
   void matvec1_grid(const MatvecShape& s, uint32_t M, uint32_t* gx, uint32_t* gz) const;
-  // The norm after a single-token matmul_add (matmul_add_norm): weight, its
-  // byte offset in the weight's block, output, eps.
-  struct NormTail {
-    const Resident* norm;
-    uint64_t n_off;
-    Act out;
-    float eps;
-  };
-  // matmul(), or with `accumulate` (single-token subgroup matvecs only) out +=
-  // W x, and with `tail` (then accumulate too) the norm after it.
-  void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate,
-                   const NormTail* tail = nullptr);
+  // matmul(), or with `accumulate` (single-token subgroup matvecs only) out += W x.
+  void matmul_impl(const Weight& w, Act x, Act out, const Weight* bias, bool accumulate);
   // rope() of x, and of x2 (n_heads2 heads) in the same dispatch when n_heads2 > 0.
   // With kv (rope_kv), x2 is k: also stores k and v in that layer's F16 cache.
   struct RopeKv {
@@ -458,9 +433,9 @@ class VulkanBackend final : public Backend {
   bool ints_memo_valid_ = false;
 
   vk::Alloc scratch_;  ///< attention partials
-  // Arrival counters of dispatches whose last workgroup finishes the op (a
-  // merge or a norm after the others' results): zero between dispatches (the
-  // last workgroup resets its counter). Allocated and zeroed on first use.
+  // Arrival counters of dispatches that finish part of their output once all
+  // of it is written (matvec1x_glu_q8's Q8 blocks): zero between dispatches
+  // (whoever completes a count resets it). Allocated and zeroed on first use.
   vk::Alloc counters_;
   static constexpr uint32_t kCounters = 4096;
   // The first n counters, bound for writing (so dispatches using them are ordered).
