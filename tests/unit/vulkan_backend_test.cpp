@@ -252,10 +252,16 @@ TEST_P(VulkanMatmul, MatchesReference) {
     shapes = {{96, 37}, {64, 130}};
   uint32_t seed = 100;
   for (auto [n_in, n_out] : shapes) {
-    for (int64_t T : {1, 3, 8, 9, 70}) {
+    for (int64_t T : {1, 3, 8, 9, 70, 131}) {
       check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 3 || T == 70, /*view=*/T == 9, seed++);
     }
   }
+  // The prefill matmul's 128 x 64 tiles (devices with less shared memory).
+  be_->set_matmul_n64(true);
+  for (int64_t T : {70, 131}) {
+    check_matmul(be_, t, shapes[0].first, shapes[0].second, T, T == 70, false, seed++);
+  }
+  be_->set_matmul_n64(false);
 }
 
 // matmul_add (y += W x): one fused matvec for a single token (both row

@@ -60,9 +60,11 @@ uint32_t matvec_parts(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : kMatvecPartsMax;
 }
 constexpr uint32_t kManyGroups = 2048;
-constexpr uint32_t kWgMatmul = 256;     // mul_mat.comp's tile needs exactly 256
-constexpr uint32_t kMatmulTileM = 128;  // BM and BN in mul_mat.comp
-constexpr uint32_t kMatmulTileN = 64;
+constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
+constexpr uint32_t kMatmulTileM =
+    128;  // BM and BN in mul_mat.comp ("matmul"; half BN: "matmul_n64")
+constexpr uint32_t kMatmulTileN = 128;
+constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared memory
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
@@ -1957,17 +1959,13 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
              Spec{kWgMatvec, kMatvecRows, nsg}, {wb, act_bind(x, false), act_bind(out, true), bb},
              &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else {
-    static const bool wide = std::getenv("LOOM_VK_MATMULW") != nullptr;  // A/B (temporary)
-    if (wide &&
-        (r->dtype == DType::kQ4_0 || r->dtype == DType::kQ4_K || r->dtype == DType::kQ6_K)) {
-      dispatch(typed("matmulw", r->dtype, false, true), Spec{kWgMatmul},
-               {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
-               (M + kMatmulTileM - 1) / kMatmulTileM, (T + 127) / 128, 1);
-      return;
-    }
-    dispatch(typed("matmul", r->dtype, false, true), Spec{kWgMatmul},
+    // 128 x 128 tiles (32 KiB of shared memory) where the device has room,
+    // else 128 x 64 (24 KiB).
+    const bool wide = dev_->caps().max_shared_bytes >= kMatmulWideShared && !matmul_n64_;
+    const uint32_t bn = wide ? kMatmulTileN : kMatmulTileN / 2;
+    dispatch(typed(wide ? "matmul" : "matmul_n64", r->dtype, false, true), Spec{kWgMatmul},
              {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
-             (M + kMatmulTileM - 1) / kMatmulTileM, (T + kMatmulTileN - 1) / kMatmulTileN, 1);
+             (M + kMatmulTileM - 1) / kMatmulTileM, (T + bn - 1) / bn, 1);
   }
 }
 

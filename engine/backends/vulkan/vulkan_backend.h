@@ -134,6 +134,9 @@ class VulkanBackend final : public Backend {
   /// up to the workgroup size; 0: chosen from the matrix), so small shapes
   /// exercise every reduction path of mul_mat_vec.comp.
   void set_matvec_threads_per_row(uint32_t tpr) { matvec_tpr_ = tpr; }
+  /// Test hook: prefill matmuls in 128 x 64 tiles, as on devices with less
+  /// than 32 KiB of shared memory (else 128 x 128 where there is room).
+  void set_matmul_n64(bool on) { matmul_n64_ = on; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
@@ -348,6 +351,7 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
+  bool matmul_n64_ = false;              ///< set_matmul_n64()
   bool qkv_rope_ = true;                 ///< set_qkv_rope()
   bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;                  ///< set_int_dot()
