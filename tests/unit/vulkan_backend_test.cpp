@@ -162,6 +162,16 @@ std::vector<double> q8_round_trip(const std::vector<double>& row) {
   return q;
 }
 
+// rms_norm of row x with weight nw (its dequantized values), in double.
+std::vector<double> normed_row(const std::vector<float>& x, const HostWeight& nw, float eps) {
+  double ss = 0;
+  for (float f : x) ss += static_cast<double>(f) * f;
+  const double sc = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  std::vector<double> xn(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xn[i] = x[i] * sc * nw.deq[i];
+  return xn;
+}
+
 // Row r of W (dequantized) dotted with a.
 double row_dot(const HostWeight& h, int64_t r, const std::vector<double>& a) {
   const auto n = static_cast<int64_t>(a.size());
@@ -295,16 +305,8 @@ TEST_P(VulkanMatmul, IntDotAfterNorm) {
                    v = make_weight(t, n, 18, 994), nw = make_weight(DType::kF32, n, 1, 995);
   ASSERT_TRUE(be_->upload_weights({&w.w, &g.w, &u.w, &k.w, &v.w, &nw.w}).ok());
   const auto x = random_floats(static_cast<size_t>(n), 996, -3.0f, 3.0f);
-  // The normed row, and its Q8 round trip.
-  std::vector<double> xn(static_cast<size_t>(n));
-  {
-    double ss = 0;
-    for (float f : x) ss += static_cast<double>(f) * f;
-    const double sc = 1.0 / std::sqrt(ss / n + eps);
-    for (int64_t i = 0; i < n; ++i)
-      xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
-  }
-  const std::vector<double> xq = q8_round_trip(xn);
+  // The normed row's Q8 round trip.
+  const std::vector<double> xq = q8_round_trip(normed_row(x, nw, eps));
   const auto dot = row_dot;
   const uint32_t sg = std::max<uint32_t>(1, be_->caps().subgroup_size);
   for (uint32_t tpr : {0u, sg, 2u}) {
@@ -382,15 +384,7 @@ TEST_P(VulkanMatmul, IntDotOfGateUpOutput) {
   ASSERT_TRUE(be_->upload_weights({&g.w, &u.w, &dw.w, &nw.w}).ok());
   const auto x = random_floats(static_cast<size_t>(n), 985, -3.0f, 3.0f);
   const auto y0 = random_floats(static_cast<size_t>(m), 986);
-  std::vector<double> xn(static_cast<size_t>(n));
-  {
-    double ss = 0;
-    for (float f : x) ss += static_cast<double>(f) * f;
-    const double sc = 1.0 / std::sqrt(ss / n + eps);
-    for (int64_t i = 0; i < n; ++i)
-      xn[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] * sc * nw.deq[static_cast<size_t>(i)];
-  }
-  const std::vector<double> xq = q8_round_trip(xn);
+  const std::vector<double> xq = q8_round_trip(normed_row(x, nw, eps));
   std::vector<double> h(static_cast<size_t>(n_ff));
   for (int64_t r = 0; r < n_ff; ++r) {
     const double a = row_dot(g, r, xq), b = row_dot(u, r, xq);

@@ -61,8 +61,8 @@ uint32_t matvec_parts(DType t) {
 }
 constexpr uint32_t kManyGroups = 2048;
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
-constexpr uint32_t kMatmulTileM =
-    128;  // BM and BN in mul_mat.comp ("matmul"; half BN: "matmul_n64")
+// BM and BN of mul_mat.comp's "matmul" ("matmul_n64": half the BN).
+constexpr uint32_t kMatmulTileM = 128;
 constexpr uint32_t kMatmulTileN = 128;
 constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared memory
 constexpr uint32_t kWgSmall = 64;
