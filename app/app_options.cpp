@@ -5,11 +5,13 @@
 #include <QStandardPaths>
 
 QString defaultDataDir() {
-  return QStandardPaths::writableLocation(QStandardPaths::GenericDataLocation) + QStringLiteral("/loom");
+  return QStandardPaths::writableLocation(QStandardPaths::GenericDataLocation) +
+         QStringLiteral("/loom");
 }
 
 QString defaultCacheDir() {
-  return QStandardPaths::writableLocation(QStandardPaths::GenericCacheLocation) + QStringLiteral("/loom");
+  return QStandardPaths::writableLocation(QStandardPaths::GenericCacheLocation) +
+         QStringLiteral("/loom");
 }
 
 QString AppOptions::dbPath() const {
@@ -17,34 +19,43 @@ QString AppOptions::dbPath() const {
 }
 
 QString AppOptions::demoModelPath() const {
-  return QDir(cacheDir.isEmpty() ? defaultCacheDir() : cacheDir).filePath(QStringLiteral("demo-stories-like.gguf"));
+  return QDir(cacheDir.isEmpty() ? defaultCacheDir() : cacheDir)
+      .filePath(QStringLiteral("demo-stories-like.gguf"));
 }
 
 bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, bool* exitNow) {
   *exitNow = false;
   QCommandLineParser p;
-  p.setApplicationDescription(QStringLiteral("Loom: chat with a local model and watch where it runs."));
+  p.setApplicationDescription(
+      QStringLiteral("Loom: chat with a local model and watch where it runs."));
   const QCommandLineOption help = p.addHelpOption();
   const QCommandLineOption version = p.addVersionOption();
-  const QCommandLineOption demo(QStringLiteral("demo"),
-                                QStringLiteral("Open the built-in demo model (random weights; written on first use)."));
-  const QCommandLineOption shot(QStringLiteral("screenshot"),
-                                QStringLiteral("Render the main window to FILE.png and quit (with --demo: after a "
-                                               "finished demo exchange, charts populated)."),
-                                QStringLiteral("FILE"));
-  const QCommandLineOption tab(QStringLiteral("tab"),
-                               QStringLiteral("Right-panel tab in the screenshot: placement, performance, devices, chat."),
-                               QStringLiteral("NAME"), QStringLiteral("performance"));
-  const QCommandLineOption data(QStringLiteral("data-dir"),
-                                QStringLiteral("Where the chats are kept (default %1).").arg(defaultDataDir()),
-                                QStringLiteral("DIR"));
-  const QCommandLineOption cache(QStringLiteral("cache-dir"),
-                                 QStringLiteral("Where the demo model is written (default %1).").arg(defaultCacheDir()),
-                                 QStringLiteral("DIR"));
-  const QCommandLineOption threads(QStringLiteral("threads"), QStringLiteral("CPU threads for the engine (default: all)."),
+  const QCommandLineOption demo(
+      QStringLiteral("demo"),
+      QStringLiteral("Open the built-in demo model (random weights; written on first use)."));
+  const QCommandLineOption shot(
+      QStringLiteral("screenshot"),
+      QStringLiteral("Render the main window to FILE.png and quit (with --demo: after a "
+                     "finished demo exchange, charts populated)."),
+      QStringLiteral("FILE"));
+  const QCommandLineOption tab(
+      QStringLiteral("tab"),
+      QStringLiteral("Right-panel tab in the screenshot: placement, performance, devices, chat."),
+      QStringLiteral("NAME"), QStringLiteral("performance"));
+  const QCommandLineOption data(
+      QStringLiteral("data-dir"),
+      QStringLiteral("Where the chats are kept (default %1).").arg(defaultDataDir()),
+      QStringLiteral("DIR"));
+  const QCommandLineOption cache(
+      QStringLiteral("cache-dir"),
+      QStringLiteral("Where the demo model is written (default %1).").arg(defaultCacheDir()),
+      QStringLiteral("DIR"));
+  const QCommandLineOption threads(QStringLiteral("threads"),
+                                   QStringLiteral("CPU threads for the engine (default: all)."),
                                    QStringLiteral("N"), QStringLiteral("0"));
   for (const auto& o : {demo, shot, tab, data, cache, threads}) p.addOption(o);
-  p.addPositionalArgument(QStringLiteral("model"), QStringLiteral("A GGUF model file to open."), QStringLiteral("[MODEL.gguf]"));
+  p.addPositionalArgument(QStringLiteral("model"), QStringLiteral("A GGUF model file to open."),
+                          QStringLiteral("[MODEL.gguf]"));
 
   if (!p.parse(args)) {
     *error = p.errorText();
@@ -69,8 +80,8 @@ bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, b
   out->demo = p.isSet(demo);
   out->screenshotPath = p.value(shot);
   out->screenshotTab = p.value(tab).toLower();
-  static const QStringList kTabs = {QStringLiteral("placement"), QStringLiteral("performance"), QStringLiteral("devices"),
-                                    QStringLiteral("chat")};
+  static const QStringList kTabs = {QStringLiteral("placement"), QStringLiteral("performance"),
+                                    QStringLiteral("devices"), QStringLiteral("chat")};
   if (!kTabs.contains(out->screenshotTab)) {
     *error = QStringLiteral("--tab: one of %1").arg(kTabs.join(QStringLiteral(", ")));
     return false;

@@ -11,10 +11,11 @@ struct AppOptions {
   QString modelPath;       ///< a model to open at start
   bool demo = false;       ///< open the built-in demo model at start
   QString screenshotPath;  ///< render the window to this PNG and quit
-  QString screenshotTab = QStringLiteral("performance");  ///< the right panel's tab in the screenshot
-  QString dataDir;         ///< the store (loom.db); empty: the user's data directory
-  QString cacheDir;        ///< the demo model; empty: the user's cache directory
-  int threads = 0;         ///< CPU threads for the engine (0: all)
+  QString screenshotTab =
+      QStringLiteral("performance");  ///< the right panel's tab in the screenshot
+  QString dataDir;                    ///< the store (loom.db); empty: the user's data directory
+  QString cacheDir;                   ///< the demo model; empty: the user's cache directory
+  int threads = 0;                    ///< CPU threads for the engine (0: all)
 
   QString dbPath() const;
   QString demoModelPath() const;
@@ -27,5 +28,6 @@ bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, b
 
 /// ~/.local/share/loom (XDG_DATA_HOME respected).
 QString defaultDataDir();
-/// ~/.cache/loom (XDG_CACHE_HOME respected): the same place `packaging/dev.sh run` writes the demo model.
+/// ~/.cache/loom (XDG_CACHE_HOME respected): the same place `packaging/dev.sh run` writes the demo
+/// model.
 QString defaultCacheDir();

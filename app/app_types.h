@@ -10,7 +10,7 @@
 
 /// One tensor group of a layer as the model file has it.
 struct TensorGroupInfo {
-  QString dtype;       ///< e.g. "Q8_0", or "Q4_K + Q6_K" for a mixture
+  QString dtype;  ///< e.g. "Q8_0", or "Q4_K + Q6_K" for a mixture
   qint64 bytes = 0;
   QStringList tensors;  ///< tensor names, for tooltips
 };
@@ -18,11 +18,11 @@ struct TensorGroupInfo {
 /// What the GUI shows about a loaded model (built on the worker from loom::Model).
 struct ModelSummary {
   QString path;
-  QString name;         ///< general.name, or the file name
-  QString arch;         ///< llama, qwen2, phi3...
-  QString description;  ///< the engine's own one-line description
-  QString quant;        ///< the dominant weight format
-  QString chatTemplate; ///< template family (chatml, llama3...)
+  QString name;          ///< general.name, or the file name
+  QString arch;          ///< llama, qwen2, phi3...
+  QString description;   ///< the engine's own one-line description
+  QString quant;         ///< the dominant weight format
+  QString chatTemplate;  ///< template family (chatml, llama3...)
   qint64 fileBytes = 0;
   qint64 weightBytes = 0;
   int nLayer = 0, nEmbd = 0, nFf = 0, nHead = 0, nHeadKv = 0, headDim = 0, nVocab = 0;
@@ -49,9 +49,9 @@ struct SamplingSettings {
   double topP = 0.95;
   double minP = 0.05;
   double repeatPenalty = 1.1;
-  qint64 seed = -1;      ///< < 0: a new random seed each turn
-  int maxTokens = 512;   ///< < 0: until the context is full
-  int nCtx = 0;          ///< 0: the model's own (capped by the engine)
+  qint64 seed = -1;     ///< < 0: a new random seed each turn
+  int maxTokens = 512;  ///< < 0: until the context is full
+  int nCtx = 0;         ///< 0: the model's own (capped by the engine)
 };
 
 /// A request to generate one assistant message.
@@ -70,10 +70,10 @@ struct GenerationResult {
   QString text;        ///< the whole message
   QString stopReason;  ///< the engine's words ("end of generation token", "cancelled"...)
   bool cancelled = false;
-  QString error;       ///< non-empty: generation failed with this engine message
+  QString error;  ///< non-empty: generation failed with this engine message
   int nPrompt = 0, nReused = 0, nGenerated = 0;
   double ttftMs = 0, tokensPerSecond = 0;
-  QString meta;        ///< the line saved with the message ("42 tokens · 35 tok/s")
+  QString meta;  ///< the line saved with the message ("42 tokens · 35 tok/s")
 };
 
 Q_DECLARE_METATYPE(ModelSummary)

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <QWidget>
-
 #include <memory>
 
 #include "app/live_stats.h"

@@ -44,9 +44,9 @@ SamplingSettings samplingOf(const loom::storage::ChatSettings& s) {
 
 }  // namespace
 
-ChatController::ChatController(loom::storage::Store* store, EngineWorker* worker, ChatListModel* chats,
-                               Sidebar* sidebar, TranscriptView* transcript, Composer* composer,
-                               ChatSettingsPanel* settings, QObject* parent)
+ChatController::ChatController(loom::storage::Store* store, EngineWorker* worker,
+                               ChatListModel* chats, Sidebar* sidebar, TranscriptView* transcript,
+                               Composer* composer, ChatSettingsPanel* settings, QObject* parent)
     : QObject(parent),
       m_store(store),
       m_worker(worker),
@@ -88,8 +88,10 @@ void ChatController::newChat() {
     }
   }
   QString error;
-  // New chats start from the settings of the one open now (its system prompt included): the usual wish.
-  const loom::storage::ChatSettings s = m_chatId ? m_settings->settings() : loom::storage::ChatSettings();
+  // New chats start from the settings of the one open now (its system prompt included): the usual
+  // wish.
+  const loom::storage::ChatSettings s =
+      m_chatId ? m_settings->settings() : loom::storage::ChatSettings();
   const qint64 id = m_chats->createChat(tr("New chat"), s, &error);
   if (!id) return emit errorOccurred(error);
   openChat(id);
@@ -132,7 +134,8 @@ void ChatController::reloadTranscript() {
     d.meta = QString::fromStdString(m.meta);
     d.status = statusOf(m.state);
     // Only this process's live request streams; an old "streaming" row was interrupted.
-    if (d.status == MessageStatus::Streaming && m.id != m_request.messageId) d.status = MessageStatus::Stopped;
+    if (d.status == MessageStatus::Streaming && m.id != m_request.messageId)
+      d.status = MessageStatus::Stopped;
     m_transcript->addMessage(d);
   }
   m_transcript->refreshActions(isBusy());
@@ -155,9 +158,11 @@ void ChatController::send(const QString& text) {
     reloadTranscript();
   }
   // The first message names a chat still called "New chat".
-  if (const auto c = m_store->get_chat(m_chatId); c.ok() && c->title == tr("New chat").toStdString()) {
+  if (const auto c = m_store->get_chat(m_chatId);
+      c.ok() && c->title == tr("New chat").toStdString()) {
     const auto msgs = m_store->list_messages(m_chatId);
-    if (msgs.ok() && msgs->empty() && check(m_store->rename_chat(m_chatId, titleFrom(text).toStdString()))) {
+    if (msgs.ok() && msgs->empty() &&
+        check(m_store->rename_chat(m_chatId, titleFrom(text).toStdString()))) {
       emit chatChanged(m_chatId, titleFrom(text));
     }
   }
@@ -176,12 +181,15 @@ void ChatController::send(const QString& text) {
 void ChatController::startReply() {
   auto chat = m_store->get_chat(m_chatId);
   auto msgs = m_store->list_messages(m_chatId);
-  if (!chat.ok() || !msgs.ok()) return emit errorOccurred(QString::fromStdString((chat.ok() ? msgs.status() : chat.status()).message()));
+  if (!chat.ok() || !msgs.ok())
+    return emit errorOccurred(
+        QString::fromStdString((chat.ok() ? msgs.status() : chat.status()).message()));
   GenerationRequest req;
   req.chatId = m_chatId;
   req.sampling = samplingOf(chat->settings);
   if (!chat->settings.system_prompt.empty()) {
-    req.turns << ChatTurn{QStringLiteral("system"), QString::fromStdString(chat->settings.system_prompt)};
+    req.turns << ChatTurn{QStringLiteral("system"),
+                          QString::fromStdString(chat->settings.system_prompt)};
   }
   for (const auto& m : *msgs) {
     // Earlier failed replies are not part of the conversation the model sees.
@@ -189,7 +197,8 @@ void ChatController::startReply() {
     req.turns << ChatTurn{QString::fromStdString(m.role), QString::fromStdString(m.content)};
   }
   // Saved before generation starts: a crash from here on keeps the row.
-  auto replyId = m_store->add_message(m_chatId, "assistant", "", loom::storage::MessageState::kStreaming);
+  auto replyId =
+      m_store->add_message(m_chatId, "assistant", "", loom::storage::MessageState::kStreaming);
   if (!replyId.ok()) return emit errorOccurred(QString::fromStdString(replyId.message()));
   req.messageId = *replyId;
   req.requestId = m_nextRequest++;
@@ -217,7 +226,8 @@ void ChatController::stop() {
 }
 
 void ChatController::onTextUpdated(quint64 requestId, qint64 messageId, const QString& text) {
-  if (requestId != m_request.requestId || m_request.chatId != m_chatId) return;  // another chat is shown
+  if (requestId != m_request.requestId || m_request.chatId != m_chatId)
+    return;  // another chat is shown
   m_transcript->setMessageText(messageId, text);
   emit replyUpdated(messageId, static_cast<int>(text.size()));
 }
@@ -228,8 +238,10 @@ void ChatController::onGenerationFinished(const GenerationResult& r) {
   setBusy(0, 0, 0);
   if (visible) {
     MessageStatus st = MessageStatus::Complete;
-    if (!r.error.isEmpty()) st = MessageStatus::Error;
-    else if (r.cancelled) st = MessageStatus::Stopped;
+    if (!r.error.isEmpty())
+      st = MessageStatus::Error;
+    else if (r.cancelled)
+      st = MessageStatus::Stopped;
     m_transcript->setMessageText(r.messageId, r.text);
     m_transcript->setMessageStatus(r.messageId, st, r.meta);
     m_transcript->refreshActions(false);
@@ -256,7 +268,8 @@ void ChatController::editMessage(qint64 userMessageId) {
 }
 
 void ChatController::copyMessage(qint64 messageId) {
-  if (MessageWidget* w = m_transcript->message(messageId)) QApplication::clipboard()->setText(w->text());
+  if (MessageWidget* w = m_transcript->message(messageId))
+    QApplication::clipboard()->setText(w->text());
 }
 
 void ChatController::deleteChat(qint64 chatId) {

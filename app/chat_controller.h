@@ -23,8 +23,9 @@ class TranscriptView;
 class ChatController : public QObject {
   Q_OBJECT
  public:
-  ChatController(loom::storage::Store* store, EngineWorker* worker, ChatListModel* chats, Sidebar* sidebar,
-                 TranscriptView* transcript, Composer* composer, ChatSettingsPanel* settings, QObject* parent = nullptr);
+  ChatController(loom::storage::Store* store, EngineWorker* worker, ChatListModel* chats,
+                 Sidebar* sidebar, TranscriptView* transcript, Composer* composer,
+                 ChatSettingsPanel* settings, QObject* parent = nullptr);
 
   qint64 currentChat() const { return m_chatId; }
   bool isBusy() const { return m_request.requestId != 0; }

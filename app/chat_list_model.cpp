@@ -10,13 +10,15 @@ QString when(qint64 ms) {
   const QDate today = QDate::currentDate();
   if (t.date() == today) return t.time().toString(QStringLiteral("HH:mm"));
   if (t.date() == today.addDays(-1)) return QObject::tr("Yesterday");
-  if (t.date().daysTo(today) < 7) return QLocale().dayName(t.date().dayOfWeek(), QLocale::ShortFormat);
+  if (t.date().daysTo(today) < 7)
+    return QLocale().dayName(t.date().dayOfWeek(), QLocale::ShortFormat);
   return QLocale().toString(t.date(), QLocale::ShortFormat);
 }
 
 }  // namespace
 
-ChatListModel::ChatListModel(loom::storage::Store* store, QObject* parent) : QAbstractListModel(parent), m_store(store) {
+ChatListModel::ChatListModel(loom::storage::Store* store, QObject* parent)
+    : QAbstractListModel(parent), m_store(store) {
   reload();
 }
 
@@ -38,7 +40,8 @@ void ChatListModel::setSearch(const QString& text) {
   reload();
 }
 
-qint64 ChatListModel::createChat(const QString& title, const loom::storage::ChatSettings& settings, QString* error) {
+qint64 ChatListModel::createChat(const QString& title, const loom::storage::ChatSettings& settings,
+                                 QString* error) {
   auto id = m_store->create_chat(title.toStdString(), settings);
   if (!id.ok()) {
     if (error) *error = QString::fromStdString(id.message());
@@ -73,7 +76,8 @@ bool ChatListModel::deleteChat(qint64 chatId, QString* error) {
 }
 
 qint64 ChatListModel::chatIdAt(int row) const {
-  return row >= 0 && row < static_cast<int>(m_chats.size()) ? m_chats[static_cast<size_t>(row)].id : 0;
+  return row >= 0 && row < static_cast<int>(m_chats.size()) ? m_chats[static_cast<size_t>(row)].id
+                                                            : 0;
 }
 
 int ChatListModel::rowOf(qint64 chatId) const {
@@ -101,7 +105,8 @@ QVariant ChatListModel::data(const QModelIndex& index, int role) const {
     case Qt::ToolTipRole:
       return tr("%1\nLast change: %2")
           .arg(QString::fromStdString(c.title),
-               QLocale().toString(QDateTime::fromMSecsSinceEpoch(c.updated_ms), QLocale::ShortFormat));
+               QLocale().toString(QDateTime::fromMSecsSinceEpoch(c.updated_ms),
+                                  QLocale::ShortFormat));
     case ChatIdRole: return QVariant::fromValue<qint64>(c.id);
     case UpdatedRole: return QVariant::fromValue<qint64>(c.updated_ms);
     case SubtitleRole: return when(c.updated_ms);

@@ -23,7 +23,8 @@ class ChatListModel : public QAbstractListModel {
   const QString& search() const { return m_search; }
 
   /// A new chat (at the top); returns its id, or 0 with `error` set.
-  qint64 createChat(const QString& title, const loom::storage::ChatSettings& settings, QString* error);
+  qint64 createChat(const QString& title, const loom::storage::ChatSettings& settings,
+                    QString* error);
   bool renameChat(qint64 chatId, const QString& title, QString* error);
   bool deleteChat(qint64 chatId, QString* error);
 

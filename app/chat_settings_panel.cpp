@@ -9,13 +9,13 @@
 #include <QSpinBox>
 #include <QTimer>
 #include <QVBoxLayout>
-
 #include <algorithm>
 #include <climits>
 
 namespace {
 
-QDoubleSpinBox* dbl(QWidget* p, double lo, double hi, double step, int decimals, const QString& tip) {
+QDoubleSpinBox* dbl(QWidget* p, double lo, double hi, double step, int decimals,
+                    const QString& tip) {
   auto* s = new QDoubleSpinBox(p);
   s->setRange(lo, hi);
   s->setSingleStep(step);
@@ -66,12 +66,17 @@ ChatSettingsPanel::ChatSettingsPanel(QWidget* parent) : QWidget(parent) {
   form->setVerticalSpacing(8);
   m_temperature = dbl(card2, 0.0, 2.0, 0.05, 2, tr("0: always the most likely token (greedy)"));
   m_topK = integer(card2, 0, 1000, tr("off"), tr("Keep the k most likely tokens (0: off)"));
-  m_topP = dbl(card2, 0.0, 1.0, 0.01, 2, tr("Keep the most likely tokens up to this total probability (1: off)"));
-  m_minP = dbl(card2, 0.0, 1.0, 0.01, 2, tr("Drop tokens less likely than this fraction of the best one (0: off)"));
+  m_topP = dbl(card2, 0.0, 1.0, 0.01, 2,
+               tr("Keep the most likely tokens up to this total probability (1: off)"));
+  m_minP = dbl(card2, 0.0, 1.0, 0.01, 2,
+               tr("Drop tokens less likely than this fraction of the best one (0: off)"));
   m_repeat = dbl(card2, 1.0, 2.0, 0.01, 2, tr("Penalise tokens of the last 64 (1: off)"));
-  m_seed = integer(card2, -1, INT_MAX, tr("random"), tr("The same seed and settings give the same reply (-1: random)"));
-  m_maxTokens = integer(card2, -1, 1 << 20, tr("until the context is full"), tr("Most tokens in one reply"));
-  m_ctx = integer(card2, 0, 1 << 20, tr("model default"), tr("Tokens of context (0: the model's own, at most 4096)"));
+  m_seed = integer(card2, -1, INT_MAX, tr("random"),
+                   tr("The same seed and settings give the same reply (-1: random)"));
+  m_maxTokens =
+      integer(card2, -1, 1 << 20, tr("until the context is full"), tr("Most tokens in one reply"));
+  m_ctx = integer(card2, 0, 1 << 20, tr("model default"),
+                  tr("Tokens of context (0: the model's own, at most 4096)"));
   m_ctx->setSingleStep(512);
   form->addRow(tr("Temperature"), m_temperature);
   form->addRow(tr("Top-k"), m_topK);
@@ -108,7 +113,8 @@ ChatSettingsPanel::ChatSettingsPanel(QWidget* parent) : QWidget(parent) {
   for (QDoubleSpinBox* s : {m_temperature, m_topP, m_minP, m_repeat}) {
     connect(s, &QDoubleSpinBox::valueChanged, this, &ChatSettingsPanel::edited);
   }
-  for (QSpinBox* s : {m_topK, m_seed, m_maxTokens, m_ctx}) connect(s, &QSpinBox::valueChanged, this, &ChatSettingsPanel::edited);
+  for (QSpinBox* s : {m_topK, m_seed, m_maxTokens, m_ctx})
+    connect(s, &QSpinBox::valueChanged, this, &ChatSettingsPanel::edited);
   setSettings({}, false);
 }
 
@@ -142,10 +148,11 @@ loom::storage::ChatSettings ChatSettingsPanel::settings() const {
 }
 
 void ChatSettingsPanel::setModelContext(int nCtxTrain) {
-  m_ctxHint->setText(nCtxTrain > 0 ? tr("The model was trained with %1 tokens of context. Changing the length "
-                                        "rebuilds the KV cache at the next reply.")
-                                         .arg(nCtxTrain)
-                                   : QString());
+  m_ctxHint->setText(
+      nCtxTrain > 0 ? tr("The model was trained with %1 tokens of context. Changing the length "
+                         "rebuilds the KV cache at the next reply.")
+                          .arg(nCtxTrain)
+                    : QString());
 }
 
 void ChatSettingsPanel::edited() {

@@ -7,7 +7,6 @@
 #include <QStyle>
 #include <QTextBlock>
 #include <QVBoxLayout>
-
 #include <algorithm>
 #include <cmath>
 
@@ -25,7 +24,9 @@ ChatInput::ChatInput(QWidget* parent) : QPlainTextEdit(parent) {
   fitHeight();
 }
 
-QSize ChatInput::sizeHint() const { return {400, height()}; }
+QSize ChatInput::sizeHint() const {
+  return {400, height()};
+}
 
 void ChatInput::keyPressEvent(QKeyEvent* event) {
   const bool enter = event->key() == Qt::Key_Return || event->key() == Qt::Key_Enter;
@@ -44,7 +45,8 @@ void ChatInput::fitHeight() {
   // Grow with the text from one line to about eight, then scroll.
   const QFontMetrics fm(font());
   int lines = 0;
-  for (QTextBlock b = document()->begin(); b.isValid(); b = b.next()) lines += std::max(1, b.lineCount());
+  for (QTextBlock b = document()->begin(); b.isValid(); b = b.next())
+    lines += std::max(1, b.lineCount());
   lines = std::clamp(lines, 1, 8);
   const int h = lines * fm.lineSpacing() + 2 * static_cast<int>(document()->documentMargin()) + 8;
   if (h != height()) setFixedHeight(h);
@@ -57,7 +59,8 @@ Composer::Composer(QWidget* parent) : QFrame(parent) {
   v->setSpacing(6);
 
   auto* banner = new QHBoxLayout;
-  m_editBanner = new QLabel(tr("Editing your last message: sending replaces it and the reply after it."), this);
+  m_editBanner = new QLabel(
+      tr("Editing your last message: sending replaces it and the reply after it."), this);
   m_editBanner->setObjectName(QStringLiteral("EditBanner"));
   m_cancelEdit = new QPushButton(tr("Cancel edit"), this);
   connect(m_cancelEdit, &QPushButton::clicked, this, [this] {
@@ -87,20 +90,26 @@ Composer::Composer(QWidget* parent) : QFrame(parent) {
     if (m_busy) emit stopRequested();
   });
   connect(m_send, &QPushButton::clicked, this, [this] {
-    if (m_busy) emit stopRequested();
-    else trySend();
+    if (m_busy)
+      emit stopRequested();
+    else
+      trySend();
   });
   connect(m_input, &QPlainTextEdit::textChanged, this, &Composer::updateButton);
   setEditing(false);
   setReady(false);
 }
 
-QString Composer::text() const { return m_input->toPlainText(); }
+QString Composer::text() const {
+  return m_input->toPlainText();
+}
 void Composer::setText(const QString& text) {
   m_input->setPlainText(text);
   m_input->moveCursor(QTextCursor::End);
 }
-void Composer::clear() { m_input->clear(); }
+void Composer::clear() {
+  m_input->clear();
+}
 
 void Composer::trySend() {
   if (m_busy || !m_ready) return;

@@ -6,8 +6,8 @@
 #include <QSet>
 #include <QTextStream>
 
-#include "app/theme.h"
 #include "app/engine_bridge.h"
+#include "app/theme.h"
 #include "cpu/matmul.h"
 #include "engine/backends/vulkan/vulkan.h"
 
@@ -55,15 +55,18 @@ DeviceInfo cpuDevice(int nThreads) {
   const auto active = loom::cpu::active_isa();
   d.details << QObject::tr("Kernels: %1%2")
                    .arg(isaText(active),
-                        active == detected ? QString() : QObject::tr(" (CPU supports %1)").arg(isaText(detected)));
+                        active == detected
+                            ? QString()
+                            : QObject::tr(" (CPU supports %1)").arg(isaText(detected)));
   // The features the kernels care about, as the kernel reports them.
-  static const QStringList kInteresting = {QStringLiteral("avx2"),        QStringLiteral("fma"),
-                                           QStringLiteral("f16c"),        QStringLiteral("avx512f"),
-                                           QStringLiteral("avx512bw"),    QStringLiteral("avx512_vnni"),
-                                           QStringLiteral("avx512_bf16"), QStringLiteral("avx512_fp16"),
-                                           QStringLiteral("amx_int8"),    QStringLiteral("amx_bf16")};
+  static const QStringList kInteresting = {
+      QStringLiteral("avx2"),        QStringLiteral("fma"),         QStringLiteral("f16c"),
+      QStringLiteral("avx512f"),     QStringLiteral("avx512bw"),    QStringLiteral("avx512_vnni"),
+      QStringLiteral("avx512_bf16"), QStringLiteral("avx512_fp16"), QStringLiteral("amx_int8"),
+      QStringLiteral("amx_bf16")};
   const QSet<QString> flags = [] {
-    const QStringList l = procValue(QStringLiteral("/proc/cpuinfo"), QStringLiteral("flags")).split(QLatin1Char(' '));
+    const QStringList l =
+        procValue(QStringLiteral("/proc/cpuinfo"), QStringLiteral("flags")).split(QLatin1Char(' '));
     return QSet<QString>(l.begin(), l.end());
   }();
   QStringList have;
@@ -77,7 +80,8 @@ DeviceInfo cpuDevice(int nThreads) {
   return d;
 }
 
-DeviceInfo absentGpu(const QString& kind, const QString& id, const QColor& color, const QString& why) {
+DeviceInfo absentGpu(const QString& kind, const QString& id, const QColor& color,
+                     const QString& why) {
   DeviceInfo d;
   d.kind = kind;
   d.backendId = id;
@@ -90,11 +94,14 @@ DeviceInfo absentGpu(const QString& kind, const QString& id, const QColor& color
 
 QVector<DeviceInfo> vulkanDevices(bool probe) {
   const QString kind = QStringLiteral("Vulkan");
-  if (!loom::vulkan_built()) return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("not built"))};
-  if (!probe) return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("looking…"))};
+  if (!loom::vulkan_built())
+    return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("not built"))};
+  if (!probe)
+    return {absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("looking…"))};
   auto list = loom::list_vulkan_devices();
   if (!list.ok() || list->empty()) {
-    DeviceInfo d = absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("none found"));
+    DeviceInfo d =
+        absentGpu(kind, QStringLiteral("vulkan:0"), theme::kVulkan, QObject::tr("none found"));
     if (!list.ok()) d.details << QString::fromStdString(list.message());
     return {d};
   }
@@ -107,8 +114,10 @@ QVector<DeviceInfo> vulkanDevices(bool probe) {
     d.color = theme::kVulkan;
     d.present = v.usable;
     d.status = v.usable ? QObject::tr("found") : QObject::tr("not usable");
-    d.details << QObject::tr("Type: %1 · Vulkan %2").arg(QString::fromStdString(v.type), QString::fromStdString(v.api_version));
-    if (!v.driver.empty()) d.details << QObject::tr("Driver: %1").arg(QString::fromStdString(v.driver));
+    d.details << QObject::tr("Type: %1 · Vulkan %2")
+                     .arg(QString::fromStdString(v.type), QString::fromStdString(v.api_version));
+    if (!v.driver.empty())
+      d.details << QObject::tr("Driver: %1").arg(QString::fromStdString(v.driver));
     if (!v.usable && !v.why_not.empty()) d.details << QString::fromStdString(v.why_not);
     if (v.device_local_bytes) d.memTotal = static_cast<qint64>(v.device_local_bytes);
     out << d;
@@ -123,7 +132,8 @@ QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus) {
   out << cpuDevice(nThreads);
   out << vulkanDevices(probeGpus);
   // The engine has no CUDA backend yet; when it has, its devices go here the same way.
-  out << absentGpu(QStringLiteral("CUDA"), QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("not built"));
+  out << absentGpu(QStringLiteral("CUDA"), QStringLiteral("cuda:0"), theme::kCuda,
+                   QObject::tr("not built"));
   return out;
 }
 
@@ -140,14 +150,17 @@ QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices) {
     b.device = d.name;
     b.available = d.present && d.inUse;
     // The engine has one GPU unit: the device in use is "the GPU" of the grid.
-    b.label = d.backendId == QLatin1String("cpu") ? QStringLiteral("CPU") : b.available ? QStringLiteral("GPU") : d.kind;
+    b.label = d.backendId == QLatin1String("cpu") ? QStringLiteral("CPU")
+              : b.available                       ? QStringLiteral("GPU")
+                                                  : d.kind;
     if (b.available && d.backendId != QLatin1String("cpu")) b.memoryBytes = d.memTotal;
     if (!d.present) {
       b.reason = QStringLiteral("%1: %2").arg(d.kind, d.status);
     } else if (!b.available) {
       b.reason = gpuInUse.isEmpty()
                      ? QObject::tr("%1: %2 %3").arg(d.kind, d.name, d.status)
-                     : QObject::tr("%1: %2 is not used (Loom runs on one GPU at a time: %3)").arg(d.kind, d.name, gpuInUse);
+                     : QObject::tr("%1: %2 is not used (Loom runs on one GPU at a time: %3)")
+                           .arg(d.kind, d.name, gpuInUse);
     }
     out << b;
   }
@@ -159,19 +172,35 @@ QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends) {
   QStringList why;
   for (const BackendInfo& b : backends) {
     if (b.id == QLatin1String("cpu")) continue;
-    if (b.available) gpu = true;
-    else why << b.reason;
+    if (b.available)
+      gpu = true;
+    else
+      why << b.reason;
   }
   const QString noGpu = QObject::tr("Needs a GPU (%1)").arg(why.join(QStringLiteral("; ")));
   QVector<StrategyInfo> s;
   s << StrategyInfo{QStringLiteral("cpu"), QObject::tr("CPU only"), true, {}, false, false};
-  s << StrategyInfo{QStringLiteral("gpu"), QObject::tr("All on GPU"), gpu, gpu ? QString() : noGpu, false, false};
-  s << StrategyInfo{QStringLiteral("layers"), QObject::tr("First N layers on GPU"), gpu, gpu ? QString() : noGpu, true,
+  s << StrategyInfo{
+      QStringLiteral("gpu"), QObject::tr("All on GPU"), gpu, gpu ? QString() : noGpu, false, false};
+  s << StrategyInfo{QStringLiteral("layers"),
+                    QObject::tr("First N layers on GPU"),
+                    gpu,
+                    gpu ? QString() : noGpu,
+                    true,
                     false};
-  s << StrategyInfo{QStringLiteral("attn-gpu"), QObject::tr("Attention on GPU, FFN while the budget lasts"), gpu,
-                    gpu ? QString() : noGpu, false, true};
-  s << StrategyInfo{QStringLiteral("auto"), QObject::tr("Auto (cost model, within the budget)"), gpu,
-                    gpu ? QString() : noGpu, false, true};
-  s << StrategyInfo{QStringLiteral("custom"), QObject::tr("Custom (edit cells)"), true, {}, false, false};
+  s << StrategyInfo{QStringLiteral("attn-gpu"),
+                    QObject::tr("Attention on GPU, FFN while the budget lasts"),
+                    gpu,
+                    gpu ? QString() : noGpu,
+                    false,
+                    true};
+  s << StrategyInfo{QStringLiteral("auto"),
+                    QObject::tr("Auto (cost model, within the budget)"),
+                    gpu,
+                    gpu ? QString() : noGpu,
+                    false,
+                    true};
+  s << StrategyInfo{
+      QStringLiteral("custom"), QObject::tr("Custom (edit cells)"), true, {}, false, false};
   return s;
 }

@@ -12,10 +12,10 @@
 #include "app/placement_model.h"
 
 struct DeviceInfo {
-  QString kind;        ///< "CPU", "Vulkan", "CUDA"
-  QString backendId;   ///< the placement backend it stands for ("cpu", "vulkan:0")
-  QString name;        ///< the device's own name, or the kind when absent
-  QString status;      ///< "in use", "not built", "none found"
+  QString kind;       ///< "CPU", "Vulkan", "CUDA"
+  QString backendId;  ///< the placement backend it stands for ("cpu", "vulkan:0")
+  QString name;       ///< the device's own name, or the kind when absent
+  QString status;     ///< "in use", "not built", "none found"
   bool present = false;
   bool inUse = false;   ///< the engine runs on it (the CPU; the GPU backend the worker opened)
   QStringList details;  ///< one fact per line

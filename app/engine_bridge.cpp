@@ -3,7 +3,6 @@
 #include <QFileInfo>
 #include <QLocale>
 #include <QMap>
-
 #include <algorithm>
 #include <random>
 
@@ -12,7 +11,9 @@
 
 namespace {
 
-QString qstr(std::string_view s) { return QString::fromUtf8(s.data(), static_cast<qsizetype>(s.size())); }
+QString qstr(std::string_view s) {
+  return QString::fromUtf8(s.data(), static_cast<qsizetype>(s.size()));
+}
 
 // Bytes per dtype name, to name a group's format ("Q8_0", or "Q4_K + Q6_K").
 struct GroupBuilder {
@@ -29,8 +30,10 @@ struct GroupBuilder {
   TensorGroupInfo done() {
     // Largest share first: a Q4_K_M layer reads "Q4_K + Q6_K".
     QList<QPair<qint64, QString>> order;
-    for (auto it = bytesByType.cbegin(); it != bytesByType.cend(); ++it) order.append({it.value(), it.key()});
-    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (auto it = bytesByType.cbegin(); it != bytesByType.cend(); ++it)
+      order.append({it.value(), it.key()});
+    std::sort(order.begin(), order.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
     QStringList names;
     for (const auto& p : order) names << p.second;
     info.dtype = names.join(QStringLiteral(" + "));
@@ -42,7 +45,7 @@ struct GroupBuilder {
 
 QString formatBytes(qint64 bytes) {
   return QLocale::system().formattedDataSize(bytes, bytes >= (qint64{1} << 30) ? 2 : 1,
-                                            QLocale::DataSizeTraditionalFormat);
+                                             QLocale::DataSizeTraditionalFormat);
 }
 
 ModelSummary summarizeModel(const loom::Model& m, const QString& path, bool isDemo) {
@@ -75,7 +78,8 @@ ModelSummary summarizeModel(const loom::Model& m, const QString& path, bool isDe
     for (const loom::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv}) attn.add(*w);
     for (const loom::Weight* w : {&l.w_gate, &l.w_up, &l.w_down}) ffn.add(*w);
     for (const loom::Weight* w : {&l.attn_norm, &l.ffn_norm}) norm.add(*w);
-    for (const loom::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.add(*w);
+    for (const loom::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      all.add(*w);
     s.attnWeights << attn.done();
     s.ffnWeights << ffn.done();
     s.norms << norm.done();
@@ -97,9 +101,13 @@ QStringList kvPrecisionChoices(const ModelSummary& model, QString* note) {
   QStringList choices{QStringLiteral("F16")};
   if (model.headDim > 0 && model.headDim % 32 == 0) {
     choices << QStringLiteral("Q8_0");
-    if (note) *note = QObject::tr("One KV precision for every layer; changing it makes a new KV cache (the chat is re-read)");
+    if (note)
+      *note = QObject::tr(
+          "One KV precision for every layer; changing it makes a new KV cache (the chat is "
+          "re-read)");
   } else if (note) {
-    *note = QObject::tr("Q8_0 needs a head size that is a multiple of 32 (this model: %1)").arg(model.headDim);
+    *note = QObject::tr("Q8_0 needs a head size that is a multiple of 32 (this model: %1)")
+                .arg(model.headDim);
   }
   return choices;
 }

@@ -33,18 +33,21 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
   v->setSpacing(4);
   auto* head = new QHBoxLayout;
   auto* dot = new QLabel(QStringLiteral("●"), f);
-  dot->setStyleSheet(QStringLiteral("color:%1;font-size:14pt;").arg(theme::css(d.present ? d.color : theme::kBorder)));
+  dot->setStyleSheet(QStringLiteral("color:%1;font-size:14pt;")
+                         .arg(theme::css(d.present ? d.color : theme::kBorder)));
   auto* kind = new QLabel(d.kind, f);
   kind->setObjectName(QStringLiteral("CardTitle"));
   auto* status = new QLabel(d.status, f);
   const bool inUse = d.present && d.inUse;
-  status->setStyleSheet(inUse ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
-                                               "font-size:8.5pt;font-weight:600;")
-                        : d.present ? QStringLiteral("background:#eef0ff;color:#4338ca;border-radius:6px;padding:2px 8px;"
-                                                     "font-size:8.5pt;font-weight:600;")
-                                  : QStringLiteral("background:#f1f2f5;color:%1;border-radius:6px;padding:2px 8px;"
-                                                   "font-size:8.5pt;font-weight:600;")
-                                        .arg(theme::css(theme::kMuted)));
+  status->setStyleSheet(
+      inUse ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
+                             "font-size:8.5pt;font-weight:600;")
+      : d.present
+          ? QStringLiteral("background:#eef0ff;color:#4338ca;border-radius:6px;padding:2px 8px;"
+                           "font-size:8.5pt;font-weight:600;")
+          : QStringLiteral("background:#f1f2f5;color:%1;border-radius:6px;padding:2px 8px;"
+                           "font-size:8.5pt;font-weight:600;")
+                .arg(theme::css(theme::kMuted)));
   head->addWidget(dot);
   head->addWidget(kind);
   head->addStretch(1);
@@ -55,7 +58,8 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
     name->setWordWrap(true);
     v->addWidget(name);
   } else {
-    auto* why = new QLabel(QObject::tr("%1: %2. The grid shows it, disabled.").arg(d.kind, d.status), f);
+    auto* why =
+        new QLabel(QObject::tr("%1: %2. The grid shows it, disabled.").arg(d.kind, d.status), f);
     why->setObjectName(QStringLiteral("Muted"));
     why->setWordWrap(true);
     v->addWidget(why);
@@ -73,14 +77,17 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
     v->addWidget(mem);
   } else if (d.memTotal > 0 && d.memAvailable > 0) {
     const qint64 used = d.memTotal - d.memAvailable;
-    auto* mem = new QLabel(QObject::tr("Memory: %1 free of %2").arg(formatBytes(d.memAvailable), formatBytes(d.memTotal)), f);
+    auto* mem = new QLabel(QObject::tr("Memory: %1 free of %2")
+                               .arg(formatBytes(d.memAvailable), formatBytes(d.memTotal)),
+                           f);
     mem->setObjectName(QStringLiteral("Muted"));
     auto* bar = new QProgressBar(f);
     bar->setRange(0, 1000);
     bar->setValue(static_cast<int>(used * 1000 / d.memTotal));
     bar->setTextVisible(false);
     bar->setFixedHeight(8);
-    bar->setStyleSheet(QStringLiteral("QProgressBar::chunk{background:%1;border-radius:4px;}").arg(theme::css(d.color)));
+    bar->setStyleSheet(QStringLiteral("QProgressBar::chunk{background:%1;border-radius:4px;}")
+                           .arg(theme::css(d.color)));
     v->addWidget(mem);
     v->addWidget(bar);
   }
@@ -89,8 +96,8 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
 
 }  // namespace
 
-EnginePanel::EnginePanel(PlacementModel* placement, PresetListModel* presets, std::shared_ptr<LiveStats> stats,
-                         QWidget* parent)
+EnginePanel::EnginePanel(PlacementModel* placement, PresetListModel* presets,
+                         std::shared_ptr<LiveStats> stats, QWidget* parent)
     : QTabWidget(parent) {
   setObjectName(QStringLiteral("RightPanel"));
   setDocumentMode(true);
@@ -114,9 +121,10 @@ void EnginePanel::setDevices(const QVector<DeviceInfo>& devices) {
     delete li;
   }
   for (const DeviceInfo& d : devices) m_deviceList->addWidget(deviceCard(d, m_devices));
-  auto* note = new QLabel(tr("Memory tiers: GPU memory for the weights and KV cache placed there, host RAM for "
-                             "the rest, and SSD spill for long contexts (the SSD tier is not built yet)."),
-                          m_devices);
+  auto* note = new QLabel(
+      tr("Memory tiers: GPU memory for the weights and KV cache placed there, host RAM for "
+         "the rest, and SSD spill for long contexts (the SSD tier is not built yet)."),
+      m_devices);
   note->setObjectName(QStringLiteral("Muted"));
   note->setWordWrap(true);
   m_deviceList->addWidget(note);

@@ -4,7 +4,6 @@
 
 #include <QTabWidget>
 #include <QVector>
-
 #include <memory>
 
 #include "app/device_info.h"

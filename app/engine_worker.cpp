@@ -3,7 +3,6 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
-
 #include <chrono>
 #include <string>
 #include <thread>
@@ -25,7 +24,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-QString qstr(const std::string& s) { return QString::fromStdString(s); }
+QString qstr(const std::string& s) {
+  return QString::fromStdString(s);
+}
 
 int defaultThreads(int requested) {
   if (requested > 0) return requested;
@@ -98,15 +99,18 @@ void EngineWorker::ensureGpu() {
     if (!best || deviceRank(d) < deviceRank(*best)) best = &d;
   }
   if (!best) {
-    m_gpuWhyNot = list->empty() ? tr("Vulkan: no device found")
-                                : tr("Vulkan: no usable device (%1)").arg(unusable.join(QStringLiteral("; ")));
+    m_gpuWhyNot =
+        list->empty()
+            ? tr("Vulkan: no device found")
+            : tr("Vulkan: no usable device (%1)").arg(unusable.join(QStringLiteral("; ")));
     return;
   }
   loom::VulkanOptions vo;
   vo.device = best->index;
   auto vb = loom::create_vulkan_backend(vo);
   if (!vb.ok()) {
-    m_gpuWhyNot = tr("Vulkan: %1 could not be opened: %2").arg(qstr(best->name), qstr(vb.message()));
+    m_gpuWhyNot =
+        tr("Vulkan: %1 could not be opened: %2").arg(qstr(best->name), qstr(vb.message()));
     return;
   }
   m_gpu = std::move(vb).value();
@@ -127,7 +131,9 @@ void EngineWorker::probeDevices() {
       d.memTotal = m_gpuMemory;
       d.details << tr("Runs the cells placed on the GPU; the CPU runs the others.");
       if (m_gpuType == QLatin1String("cpu")) {
-        d.details << tr("A software renderer (the CPU emulating a GPU): correct, but slower than the CPU itself.");
+        d.details << tr(
+            "A software renderer (the CPU emulating a GPU): correct, but slower than the CPU "
+            "itself.");
       }
     } else if (d.present && m_gpu) {
       d.status = tr("not used");
@@ -159,10 +165,11 @@ void EngineWorker::loadDemoModel(quint64 requestId, const QString& path) {
     const QString stage = tr("Writing the demo model (random weights)…");
     emit loadProgress(requestId, stage, 0);
     int lastPercent = 0;
-    auto report = loom::write_synthetic_model(spec, part.toStdString(), [&](uint64_t done, uint64_t total) {
-      const int pct = total ? static_cast<int>(done * 100 / total) : 0;
-      if (pct != lastPercent) emit loadProgress(requestId, stage, lastPercent = pct);
-    });
+    auto report =
+        loom::write_synthetic_model(spec, part.toStdString(), [&](uint64_t done, uint64_t total) {
+          const int pct = total ? static_cast<int>(done * 100 / total) : 0;
+          if (pct != lastPercent) emit loadProgress(requestId, stage, lastPercent = pct);
+        });
     if (!report.ok()) {
       QFile::remove(part);
       emit modelLoadFailed(requestId, qstr(report.message()));
@@ -170,7 +177,8 @@ void EngineWorker::loadDemoModel(quint64 requestId, const QString& path) {
     }
     QFile::remove(path);
     if (!QFile::rename(part, path)) {
-      emit modelLoadFailed(requestId, tr("Could not move the demo model into place at %1").arg(path));
+      emit modelLoadFailed(requestId,
+                           tr("Could not move the demo model into place at %1").arg(path));
       return;
     }
   }
@@ -200,7 +208,9 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   const QString oldKv = m_kvDtype;
   const int oldCtx = m_sessionCtx;
   ensureGpu();
-  const int threads = m_threadsAsked > 0 ? m_threadsAsked : model->weight_bytes() < kTinyModelBytes ? 1 : m_nThreads;
+  const int threads = m_threadsAsked > 0                        ? m_threadsAsked
+                      : model->weight_bytes() < kTinyModelBytes ? 1
+                                                                : m_nThreads;
   if (!m_cpu || m_cpu->n_threads() != threads) {
     // Measuring needs the backend the model will run on; a session on the old
     // one is rebuilt below if this load does not go through.
@@ -217,7 +227,8 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   if (auto c = loom::calibrate(*model, *m_cpu, m_gpu.get()); c.ok()) {
     cost = *c;
   } else {
-    notes << tr("The cost model could not measure this machine (%1); its predictions use rough defaults.")
+    notes << tr("The cost model could not measure this machine (%1); its predictions use rough "
+                "defaults.")
                  .arg(qstr(c.message()));
   }
   if (loadCancelled(requestId)) {
@@ -227,23 +238,27 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   if (!m_gpu) notes << tr("CPU only: %1.").arg(m_gpuWhyNot);
 
   ModelSummary summary = summarizeModel(*model, path, isDemo);
-  auto planner = std::make_shared<PlacementPlanner>(model, summary, cost, m_gpu ? m_gpuId : QString(), m_gpuMemory);
+  auto planner = std::make_shared<PlacementPlanner>(model, summary, cost,
+                                                    m_gpu ? m_gpuId : QString(), m_gpuMemory);
   // The first placement: the cost model's best under the whole device memory
   // on a real GPU; on a software renderer (or none) the CPU, with the GPU one
   // click away in the grid.
   loom::StrategyOptions so;
   so.has_gpu = m_gpu != nullptr;
-  so.strategy = !m_gpu || m_gpuType == QLatin1String("cpu") ? "cpu" : (cost.measured ? "auto" : "gpu");
+  so.strategy =
+      !m_gpu || m_gpuType == QLatin1String("cpu") ? "cpu" : (cost.measured ? "auto" : "gpu");
   so.vram_budget = static_cast<uint64_t>(m_gpuMemory);
   so.n_ctx = std::min<int64_t>(model->hp.n_ctx_train, 4096);
   loom::Placement first = loom::Placement::uniform(model->hp.n_layer, loom::Unit::kCpu);
   if (auto p = loom::make_placement(*model, so, cost); p.ok()) first = *p;
   if (m_gpu && m_gpuType == QLatin1String("cpu")) {
-    notes << tr("The GPU is %1, a software renderer: the placement starts on the CPU.").arg(m_gpuName);
+    notes << tr("The GPU is %1, a software renderer: the placement starts on the CPU.")
+                 .arg(m_gpuName);
   }
 
-  const QString stage3 = first.uses(loom::Unit::kGpu) ? tr("Uploading weights to the GPU… (step 3 of 3)")
-                                                      : tr("Preparing the weights… (step 3 of 3)");
+  const QString stage3 = first.uses(loom::Unit::kGpu)
+                             ? tr("Uploading weights to the GPU… (step 3 of 3)")
+                             : tr("Preparing the weights… (step 3 of 3)");
   emit loadProgress(requestId, stage3, 66);
   // Re-quantization and uploads report per layer, and stop when the load is cancelled.
   int lastPercent = 66;
@@ -259,10 +274,13 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     if (m_gpu) m_gpu->release_weights();
     if (!m_model) return;
     QString ignored;
-    auto back = makeSession(*m_model, oldCtx, oldKv,
-                            hadSession ? oldPlacement : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu),
-                            &ignored);
-    if (!back) back = makeSession(*m_model, oldCtx, oldKv, loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
+    auto back = makeSession(
+        *m_model, oldCtx, oldKv,
+        hadSession ? oldPlacement : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu),
+        &ignored);
+    if (!back)
+      back = makeSession(*m_model, oldCtx, oldKv,
+                         loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
     if (back) setSession(std::move(back), oldKv, oldCtx);
   };
   QString error;
@@ -270,8 +288,10 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   if (!session || loadCancelled(requestId)) {
     session.reset();
     restoreOld();
-    if (loadCancelled(requestId)) emit modelLoadCancelled(requestId);
-    else emit modelLoadFailed(requestId, error);
+    if (loadCancelled(requestId))
+      emit modelLoadCancelled(requestId);
+    else
+      emit modelLoadFailed(requestId, error);
     return;
   }
 
@@ -282,7 +302,9 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     stale.swap(m_wanted);
     m_planner = planner;
   }
-  if (stale) emit placementFailed(stale->requestId, tr("Another model was loaded before the placement was applied."));
+  if (stale)
+    emit placementFailed(stale->requestId,
+                         tr("Another model was loaded before the placement was applied."));
   m_model = std::move(model);
   m_profiler = m_stats->resetForModel(m_model->hp.n_layer);
   setSession(std::move(session), QStringLiteral("F16"), 0);
@@ -300,12 +322,16 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
     rm.size_bytes = m_summary.fileBytes;
     (void)m_store->touch_recent_model(rm);  // a list for convenience: not worth failing a load over
   }
-  const QString note = placementNote() + (notes.isEmpty() ? QString() : QStringLiteral("\n") + notes.join(QStringLiteral("\n")));
+  const QString note =
+      placementNote() +
+      (notes.isEmpty() ? QString() : QStringLiteral("\n") + notes.join(QStringLiteral("\n")));
   emit modelLoaded(requestId, m_summary, currentPlan(), m_planner, note);
 }
 
-std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& model, int nCtx, const QString& kvDtype,
-                                                         const loom::Placement& placement, QString* error,
+std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& model, int nCtx,
+                                                         const QString& kvDtype,
+                                                         const loom::Placement& placement,
+                                                         QString* error,
                                                          std::function<bool(double)> progress) {
   const auto dt = loom::dtype_from_name(kvDtype.toStdString());
   if (!dt) {
@@ -335,7 +361,8 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   return std::move(session).value();
 }
 
-void EngineWorker::setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype, int nCtxAsked) {
+void EngineWorker::setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype,
+                              int nCtxAsked) {
   std::optional<Wanted> again;
   {
     std::lock_guard<std::mutex> lock(m_mu);
@@ -358,7 +385,8 @@ void EngineWorker::setSession(std::unique_ptr<loom::Session> s, const QString& k
     m_session->request_placement(*again->placement, [this, id](const loom::Status& st) {
       onPlacementDone(id, st.ok(), st.ok() ? QString() : qstr(st.message()));
     });
-    QMetaObject::invokeMethod(this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
+    QMetaObject::invokeMethod(
+        this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
   }
 }
 
@@ -371,13 +399,15 @@ void EngineWorker::dropSession() {
   if (m_gpu) m_gpu->release_weights();
 }
 
-bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement, QString* error) {
+bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype,
+                                  const loom::Placement* placement, QString* error) {
   if (!m_model) {
     *error = tr("No model is loaded.");
     return false;
   }
-  const loom::Placement old = m_session ? m_session->forward().placement()
-                                        : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu);
+  const loom::Placement old = m_session
+                                  ? m_session->forward().placement()
+                                  : loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu);
   const QString oldKv = m_kvDtype;
   const int oldCtx = m_sessionCtx;
   dropSession();
@@ -385,7 +415,8 @@ bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype, const loom::
     emit placementProgress(static_cast<int>(done * 100.0));
     return true;
   };
-  if (auto s = makeSession(*m_model, nCtx, kvDtype, placement ? *placement : old, error, progress)) {
+  if (auto s =
+          makeSession(*m_model, nCtx, kvDtype, placement ? *placement : old, error, progress)) {
     setSession(std::move(s), kvDtype, nCtx);
     return true;
   }
@@ -395,7 +426,8 @@ bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype, const loom::
   auto back = makeSession(*m_model, oldCtx, oldKv, old, &ignored);
   if (!back) {
     if (m_gpu) m_gpu->release_weights();
-    back = makeSession(*m_model, oldCtx, oldKv, loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
+    back = makeSession(*m_model, oldCtx, oldKv,
+                       loom::Placement::uniform(m_model->hp.n_layer, loom::Unit::kCpu), &ignored);
   }
   if (back) setSession(std::move(back), oldKv, oldCtx);
   return false;
@@ -403,7 +435,8 @@ bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype, const loom::
 
 PlacementPlan EngineWorker::currentPlan() const {
   if (!m_session || !m_planner) return {};
-  return m_planner->toPlan(m_session->forward().placement(), m_kvDtype, static_cast<int>(m_session->n_ctx()));
+  return m_planner->toPlan(m_session->forward().placement(), m_kvDtype,
+                           static_cast<int>(m_session->n_ctx()));
 }
 
 QString EngineWorker::placementNote() const {
@@ -419,12 +452,13 @@ QString EngineWorker::placementNote() const {
   for (const auto& l : p.layers) {
     for (const auto& g : l.g) count(g);
   }
-  QString note = onGpu == 0       ? tr("Everything runs on the CPU.")
-                 : onGpu == total ? tr("Everything runs on the GPU: %1.").arg(m_gpuName)
-                                  : tr("%1 of %2 op groups run on the GPU (%3), the rest on the CPU.")
-                                        .arg(onGpu)
-                                        .arg(total)
-                                        .arg(m_gpuName.section(QStringLiteral(" ("), 0, 0));
+  QString note = onGpu == 0 ? tr("Everything runs on the CPU.")
+                 : onGpu == total
+                     ? tr("Everything runs on the GPU: %1.").arg(m_gpuName)
+                     : tr("%1 of %2 op groups run on the GPU (%3), the rest on the CPU.")
+                           .arg(onGpu)
+                           .arg(total)
+                           .arg(m_gpuName.section(QStringLiteral(" ("), 0, 0));
   note += tr(" KV cache %1.").arg(m_kvDtype);
   const auto& fell = m_session->forward().notes();
   if (!fell.empty()) {
@@ -439,7 +473,8 @@ void EngineWorker::publishMemory() {
   if (m_model && m_session) {
     // Weights as the placement holds them (re-quantized sizes); host weights
     // are memory-mapped or re-quantized copies, resident once read.
-    const loom::PlacementBytes b = loom::placement_bytes(*m_model, m_session->forward().placement(), 0);
+    const loom::PlacementBytes b =
+        loom::placement_bytes(*m_model, m_session->forward().placement(), 0);
     gpu.weights = b.weights[static_cast<size_t>(loom::Unit::kGpu)];
     ram.weights = b.weights[static_cast<size_t>(loom::Unit::kCpu)];
     const loom::KvCache& kv = m_session->kv();
@@ -453,7 +488,8 @@ void EngineWorker::publishMemory() {
 
 // ---- placement ------------------------------------------------------------------
 
-bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error, bool* waitsForReply) {
+bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error,
+                                    bool* waitsForReply) {
   if (waitsForReply) *waitsForReply = false;
   std::lock_guard<std::mutex> lock(m_mu);
   if (!m_session || !m_planner) {
@@ -473,26 +509,30 @@ bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan
   if (w.kvDtype != m_kvDtype) {
     // A new KV precision is a new KV cache: after the reply that streams, if any.
     if (waitsForReply) *waitsForReply = m_generating.load();
-    QMetaObject::invokeMethod(this, [this] { applyWithNewKv(); }, Qt::QueuedConnection);
+    QMetaObject::invokeMethod(
+        this, [this] { applyWithNewKv(); }, Qt::QueuedConnection);
     return true;
   }
   m_session->request_placement(*w.placement, [this, requestId](const loom::Status& st) {
     onPlacementDone(requestId, st.ok(), st.ok() ? QString() : qstr(st.message()));
   });
   // Idle: applied at once (while a reply streams, generate() applies it between two tokens first).
-  QMetaObject::invokeMethod(this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
+  QMetaObject::invokeMethod(
+      this, [this] { applyPendingPlacement(); }, Qt::QueuedConnection);
   return true;
 }
 
 void EngineWorker::applyPendingPlacement() {
-  if (m_session) (void)m_session->apply_pending_placement();  // the outcome goes through onPlacementDone
+  if (m_session)
+    (void)m_session->apply_pending_placement();  // the outcome goes through onPlacementDone
 }
 
 void EngineWorker::applyWithNewKv() {
   std::optional<Wanted> w;
   {
     std::lock_guard<std::mutex> lock(m_mu);
-    if (!m_wanted || m_wanted->kvDtype == m_kvDtype) return;  // answered already, or asked on the session
+    if (!m_wanted || m_wanted->kvDtype == m_kvDtype)
+      return;  // answered already, or asked on the session
     w.swap(m_wanted);
   }
   const int kept = m_session ? static_cast<int>(m_session->tokens().size()) : 0;
@@ -500,14 +540,16 @@ void EngineWorker::applyWithNewKv() {
   QString error;
   if (!rebuildSession(m_sessionCtx, w->kvDtype, w->placement.get(), &error)) {
     publishMemory();
-    emit placementFailed(w->requestId, tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
+    emit placementFailed(w->requestId,
+                         tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
     return;
   }
   m_stats->resetTimings();
   publishMemory();
-  const QString note = tr("KV cache now %1 (was %2): the chat is kept, and the next reply re-reads its %n token(s).",
-                          "", kept)
-                           .arg(w->kvDtype, before);
+  const QString note =
+      tr("KV cache now %1 (was %2): the chat is kept, and the next reply re-reads its %n token(s).",
+         "", kept)
+          .arg(w->kvDtype, before);
   emit placementApplied(w->requestId, currentPlan(), note + QStringLiteral("\n") + placementNote());
 }
 
@@ -517,12 +559,14 @@ void EngineWorker::onPlacementDone(quint64 requestId, bool ok, const QString& er
     if (m_wanted && m_wanted->requestId == requestId) m_wanted.reset();
   }
   if (!ok) {
-    emit placementFailed(requestId, tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
+    emit placementFailed(requestId,
+                         tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
     return;
   }
   m_stats->resetTimings();
   publishMemory();
-  const QString when = m_generating.load() ? tr("Applied between two tokens of the reply. ") : QString();
+  const QString when =
+      m_generating.load() ? tr("Applied between two tokens of the reply. ") : QString();
   emit placementApplied(requestId, currentPlan(), when + placementNote());
 }
 
@@ -567,7 +611,8 @@ void EngineWorker::generate(const GenerationRequest& req) {
   }
 
   std::vector<loom::ChatMessage> messages;
-  for (const ChatTurn& t : req.turns) messages.push_back({t.role.toStdString(), t.content.toStdString()});
+  for (const ChatTurn& t : req.turns)
+    messages.push_back({t.role.toStdString(), t.content.toStdString()});
   auto prompt = m_session->tokenize_chat(messages);
   if (!prompt.ok()) return fail(qstr(prompt.message()));
 
@@ -588,7 +633,8 @@ void EngineWorker::generate(const GenerationRequest& req) {
     const auto now = Clock::now();
     // Time between pieces (one per token, except where a UTF-8 character
     // spans tokens): the inter-token latency the user sees.
-    m_stats->tokenGenerated(first ? 0 : static_cast<uint64_t>(std::chrono::nanoseconds(now - lastPiece).count()));
+    m_stats->tokenGenerated(
+        first ? 0 : static_cast<uint64_t>(std::chrono::nanoseconds(now - lastPiece).count()));
     first = false;
     lastPiece = now;
     text.append(piece);
@@ -620,7 +666,8 @@ void EngineWorker::generate(const GenerationRequest& req) {
   r.nReused = static_cast<int>(st.n_reused);
   r.nGenerated = static_cast<int>(st.n_generated);
   r.ttftMs = st.ttft_ms;
-  r.tokensPerSecond = st.decode_ms > 0 && st.n_generated > 1 ? (st.n_generated - 1) * 1000.0 / st.decode_ms : 0.0;
+  r.tokensPerSecond =
+      st.decode_ms > 0 && st.n_generated > 1 ? (st.n_generated - 1) * 1000.0 / st.decode_ms : 0.0;
   m_stats->generationFinished(r.ttftMs, r.tokensPerSecond);
   publishMemory();
 
@@ -628,8 +675,10 @@ void EngineWorker::generate(const GenerationRequest& req) {
                .arg(r.nGenerated)
                .arg(r.tokensPerSecond, 0, 'f', 1)
                .arg(r.ttftMs, 0, 'f', 0);
-  if (r.cancelled) r.meta += tr(" · stopped");
-  else if (st.reason != loom::StopReason::kEndOfGeneration) r.meta += QStringLiteral(" · ") + r.stopReason;
+  if (r.cancelled)
+    r.meta += tr(" · stopped");
+  else if (st.reason != loom::StopReason::kEndOfGeneration)
+    r.meta += QStringLiteral(" · ") + r.stopReason;
   save(r.cancelled ? loom::storage::MessageState::kStopped : loom::storage::MessageState::kComplete,
        r.meta.toStdString());
   emit textUpdated(req.requestId, req.messageId, r.text);

@@ -21,7 +21,6 @@
 
 #include <QObject>
 #include <QString>
-
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -75,7 +74,8 @@ class EngineWorker : public QObject {
   /// reason in `error`, when it cannot even be asked for (no model, a GPU cell
   /// without a GPU...); otherwise the answer comes later with `requestId`.
   /// `waitsForReply` says whether it waits for the streaming reply to end.
-  bool requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error, bool* waitsForReply = nullptr);
+  bool requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error,
+                        bool* waitsForReply = nullptr);
 
   int threads() const { return m_nThreads; }
 
@@ -125,13 +125,15 @@ class EngineWorker : public QObject {
   /// A session for the current model: KV `kvDtype` for `nCtx` tokens, running
   /// `placement`. Null with the reason in `error`.
   /// `progress` (optional) hears the weights' placement (0..1) and may cancel it.
-  std::unique_ptr<loom::Session> makeSession(const loom::Model& model, int nCtx, const QString& kvDtype,
+  std::unique_ptr<loom::Session> makeSession(const loom::Model& model, int nCtx,
+                                             const QString& kvDtype,
                                              const loom::Placement& placement, QString* error,
                                              std::function<bool(double)> progress = {});
   /// Replaces the session (same model): new context or KV precision. The old
   /// one goes first (the GPU holds one copy of the weights); on failure a
   /// session like the old one is made again, so the model stays usable.
-  bool rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement, QString* error);
+  bool rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement,
+                      QString* error);
   void setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype, int nCtxAsked);
   /// Lets the current session go, releasing its GPU memory.
   void dropSession();
@@ -147,7 +149,8 @@ class EngineWorker : public QObject {
     return m_shutdown.load() || m_cancelLoad.load() == requestId;
   }
   bool stopWanted(quint64 requestId) const {
-    return m_shutdown.load(std::memory_order_relaxed) || m_stopRequest.load(std::memory_order_relaxed) == requestId;
+    return m_shutdown.load(std::memory_order_relaxed) ||
+           m_stopRequest.load(std::memory_order_relaxed) == requestId;
   }
 
   QString m_dbPath;
@@ -159,11 +162,11 @@ class EngineWorker : public QObject {
   std::unique_ptr<loom::CpuBackend> m_cpu;
   std::unique_ptr<loom::Backend> m_gpu;
   bool m_gpuTried = false;
-  QString m_gpuId;          ///< "vulkan:N" of the open GPU
+  QString m_gpuId;  ///< "vulkan:N" of the open GPU
   QString m_gpuName;
-  QString m_gpuType;        ///< "discrete", "cpu" (a software renderer)...
+  QString m_gpuType;  ///< "discrete", "cpu" (a software renderer)...
   qint64 m_gpuMemory = 0;
-  QString m_gpuWhyNot;      ///< when no GPU is open
+  QString m_gpuWhyNot;  ///< when no GPU is open
   QVector<DeviceInfo> m_devices;
   std::shared_ptr<loom::Profiler> m_profiler;
   PlannerPtr m_planner;

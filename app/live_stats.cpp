@@ -12,7 +12,8 @@ constexpr size_t kMaxPoints = 4800;
 LiveStats::LiveStats() : m_profiler(std::make_shared<loom::Profiler>(0)) {}
 
 double LiveStats::generationSeconds(Clock::time_point t) const {
-  return m_generationBase + (m_generating ? std::chrono::duration<double>(t - m_generationStart).count() : 0.0);
+  return m_generationBase +
+         (m_generating ? std::chrono::duration<double>(t - m_generationStart).count() : 0.0);
 }
 
 std::shared_ptr<loom::Profiler> LiveStats::resetForModel(int64_t nLayer) {
@@ -64,7 +65,8 @@ void LiveStats::tokenGenerated(uint64_t sincePreviousNs) {
   }
   const double dt = std::chrono::duration<double>(now - m_windowStart).count();
   if (dt >= kWindowSeconds || (m_windowTokens >= kWindowTokens && dt > 0)) {
-    if (m_tps.size() >= kMaxPoints) m_tps.erase(m_tps.begin(), m_tps.begin() + static_cast<long>(kMaxPoints / 4));
+    if (m_tps.size() >= kMaxPoints)
+      m_tps.erase(m_tps.begin(), m_tps.begin() + static_cast<long>(kMaxPoints / 4));
     m_tps.emplace_back(generationSeconds(now), static_cast<double>(m_windowTokens) / dt);
     ++m_pointsThisReply;
     m_windowStart = now;
@@ -91,8 +93,8 @@ void LiveStats::generationFinished(double ttftMs, double tokensPerSecond) {
   bump();
 }
 
-void LiveStats::setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent,
-                          bool ssdPresent) {
+void LiveStats::setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd,
+                          bool gpuPresent, bool ssdPresent) {
   std::lock_guard<std::mutex> lock(m_mutex);
   m_gpu = gpu;
   m_ram = ram;

@@ -22,8 +22,8 @@ struct TierBytes {
 };
 
 struct LiveSnapshot {
-  uint64_t version = 0;  ///< changes whenever anything below may have changed
-  loom::LatencyHistogram::Snapshot itl;        ///< inter-token latency
+  uint64_t version = 0;                  ///< changes whenever anything below may have changed
+  loom::LatencyHistogram::Snapshot itl;  ///< inter-token latency
   /// Per-layer decode time (the profiler's whole-layer figures), the
   /// embedding, the output and the whole step.
   std::vector<loom::ProfileStat> layers;
@@ -53,7 +53,8 @@ class LiveStats {
   /// One token arrived `sincePreviousNs` after the previous one (0 for the first).
   void tokenGenerated(uint64_t sincePreviousNs);
   void generationFinished(double ttftMs, double tokensPerSecond);
-  void setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent, bool ssdPresent);
+  void setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent,
+                 bool ssdPresent);
 
   // ---- any thread (the GUI's timer) ----
   LiveSnapshot snapshot() const;

@@ -2,7 +2,6 @@
 #include <QApplication>
 #include <QIcon>
 #include <QTemporaryDir>
-
 #include <cstdio>
 #include <string_view>
 
@@ -28,8 +27,9 @@ int main(int argc, char** argv) {
   // --screenshot renders without a display: pick the offscreen platform
   // unless the caller chose one (e.g. xcb under Xvfb).
   for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--screenshot" && qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") &&
-        qEnvironmentVariableIsEmpty("DISPLAY") && qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY")) {
+    if (std::string_view(argv[i]) == "--screenshot" &&
+        qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") && qEnvironmentVariableIsEmpty("DISPLAY") &&
+        qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY")) {
       qputenv("QT_QPA_PLATFORM", "offscreen");
     }
   }
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   }
   // A screenshot is a demonstration: it keeps its chats away from the user's own.
   QTemporaryDir shotData;
-  if (!options.screenshotPath.isEmpty() && options.dataDir.isEmpty()) options.dataDir = shotData.path();
+  if (!options.screenshotPath.isEmpty() && options.dataDir.isEmpty())
+    options.dataDir = shotData.path();
 
   theme::apply(app);
   MainWindow window(options);

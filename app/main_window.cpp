@@ -20,7 +20,6 @@
 #include <QStackedWidget>
 #include <QTimer>
 #include <QVBoxLayout>
-
 #include <cstdio>
 
 #include "app/charts_panel.h"
@@ -52,12 +51,14 @@ void registerTypes() {
 }
 
 bool isModelFile(const QUrl& url) {
-  return url.isLocalFile() && url.toLocalFile().endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
+  return url.isLocalFile() &&
+         url.toLocalFile().endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
 }
 
 }  // namespace
 
-MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow(parent), m_options(options) {
+MainWindow::MainWindow(const AppOptions& options, QWidget* parent)
+    : QMainWindow(parent), m_options(options) {
   registerTypes();
   setWindowTitle(QStringLiteral("Loom"));
   setWindowIcon(QIcon(QStringLiteral(":/loom/loom.svg")));
@@ -72,7 +73,8 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow
   auto store = loom::storage::Store::open(dbPath.toStdString());
   if (!store.ok()) {
     storeError = QString::fromStdString(store.message());
-    dbPath = QDir::temp().filePath(QStringLiteral("loom-unsaved-%1.db").arg(QCoreApplication::applicationPid()));
+    dbPath = QDir::temp().filePath(
+        QStringLiteral("loom-unsaved-%1.db").arg(QCoreApplication::applicationPid()));
     QFile::remove(dbPath);
     store = loom::storage::Store::open(dbPath.toStdString());
   }
@@ -106,11 +108,14 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent) : QMainWindow
   emit workerOpenStore();
   emit workerProbeDevices();
   if (!storeError.isEmpty()) {
-    showError(tr("Chats cannot be saved"), tr("%1\nThis session uses a temporary file instead.").arg(storeError));
+    showError(tr("Chats cannot be saved"),
+              tr("%1\nThis session uses a temporary file instead.").arg(storeError));
   }
 }
 
-MainWindow::~MainWindow() { stopWorker(); }
+MainWindow::~MainWindow() {
+  stopWorker();
+}
 
 void MainWindow::buildUi() {
   auto* central = new QWidget(this);
@@ -231,7 +236,8 @@ void MainWindow::buildUi() {
   connect(m_sidebar, &Sidebar::recentModelRequested, this, &MainWindow::loadModel);
   connect(m_sidebar, &Sidebar::demoModelRequested, this, &MainWindow::loadDemoModel);
   connect(m_sidebar, &Sidebar::deleteChatRequested, this, &MainWindow::confirmDeleteChat);
-  connect(m_chats, &ChatListModel::errorOccurred, this, [this](const QString& e) { showError(tr("Chats"), e); });
+  connect(m_chats, &ChatListModel::errorOccurred, this,
+          [this](const QString& e) { showError(tr("Chats"), e); });
 
   PlacementPanel* pp = m_engine->placementPanel();
   connect(pp, &PlacementPanel::strategyChosen, this, &MainWindow::planStrategy);
@@ -240,7 +246,8 @@ void MainWindow::buildUi() {
   connect(pp, &PlacementPanel::presetChosen, this, &MainWindow::applyPreset);
   connect(pp, &PlacementPanel::deletePresetRequested, this, &MainWindow::deletePreset);
   connect(m_placement, &PlacementModel::pendingChanged, this, &MainWindow::updateEstimate);
-  connect(m_presets, &PresetListModel::errorOccurred, this, [this](const QString& e) { showError(tr("Presets"), e); });
+  connect(m_presets, &PresetListModel::errorOccurred, this,
+          [this](const QString& e) { showError(tr("Presets"), e); });
 }
 
 void MainWindow::connectWorker() {
@@ -260,17 +267,20 @@ void MainWindow::connectWorker() {
   });
   connect(w, &EngineWorker::textUpdated, m_chat, &ChatController::onTextUpdated);
   connect(w, &EngineWorker::generationFinished, m_chat, &ChatController::onGenerationFinished);
-  connect(w, &EngineWorker::warning, this, [this](const QString& m) { showError(tr("Warning"), m); });
+  connect(w, &EngineWorker::warning, this,
+          [this](const QString& m) { showError(tr("Warning"), m); });
   connect(w, &EngineWorker::placementApplied, this, &MainWindow::onPlacementApplied);
   connect(w, &EngineWorker::placementFailed, this, &MainWindow::onPlacementFailed);
   connect(w, &EngineWorker::placementProgress, this, [this](int percent) {
-    if (m_placing && percent < 100) m_engine->placementPanel()->setNote(tr("Applying… %1%").arg(percent));
+    if (m_placing && percent < 100)
+      m_engine->placementPanel()->setNote(tr("Applying… %1%").arg(percent));
   });
 
   // Placements apply while a reply streams (between two tokens): Apply does not wait for it.
   connect(m_chat, &ChatController::busyChanged, this, [this] { updateHeader(); });
   connect(m_chat, &ChatController::chatChanged, this, [this] { updateHeader(); });
-  connect(m_chat, &ChatController::errorOccurred, this, [this](const QString& e) { showError(tr("Something went wrong"), e); });
+  connect(m_chat, &ChatController::errorOccurred, this,
+          [this](const QString& e) { showError(tr("Something went wrong"), e); });
 }
 
 void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
@@ -286,17 +296,22 @@ void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
     if (d.backendId == QLatin1String("cpu")) continue;
     if (d.inUse) {
       units = tr("Runs on the CPU and the GPU: %1 (%2%3).")
-                  .arg(d.name, d.kind, d.memTotal > 0 ? tr(", %1").arg(formatBytes(d.memTotal)) : QString());
+                  .arg(d.name, d.kind,
+                       d.memTotal > 0 ? tr(", %1").arg(formatBytes(d.memTotal)) : QString());
     } else if (d.status == tr("looking…")) {
       looking = true;
     } else {
       whyNot << QStringLiteral("%1: %2").arg(d.kind, d.status);
     }
-    details << QStringLiteral("%1 — %2: %3").arg(d.kind, d.name, d.status) + (d.details.isEmpty() ? QString() : QStringLiteral("\n  ") + d.details.join(QStringLiteral("\n  ")));
+    details << QStringLiteral("%1 — %2: %3").arg(d.kind, d.name, d.status) +
+                   (d.details.isEmpty()
+                        ? QString()
+                        : QStringLiteral("\n  ") + d.details.join(QStringLiteral("\n  ")));
   }
   if (units.isEmpty()) {
     units = looking ? tr("Looking for GPUs…")
-                    : tr("CPU only: no usable GPU (%1). Every cell runs on the CPU.").arg(whyNot.join(QStringLiteral("; ")));
+                    : tr("CPU only: no usable GPU (%1). Every cell runs on the CPU.")
+                          .arg(whyNot.join(QStringLiteral("; ")));
   }
   m_engine->placementPanel()->setUnitsText(units, details.join(QStringLiteral("\n")));
 }
@@ -305,12 +320,14 @@ void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
 
 void MainWindow::openModelDialog() {
   const QString dir = m_hasModel ? QFileInfo(m_model.path).absolutePath() : QDir::homePath();
-  const QString path = QFileDialog::getOpenFileName(this, tr("Open a model"), dir, tr("GGUF models (*.gguf);;All files (*)"));
+  const QString path = QFileDialog::getOpenFileName(this, tr("Open a model"), dir,
+                                                    tr("GGUF models (*.gguf);;All files (*)"));
   if (!path.isEmpty()) loadModel(path);
 }
 
 void MainWindow::loadModel(const QString& path) {
-  if (m_chat->isBusy()) m_chat->stop();  // the reply ends at its next token; the load waits behind it
+  if (m_chat->isBusy())
+    m_chat->stop();  // the reply ends at its next token; the load waits behind it
   hideError();
   m_loadRequest = m_nextLoad++;
   onLoadProgress(m_loadRequest, tr("Opening %1…").arg(QFileInfo(path).fileName()), -1);
@@ -332,14 +349,16 @@ void MainWindow::cancelLoad() {
   m_worker->cancelLoad(m_loadRequest);
   m_loadRequest = 0;
   m_loadBanner->hide();
-  m_status->setText(tr("Load cancelled (the engine stops at its next step; the result is discarded)"));
+  m_status->setText(
+      tr("Load cancelled (the engine stops at its next step; the result is discarded)"));
 }
 
 void MainWindow::onLoadProgress(quint64 requestId, const QString& stage, int percent) {
   if (requestId != m_loadRequest) return;
   m_loadText->setText(stage);
   if (percent < 0) {
-    m_loadBar->setRange(0, 0);  // busy indicator: reading the file is one engine call, with no progress
+    m_loadBar->setRange(
+        0, 0);  // busy indicator: reading the file is one engine call, with no progress
   } else {
     m_loadBar->setRange(0, 100);
     m_loadBar->setValue(percent);
@@ -348,8 +367,9 @@ void MainWindow::onLoadProgress(quint64 requestId, const QString& stage, int per
   emit loadProgressShown(stage, percent);
 }
 
-void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
-                               const PlannerPtr& planner, const QString& note) {
+void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model,
+                               const PlacementPlan& placement, const PlannerPtr& planner,
+                               const QString& note) {
   if (requestId != m_loadRequest) return;  // cancelled meanwhile: the worker dropped it too
   m_loadRequest = 0;
   m_loadBanner->hide();
@@ -361,7 +381,9 @@ void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, con
   m_engine->placementPanel()->setBusy(false);
   PlacementPlan plan = placement;
   // The budget starts at the whole device memory.
-  if (planner && planner->hasGpu()) plan.vramBudgetMiB = static_cast<int>(std::min<qint64>(planner->gpuMemoryBytes() >> 20, 1 << 30));
+  if (planner && planner->hasGpu())
+    plan.vramBudgetMiB =
+        static_cast<int>(std::min<qint64>(planner->gpuMemoryBytes() >> 20, 1 << 30));
   m_placement->setApplied(plan);
   m_presets->setLayerCount(model.nLayer);
   m_engine->placementPanel()->setNote(note);
@@ -371,7 +393,8 @@ void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model, con
   refreshRecent();
   m_center->setCurrentWidget(m_chatArea);
   m_chat->openChat(m_chat->currentChat());  // re-signs the replies with the new model's name
-  if (!model.warnings.isEmpty()) showError(tr("Loaded, with notes"), model.warnings.join(QStringLiteral("\n")));
+  if (!model.warnings.isEmpty())
+    showError(tr("Loaded, with notes"), model.warnings.join(QStringLiteral("\n")));
   updateHeader();
   m_composer->input()->setFocus();
   emit modelReady(m_model);
@@ -394,7 +417,8 @@ void MainWindow::refreshRecent() {
     for (const auto& r : *rm) {
       const QString path = QString::fromStdString(r.path);
       const bool demo = path == m_options.demoModelPath();
-      recent << qMakePair(path, demo ? tr("Loom demo model (random weights)") : QString::fromStdString(r.name));
+      recent << qMakePair(
+          path, demo ? tr("Loom demo model (random weights)") : QString::fromStdString(r.name));
     }
   }
   m_start->setRecentModels(recent);
@@ -403,7 +427,9 @@ void MainWindow::refreshRecent() {
 
 // ---- view state -----------------------------------------------------------------
 
-QString MainWindow::errorText() const { return m_errorBanner->isVisible() ? m_errorText->text() : QString(); }
+QString MainWindow::errorText() const {
+  return m_errorBanner->isVisible() ? m_errorText->text() : QString();
+}
 
 void MainWindow::showError(const QString& title, const QString& message) {
   m_errorTitle->setText(title);
@@ -411,7 +437,9 @@ void MainWindow::showError(const QString& title, const QString& message) {
   m_errorBanner->show();
 }
 
-void MainWindow::hideError() { m_errorBanner->hide(); }
+void MainWindow::hideError() {
+  m_errorBanner->hide();
+}
 
 void MainWindow::updateHeader() {
   if (!m_hasModel) {
@@ -424,10 +452,13 @@ void MainWindow::updateHeader() {
   const QString name = m_model.isDemo ? tr("Loom demo") : m_model.name;
   const QStringList used = m_placement->applied().backendsUsed();
   const bool gpu = used.size() > 1 || (used.size() == 1 && used.first() != QLatin1String("cpu"));
-  const QString units = gpu ? (used.contains(QStringLiteral("cpu")) ? tr("CPU + GPU") : tr("GPU")) : tr("CPU");
-  m_modelChip->setText(QStringLiteral("<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5 · %6</span>")
-                           .arg(theme::css(gpu ? theme::kVulkan : theme::kCpu), name.toHtmlEscaped(),
-                                theme::css(theme::kMuted), m_model.quant, m_model.kvDtype, units));
+  const QString units =
+      gpu ? (used.contains(QStringLiteral("cpu")) ? tr("CPU + GPU") : tr("GPU")) : tr("CPU");
+  m_modelChip->setText(
+      QStringLiteral(
+          "<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5 · %6</span>")
+          .arg(theme::css(gpu ? theme::kVulkan : theme::kCpu), name.toHtmlEscaped(),
+               theme::css(theme::kMuted), m_model.quant, m_model.kvDtype, units));
   m_modelChip->setToolTip(m_model.path);
   m_status->setText(m_chat->isBusy() ? tr("Generating…") : tr("Ready"));
 }
@@ -464,12 +495,14 @@ void MainWindow::applyPlacement() {
   m_placing = true;
   m_placeRequest = id;
   pp->setBusy(true);
-  pp->setNote(waits ? tr("A new KV precision needs a new KV cache: it is applied when the reply ends…")
-              : m_chat->isBusy() ? tr("Applying between two tokens of the reply…")
-                                 : tr("Applying…"));
+  pp->setNote(
+      waits ? tr("A new KV precision needs a new KV cache: it is applied when the reply ends…")
+      : m_chat->isBusy() ? tr("Applying between two tokens of the reply…")
+                         : tr("Applying…"));
 }
 
-void MainWindow::onPlacementApplied(quint64 requestId, const PlacementPlan& plan, const QString& note) {
+void MainWindow::onPlacementApplied(quint64 requestId, const PlacementPlan& plan,
+                                    const QString& note) {
   if (requestId != m_placeRequest) return;
   m_placing = false;
   m_placeRequest = 0;
@@ -501,7 +534,8 @@ void MainWindow::savePreset(const QString& name) {
   if (!m_planner) return pp->setNote(tr("Open a model first."), true);
   QString error;
   const QString spec = m_planner->toPresetJson(m_placement->pending());
-  if (!m_presets->save(name, spec, m_model.nLayer, m_model.isDemo ? tr("Loom demo") : m_model.name, &error)) {
+  if (!m_presets->save(name, spec, m_model.nLayer, m_model.isDemo ? tr("Loom demo") : m_model.name,
+                       &error)) {
     return pp->setNote(error, /*isError=*/true);
   }
   pp->setNote(tr("Saved the placement as “%1”.").arg(name.simplified()));
@@ -514,27 +548,34 @@ void MainWindow::applyPreset(qint64 presetId) {
   const QString name = QString::fromStdString(preset->name);
   PlacementPlan plan;
   QString error;
-  if (!m_planner->fromPresetJson(QString::fromStdString(preset->spec), m_placement->pending(), &plan, &error)) {
+  if (!m_planner->fromPresetJson(QString::fromStdString(preset->spec), m_placement->pending(),
+                                 &plan, &error)) {
     return pp->setNote(tr("Preset “%1”: %2").arg(name, error), /*isError=*/true);
   }
   plan.vramBudgetMiB = m_placement->pending().vramBudgetMiB;
   m_placement->setPending(plan);
-  if (!m_placement->isDirty()) return pp->setNote(tr("Preset “%1” is the placement in force.").arg(name));
-  if (m_placing) return pp->setNote(tr("Preset “%1” is in the grid: Apply once the current placement is done.").arg(name));
+  if (!m_placement->isDirty())
+    return pp->setNote(tr("Preset “%1” is the placement in force.").arg(name));
+  if (m_placing)
+    return pp->setNote(
+        tr("Preset “%1” is in the grid: Apply once the current placement is done.").arg(name));
   applyPlacement();
 }
 
 void MainWindow::deletePreset(qint64 presetId) {
   QString error;
-  if (!m_presets->remove(presetId, &error)) m_engine->placementPanel()->setNote(error, /*isError=*/true);
+  if (!m_presets->remove(presetId, &error))
+    m_engine->placementPanel()->setNote(error, /*isError=*/true);
 }
 
 void MainWindow::confirmDeleteChat(qint64 chatId) {
   const auto* c = m_chats->chat(chatId);
   if (!c) return;
-  const auto answer = QMessageBox::question(
-      this, tr("Delete chat"), tr("Delete “%1” and all its messages? This cannot be undone.").arg(QString::fromStdString(c->title)),
-      QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Cancel);
+  const auto answer =
+      QMessageBox::question(this, tr("Delete chat"),
+                            tr("Delete “%1” and all its messages? This cannot be undone.")
+                                .arg(QString::fromStdString(c->title)),
+                            QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Cancel);
   if (answer == QMessageBox::Yes) m_chat->deleteChat(chatId);
 }
 
@@ -571,22 +612,28 @@ void MainWindow::dropEvent(QDropEvent* event) {
 
 void MainWindow::start() {
   if (!m_options.screenshotPath.isEmpty()) {
-    connect(this, &MainWindow::modelReady, this, [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
+    connect(this, &MainWindow::modelReady, this,
+            [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
     connect(this, &MainWindow::modelFailed, this, &MainWindow::finishScreenshot);
-    connect(m_chat, &ChatController::replyFinished, this, [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
+    connect(m_chat, &ChatController::replyFinished, this,
+            [this] { QTimer::singleShot(0, this, &MainWindow::screenshotStep); });
     // Never hang a script: whatever is on screen after two minutes is the picture.
     QTimer::singleShot(120000, this, &MainWindow::finishScreenshot);
   }
-  if (m_options.demo) loadDemoModel();
-  else if (!m_options.modelPath.isEmpty()) loadModel(m_options.modelPath);
-  else if (!m_options.screenshotPath.isEmpty()) QTimer::singleShot(300, this, &MainWindow::finishScreenshot);
+  if (m_options.demo)
+    loadDemoModel();
+  else if (!m_options.modelPath.isEmpty())
+    loadModel(m_options.modelPath);
+  else if (!m_options.screenshotPath.isEmpty())
+    QTimer::singleShot(300, this, &MainWindow::finishScreenshot);
 }
 
 void MainWindow::screenshotStep() {
   // A short tour: a chat with two exchanges (one with a code block), so the
   // transcript, the grid and every chart have something to show.
   static const char* const kPrompts[] = {
-      "What does this function do?\n\n```cpp\nint add(int a, int b) {\n  return a + b;  // sum\n}\n```",
+      "What does this function do?\n\n```cpp\nint add(int a, int b) {\n  return a + b;  // "
+      "sum\n}\n```",
       "Now tell me a **very short** story about a loom that learns to weave words.",
   };
   const int n = static_cast<int>(sizeof(kPrompts) / sizeof(kPrompts[0]));
@@ -608,17 +655,21 @@ void MainWindow::screenshotStep() {
 void MainWindow::finishScreenshot() {
   if (m_options.screenshotPath.isEmpty() || m_screenshotStage < 0) return;
   m_screenshotStage = -1;
-  static const QStringList kTabs = {QStringLiteral("placement"), QStringLiteral("performance"), QStringLiteral("devices"),
-                                    QStringLiteral("chat")};
-  m_engine->setCurrentIndex(std::max<int>(0, static_cast<int>(kTabs.indexOf(m_options.screenshotTab))));
+  static const QStringList kTabs = {QStringLiteral("placement"), QStringLiteral("performance"),
+                                    QStringLiteral("devices"), QStringLiteral("chat")};
+  m_engine->setCurrentIndex(
+      std::max<int>(0, static_cast<int>(kTabs.indexOf(m_options.screenshotTab))));
   m_engine->chartsPanel()->refresh();
   m_engine->placementPanel()->refreshMeasured();
   m_transcript->scrollToBottom();
   // One more turn of the event loop so layouts settle before the grab.
   QTimer::singleShot(250, this, [this] {
     const bool ok = grab().save(m_options.screenshotPath, "PNG");
-    if (ok) std::printf("loom-chat: wrote %s\n", qPrintable(QDir::toNativeSeparators(m_options.screenshotPath)));
-    else std::fprintf(stderr, "loom-chat: could not write %s\n", qPrintable(m_options.screenshotPath));
+    if (ok)
+      std::printf("loom-chat: wrote %s\n",
+                  qPrintable(QDir::toNativeSeparators(m_options.screenshotPath)));
+    else
+      std::fprintf(stderr, "loom-chat: could not write %s\n", qPrintable(m_options.screenshotPath));
     std::fflush(stdout);
     QCoreApplication::exit(ok ? 0 : 1);
   });

@@ -6,7 +6,6 @@
 
 #include <QMainWindow>
 #include <QThread>
-
 #include <memory>
 
 #include "app/app_options.h"

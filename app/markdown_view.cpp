@@ -8,7 +8,6 @@
 #include <QTextCursor>
 #include <QTextDocument>
 #include <QTextFrame>
-
 #include <cmath>
 #include <memory>
 
@@ -85,7 +84,8 @@ void renderMarkdown(QTextDocument* doc, const QString& markdown) {
       cur.setBlockFormat(bf);
       cur.insertBlock(QTextBlockFormat(), mono);
     }
-    // Plain text: code is never Markdown. Tabs as 4 spaces keep columns in a proportional-width world.
+    // Plain text: code is never Markdown. Tabs as 4 spaces keep columns in a proportional-width
+    // world.
     QString code = seg.text;
     code.replace(QLatin1Char('\t'), QStringLiteral("    "));
     cur.insertText(code, mono);
@@ -145,7 +145,8 @@ void MarkdownView::setMarkdownText(const QString& markdown) {
 }
 
 int MarkdownView::idealWidth() const {
-  // idealWidth() needs a layout without a width limit; measure a copy so the shown one keeps its width.
+  // idealWidth() needs a layout without a width limit; measure a copy so the shown one keeps its
+  // width.
   std::unique_ptr<QTextDocument> d(document()->clone());
   d->setTextWidth(-1);
   return static_cast<int>(std::ceil(d->idealWidth())) + 2;
@@ -166,7 +167,9 @@ QSize MarkdownView::sizeHint() const {
   return {w, heightForWidth(width() > 0 ? width() : w)};
 }
 
-QSize MarkdownView::minimumSizeHint() const { return {40, heightForWidth(width() > 0 ? width() : 200)}; }
+QSize MarkdownView::minimumSizeHint() const {
+  return {40, heightForWidth(width() > 0 ? width() : 200)};
+}
 
 void MarkdownView::resizeEvent(QResizeEvent* event) {
   QTextBrowser::resizeEvent(event);

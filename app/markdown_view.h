@@ -13,8 +13,8 @@ class QTextDocument;
 /// A run of Markdown: prose, or the body of a fenced code block.
 struct MarkdownSegment {
   bool code = false;
-  QString text;      ///< prose as Markdown, or the code itself (no fences)
-  QString language;  ///< the fence's info string ("cpp"), code only
+  QString text;        ///< prose as Markdown, or the code itself (no fences)
+  QString language;    ///< the fence's info string ("cpp"), code only
   bool closed = true;  ///< false: a fence still open (a reply streaming in)
 };
 

@@ -7,7 +7,9 @@
 
 namespace {
 
-QString bytesText(qint64 bytes) { return QLocale::system().formattedDataSize(bytes, 1, QLocale::DataSizeTraditionalFormat); }
+QString bytesText(qint64 bytes) {
+  return QLocale::system().formattedDataSize(bytes, 1, QLocale::DataSizeTraditionalFormat);
+}
 
 QString groupDetail(const QString& what, const TensorGroupInfo& g) {
   QString s = QStringLiteral("%1 · %2 · %3").arg(what, g.dtype, bytesText(g.bytes));
@@ -34,8 +36,10 @@ QString PlacementPlan::kvPrecision() const {
   QString p;
   for (int r = 1; r + 1 < rows.size(); ++r) {
     const QString& q = rows[r][kColAttnKv].precision;
-    if (p.isEmpty()) p = q;
-    else if (p != q) return {};
+    if (p.isEmpty())
+      p = q;
+    else if (p != q)
+      return {};
   }
   return p;
 }
@@ -69,8 +73,9 @@ QString PlacementPlan::toJson() const {
   return QString::fromUtf8(QJsonDocument(o).toJson(QJsonDocument::Compact));
 }
 
-PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary& m, const QString& kvDtype,
-                                   const QStringList& kvChoices, const QString& kvNote) {
+PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary& m,
+                                   const QString& kvDtype, const QStringList& kvChoices,
+                                   const QString& kvNote) {
   PlacementPlan p;
   p.strategy = backendId == QLatin1String("cpu") ? QStringLiteral("cpu") : QStringLiteral("gpu");
   p.nCtx = m.nCtx;
@@ -81,8 +86,11 @@ PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary&
   p.rows[n + 1][0] = weightCell(backendId, QObject::tr("Output norm + LM head"), m.output);
   for (int l = 0; l < n; ++l) {
     auto& row = p.rows[l + 1];
-    if (l < m.attnWeights.size()) row[kColAttnWeights] = weightCell(backendId, QObject::tr("Attention weights"), m.attnWeights[l]);
-    if (l < m.ffnWeights.size()) row[kColFfnWeights] = weightCell(backendId, QObject::tr("FFN weights"), m.ffnWeights[l]);
+    if (l < m.attnWeights.size())
+      row[kColAttnWeights] =
+          weightCell(backendId, QObject::tr("Attention weights"), m.attnWeights[l]);
+    if (l < m.ffnWeights.size())
+      row[kColFfnWeights] = weightCell(backendId, QObject::tr("FFN weights"), m.ffnWeights[l]);
     if (l < m.norms.size()) {
       row[kColNormRope] = weightCell(backendId, QObject::tr("Norms + RoPE"), m.norms[l]);
       row[kColNormRope].precisions.clear();
@@ -95,7 +103,9 @@ PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary&
     kv.precisions = kvChoices.isEmpty() ? QStringList{kvDtype} : kvChoices;
     kv.precisionNote = kvNote;
     kv.linkGroup = QStringLiteral("kv");
-    kv.detail = QObject::tr("Attention + KV cache · %1 heads × %2 dims per token").arg(m.nHeadKv).arg(m.headDim);
+    kv.detail = QObject::tr("Attention + KV cache · %1 heads × %2 dims per token")
+                    .arg(m.nHeadKv)
+                    .arg(m.headDim);
   }
   return p;
 }
@@ -248,9 +258,13 @@ void PlacementModel::timingColumnChanged() {
   emit timingChanged();
 }
 
-int PlacementModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : m_pending.rows.size(); }
+int PlacementModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : m_pending.rows.size();
+}
 
-int PlacementModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColCount + 1; }
+int PlacementModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColCount + 1;
+}
 
 QString PlacementModel::columnTitle(int column) {
   switch (column) {
@@ -278,17 +292,21 @@ QVariant PlacementModel::headerData(int section, Qt::Orientation orientation, in
   if (role == Qt::ToolTipRole && orientation == Qt::Horizontal) {
     switch (section) {
       case kColAttnWeights: return tr("Attention weights: the q, k, v and o projections");
-      case kColAttnKv: return tr("Attention compute and the layer's KV cache (the cache lives on this unit)");
+      case kColAttnKv:
+        return tr("Attention compute and the layer's KV cache (the cache lives on this unit)");
       case kColFfnWeights: return tr("FFN: gate, up and down projections");
       case kColNormRope: return tr("RMS norms, RoPE and residual adds");
       case kColTiming:
-        return tr("Predicted time of the row (cost model, pending placement), then the measured P50 / P99 of "
-                  "decode steps (profiler, applied placement)");
+        return tr(
+            "Predicted time of the row (cost model, pending placement), then the measured P50 / "
+            "P99 of "
+            "decode steps (profiler, applied placement)");
       default: return {};
     }
   }
   if (role != Qt::DisplayRole) return {};
-  return orientation == Qt::Horizontal ? QVariant(columnTitle(section)) : QVariant(rowTitle(section));
+  return orientation == Qt::Horizontal ? QVariant(columnTitle(section))
+                                       : QVariant(rowTitle(section));
 }
 
 Qt::ItemFlags PlacementModel::flags(const QModelIndex& index) const {
@@ -312,12 +330,17 @@ QVariant PlacementModel::data(const QModelIndex& index, int role) const {
       case Qt::ToolTipRole: {
         const QVariant pred = m_estimate.valid ? at(m_estimate.rowMs) : QVariant();
         const QVariant p50 = at(m_measured.p50Ms), p99 = at(m_measured.p99Ms);
-        QString tip = tr("%1\nPredicted: %2").arg(rowTitle(r), pred.isValid() ? tr("%1 ms").arg(pred.toDouble(), 0, 'f', 3) : tr("—"));
-        tip += tr("\nMeasured: %1").arg(p50.isValid() ? tr("P50 %1 ms, P99 %2 ms over %3 steps")
-                                                            .arg(p50.toDouble(), 0, 'f', 3)
-                                                            .arg(p99.toDouble(), 0, 'f', 3)
-                                                            .arg(r < m_measured.counts.size() ? m_measured.counts[r] : 0)
-                                                      : tr("no decode step yet"));
+        QString tip =
+            tr("%1\nPredicted: %2")
+                .arg(rowTitle(r),
+                     pred.isValid() ? tr("%1 ms").arg(pred.toDouble(), 0, 'f', 3) : tr("—"));
+        tip += tr("\nMeasured: %1")
+                   .arg(p50.isValid()
+                            ? tr("P50 %1 ms, P99 %2 ms over %3 steps")
+                                  .arg(p50.toDouble(), 0, 'f', 3)
+                                  .arg(p99.toDouble(), 0, 'f', 3)
+                                  .arg(r < m_measured.counts.size() ? m_measured.counts[r] : 0)
+                            : tr("no decode step yet"));
         return tip;
       }
       default: return {};
@@ -332,19 +355,22 @@ QVariant PlacementModel::data(const QModelIndex& index, int role) const {
     case Qt::DisplayRole: {
       // A mixture ("Q4_K + Q6_K") shows its largest part and a "+"; the tooltip has it all.
       const QString main = cell.precision.section(QStringLiteral(" + "), 0, 0);
-      return QStringLiteral("%1 %2%3").arg(label, main, main == cell.precision ? QString() : QStringLiteral("+"));
+      return QStringLiteral("%1 %2%3").arg(
+          label, main, main == cell.precision ? QString() : QStringLiteral("+"));
     }
     case PrecisionRole: return cell.precision;
     case Qt::ToolTipRole: {
-      QString tip = QStringLiteral("%1 · %2 — %3 %4\n%5").arg(rowTitle(r), m_pending.isEdgeRow(r) ? tr("weights") : columnTitle(c),
-                                                            label, cell.precision, cell.detail);
+      QString tip = QStringLiteral("%1 · %2 — %3 %4\n%5")
+                        .arg(rowTitle(r), m_pending.isEdgeRow(r) ? tr("weights") : columnTitle(c),
+                             label, cell.precision, cell.detail);
       if (!cell.dtype.isEmpty() && cell.dtype != cell.fileDtype && !cell.fileDtype.isEmpty()) {
         tip += tr("\nRe-quantized from %1 when applied").arg(cell.fileDtype);
       }
       if (dirty) {
         const PlacementCell& was = m_applied.rows[r][c];
         const BackendInfo* wb = backend(was.backend);
-        tip += tr("\n\nPending: was %1 %2 (press Apply)").arg(wb ? wb->label : was.backend, was.precision);
+        tip += tr("\n\nPending: was %1 %2 (press Apply)")
+                   .arg(wb ? wb->label : was.backend, was.precision);
       }
       return tip;
     }

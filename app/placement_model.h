@@ -19,17 +19,17 @@ struct BackendInfo {
   QString label;  ///< short name shown in cells and legends: "CPU", "GPU", "CUDA"
   QColor color;
   bool available = false;
-  QString reason;  ///< why not available ("Vulkan: not built")
-  QString device;  ///< the device's own name, for the legend ("llvmpipe", "NVIDIA H200")
+  QString reason;          ///< why not available ("Vulkan: not built")
+  QString device;          ///< the device's own name, for the legend ("llvmpipe", "NVIDIA H200")
   qint64 memoryBytes = 0;  ///< device memory (GPUs), for the VRAM budget
 };
 
 /// A placement strategy of the selector.
 struct StrategyInfo {
-  QString id;     ///< gpu, cpu, layers, attn-gpu, auto, custom
+  QString id;  ///< gpu, cpu, layers, attn-gpu, auto, custom
   QString label;
   bool available = false;
-  QString reason;             ///< why not available
+  QString reason;               ///< why not available
   bool usesLayerCount = false;  ///< layers:N
   bool usesBudget = false;      ///< takes the VRAM budget
 };
@@ -37,11 +37,11 @@ struct StrategyInfo {
 /// The grid's columns: op groups of a transformer layer (the engine's order:
 /// attn_w, attn, ffn, norm), then the row's timing.
 enum PlacementColumn : int {
-  kColAttnWeights = 0,  ///< q, k, v, o projections
-  kColAttnKv,           ///< attention compute and its KV cache
-  kColFfnWeights,       ///< gate, up, down
-  kColNormRope,         ///< norms and RoPE
-  kColCount,            ///< op group columns
+  kColAttnWeights = 0,     ///< q, k, v, o projections
+  kColAttnKv,              ///< attention compute and its KV cache
+  kColFfnWeights,          ///< gate, up, down
+  kColNormRope,            ///< norms and RoPE
+  kColCount,               ///< op group columns
   kColTiming = kColCount,  ///< predicted and measured time of the row (read-only)
 };
 
@@ -49,14 +49,14 @@ enum PlacementColumn : int {
 inline const QString kKeepPrecision = QStringLiteral("keep");
 
 struct PlacementCell {
-  QString backend;          ///< BackendInfo::id
-  QString precision;        ///< in effect, e.g. "Q8_0" (the file's, or the requested one)
-  QString fileDtype;        ///< what the file stores ("" for the KV cache)
-  QString dtype;            ///< requested precision; "" keeps the file's (weights)
-  QStringList precisions;   ///< choices offered here ("keep" and dtype names)
-  QString precisionNote;    ///< why the choices are what they are (shown in the menu)
-  QString linkGroup;        ///< cells of one non-empty group change precision together
-  QString detail;           ///< tensors and bytes, for the tooltip
+  QString backend;         ///< BackendInfo::id
+  QString precision;       ///< in effect, e.g. "Q8_0" (the file's, or the requested one)
+  QString fileDtype;       ///< what the file stores ("" for the KV cache)
+  QString dtype;           ///< requested precision; "" keeps the file's (weights)
+  QStringList precisions;  ///< choices offered here ("keep" and dtype names)
+  QString precisionNote;   ///< why the choices are what they are (shown in the menu)
+  QString linkGroup;       ///< cells of one non-empty group change precision together
+  QString detail;          ///< tensors and bytes, for the tooltip
   bool operator==(const PlacementCell&) const = default;
 };
 
@@ -83,22 +83,23 @@ struct PlacementPlan {
 
   /// Every cell on `backendId`, precisions as the model file has them; the KV
   /// precision `kvDtype`, offering `kvChoices`.
-  static PlacementPlan allOn(const QString& backendId, const ModelSummary& model, const QString& kvDtype,
-                             const QStringList& kvChoices, const QString& kvNote);
+  static PlacementPlan allOn(const QString& backendId, const ModelSummary& model,
+                             const QString& kvDtype, const QStringList& kvChoices,
+                             const QString& kvNote);
 };
 Q_DECLARE_METATYPE(PlacementPlan)
 
 /// What the cost model predicts for a plan (PlacementPlanner::estimate).
 struct PlanEstimate {
   bool valid = false;
-  double stepMs = 0;       ///< one decode step
-  QVector<double> rowMs;   ///< per grid row (embedding, layers, output)
-  int transfers = 0;       ///< activation copies between units per step
-  int nPast = 0;           ///< the context length the prediction is for
+  double stepMs = 0;      ///< one decode step
+  QVector<double> rowMs;  ///< per grid row (embedding, layers, output)
+  int transfers = 0;      ///< activation copies between units per step
+  int nPast = 0;          ///< the context length the prediction is for
   qint64 cpuWeights = 0, cpuKv = 0, gpuWeights = 0, gpuKv = 0;  ///< bytes (KV at full context)
   qint64 gpuOverhead = 0;  ///< activations and slack the GPU needs besides (0 when unused)
   bool costMeasured = false;
-  QString costText;        ///< the cost model's own description
+  QString costText;  ///< the cost model's own description
 };
 
 /// What the profiler measured (decode steps since the placement was applied).
@@ -116,9 +117,9 @@ class PlacementModel : public QAbstractTableModel {
     BackendIdRole = Qt::UserRole + 1,
     BackendLabelRole,
     BackendColorRole,
-    DirtyRole,      ///< the pending plan differs from the applied one here
-    EdgeRowRole,    ///< embedding or output row (one cell spanning the row)
-    PrecisionRole,  ///< the precision alone ("Q8_0")
+    DirtyRole,        ///< the pending plan differs from the applied one here
+    EdgeRowRole,      ///< embedding or output row (one cell spanning the row)
+    PrecisionRole,    ///< the precision alone ("Q8_0")
     PredictedMsRole,  ///< kColTiming: predicted ms of the row (pending plan), or invalid
     P50MsRole,        ///< kColTiming: measured P50 ms (applied plan), or invalid
     P99MsRole,        ///< kColTiming: measured P99 ms, or invalid
@@ -147,7 +148,8 @@ class PlacementModel : public QAbstractTableModel {
   /// Moves a cell to another backend. False (and no change) when the backend
   /// is unknown or unavailable. The strategy becomes "custom".
   bool setCellBackend(int row, int column, const QString& backendId);
-  /// Moves a cell to the next available backend (CPU -> GPU -> CPU). False when there is none other.
+  /// Moves a cell to the next available backend (CPU -> GPU -> CPU). False when there is none
+  /// other.
   bool cycleCellBackend(int row, int column);
   /// Changes a cell's precision (and its link group's): "keep" or a dtype
   /// name from the cell's choices. False when not offered.

@@ -22,7 +22,6 @@
 #include <QTimer>
 #include <QToolButton>
 #include <QVBoxLayout>
-
 #include <algorithm>
 
 #include "app/live_stats.h"
@@ -33,7 +32,8 @@
 namespace {
 
 QString bytesText(qint64 bytes) {
-  return QLocale::system().formattedDataSize(bytes, bytes >= (qint64{1} << 30) ? 2 : 1, QLocale::DataSizeTraditionalFormat);
+  return QLocale::system().formattedDataSize(bytes, bytes >= (qint64{1} << 30) ? 2 : 1,
+                                             QLocale::DataSizeTraditionalFormat);
 }
 
 // Milliseconds with as many decimals as a small value needs.
@@ -51,7 +51,8 @@ QString msShort(double ms) {
 class CellDelegate : public QStyledItemDelegate {
  public:
   using QStyledItemDelegate::QStyledItemDelegate;
-  void paint(QPainter* p, const QStyleOptionViewItem& option, const QModelIndex& index) const override {
+  void paint(QPainter* p, const QStyleOptionViewItem& option,
+             const QModelIndex& index) const override {
     if (index.column() == kColTiming) return paintTiming(p, option, index);
     const QVariant colorVar = index.data(PlacementModel::BackendColorRole);
     if (!colorVar.isValid()) return;
@@ -85,7 +86,9 @@ class CellDelegate : public QStyledItemDelegate {
       f.setPointSizeF(pt);
     }
     p->setFont(f);
-    p->drawText(textRect, Qt::AlignCenter, QFontMetrics(f).elidedText(text, Qt::ElideRight, static_cast<int>(textRect.width())));
+    p->drawText(
+        textRect, Qt::AlignCenter,
+        QFontMetrics(f).elidedText(text, Qt::ElideRight, static_cast<int>(textRect.width())));
     if (dirty) {
       p->setBrush(theme::kAccent);
       p->setPen(Qt::NoPen);
@@ -94,7 +97,8 @@ class CellDelegate : public QStyledItemDelegate {
     p->restore();
   }
 
-  static void paintTiming(QPainter* p, const QStyleOptionViewItem& option, const QModelIndex& index) {
+  static void paintTiming(QPainter* p, const QStyleOptionViewItem& option,
+                          const QModelIndex& index) {
     const QVariant pred = index.data(PlacementModel::PredictedMsRole);
     const QVariant p50 = index.data(PlacementModel::P50MsRole);
     const QVariant p99 = index.data(PlacementModel::P99MsRole);
@@ -105,7 +109,8 @@ class CellDelegate : public QStyledItemDelegate {
     p->setFont(f);
     p->setPen(theme::kMuted);
     p->drawText(QRect(r.left(), r.top(), r.width(), half), Qt::AlignLeft | Qt::AlignBottom,
-                QStringLiteral("≈ %1").arg(pred.isValid() ? msShort(pred.toDouble()) : QStringLiteral("—")));
+                QStringLiteral("≈ %1").arg(pred.isValid() ? msShort(pred.toDouble())
+                                                          : QStringLiteral("—")));
     const QRect low(r.left(), r.top() + half, r.width(), r.height() - half);
     if (!p50.isValid()) {
       p->drawText(low, Qt::AlignLeft | Qt::AlignTop, QStringLiteral("—"));
@@ -120,13 +125,15 @@ class CellDelegate : public QStyledItemDelegate {
       p->setPen(theme::kMuted);
       p->drawText(low.adjusted(x, 0, 0, 0), Qt::AlignLeft | Qt::AlignTop, QStringLiteral(" / "));
       p->setPen(theme::kP99);
-      p->drawText(low.adjusted(x + fm.horizontalAdvance(QStringLiteral(" / ")), 0, 0, 0), Qt::AlignLeft | Qt::AlignTop,
-                  b);
+      p->drawText(low.adjusted(x + fm.horizontalAdvance(QStringLiteral(" / ")), 0, 0, 0),
+                  Qt::AlignLeft | Qt::AlignTop, b);
     }
     p->restore();
   }
 
-  QSize sizeHint(const QStyleOptionViewItem&, const QModelIndex&) const override { return {88, 30}; }
+  QSize sizeHint(const QStyleOptionViewItem&, const QModelIndex&) const override {
+    return {88, 30};
+  }
 };
 
 // As tall as its rows (so a small model's grid does not float in empty space),
@@ -136,7 +143,8 @@ class GridView : public QTableView {
   using QTableView::QTableView;
   QSize sizeHint() const override {
     const int rows = model() ? model()->rowCount() : 0;
-    const int h = horizontalHeader()->sizeHint().height() + rows * verticalHeader()->defaultSectionSize() + 2 * frameWidth() + 4;
+    const int h = horizontalHeader()->sizeHint().height() +
+                  rows * verticalHeader()->defaultSectionSize() + 2 * frameWidth() + 4;
     return {QTableView::sizeHint().width(), h};
   }
   QSize minimumSizeHint() const override { return {200, 140}; }
@@ -164,8 +172,8 @@ QLabel* mutedLabel(QWidget* parent) {
 
 }  // namespace
 
-PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets, std::shared_ptr<LiveStats> stats,
-                               QWidget* parent)
+PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
+                               std::shared_ptr<LiveStats> stats, QWidget* parent)
     : QWidget(parent), m_model(model), m_presets(presets), m_stats(std::move(stats)) {
   auto* v = new QVBoxLayout(this);
   v->setContentsMargins(16, 16, 16, 16);
@@ -205,7 +213,8 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets, 
   m_presetBox->setCurrentIndex(-1);
   m_presetBox->setToolTip(tr("Placements saved by name: choosing one applies it"));
   m_savePreset = new QPushButton(tr("Save as preset…"), this);
-  m_savePreset->setToolTip(tr("Save the grid's placement (units, precisions, KV cache) under a name"));
+  m_savePreset->setToolTip(
+      tr("Save the grid's placement (units, precisions, KV cache) under a name"));
   m_presetMenu = new QToolButton(this);
   m_presetMenu->setText(QStringLiteral("⋯"));
   m_presetMenu->setToolTip(tr("Delete presets"));
@@ -238,7 +247,8 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets, 
   m_grid->verticalHeader()->setHighlightSections(false);
   m_grid->verticalHeader()->setDefaultAlignment(Qt::AlignRight | Qt::AlignVCenter);
   m_grid->setCornerButtonEnabled(false);
-  connect(m_grid, &QTableView::clicked, this, [this](const QModelIndex& i) { clickCell(i.row(), i.column()); });
+  connect(m_grid, &QTableView::clicked, this,
+          [this](const QModelIndex& i) { clickCell(i.row(), i.column()); });
   connect(m_grid, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
     const QModelIndex i = m_grid->indexAt(pos);
     if (i.isValid()) openCellMenu(i.row(), i.column());
@@ -286,7 +296,8 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets, 
   connect(m_model, &PlacementModel::pendingChanged, this, &PlacementPanel::syncFromModel);
   connect(m_model, &PlacementModel::timingChanged, this, &PlacementPanel::updateSummary);
   connect(m_model, &QAbstractItemModel::modelReset, this, &PlacementPanel::syncFromModel);
-  if (m_presets) connect(m_presets, &QAbstractItemModel::modelReset, this, &PlacementPanel::syncFromModel);
+  if (m_presets)
+    connect(m_presets, &QAbstractItemModel::modelReset, this, &PlacementPanel::syncFromModel);
 
   m_timer = new QTimer(this);
   m_timer->setInterval(500);
@@ -298,9 +309,13 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets, 
   syncFromModel();
 }
 
-QString PlacementPanel::noteText() const { return m_note->text(); }
+QString PlacementPanel::noteText() const {
+  return m_note->text();
+}
 
-QString PlacementPanel::unitsText() const { return m_units->text(); }
+QString PlacementPanel::unitsText() const {
+  return m_units->text();
+}
 
 QString PlacementPanel::summaryText() const {
   QString s = m_bytes->text() + QStringLiteral("\n") + m_times->text();
@@ -328,19 +343,24 @@ void PlacementPanel::rebuildControls() {
   }
   for (const BackendInfo& b : m_model->backends()) {
     auto* l = new QLabel(m_legendBox);
-    const QString dot = QStringLiteral("<span style='color:%1;font-size:13pt'>●</span>").arg(theme::css(b.color));
+    const QString dot =
+        QStringLiteral("<span style='color:%1;font-size:13pt'>●</span>").arg(theme::css(b.color));
     if (b.available) {
       const bool gpu = b.id != QLatin1String("cpu");
       l->setText(gpu ? QStringLiteral("%1 %2 <span style='color:%3'>(%4)</span>")
                            .arg(dot, b.label, theme::css(theme::kMuted),
                                 QFontMetrics(l->font())
-                                    .elidedText(b.device.section(QStringLiteral(" ("), 0, 0), Qt::ElideRight, 140)
+                                    .elidedText(b.device.section(QStringLiteral(" ("), 0, 0),
+                                                Qt::ElideRight, 140)
                                     .toHtmlEscaped())
                      : QStringLiteral("%1 %2").arg(dot, b.label));
     } else {
       l->setText(QStringLiteral("%1 <span style='color:%2'>%3 — %4</span>")
                      .arg(dot, theme::css(theme::kMuted), b.label,
-                          b.reason.section(QStringLiteral(": "), 1).section(QLatin1Char(';'), 0, 0).section(QLatin1Char('('), 0, 0).trimmed()));
+                          b.reason.section(QStringLiteral(": "), 1)
+                              .section(QLatin1Char(';'), 0, 0)
+                              .section(QLatin1Char('('), 0, 0)
+                              .trimmed()));
     }
     l->setToolTip(b.available ? tr("%1: %2").arg(b.label, b.device) : b.reason);
     m_legend->addWidget(l);
@@ -358,7 +378,8 @@ void PlacementPanel::syncFromModel() {
   }
   const PlacementPlan& p = m_model->pending();
   for (int i = 0; i < m_strategy->count(); ++i) {
-    if (m_strategy->itemData(i, Qt::UserRole).toString() == p.strategy) m_strategy->setCurrentIndex(i);
+    if (m_strategy->itemData(i, Qt::UserRole).toString() == p.strategy)
+      m_strategy->setCurrentIndex(i);
   }
   const StrategyInfo* cur = nullptr;
   for (const StrategyInfo& s : m_model->strategies()) {
@@ -368,22 +389,25 @@ void PlacementPanel::syncFromModel() {
   const BackendInfo* gpu = m_model->gpuBackend();
   QString whyNoGpu;
   for (const BackendInfo& b : m_model->backends()) {
-    if (b.id != QLatin1String("cpu") && !b.available) whyNoGpu += (whyNoGpu.isEmpty() ? QString() : QStringLiteral("; ")) + b.reason;
+    if (b.id != QLatin1String("cpu") && !b.available)
+      whyNoGpu += (whyNoGpu.isEmpty() ? QString() : QStringLiteral("; ")) + b.reason;
   }
   const bool hasModel = m_model->rowCount() > 0;
   m_layers->setRange(0, std::max(0, p.layerCount()));
   m_layers->setValue(p.gpuLayers);
   m_layers->setEnabled(gpu && hasModel && cur && cur->usesLayerCount);
-  m_layers->setToolTip(gpu ? tr("For “First N layers on GPU”") : tr("Needs a GPU (%1)").arg(whyNoGpu));
+  m_layers->setToolTip(gpu ? tr("For “First N layers on GPU”")
+                           : tr("Needs a GPU (%1)").arg(whyNoGpu));
   const int maxMiB = gpu ? static_cast<int>(std::min<qint64>(gpu->memoryBytes >> 20, 1 << 30)) : 0;
   m_budget->setRange(0, maxMiB);
   m_budget->setSingleStep(16);
   m_budget->setPageStep(std::max(16, maxMiB / 16));
   m_budget->setValue(std::min(p.vramBudgetMiB, maxMiB));
   m_budget->setEnabled(gpu && hasModel && cur && cur->usesBudget);
-  m_budget->setToolTip(gpu ? tr("GPU memory the “attention on GPU” and “auto” strategies may fill (0 to %1)")
-                                 .arg(bytesText(gpu->memoryBytes))
-                           : tr("Needs a GPU (%1)").arg(whyNoGpu));
+  m_budget->setToolTip(
+      gpu ? tr("GPU memory the “attention on GPU” and “auto” strategies may fill (0 to %1)")
+                .arg(bytesText(gpu->memoryBytes))
+          : tr("Needs a GPU (%1)").arg(whyNoGpu));
   m_budgetLabel->setText(gpu ? bytesText(qint64{m_budget->value()} << 20) : tr("no GPU"));
   m_budgetLabel->setToolTip(m_budget->toolTip());
   for (int r = 0; r < m_model->rowCount(); ++r) {
@@ -391,11 +415,15 @@ void PlacementPanel::syncFromModel() {
   }
   m_grid->horizontalHeader()->setSectionResizeMode(kColTiming, QHeaderView::Fixed);
   m_grid->horizontalHeader()->resizeSection(kColTiming, 96);
-  m_hint->setText(gpu ? tr("One row per layer, one column per op group, coloured by the unit that runs it, with its "
-                           "precision. Click a cell to move it between CPU and GPU; right-click for precisions. "
-                           "Apply re-places the model live, between two tokens of a reply.")
-                      : tr("One row per layer, one column per op group, with its precision. No GPU is in use, so "
-                           "every cell runs on the CPU: click a cell to change its precision, then Apply."));
+  m_hint->setText(
+      gpu ? tr("One row per layer, one column per op group, coloured by the unit that runs it, "
+               "with its "
+               "precision. Click a cell to move it between CPU and GPU; right-click for "
+               "precisions. "
+               "Apply re-places the model live, between two tokens of a reply.")
+          : tr("One row per layer, one column per op group, with its precision. No GPU is in use, "
+               "so "
+               "every cell runs on the CPU: click a cell to change its precision, then Apply."));
   m_apply->setEnabled(m_model->isDirty() && !m_busy);
   m_revert->setEnabled(m_model->isDirty());
   m_savePreset->setEnabled(hasModel && m_presets);
@@ -410,35 +438,48 @@ void PlacementPanel::updateSummary() {
   const PlanEstimate& e = m_model->estimate();
   const MeasuredTimes& m = m_model->measured();
   if (!e.valid) {
-    m_bytes->setText(QStringLiteral("<span style='color:%1'>%2</span>")
-                         .arg(theme::css(theme::kMuted), tr("Open a model to see what its placement costs.")));
+    m_bytes->setText(
+        QStringLiteral("<span style='color:%1'>%2</span>")
+            .arg(theme::css(theme::kMuted), tr("Open a model to see what its placement costs.")));
     m_times->clear();
     return;
   }
-  const QString gpuColor = theme::css(m_model->gpuBackend() ? m_model->gpuBackend()->color : theme::kVulkan);
-  QString bytes = tr("<b style='color:%1'>CPU</b> %2 weights + %3 KV").arg(theme::css(theme::kCpu), bytesText(e.cpuWeights), bytesText(e.cpuKv));
+  const QString gpuColor =
+      theme::css(m_model->gpuBackend() ? m_model->gpuBackend()->color : theme::kVulkan);
+  QString bytes = tr("<b style='color:%1'>CPU</b> %2 weights + %3 KV")
+                      .arg(theme::css(theme::kCpu), bytesText(e.cpuWeights), bytesText(e.cpuKv));
   if (const BackendInfo* gpu = m_model->gpuBackend()) {
     const qint64 used = e.gpuWeights + e.gpuKv + e.gpuOverhead;
     const qint64 budget = qint64{m_model->pending().vramBudgetMiB} << 20;
-    bytes += tr(" &nbsp;·&nbsp; <b style='color:%1'>GPU</b> %2 weights + %3 KV").arg(gpuColor, bytesText(e.gpuWeights), bytesText(e.gpuKv));
+    bytes += tr(" &nbsp;·&nbsp; <b style='color:%1'>GPU</b> %2 weights + %3 KV")
+                 .arg(gpuColor, bytesText(e.gpuWeights), bytesText(e.gpuKv));
     if (e.gpuOverhead > 0) bytes += tr(" + %1 working").arg(bytesText(e.gpuOverhead));
     if (used > 0 && budget > 0 && used > budget) {
-      bytes += tr(" <span style='color:%1'>— over the %2 budget</span>").arg(theme::css(theme::kDanger), bytesText(budget));
+      bytes += tr(" <span style='color:%1'>— over the %2 budget</span>")
+                   .arg(theme::css(theme::kDanger), bytesText(budget));
     } else if (used > gpu->memoryBytes && gpu->memoryBytes > 0) {
-      bytes += tr(" <span style='color:%1'>— more than the device's %2</span>").arg(theme::css(theme::kDanger), bytesText(gpu->memoryBytes));
+      bytes += tr(" <span style='color:%1'>— more than the device's %2</span>")
+                   .arg(theme::css(theme::kDanger), bytesText(gpu->memoryBytes));
     }
   }
-  bytes += tr(" <span style='color:%1'>(KV at %2 tokens)</span>").arg(theme::css(theme::kMuted)).arg(m_model->pending().nCtx);
+  bytes += tr(" <span style='color:%1'>(KV at %2 tokens)</span>")
+               .arg(theme::css(theme::kMuted))
+               .arg(m_model->pending().nCtx);
   m_bytes->setText(bytes);
   QString times = tr("Step predicted <b>%1 ms</b>").arg(msShort(e.stepMs));
-  if (e.transfers > 0) times += e.transfers == 1 ? tr(" (1 transfer)") : tr(" (%1 transfers)").arg(e.transfers);
-  times += m.steps > 0 ? tr(" &nbsp;·&nbsp; measured <b style='color:%1'>P50 %2</b> / <b style='color:%3'>P99 %4 ms</b> over %5 steps")
-                             .arg(theme::css(theme::kP50), msShort(m.stepP50Ms), theme::css(theme::kP99), msShort(m.stepP99Ms))
+  if (e.transfers > 0)
+    times += e.transfers == 1 ? tr(" (1 transfer)") : tr(" (%1 transfers)").arg(e.transfers);
+  times += m.steps > 0 ? tr(" &nbsp;·&nbsp; measured <b style='color:%1'>P50 %2</b> / <b "
+                            "style='color:%3'>P99 %4 ms</b> over %5 steps")
+                             .arg(theme::css(theme::kP50), msShort(m.stepP50Ms),
+                                  theme::css(theme::kP99), msShort(m.stepP99Ms))
                              .arg(m.steps)
                        : tr(" &nbsp;·&nbsp; measured: no decode step since the last Apply");
-  times += tr("<br><span style='color:%1'>Cost model %2 at %3 tokens of context; per-layer figures in the grid's last "
+  times += tr("<br><span style='color:%1'>Cost model %2 at %3 tokens of context; per-layer figures "
+              "in the grid's last "
               "column (≈ predicted, then P50 / P99 measured).</span>")
-               .arg(theme::css(theme::kMuted), e.costMeasured ? tr("measured on this machine") : tr("with default speeds"))
+               .arg(theme::css(theme::kMuted),
+                    e.costMeasured ? tr("measured on this machine") : tr("with default speeds"))
                .arg(e.nPast);
   m_times->setText(times);
   m_times->setToolTip(e.costText);
@@ -446,12 +487,14 @@ void PlacementPanel::updateSummary() {
 
 void PlacementPanel::emitStrategy() {
   if (m_syncing) return;
-  emit strategyChosen(m_strategy->currentData(Qt::UserRole).toString(), m_layers->value(), m_budget->value());
+  emit strategyChosen(m_strategy->currentData(Qt::UserRole).toString(), m_layers->value(),
+                      m_budget->value());
 }
 
 void PlacementPanel::setNote(const QString& text, bool isError) {
   m_note->setText(text);
-  m_note->setStyleSheet(isError ? QStringLiteral("color:%1;").arg(theme::css(theme::kDanger)) : QString());
+  m_note->setStyleSheet(isError ? QStringLiteral("color:%1;").arg(theme::css(theme::kDanger))
+                                : QString());
 }
 
 void PlacementPanel::setUnitsText(const QString& text, const QString& details) {
@@ -467,7 +510,8 @@ void PlacementPanel::refreshChoices() {
 void PlacementPanel::setBusy(bool busy) {
   m_busy = busy;
   m_apply->setEnabled(m_model->isDirty() && !m_busy);
-  m_apply->setToolTip(busy ? tr("Waits for the placement being applied") : tr("Re-place the model now; the chat is kept"));
+  m_apply->setToolTip(busy ? tr("Waits for the placement being applied")
+                           : tr("Re-place the model now; the chat is kept"));
 }
 
 void PlacementPanel::refreshMeasured() {
@@ -505,15 +549,18 @@ void PlacementPanel::clickCell(int row, int column) {
 
 void PlacementPanel::openCellMenu(int row, int column) {
   const QModelIndex idx = m_model->index(row, column);
-  if (!idx.isValid() || column >= kColCount || !(m_model->flags(idx) & Qt::ItemIsSelectable)) return;
+  if (!idx.isValid() || column >= kColCount || !(m_model->flags(idx) & Qt::ItemIsSelectable))
+    return;
   const PlacementCell& cell = m_model->pending().rows[row][column];
   QMenu menu(this);
   menu.setToolTipsVisible(true);
-  menu.addSection(tr("%1 · %2").arg(m_model->rowTitle(row),
-                                    m_model->pending().isEdgeRow(row) ? tr("weights") : PlacementModel::columnTitle(column)));
+  menu.addSection(tr("%1 · %2").arg(
+      m_model->rowTitle(row),
+      m_model->pending().isEdgeRow(row) ? tr("weights") : PlacementModel::columnTitle(column)));
   for (const BackendInfo& b : m_model->backends()) {
-    QAction* a = menu.addAction(b.available && b.id != QLatin1String("cpu") ? tr("Run on %1 (%2)").arg(b.label, b.device)
-                                                                             : tr("Run on %1").arg(b.label));
+    QAction* a = menu.addAction(b.available && b.id != QLatin1String("cpu")
+                                    ? tr("Run on %1 (%2)").arg(b.label, b.device)
+                                    : tr("Run on %1").arg(b.label));
     a->setCheckable(true);
     a->setChecked(cell.backend == b.id);
     a->setEnabled(b.available);
@@ -527,14 +574,20 @@ void PlacementPanel::openCellMenu(int row, int column) {
     dp.drawEllipse(0, 0, 10, 10);
     a->setIcon(QIcon(dot));
     const QString id = b.id;
-    connect(a, &QAction::triggered, this, [this, row, column, id] { m_model->setCellBackend(row, column, id); });
+    connect(a, &QAction::triggered, this,
+            [this, row, column, id] { m_model->setCellBackend(row, column, id); });
   }
-  menu.addSection(column == kColAttnKv && !m_model->pending().isEdgeRow(row) ? tr("KV cache precision") : tr("Precision"));
+  menu.addSection(column == kColAttnKv && !m_model->pending().isEdgeRow(row)
+                      ? tr("KV cache precision")
+                      : tr("Precision"));
   for (const QString& p : cell.precisions) {
     QAction* a = menu.addAction(PlacementModel::precisionLabel(cell, p));
     a->setCheckable(true);
-    a->setChecked(p == kKeepPrecision ? cell.dtype.isEmpty() : p == cell.precision && (!cell.dtype.isEmpty() || cell.fileDtype.isEmpty()));
-    connect(a, &QAction::triggered, this, [this, row, column, p] { m_model->setCellPrecision(row, column, p); });
+    a->setChecked(p == kKeepPrecision
+                      ? cell.dtype.isEmpty()
+                      : p == cell.precision && (!cell.dtype.isEmpty() || cell.fileDtype.isEmpty()));
+    connect(a, &QAction::triggered, this,
+            [this, row, column, p] { m_model->setCellPrecision(row, column, p); });
   }
   if (!cell.precisionNote.isEmpty()) {
     QAction* note = menu.addAction(cell.precisionNote);
@@ -546,9 +599,10 @@ void PlacementPanel::openCellMenu(int row, int column) {
 
 void PlacementPanel::askPresetName() {
   bool ok = false;
-  const QString name = QInputDialog::getText(this, tr("Save placement preset"),
-                                             tr("Name for the grid's placement (units, precisions and KV cache):"),
-                                             QLineEdit::Normal, QString(), &ok);
+  const QString name =
+      QInputDialog::getText(this, tr("Save placement preset"),
+                            tr("Name for the grid's placement (units, precisions and KV cache):"),
+                            QLineEdit::Normal, QString(), &ok);
   if (ok && !name.trimmed().isEmpty()) emit savePresetRequested(name.trimmed());
 }
 

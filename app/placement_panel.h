@@ -8,7 +8,6 @@
 #pragma once
 
 #include <QWidget>
-
 #include <cstdint>
 #include <memory>
 

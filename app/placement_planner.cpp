@@ -1,7 +1,6 @@
 #include "app/placement_planner.h"
 
 #include <QObject>
-
 #include <algorithm>
 
 #include "app/engine_bridge.h"
@@ -13,12 +12,15 @@
 
 namespace {
 
-QString qstr(std::string_view s) { return QString::fromUtf8(s.data(), static_cast<qsizetype>(s.size())); }
+QString qstr(std::string_view s) {
+  return QString::fromUtf8(s.data(), static_cast<qsizetype>(s.size()));
+}
 
 // Precisions the grid offers for weights, when every matrix of the group can be
 // re-quantized to them (a reference quantizer, rows a multiple of the block).
-constexpr loom::DType kWeightChoices[] = {loom::DType::kF16, loom::DType::kQ8_0, loom::DType::kQ6_K,
-                                          loom::DType::kQ5_0, loom::DType::kQ4_K, loom::DType::kQ4_0};
+constexpr loom::DType kWeightChoices[] = {loom::DType::kF16,  loom::DType::kQ8_0,
+                                          loom::DType::kQ6_K, loom::DType::kQ5_0,
+                                          loom::DType::kQ4_K, loom::DType::kQ4_0};
 
 QStringList choicesFor(const std::vector<const loom::Weight*>& ws) {
   QStringList out{kKeepPrecision};
@@ -30,14 +32,17 @@ QStringList choicesFor(const std::vector<const loom::Weight*>& ws) {
     for (const loom::Weight* w : ws) {
       if (!ok) break;
       if (w->n_out <= 1) continue;  // vectors stay F32
-      ok = loom::ref::has_reference(w->dtype) && loom::dtype_row_bytes(d, static_cast<uint64_t>(w->n_in)).has_value();
+      ok = loom::ref::has_reference(w->dtype) &&
+           loom::dtype_row_bytes(d, static_cast<uint64_t>(w->n_in)).has_value();
     }
     if (ok) out << qstr(loom::dtype_name(d));
   }
   return out;
 }
 
-int column(loom::OpGroup g) { return static_cast<int>(g); }  // the grid's columns follow the engine's groups
+int column(loom::OpGroup g) {
+  return static_cast<int>(g);
+}  // the grid's columns follow the engine's groups
 
 loom::Unit unitOf(const QString& backendId) {
   return backendId == QLatin1String("cpu") ? loom::Unit::kCpu : loom::Unit::kGpu;
@@ -49,7 +54,8 @@ std::optional<loom::DType> dtypeOf(const QString& name) {
 }
 
 QString strategyText(const PlacementPlan& plan) {
-  if (plan.strategy == QLatin1String("layers")) return QStringLiteral("layers:%1").arg(plan.gpuLayers);
+  if (plan.strategy == QLatin1String("layers"))
+    return QStringLiteral("layers:%1").arg(plan.gpuLayers);
   return plan.strategy;
 }
 
@@ -61,8 +67,9 @@ struct PlacementPlanner::Choices {
   QString kvNote;
 };
 
-PlacementPlanner::PlacementPlanner(std::shared_ptr<const loom::Model> model, const ModelSummary& summary,
-                                   const loom::CostModel& cost, QString gpuBackendId, qint64 gpuMemoryBytes)
+PlacementPlanner::PlacementPlanner(std::shared_ptr<const loom::Model> model,
+                                   const ModelSummary& summary, const loom::CostModel& cost,
+                                   QString gpuBackendId, qint64 gpuMemoryBytes)
     : m_model(std::move(model)),
       m_summary(summary),
       m_cost(std::make_unique<loom::CostModel>(cost)),
@@ -85,9 +92,10 @@ PlacementPlanner::PlacementPlanner(std::shared_ptr<const loom::Model> model, con
 
 PlacementPlanner::~PlacementPlanner() = default;
 
-PlacementPlan PlacementPlanner::toPlan(const loom::Placement& p, const QString& kvDtype, int nCtx) const {
-  PlacementPlan plan =
-      PlacementPlan::allOn(QStringLiteral("cpu"), m_summary, kvDtype, m_choices->kv, m_choices->kvNote);
+PlacementPlan PlacementPlanner::toPlan(const loom::Placement& p, const QString& kvDtype,
+                                       int nCtx) const {
+  PlacementPlan plan = PlacementPlan::allOn(QStringLiteral("cpu"), m_summary, kvDtype,
+                                            m_choices->kv, m_choices->kvNote);
   plan.nCtx = nCtx;
   const QString strategy = qstr(p.strategy);
   if (strategy.startsWith(QLatin1String("layers:"))) {
@@ -100,7 +108,8 @@ PlacementPlan PlacementPlanner::toPlan(const loom::Placement& p, const QString& 
     c.backend = g.unit == loom::Unit::kGpu && hasGpu() ? m_gpuId : QStringLiteral("cpu");
     if (!choices.isEmpty()) {
       c.precisions = choices;
-      c.precisionNote = QObject::tr("Weights are re-quantized from the file's format when the placement is applied");
+      c.precisionNote = QObject::tr(
+          "Weights are re-quantized from the file's format when the placement is applied");
     }
     if (g.dtype && qstr(loom::dtype_name(*g.dtype)) != c.fileDtype && !choices.isEmpty()) {
       c.dtype = qstr(loom::dtype_name(*g.dtype));
@@ -116,7 +125,9 @@ PlacementPlan PlacementPlanner::toPlan(const loom::Placement& p, const QString& 
       fill(plan.rows[l + 1][column(g)], lp[g], m_choices->rows[l + 1][column(g)]);
     }
     PlacementCell& kv = plan.rows[l + 1][kColAttnKv];
-    kv.backend = lp[loom::OpGroup::kAttn].unit == loom::Unit::kGpu && hasGpu() ? m_gpuId : QStringLiteral("cpu");
+    kv.backend = lp[loom::OpGroup::kAttn].unit == loom::Unit::kGpu && hasGpu()
+                     ? m_gpuId
+                     : QStringLiteral("cpu");
   }
   return plan;
 }
@@ -147,7 +158,9 @@ loom::Placement PlacementPlanner::toPlacement(const PlacementPlan& plan) const {
 
 bool PlacementPlanner::check(const PlacementPlan& plan, QString* error) const {
   if (plan.rows.size() != m_summary.nLayer + 2) {
-    *error = QObject::tr("This placement has %1 layers; the model has %2.").arg(plan.layerCount()).arg(m_summary.nLayer);
+    *error = QObject::tr("This placement has %1 layers; the model has %2.")
+                 .arg(plan.layerCount())
+                 .arg(m_summary.nLayer);
     return false;
   }
   const QString kv = plan.kvPrecision();
@@ -171,17 +184,20 @@ bool PlacementPlanner::check(const PlacementPlan& plan, QString* error) const {
   return true;
 }
 
-bool PlacementPlanner::plan(const QString& strategy, int gpuLayers, int vramBudgetMiB, const PlacementPlan& current,
-                            PlacementPlan* out, QString* error) const {
+bool PlacementPlanner::plan(const QString& strategy, int gpuLayers, int vramBudgetMiB,
+                            const PlacementPlan& current, PlacementPlan* out,
+                            QString* error) const {
   if (strategy == QLatin1String("custom")) {
     *out = current;
     out->strategy = strategy;
     return true;
   }
-  const QString kv = current.kvPrecision().isEmpty() ? QStringLiteral("F16") : current.kvPrecision();
+  const QString kv =
+      current.kvPrecision().isEmpty() ? QStringLiteral("F16") : current.kvPrecision();
   loom::StrategyOptions so;
-  so.strategy = strategy == QLatin1String("layers") ? QStringLiteral("layers:%1").arg(gpuLayers).toStdString()
-                                                    : strategy.toStdString();
+  so.strategy = strategy == QLatin1String("layers")
+                    ? QStringLiteral("layers:%1").arg(gpuLayers).toStdString()
+                    : strategy.toStdString();
   // 0 means "no limit" to the engine; the slider's 0 means nothing on the GPU.
   so.vram_budget = std::max<uint64_t>(1, static_cast<uint64_t>(std::max(0, vramBudgetMiB)) << 20);
   so.has_gpu = hasGpu();
@@ -206,7 +222,8 @@ PlanEstimate PlacementPlanner::estimate(const PlacementPlan& plan, int nPast) co
   const loom::Placement p = toPlacement(plan);
   const loom::DType kv = dtypeOf(plan.kvPrecision()).value_or(loom::DType::kF16);
   const int64_t nCtx = plan.nCtx > 0 ? plan.nCtx : std::min<int64_t>(m.hp.n_ctx_train, 4096);
-  e.nPast = static_cast<int>(std::clamp<int64_t>(nPast < 0 ? 256 : nPast, 1, std::max<int64_t>(1, nCtx - 1)));
+  e.nPast = static_cast<int>(
+      std::clamp<int64_t>(nPast < 0 ? 256 : nPast, 1, std::max<int64_t>(1, nCtx - 1)));
   const loom::CostModel::Prediction pr = m_cost->predict(m, p, e.nPast, kv);
   e.stepMs = pr.step_ms;
   e.rowMs.reserve(plan.rows.size());
@@ -219,7 +236,8 @@ PlanEstimate PlacementPlanner::estimate(const PlacementPlan& plan, int nPast) co
   e.cpuKv = static_cast<qint64>(b.kv[static_cast<size_t>(loom::Unit::kCpu)]);
   e.gpuWeights = static_cast<qint64>(b.weights[static_cast<size_t>(loom::Unit::kGpu)]);
   e.gpuKv = static_cast<qint64>(b.kv[static_cast<size_t>(loom::Unit::kGpu)]);
-  e.gpuOverhead = p.uses(loom::Unit::kGpu) ? static_cast<qint64>(loom::gpu_overhead_bytes(m, 256)) : 0;
+  e.gpuOverhead =
+      p.uses(loom::Unit::kGpu) ? static_cast<qint64>(loom::gpu_overhead_bytes(m, 256)) : 0;
   e.costMeasured = m_cost->measured;
   e.costText = qstr(m_cost->describe());
   e.valid = true;
@@ -233,8 +251,8 @@ QString PlacementPlanner::toPresetJson(const PlacementPlan& plan) const {
   return qstr(p.to_json());
 }
 
-bool PlacementPlanner::fromPresetJson(const QString& json, const PlacementPlan& current, PlacementPlan* out,
-                                      QString* error) const {
+bool PlacementPlanner::fromPresetJson(const QString& json, const PlacementPlan& current,
+                                      PlacementPlan* out, QString* error) const {
   auto p = loom::Placement::from_json(json.toStdString(), m_model->hp.n_layer);
   if (!p.ok()) {
     *error = qstr(p.message());

@@ -13,7 +13,6 @@
 #include <QMetaType>
 #include <QString>
 #include <QStringList>
-
 #include <memory>
 
 #include "app/app_types.h"
@@ -29,8 +28,8 @@ class PlacementPlanner {
  public:
   /// `gpuBackendId`: the grid's id of the GPU unit ("vulkan:0"), empty when
   /// there is none; `gpuMemoryBytes`: its memory (the budget slider's end).
-  PlacementPlanner(std::shared_ptr<const loom::Model> model, const ModelSummary& summary, const loom::CostModel& cost,
-                   QString gpuBackendId, qint64 gpuMemoryBytes);
+  PlacementPlanner(std::shared_ptr<const loom::Model> model, const ModelSummary& summary,
+                   const loom::CostModel& cost, QString gpuBackendId, qint64 gpuMemoryBytes);
   ~PlacementPlanner();
   PlacementPlanner(const PlacementPlanner&) = delete;
   PlacementPlanner& operator=(const PlacementPlanner&) = delete;
@@ -65,7 +64,8 @@ class PlacementPlanner {
   /// A preset back into a plan for this model (layer count, precisions and the
   /// GPU checked); `current` gives the context and the KV precision when the
   /// preset has none. False with a message for the user.
-  bool fromPresetJson(const QString& json, const PlacementPlan& current, PlacementPlan* out, QString* error) const;
+  bool fromPresetJson(const QString& json, const PlacementPlan& current, PlacementPlan* out,
+                      QString* error) const;
 
  private:
   struct Choices;

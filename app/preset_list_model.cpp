@@ -10,8 +10,10 @@ void PresetListModel::reload() {
   m_presets.clear();
   if (m_store) {
     auto list = m_store->list_presets();
-    if (list.ok()) m_presets = std::move(list).value();
-    else emit errorOccurred(QString::fromStdString(list.message()));
+    if (list.ok())
+      m_presets = std::move(list).value();
+    else
+      emit errorOccurred(QString::fromStdString(list.message()));
   }
   endResetModel();
 }
@@ -22,8 +24,8 @@ void PresetListModel::setLayerCount(int nLayer) {
   if (!m_presets.empty()) emit dataChanged(index(0), index(rowCount() - 1));
 }
 
-qint64 PresetListModel::save(const QString& name, const QString& spec, int nLayer, const QString& model,
-                             QString* error) {
+qint64 PresetListModel::save(const QString& name, const QString& spec, int nLayer,
+                             const QString& model, QString* error) {
   const QString n = name.simplified();
   if (n.isEmpty()) {
     *error = tr("A preset needs a name.");
@@ -84,10 +86,12 @@ QVariant PresetListModel::data(const QModelIndex& index, int role) const {
       return compatible(p) || p.n_layer == 0 ? name : tr("%1 (%2 layers)").arg(name).arg(p.n_layer);
     }
     case Qt::ToolTipRole: {
-      QString tip = p.model.empty() ? tr("Saved placement") : tr("Saved for %1").arg(QString::fromStdString(p.model));
+      QString tip = p.model.empty() ? tr("Saved placement")
+                                    : tr("Saved for %1").arg(QString::fromStdString(p.model));
       if (p.n_layer > 0) tip += tr(" · %1 layers").arg(p.n_layer);
       if (!compatible(p)) {
-        tip += m_nLayer > 0 ? tr("\nThe model loaded now has %1 layers.").arg(m_nLayer) : tr("\nLoad a model first.");
+        tip += m_nLayer > 0 ? tr("\nThe model loaded now has %1 layers.").arg(m_nLayer)
+                            : tr("\nLoad a model first.");
       }
       return tip;
     }
@@ -100,6 +104,7 @@ QVariant PresetListModel::data(const QModelIndex& index, int role) const {
 
 Qt::ItemFlags PresetListModel::flags(const QModelIndex& index) const {
   if (!index.isValid() || index.row() >= rowCount()) return Qt::NoItemFlags;
-  return compatible(m_presets[static_cast<size_t>(index.row())]) ? Qt::ItemIsEnabled | Qt::ItemIsSelectable
-                                                                 : Qt::NoItemFlags;
+  return compatible(m_presets[static_cast<size_t>(index.row())])
+             ? Qt::ItemIsEnabled | Qt::ItemIsSelectable
+             : Qt::NoItemFlags;
 }

@@ -24,7 +24,8 @@ class PresetListModel : public QAbstractListModel {
   void setLayerCount(int nLayer);
 
   /// Saves (or replaces, by name) a preset; returns its id, or 0 with `error` set.
-  qint64 save(const QString& name, const QString& spec, int nLayer, const QString& model, QString* error);
+  qint64 save(const QString& name, const QString& spec, int nLayer, const QString& model,
+              QString* error);
   bool remove(qint64 presetId, QString* error);
 
   /// The preset with this id, or null.

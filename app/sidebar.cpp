@@ -30,7 +30,8 @@ class ChatItemDelegate : public QStyledItemDelegate {
     s.setHeight(std::max(s.height(), 36));
     return s;
   }
-  void paint(QPainter* p, const QStyleOptionViewItem& option, const QModelIndex& index) const override {
+  void paint(QPainter* p, const QStyleOptionViewItem& option,
+             const QModelIndex& index) const override {
     QStyleOptionViewItem o = option;
     initStyleOption(&o, index);
     const QString when = index.data(ChatListModel::SubtitleRole).toString();
@@ -85,7 +86,8 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   m_search->setObjectName(QStringLiteral("Search"));
   m_search->setPlaceholderText(tr("Search chats"));
   m_search->setClearButtonEnabled(true);
-  connect(m_search, &QLineEdit::textChanged, this, [this](const QString& t) { m_chats->setSearch(t.trimmed()); });
+  connect(m_search, &QLineEdit::textChanged, this,
+          [this](const QString& t) { m_chats->setSearch(t.trimmed()); });
   v->addWidget(m_search);
 
   auto* section = new QLabel(tr("CHATS"), this);
@@ -101,9 +103,10 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   m_list->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
   m_list->setUniformItemSizes(true);
   connect(m_list, &QListView::customContextMenuRequested, this, &Sidebar::showContextMenu);
-  connect(m_list->selectionModel(), &QItemSelectionModel::currentChanged, this, [this](const QModelIndex& cur) {
-    if (!m_selecting && cur.isValid()) emit chatSelected(m_chats->chatIdAt(cur.row()));
-  });
+  connect(m_list->selectionModel(), &QItemSelectionModel::currentChanged, this,
+          [this](const QModelIndex& cur) {
+            if (!m_selecting && cur.isValid()) emit chatSelected(m_chats->chatIdAt(cur.row()));
+          });
   // The selection model is replaced on reset; reconnecting is not needed for
   // QListView (it keeps its own), but the current row is restored by the owner.
   auto* del = new QAction(m_list);
@@ -131,8 +134,9 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   m_modelName->setWordWrap(true);
   m_demoBadge = new QLabel(tr("random weights"), m_modelCard);
   m_demoBadge->setObjectName(QStringLiteral("DemoBadge"));
-  m_demoBadge->setToolTip(tr("The built-in demo model: a tiny synthetic model with random weights. "
-                             "It writes nonsense, but every panel works with it."));
+  m_demoBadge->setToolTip(
+      tr("The built-in demo model: a tiny synthetic model with random weights. "
+         "It writes nonsense, but every panel works with it."));
   nameRow->addWidget(m_modelName, 1);
   nameRow->addWidget(m_demoBadge, 0, Qt::AlignTop);
   mc->addLayout(nameRow);
@@ -148,9 +152,11 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   m_recent = new QToolButton(m_modelCard);
   m_recent->setText(tr("Recent"));
   m_recent->setPopupMode(QToolButton::InstantPopup);
-  m_recent->setStyleSheet(QStringLiteral("QToolButton{border:1px solid %1;border-radius:8px;padding:5px 10px;background:white;}"
-                                         "QToolButton::menu-indicator{image:none;}")
-                              .arg(theme::css(theme::kBorder)));
+  m_recent->setStyleSheet(
+      QStringLiteral(
+          "QToolButton{border:1px solid %1;border-radius:8px;padding:5px 10px;background:white;}"
+          "QToolButton::menu-indicator{image:none;}")
+          .arg(theme::css(theme::kBorder)));
   m_recentMenu = new QMenu(m_recent);
   m_recent->setMenu(m_recentMenu);
   buttons->addWidget(open, 1);
@@ -164,8 +170,10 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
 void Sidebar::selectChat(qint64 chatId) {
   m_selecting = true;
   const int row = m_chats->rowOf(chatId);
-  if (row >= 0) m_list->setCurrentIndex(m_chats->index(row));
-  else m_list->clearSelection();
+  if (row >= 0)
+    m_list->setCurrentIndex(m_chats->index(row));
+  else
+    m_list->clearSelection();
   m_selecting = false;
 }
 
@@ -200,8 +208,10 @@ void Sidebar::setModel(const ModelSummary* m) {
                            .arg(m->quant, formatBytes(m->fileBytes))
                            .arg(m->nCtx)
                            .arg(m->kvDtype));
-  m_modelMeta->setToolTip(m->description + (m->warnings.isEmpty() ? QString() : QStringLiteral("\n\n") +
-                                                                                   m->warnings.join(QStringLiteral("\n"))));
+  m_modelMeta->setToolTip(m->description +
+                          (m->warnings.isEmpty()
+                               ? QString()
+                               : QStringLiteral("\n\n") + m->warnings.join(QStringLiteral("\n"))));
 }
 
 void Sidebar::setRecentModels(const QList<QPair<QString, QString>>& recent) {

@@ -28,7 +28,8 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   title->setObjectName(QStringLiteral("StartTitle"));
   title->setAlignment(Qt::AlignCenter);
   v->addWidget(title);
-  auto* sub = new QLabel(tr("Chat with a local model, and see where every layer runs and what it costs."), column);
+  auto* sub = new QLabel(
+      tr("Chat with a local model, and see where every layer runs and what it costs."), column);
   sub->setObjectName(QStringLiteral("StartSubtitle"));
   sub->setAlignment(Qt::AlignCenter);
   sub->setWordWrap(true);
@@ -48,10 +49,11 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   m_demo->setCursor(Qt::PointingHandCursor);
   connect(m_demo, &QPushButton::clicked, this, &StartScreen::demoModelRequested);
   v->addWidget(m_demo);
-  auto* demoNote = new QLabel(tr("The demo is a tiny synthetic model with <b>random weights</b>: it writes "
-                                 "nonsense, but every panel (placement, latency, memory) works with it. "
-                                 "Loom writes it once (about 1 MB) on first use."),
-                              column);
+  auto* demoNote =
+      new QLabel(tr("The demo is a tiny synthetic model with <b>random weights</b>: it writes "
+                    "nonsense, but every panel (placement, latency, memory) works with it. "
+                    "Loom writes it once (about 1 MB) on first use."),
+                 column);
   demoNote->setObjectName(QStringLiteral("Muted"));
   demoNote->setWordWrap(true);
   demoNote->setAlignment(Qt::AlignCenter);

@@ -17,14 +17,16 @@ QColor backendColor(const QString& kindOrId) {
 QFont uiFont(qreal pointSize) {
   QFont f;
   // Inter reads well at small sizes (grid cells, chart labels); fall back to the system's.
-  if (QFontDatabase::families().contains(QStringLiteral("Inter"))) f.setFamily(QStringLiteral("Inter"));
+  if (QFontDatabase::families().contains(QStringLiteral("Inter")))
+    f.setFamily(QStringLiteral("Inter"));
   f.setPointSizeF(pointSize);
   return f;
 }
 
 QFont monoFont(qreal pointSize) {
   QFont f = QFontDatabase::systemFont(QFontDatabase::FixedFont);
-  if (QFontDatabase::families().contains(QStringLiteral("DejaVu Sans Mono"))) f.setFamily(QStringLiteral("DejaVu Sans Mono"));
+  if (QFontDatabase::families().contains(QStringLiteral("DejaVu Sans Mono")))
+    f.setFamily(QStringLiteral("DejaVu Sans Mono"));
   f.setPointSizeF(pointSize);
   return f;
 }
@@ -123,8 +125,8 @@ QScrollBar::handle:horizontal { background: #d5d8df; border-radius: 4px; min-wid
 QScrollBar::add-line:horizontal, QScrollBar::sub-line:horizontal { width: 0; }
 QSplitter::handle { background: %3; }
 )css")
-      .arg(css(kWindow), css(kSidebar), css(kBorder), css(kText), css(kMuted), css(kAccent), css(kAccentSoft),
-           css(kDanger), css(kUserBubble))
+      .arg(css(kWindow), css(kSidebar), css(kBorder), css(kText), css(kMuted), css(kAccent),
+           css(kAccentSoft), css(kDanger), css(kUserBubble))
       .arg(css(kPanel));
 }
 

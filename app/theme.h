@@ -48,6 +48,8 @@ QFont monoFont(qreal pointSize = 9.5);
 void apply(QApplication& app);
 
 /// CSS colour text ("#rrggbb") for style sheets and HTML.
-inline QString css(const QColor& c) { return c.name(QColor::HexRgb); }
+inline QString css(const QColor& c) {
+  return c.name(QColor::HexRgb);
+}
 
 }  // namespace theme

@@ -87,8 +87,9 @@ MessageWidget::MessageWidget(const MessageData& data, const QString& assistantNa
     auto* avatar = new QLabel(QStringLiteral("L"), this);
     avatar->setFixedSize(24, 24);
     avatar->setAlignment(Qt::AlignCenter);
-    avatar->setStyleSheet(QStringLiteral("background:%1;color:white;border-radius:12px;font-weight:700;")
-                              .arg(theme::css(theme::kAccent)));
+    avatar->setStyleSheet(
+        QStringLiteral("background:%1;color:white;border-radius:12px;font-weight:700;")
+            .arg(theme::css(theme::kAccent)));
     auto* name = new QLabel(assistantName.isEmpty() ? tr("Assistant") : assistantName, this);
     name->setObjectName(QStringLiteral("RoleLabel"));
     header->addWidget(avatar);
@@ -100,7 +101,8 @@ MessageWidget::MessageWidget(const MessageData& data, const QString& assistantNa
     indented->addWidget(m_body);
     v->addLayout(indented);
     m_regenerate = actionButton(tr("Regenerate"), tr("Generate this reply again"), this);
-    connect(m_regenerate, &QToolButton::clicked, this, [this] { emit regenerateRequested(m_data.id); });
+    connect(m_regenerate, &QToolButton::clicked, this,
+            [this] { emit regenerateRequested(m_data.id); });
     actions->setContentsMargins(26, 0, 0, 0);
     actions->addWidget(m_copy);
     actions->addWidget(m_regenerate);
@@ -137,9 +139,7 @@ void MessageWidget::updateMeta() {
       text = tr("● generating…");
       color = theme::css(theme::kAccent);
       break;
-    case MessageStatus::Error:
-      color = theme::css(theme::kDanger);
-      break;
+    case MessageStatus::Error: color = theme::css(theme::kDanger); break;
     case MessageStatus::Stopped:
       if (!text.contains(tr("stopped")) && !text.contains(QStringLiteral("interrupted"))) {
         text += text.isEmpty() ? tr("stopped") : tr(" · stopped");
@@ -196,13 +196,13 @@ TranscriptView::TranscriptView(QWidget* parent) : QScrollArea(parent) {
   setWidget(outer);
 
   // Follow the bottom while the user is there; leave them alone when they scrolled up.
-  connect(verticalScrollBar(), &QScrollBar::valueChanged, this, [this](int value) {
-    m_stickToBottom = value >= verticalScrollBar()->maximum() - 24;
-  });
+  connect(verticalScrollBar(), &QScrollBar::valueChanged, this,
+          [this](int value) { m_stickToBottom = value >= verticalScrollBar()->maximum() - 24; });
   connect(verticalScrollBar(), &QScrollBar::rangeChanged, this, [this](int, int max) {
     if (m_stickToBottom) verticalScrollBar()->setValue(max);
   });
-  setPlaceholder(tr("Start a conversation"), tr("Type a message below. Enter sends, Shift+Enter starts a new line."));
+  setPlaceholder(tr("Start a conversation"),
+                 tr("Type a message below. Enter sends, Shift+Enter starts a new line."));
 }
 
 void TranscriptView::setPlaceholder(const QString& title, const QString& text) {
@@ -211,7 +211,9 @@ void TranscriptView::setPlaceholder(const QString& title, const QString& text) {
   updatePlaceholder();
 }
 
-void TranscriptView::updatePlaceholder() { m_placeholder->setVisible(m_order.isEmpty()); }
+void TranscriptView::updatePlaceholder() {
+  m_placeholder->setVisible(m_order.isEmpty());
+}
 
 void TranscriptView::clear() {
   for (MessageWidget* w : m_order) w->deleteLater();
@@ -244,12 +246,15 @@ void TranscriptView::setMessageStatus(qint64 id, MessageStatus status, const QSt
 void TranscriptView::refreshActions(bool busy) {
   int lastUser = -1, lastAssistant = -1;
   for (int i = 0; i < m_order.size(); ++i) {
-    if (m_order[i]->role() == QLatin1String("user")) lastUser = i;
-    else lastAssistant = i;
+    if (m_order[i]->role() == QLatin1String("user"))
+      lastUser = i;
+    else
+      lastAssistant = i;
   }
   for (int i = 0; i < m_order.size(); ++i) {
     // Regenerate: the last reply, when it answers the last user message.
-    m_order[i]->setActions(!busy && i == lastAssistant && lastAssistant > lastUser, !busy && i == lastUser);
+    m_order[i]->setActions(!busy && i == lastAssistant && lastAssistant > lastUser,
+                           !busy && i == lastUser);
   }
 }
 

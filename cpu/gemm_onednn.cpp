@@ -41,23 +41,27 @@ size_t dense_elem_bytes(DType w) {
   }
 }
 
-Status check_args(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                  const float* Y, int64_t ldy, int64_t n, int64_t rows) {
+Status check_args(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
+                  int64_t T, const float* Y, int64_t ldy, int64_t n, int64_t rows) {
   const size_t eb = dense_elem_bytes(w);
-  const std::string what = "dense matmul (" + std::string(dtype_name(w)) + ", T=" + std::to_string(T) +
-                           ", n=" + std::to_string(n) + ", rows=" + std::to_string(rows) + "): ";
+  const std::string what = "dense matmul (" + std::string(dtype_name(w)) +
+                           ", T=" + std::to_string(T) + ", n=" + std::to_string(n) +
+                           ", rows=" + std::to_string(rows) + "): ";
   if (eb == 0) return Error(ErrorCode::kUnsupported, what + "weights are not F32, F16 or BF16");
-  if (T < 0 || n <= 0 || rows < 0) return Error(ErrorCode::kInvalidArgument, what + "sizes out of range");
+  if (T < 0 || n <= 0 || rows < 0)
+    return Error(ErrorCode::kInvalidArgument, what + "sizes out of range");
   if (T == 0 || rows == 0) return {};
-  if (W == nullptr || X == nullptr || Y == nullptr) return Error(ErrorCode::kInvalidArgument, what + "null buffer");
+  if (W == nullptr || X == nullptr || Y == nullptr)
+    return Error(ErrorCode::kInvalidArgument, what + "null buffer");
   if (w_row_bytes % eb != 0 || x_row_bytes % eb != 0) {
-    return Error(ErrorCode::kInvalidArgument, what + "row strides " + std::to_string(w_row_bytes) + " / " +
-                                                  std::to_string(x_row_bytes) + " bytes are not whole elements");
+    return Error(ErrorCode::kInvalidArgument, what + "row strides " + std::to_string(w_row_bytes) +
+                                                  " / " + std::to_string(x_row_bytes) +
+                                                  " bytes are not whole elements");
   }
   const uint64_t row_bytes = static_cast<uint64_t>(n) * eb;
   if ((rows > 1 && w_row_bytes < row_bytes) || (T > 1 && x_row_bytes < row_bytes)) {
-    return Error(ErrorCode::kInvalidArgument, what + "row stride shorter than a row of " +
-                                                  std::to_string(row_bytes) + " bytes");
+    return Error(ErrorCode::kInvalidArgument,
+                 what + "row stride shorter than a row of " + std::to_string(row_bytes) + " bytes");
   }
   if (T > 1 && ldy < rows) {
     return Error(ErrorCode::kInvalidArgument, what + "ldy " + std::to_string(ldy) + " < rows");
@@ -99,8 +103,10 @@ class OmpThreadsScope {
     const OmpControl c = omp_control();
     if (c.set_num_threads == nullptr || c.get_max_threads == nullptr) return;
     previous_ = c.get_max_threads();
-    if (previous_ != n) c.set_num_threads(n);
-    else previous_ = 0;
+    if (previous_ != n)
+      c.set_num_threads(n);
+    else
+      previous_ = 0;
   }
   ~OmpThreadsScope() {
     if (previous_ > 0) omp_control().set_num_threads(previous_);
@@ -179,8 +185,9 @@ struct OneDnnMatmul::Impl {
   }
 
   // One f32 or bf16 matmul. Throws dnnl::error.
-  void execute(dnnl::memory::data_type dt, const void* W, int64_t w_stride, const void* X, int64_t x_stride,
-               int64_t T, float* Y, int64_t ldy, int64_t n, int64_t rows, int threads) {
+  void execute(dnnl::memory::data_type dt, const void* W, int64_t w_stride, const void* X,
+               int64_t x_stride, int64_t T, float* Y, int64_t ldy, int64_t n, int64_t rows,
+               int threads) {
     const int dt_id = static_cast<int>(dt);
     const PrimKey key{dt_id, T, n, rows, x_stride, w_stride, ldy, threads};
     dnnl::matmul prim = primitive(key, dt);
@@ -206,31 +213,38 @@ OneDnnMatmul::OneDnnMatmul() : impl_(std::make_unique<Impl>()) {
 
 OneDnnMatmul::~OneDnnMatmul() = default;
 
-bool OneDnnMatmul::available() const { return impl_->ok; }
+bool OneDnnMatmul::available() const {
+  return impl_->ok;
+}
 
 size_t OneDnnMatmul::cached_primitives() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->cache.size();
 }
 
-Status OneDnnMatmul::run(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                         float* Y, int64_t ldy, int64_t n, int64_t rows, int n_threads) {
+Status OneDnnMatmul::run(DType w, const void* W, size_t w_row_bytes, const void* X,
+                         size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                         int64_t rows, int n_threads) {
   if (Status s = check_args(w, W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, rows); !s) return s;
   if (!impl_->ok) return Error(ErrorCode::kUnsupported, "oneDNN: no CPU engine");
   if (T == 0 || rows == 0) return {};
   const int threads = n_threads < 1 ? 1 : n_threads;
   const OmpThreadsScope omp_threads(threads);
   const auto eb = static_cast<int64_t>(dense_elem_bytes(w));
-  const int64_t ws = static_cast<int64_t>(w_row_bytes) / eb, xs = static_cast<int64_t>(x_row_bytes) / eb;
+  const int64_t ws = static_cast<int64_t>(w_row_bytes) / eb,
+                xs = static_cast<int64_t>(x_row_bytes) / eb;
   // A single row or token has no stride of its own; give oneDNN a dense one.
-  const int64_t w_stride = rows > 1 ? ws : n, x_stride = T > 1 ? xs : n, y_stride = T > 1 ? ldy : rows;
+  const int64_t w_stride = rows > 1 ? ws : n, x_stride = T > 1 ? xs : n,
+                y_stride = T > 1 ? ldy : rows;
   try {
     switch (w) {
       case DType::kF32:
-        impl_->execute(dnnl::memory::data_type::f32, W, w_stride, X, x_stride, T, Y, y_stride, n, rows, threads);
+        impl_->execute(dnnl::memory::data_type::f32, W, w_stride, X, x_stride, T, Y, y_stride, n,
+                       rows, threads);
         return {};
       case DType::kBF16:
-        impl_->execute(dnnl::memory::data_type::bf16, W, w_stride, X, x_stride, T, Y, y_stride, n, rows, threads);
+        impl_->execute(dnnl::memory::data_type::bf16, W, w_stride, X, x_stride, T, Y, y_stride, n,
+                       rows, threads);
         return {};
       case DType::kF16: {
         // No f16 matmul in oneDNN 2.6 on CPU: widen X once and W in chunks of
@@ -243,14 +257,14 @@ Status OneDnnMatmul::run(DType w, const void* W, size_t w_row_bytes, const void*
         for (int64_t t = 0; t < T; ++t) widen_f16(x16 + t * x_stride, xbuf.data() + t * n, n);
         for (int64_t c0 = 0; c0 < rows; c0 += kF16RowChunk) {
           const int64_t nr = rows - c0 < kF16RowChunk ? rows - c0 : kF16RowChunk;
-          for (int64_t r = 0; r < nr; ++r) widen_f16(w16 + (c0 + r) * w_stride, wbuf.data() + r * n, n);
-          impl_->execute(dnnl::memory::data_type::f32, wbuf.data(), n, xbuf.data(), n, T, Y + c0, y_stride, n, nr,
-                         threads);
+          for (int64_t r = 0; r < nr; ++r)
+            widen_f16(w16 + (c0 + r) * w_stride, wbuf.data() + r * n, n);
+          impl_->execute(dnnl::memory::data_type::f32, wbuf.data(), n, xbuf.data(), n, T, Y + c0,
+                         y_stride, n, nr, threads);
         }
         return {};
       }
-      default:
-        return Error(ErrorCode::kInternal, "oneDNN: unreachable dtype");
+      default: return Error(ErrorCode::kInternal, "oneDNN: unreachable dtype");
     }
   } catch (const dnnl::error& e) {
     return Error(ErrorCode::kInternal, std::string("oneDNN matmul (") + std::string(dtype_name(w)) +
@@ -276,20 +290,29 @@ bool onednn_available() {
 struct OneDnnMatmul::Impl {};
 OneDnnMatmul::OneDnnMatmul() : impl_(std::make_unique<Impl>()) {}
 OneDnnMatmul::~OneDnnMatmul() = default;
-bool OneDnnMatmul::available() const { return false; }
-size_t OneDnnMatmul::cached_primitives() const { return 0; }
-Status OneDnnMatmul::run(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                         float* Y, int64_t ldy, int64_t n, int64_t rows, int /*n_threads*/) {
+bool OneDnnMatmul::available() const {
+  return false;
+}
+size_t OneDnnMatmul::cached_primitives() const {
+  return 0;
+}
+Status OneDnnMatmul::run(DType w, const void* W, size_t w_row_bytes, const void* X,
+                         size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                         int64_t rows, int /*n_threads*/) {
   if (Status s = check_args(w, W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, rows); !s) return s;
   return Error(ErrorCode::kUnsupported, "oneDNN: Loom was built without it");
 }
-bool onednn_available() { return false; }
+bool onednn_available() {
+  return false;
+}
 
 #endif  // LOOM_HAVE_DNNL
 
 // ---- choice and our kernel -------------------------------------------------
 
-const char* dense_impl_name(DenseImpl impl) { return impl == DenseImpl::kOneDnn ? "onednn" : "loom"; }
+const char* dense_impl_name(DenseImpl impl) {
+  return impl == DenseImpl::kOneDnn ? "onednn" : "loom";
+}
 
 // ---- which implementation ---------------------------------------------------
 //
@@ -349,9 +372,9 @@ const char* dense_impl_name(DenseImpl impl) { return impl == DenseImpl::kOneDnn 
 
 namespace {
 
-constexpr int64_t kMinTokensForOneDnn = 7;          // T <= 6 is the GEMV path: ours by 1.2-5x
-constexpr int64_t kMinWeightsForOneDnn = 1 << 20;   // n * rows
-constexpr int64_t kF16MinTokensForOneDnn = 256;     // T = 512: oneDNN 3-20% ahead on one thread
+constexpr int64_t kMinTokensForOneDnn = 7;         // T <= 6 is the GEMV path: ours by 1.2-5x
+constexpr int64_t kMinWeightsForOneDnn = 1 << 20;  // n * rows
+constexpr int64_t kF16MinTokensForOneDnn = 256;    // T = 512: oneDNN 3-20% ahead on one thread
 
 // True when libgomp's workers were told to sleep at once after a region.
 bool omp_workers_sleep() {
@@ -392,13 +415,16 @@ bool onednn_bf16_uses_amx() {
   return amx;
 }
 #else
-bool onednn_bf16_uses_amx() { return false; }
+bool onednn_bf16_uses_amx() {
+  return false;
+}
 #endif
 
 }  // namespace
 
 DenseImpl dense_prefill_choice(DType w, int64_t T, int64_t n, int64_t rows, int n_threads) {
-  if (T < kMinTokensForOneDnn || n * rows < kMinWeightsForOneDnn || !onednn_available()) return DenseImpl::kLoom;
+  if (T < kMinTokensForOneDnn || n * rows < kMinWeightsForOneDnn || !onednn_available())
+    return DenseImpl::kLoom;
   const bool shared_cores_ok = n_threads <= 1 || omp_workers_sleep();
   switch (w) {
     case DType::kF32:
@@ -412,13 +438,13 @@ DenseImpl dense_prefill_choice(DType w, int64_t T, int64_t n, int64_t rows, int 
     case DType::kBF16:
       // AMX: 2.5-5x, worth the penalty; without it oneDNN only ties ours.
       return onednn_bf16_uses_amx() ? DenseImpl::kOneDnn : DenseImpl::kLoom;
-    default:
-      return DenseImpl::kLoom;
+    default: return DenseImpl::kLoom;
   }
 }
 
-Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                         float* Y, int64_t ldy, int64_t n, int64_t rows, ThreadPool& pool) {
+Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void* X,
+                         size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                         int64_t rows, ThreadPool& pool) {
   if (Status s = check_args(w, W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, rows); !s) return s;
   if (T == 0 || rows == 0) return {};
   const Isa isa = active_isa();
@@ -429,8 +455,9 @@ Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void*
   return {};
 }
 
-Status dense_matmul_prefill(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                            float* Y, int64_t ldy, int64_t n, int64_t rows, ThreadPool& pool, OneDnnMatmul* onednn) {
+Status dense_matmul_prefill(DType w, const void* W, size_t w_row_bytes, const void* X,
+                            size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                            int64_t rows, ThreadPool& pool, OneDnnMatmul* onednn) {
   if (Status s = check_args(w, W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, rows); !s) return s;
   if (onednn != nullptr && onednn->available() &&
       dense_prefill_choice(w, T, n, rows, pool.size()) == DenseImpl::kOneDnn) {

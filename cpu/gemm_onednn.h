@@ -55,8 +55,8 @@ class OneDnnMatmul {
   /// in the environment of the process removes that (see gemm_onednn.cpp).
   /// Errors: kUnsupported (no oneDNN, or not a dense dtype), kInvalidArgument
   /// (bad sizes or strides), kInternal (oneDNN refused the shape).
-  Status run(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-             int64_t ldy, int64_t n, int64_t rows, int n_threads);
+  Status run(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
+             int64_t T, float* Y, int64_t ldy, int64_t n, int64_t rows, int n_threads);
 
   /// Number of primitives in the cache (for tests).
   size_t cached_primitives() const;
@@ -80,13 +80,15 @@ DenseImpl dense_prefill_choice(DType w, int64_t T, int64_t n, int64_t rows, int 
 
 /// Our own kernel, rows split over `pool` (in multiples of 16) at the active ISA.
 /// Errors: kUnsupported (not a dense dtype), kInvalidArgument (bad sizes or strides).
-Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                         float* Y, int64_t ldy, int64_t n, int64_t rows, ThreadPool& pool);
+Status dense_matmul_loom(DType w, const void* W, size_t w_row_bytes, const void* X,
+                         size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                         int64_t rows, ThreadPool& pool);
 
 /// Runs the implementation dense_prefill_choice picks, with pool.size()
 /// threads either way. `onednn` may be null (then always our kernel). Falls
 /// back to our kernel if oneDNN fails on a shape. Errors as dense_matmul_loom.
-Status dense_matmul_prefill(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
-                            float* Y, int64_t ldy, int64_t n, int64_t rows, ThreadPool& pool, OneDnnMatmul* onednn);
+Status dense_matmul_prefill(DType w, const void* W, size_t w_row_bytes, const void* X,
+                            size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n,
+                            int64_t rows, ThreadPool& pool, OneDnnMatmul* onednn);
 
 }  // namespace loom::cpu

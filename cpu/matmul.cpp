@@ -43,8 +43,8 @@ CpuFeatures probe_cpu() {
   if (!osxsave) return f;
   uint32_t xcr0_lo = 0, xcr0_hi = 0;
   __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  const bool ymm_state = (xcr0_lo & 0x6) == 0x6;     // SSE + AVX state
-  const bool zmm_state = (xcr0_lo & 0xE6) == 0xE6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_state = (xcr0_lo & 0x6) == 0x6;    // SSE + AVX state
+  const bool zmm_state = (xcr0_lo & 0xE6) == 0xE6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);
   const bool avx2 = (b >> 5) & 1;
@@ -94,14 +94,18 @@ std::atomic<int>& active_level() {
   return level;
 }
 
-bool is_dense(DType w) { return w == DType::kF32 || w == DType::kF16 || w == DType::kBF16; }
+bool is_dense(DType w) {
+  return w == DType::kF32 || w == DType::kF16 || w == DType::kBF16;
+}
 
 bool is_k_quant(DType w) {
-  return w == DType::kQ2_K || w == DType::kQ3_K || w == DType::kQ4_K || w == DType::kQ5_K || w == DType::kQ6_K;
+  return w == DType::kQ2_K || w == DType::kQ3_K || w == DType::kQ4_K || w == DType::kQ5_K ||
+         w == DType::kQ6_K;
 }
 
 bool is_legacy_quant(DType w) {
-  return w == DType::kQ4_0 || w == DType::kQ4_1 || w == DType::kQ5_0 || w == DType::kQ5_1 || w == DType::kQ8_0;
+  return w == DType::kQ4_0 || w == DType::kQ4_1 || w == DType::kQ5_0 || w == DType::kQ5_1 ||
+         w == DType::kQ8_0;
 }
 
 using QuantKernel = void (*)(LOOM_QUANT_KERNEL_ARGS);
@@ -112,15 +116,16 @@ struct IsaKernels {
   ActConverter act_q8_0, act_q8_k;
 };
 
-#define LOOM_ISA_KERNELS(ns)                                                                               \
-  IsaKernels {                                                                                             \
-    ns::matmul_q4_0, ns::matmul_q4_1, ns::matmul_q5_0, ns::matmul_q5_1, ns::matmul_q8_0, ns::matmul_q2_k, \
-        ns::matmul_q3_k, ns::matmul_q4_k, ns::matmul_q5_k, ns::matmul_q6_k, ns::quantize_act_q8_0,        \
-        ns::quantize_act_q8_k                                                                              \
+#define LOOM_ISA_KERNELS(ns)                                                                 \
+  IsaKernels {                                                                               \
+    ns::matmul_q4_0, ns::matmul_q4_1, ns::matmul_q5_0, ns::matmul_q5_1, ns::matmul_q8_0,     \
+        ns::matmul_q2_k, ns::matmul_q3_k, ns::matmul_q4_k, ns::matmul_q5_k, ns::matmul_q6_k, \
+        ns::quantize_act_q8_0, ns::quantize_act_q8_k                                         \
   }
 
 const IsaKernels& kernels(Isa isa) {
-  static const IsaKernels table[3] = {LOOM_ISA_KERNELS(scalar), LOOM_ISA_KERNELS(avx2), LOOM_ISA_KERNELS(avx512)};
+  static const IsaKernels table[3] = {LOOM_ISA_KERNELS(scalar), LOOM_ISA_KERNELS(avx2),
+                                      LOOM_ISA_KERNELS(avx512)};
   return table[static_cast<int>(isa)];
 }
 #undef LOOM_ISA_KERNELS
@@ -142,7 +147,9 @@ QuantKernel quant_kernel(Isa isa, DType w) {
   }
 }
 
-constexpr size_t round_up_64(size_t v) { return (v + 63) & ~size_t{63}; }
+constexpr size_t round_up_64(size_t v) {
+  return (v + 63) & ~size_t{63};
+}
 
 }  // namespace
 
@@ -160,7 +167,9 @@ Isa detected_isa() {
   return isa;
 }
 
-Isa active_isa() { return static_cast<Isa>(active_level().load(std::memory_order_relaxed)); }
+Isa active_isa() {
+  return static_cast<Isa>(active_level().load(std::memory_order_relaxed));
+}
 
 bool set_isa(Isa isa) {
   static const Isa hw = hardware_isa();
@@ -169,7 +178,9 @@ bool set_isa(Isa isa) {
   return true;
 }
 
-bool matmul_supported(DType w) { return is_dense(w) || is_legacy_quant(w) || is_k_quant(w); }
+bool matmul_supported(DType w) {
+  return is_dense(w) || is_legacy_quant(w) || is_k_quant(w);
+}
 
 DType activation_type(DType w) {
   if (is_legacy_quant(w)) return DType::kQ8_0;
@@ -212,8 +223,8 @@ void convert_activation(DType w, const float* x, void* out, int64_t n) {
   }
 }
 
-void matmul_rows(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                 int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void matmul_rows(DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
+                 int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   assert(0 <= r0 && r0 <= r1 && T >= 0 && n >= 0);
   if (r0 == r1 || T == 0) return;
   const Isa isa = active_isa();
@@ -230,7 +241,9 @@ void matmul_rows(DType w, const void* W, size_t w_row_bytes, const void* X, size
 }
 
 namespace detail {
-bool cpu_has_avx512_vbmi() { return cpu_features().vbmi; }
+bool cpu_has_avx512_vbmi() {
+  return cpu_features().vbmi;
+}
 
 void* thread_scratch(size_t bytes) {
   struct Scratch {
@@ -241,7 +254,8 @@ void* thread_scratch(size_t bytes) {
   if (scratch.size < bytes) {
     scratch.data.reset();  // release first: peak memory is the new size, not the sum
     scratch.size = round_up_64(bytes + bytes / 4);
-    scratch.data.reset(new uint8_t[scratch.size + 64]);  // not zeroed: the kernels write before reading
+    scratch.data.reset(
+        new uint8_t[scratch.size + 64]);  // not zeroed: the kernels write before reading
   }
   const auto base = reinterpret_cast<uintptr_t>(scratch.data.get());
   return scratch.data.get() + ((64 - base % 64) % 64);

@@ -16,9 +16,9 @@
 // The ISA kernels. They take plain pointers (no DType, no std types) so the
 // ISA-flagged files need no header of ours; a mismatch with the definitions
 // there is a link error (the parameter types are part of the mangled name).
-#define LOOM_DENSE_KERNEL_ARGS                                                                            \
-  const void *W, size_t w_row_bytes, const void *X, size_t x_row_bytes, int64_t T, float *Y, int64_t ldy, \
-      int64_t n, int64_t r0, int64_t r1
+#define LOOM_DENSE_KERNEL_ARGS                                                               \
+  const void *W, size_t w_row_bytes, const void *X, size_t x_row_bytes, int64_t T, float *Y, \
+      int64_t ldy, int64_t n, int64_t r0, int64_t r1
 namespace loom::cpu::avx2 {
 void dense_f32(LOOM_DENSE_KERNEL_ARGS);
 void dense_f16(LOOM_DENSE_KERNEL_ARGS);
@@ -45,7 +45,8 @@ void dense_scalar(LOOM_DENSE_KERNEL_ARGS) {
     int64_t t = 0;
     for (; t + 4 <= T; t += 4) {
       const Elem* xr[4];
-      for (int j = 0; j < 4; ++j) xr[j] = reinterpret_cast<const Elem*>(x + static_cast<size_t>(t + j) * x_row_bytes);
+      for (int j = 0; j < 4; ++j)
+        xr[j] = reinterpret_cast<const Elem*>(x + static_cast<size_t>(t + j) * x_row_bytes);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int64_t i = 0; i < n; ++i) {
         const float wi = Widen(wr[i]);
@@ -94,33 +95,48 @@ bool use_dpbf16(int64_t T) {
 #endif
 }
 
-float widen_f32(float v) { return v; }
-float widen_f16(uint16_t v) { return ref::fp16_to_fp32(v); }
-float widen_bf16(uint16_t v) { return ref::bf16_to_fp32(v); }
+float widen_f32(float v) {
+  return v;
+}
+float widen_f16(uint16_t v) {
+  return ref::fp16_to_fp32(v);
+}
+float widen_bf16(uint16_t v) {
+  return ref::bf16_to_fp32(v);
+}
 
 }  // namespace
 
 namespace detail {
 
-void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
-                       int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, const void* X,
+                       size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0,
+                       int64_t r1) {
   if (T <= 0 || r0 >= r1) return;
   switch (w) {
     case DType::kF32:
-      if (isa == Isa::kAvx512) return avx512::dense_f32(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-      if (isa == Isa::kAvx2) return avx2::dense_f32(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      if (isa == Isa::kAvx512)
+        return avx512::dense_f32(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      if (isa == Isa::kAvx2)
+        return avx2::dense_f32(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
       return dense_scalar<float, widen_f32>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
     case DType::kF16:
-      if (isa == Isa::kAvx512) return avx512::dense_f16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-      if (isa == Isa::kAvx2) return avx2::dense_f16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-      return dense_scalar<uint16_t, widen_f16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      if (isa == Isa::kAvx512)
+        return avx512::dense_f16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      if (isa == Isa::kAvx2)
+        return avx2::dense_f16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      return dense_scalar<uint16_t, widen_f16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0,
+                                               r1);
     case DType::kBF16:
       if (isa == Isa::kAvx512) {
-        if (use_dpbf16(T)) return avx512::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+        if (use_dpbf16(T))
+          return avx512::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
         return avx512::dense_bf16_widen(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
       }
-      if (isa == Isa::kAvx2) return avx2::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-      return dense_scalar<uint16_t, widen_bf16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      if (isa == Isa::kAvx2)
+        return avx2::dense_bf16(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+      return dense_scalar<uint16_t, widen_bf16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0,
+                                                r1);
     default:
       // The dispatcher only sends dense dtypes here (matmul_supported).
       return;

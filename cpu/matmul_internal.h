@@ -48,8 +48,9 @@ namespace loom::cpu::detail {
 /// Dense weights (F32, F16, BF16). Activations are F32 rows for F32 weights,
 /// F16 rows for F16 and BF16 rows for BF16 (bit patterns). Same contract as
 /// matmul_rows: Y[t * ldy + r] = dot(W row r, X row t), t < T, r0 <= r < r1.
-void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
-                       int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1);
+void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, const void* X,
+                       size_t x_row_bytes, int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0,
+                       int64_t r1);
 
 /// True when the CPU has AVX512_VBMI (on top of the AVX-512 level).
 bool cpu_has_avx512_vbmi();
@@ -66,21 +67,21 @@ void* thread_scratch(size_t bytes);
 // matmul_rows contract (X in the activation format above, n a multiple of the
 // weight's block size). Every ISA file defines all of them; one without a
 // fast kernel for some dtype forwards to the next lower level.
-#define LOOM_QUANT_KERNEL_ARGS                                                                       \
-  const void *W, size_t w_row_bytes, const void *X, size_t x_row_bytes, int64_t T, float *Y, int64_t ldy, \
-      int64_t n, int64_t r0, int64_t r1
-#define LOOM_DECLARE_QUANT_KERNELS                      \
-  void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS);             \
-  void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS);             \
-  /* x[n] floats -> one activation row (formats above) */ \
+#define LOOM_QUANT_KERNEL_ARGS                                                               \
+  const void *W, size_t w_row_bytes, const void *X, size_t x_row_bytes, int64_t T, float *Y, \
+      int64_t ldy, int64_t n, int64_t r0, int64_t r1
+#define LOOM_DECLARE_QUANT_KERNELS                              \
+  void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS);                     \
+  void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS);                     \
+  /* x[n] floats -> one activation row (formats above) */       \
   void quantize_act_q8_0(const float* x, void* out, int64_t n); \
   void quantize_act_q8_k(const float* x, void* out, int64_t n);
 

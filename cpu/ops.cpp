@@ -52,31 +52,31 @@
 
 // The ISA kernels. Plain declarations; definitions in cpu/avx512/ops_avx512.cpp
 // and cpu/avx2/ops_avx2.cpp (same contracts as the scalar_* functions below).
-#define LOOM_DECLARE_OPS_KERNELS                                                                          \
-  void rms_norm(const float* x, const float* w, float eps, float* y, int64_t n);                          \
-  void silu_mul(const float* gate, const float* up, float* out, int64_t n);                               \
-  void add(const float* a, const float* b, float* out, int64_t n);                                        \
-  void softmax(float* x, int64_t n);                                                                      \
-  void f32_to_f16_row(const float* x, void* y, int64_t n);                                                \
-  void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,          \
-                     int64_t n_pad);                                                                      \
-  void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,         \
-                      int64_t n_pad);                                                                     \
-  void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n,        \
-                   float scale, float* s, int64_t lds);                                                   \
-  void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid, float* row_max, \
-                    float* row_sum, float* alpha);                                                        \
-  void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n,   \
-               int64_t hdp, float* acc);
+#define LOOM_DECLARE_OPS_KERNELS                                                                   \
+  void rms_norm(const float* x, const float* w, float eps, float* y, int64_t n);                   \
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n);                        \
+  void add(const float* a, const float* b, float* out, int64_t n);                                 \
+  void softmax(float* x, int64_t n);                                                               \
+  void f32_to_f16_row(const float* x, void* y, int64_t n);                                         \
+  void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,   \
+                     int64_t n_pad);                                                               \
+  void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,  \
+                      int64_t n_pad);                                                              \
+  void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n, \
+                   float scale, float* s, int64_t lds);                                            \
+  void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid,           \
+                    float* row_max, float* row_sum, float* alpha);                                 \
+  void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf,        \
+               int64_t n, int64_t hdp, float* acc);
 
 namespace loom::cpu {
 namespace avx512 {
 LOOM_DECLARE_OPS_KERNELS
 void attn_prepare_q(const float* q, int64_t m, int64_t hdp, float* qx);
-void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
-                 float* acc);
-void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
-                  float* acc);
+void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
+                 int64_t n, int64_t hd, float* acc);
+void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
+                  int64_t n, int64_t hd, float* acc);
 inline constexpr int64_t kAttnLanes = 16;
 inline constexpr bool kAttnKRowMajor = true;
 }  // namespace avx512
@@ -91,12 +91,16 @@ namespace {
 constexpr int64_t kTileRows = 32;  // query rows (token x head) sharing one pass over the KV blocks
 constexpr int64_t kLanes = 16;     // hdp and rc are multiples of this for every ISA
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 // Cached rows converted per step: K and V of a step take 2 * rows * hdp * 4
 // bytes, kept to 32 KiB so that they stay in L1 while every query row of the
 // tile reads them; 16 to 64 rows (a multiple of 16).
-int64_t step_rows(int64_t hdp) { return std::clamp<int64_t>(4096 / hdp / 16 * 16, 16, 64); }
+int64_t step_rows(int64_t hdp) {
+  return std::clamp<int64_t>(4096 / hdp / 16 * 16, 16, 64);
+}
 
 size_t kv_row_bytes(DType dtype, int64_t head_dim) {
   assert(dtype == DType::kF16 || (dtype == DType::kQ8_0 && head_dim % ref::kQK == 0));
@@ -149,7 +153,8 @@ void scalar_f32_to_f16_row(const float* x, void* y, int64_t n) {
 // Element (r, d) of a converted block goes to dst[(d / 16) * cs + r * rs + d % 16];
 // dims hd..hdp-1 and rows n..n_pad-1 are zero. value(r, d) reads the cache.
 template <typename Value>
-void scalar_attn_load(Value value, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs, int64_t n_pad) {
+void scalar_attn_load(Value value, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
+                      int64_t n_pad) {
   const int64_t hdp = round_up(hd, kLanes);
   for (int64_t r = 0; r < n_pad; ++r) {
     for (int64_t d = 0; d < hdp; ++d) {
@@ -158,8 +163,8 @@ void scalar_attn_load(Value value, int64_t n, int64_t hd, float* dst, int64_t rs
   }
 }
 
-void scalar_attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
-                          int64_t n_pad) {
+void scalar_attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs,
+                          int64_t cs, int64_t n_pad) {
   const auto* bytes = static_cast<const uint8_t*>(src);
   auto value = [bytes, hd](int64_t r, int64_t d) {
     uint16_t h;
@@ -169,13 +174,14 @@ void scalar_attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, in
   scalar_attn_load(value, n, hd, dst, rs, cs, n_pad);
 }
 
-void scalar_attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
-                           int64_t n_pad) {
+void scalar_attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs,
+                           int64_t cs, int64_t n_pad) {
   const auto* bytes = static_cast<const uint8_t*>(src);
   const size_t row_bytes = kv_row_bytes(DType::kQ8_0, hd);
   auto value = [bytes, row_bytes](int64_t r, int64_t d) {
     // y = d * qs, as ref::dequantize_row_q8_0 computes it.
-    const uint8_t* block = bytes + static_cast<size_t>(r) * row_bytes + (d / ref::kQK) * sizeof(ref::BlockQ8_0);
+    const uint8_t* block =
+        bytes + static_cast<size_t>(r) * row_bytes + (d / ref::kQK) * sizeof(ref::BlockQ8_0);
     uint16_t scale;
     std::memcpy(&scale, block, 2);
     const auto quant = static_cast<int8_t>(block[2 + d % ref::kQK]);
@@ -185,8 +191,8 @@ void scalar_attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, i
 }
 
 // s[i][r] = scale * q_i . k_r for i < m, r < n (kf chunk-major, 16 lanes).
-void scalar_attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n,
-                        float scale, float* s, int64_t lds) {
+void scalar_attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc,
+                        int64_t n, float scale, float* s, int64_t lds) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < n; ++r) {
       float lane[kLanes] = {};
@@ -205,8 +211,8 @@ void scalar_attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf,
 // Online softmax step for m rows of scores s[i][0..n): columns >= n_valid[i]
 // are masked out (become 0). Updates row_max/row_sum, sets alpha[i], the
 // factor the row's accumulator must be rescaled by, and leaves P in s.
-void scalar_attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid, float* row_max,
-                         float* row_sum, float* alpha) {
+void scalar_attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid,
+                         float* row_max, float* row_sum, float* alpha) {
   for (int64_t i = 0; i < m; ++i) {
     float* si = s + i * lds;
     const int64_t nv = n_valid[i];
@@ -230,8 +236,8 @@ void scalar_attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int3
 }
 
 // acc[i][:] = acc[i][:] * alpha[i] + sum_r p[i][r] * vf[r][:]
-void scalar_attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n,
-                    int64_t hdp, float* acc) {
+void scalar_attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf,
+                    int64_t n, int64_t hdp, float* acc) {
   for (int64_t i = 0; i < m; ++i) {
     float* a = acc + i * hdp;
     for (int64_t d = 0; d < hdp; ++d) a[d] *= alpha[i];
@@ -246,35 +252,49 @@ void scalar_attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, 
 // ---- attention kernel table --------------------------------------------------
 
 struct AttnKernels {
-  int64_t lanes;      // W: floats per vector chunk
-  bool k_row_major;   // K scratch [rows, hdp] like V; else chunk-major [hdp / W][rows][W]
-  void (*prepare_q)(const float*, int64_t, int64_t, float*);  // q tile -> the scores' layout; null: as is
+  int64_t lanes;     // W: floats per vector chunk
+  bool k_row_major;  // K scratch [rows, hdp] like V; else chunk-major [hdp / W][rows][W]
+  void (*prepare_q)(const float*, int64_t, int64_t,
+                    float*);  // q tile -> the scores' layout; null: as is
   void (*load_f16)(const void*, int64_t, int64_t, float*, int64_t, int64_t, int64_t);
   void (*load_q8_0)(const void*, int64_t, int64_t, float*, int64_t, int64_t, int64_t);
-  void (*scores)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float, float*, int64_t);
+  void (*scores)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float, float*,
+                 int64_t);
   void (*softmax)(float*, int64_t, int64_t, int64_t, const int32_t*, float*, float*, float*);
   void (*pv)(const float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, float*);
   // PV straight from cached V rows (no fp32 copy), or null. The F16 one
   // needs head_dim % 16 == 0. alpha may be null (no rescaling).
-  using PvRaw = void (*)(const float*, int64_t, const float*, int64_t, const void*, int64_t, int64_t, float*);
+  using PvRaw = void (*)(const float*, int64_t, const float*, int64_t, const void*, int64_t,
+                         int64_t, float*);
   PvRaw pv_f16;
   PvRaw pv_q8_0;
 };
 
 const AttnKernels& attn_kernels(Isa isa) {
-  static const AttnKernels kScalar{kLanes,           false,
-                                   nullptr,          scalar_attn_load_f16,
-                                   scalar_attn_load_q8_0, scalar_attn_scores,
-                                   scalar_attn_softmax,   scalar_attn_pv,
-                                   nullptr,               nullptr};
-  static const AttnKernels kAvx2{avx2::kAttnLanes,   avx2::kAttnKRowMajor, nullptr,
-                                 avx2::attn_load_f16, avx2::attn_load_q8_0, avx2::attn_scores,
-                                 avx2::attn_softmax,  avx2::attn_pv,
-                                 nullptr,             nullptr};
-  static const AttnKernels kAvx512{avx512::kAttnLanes,   avx512::kAttnKRowMajor, avx512::attn_prepare_q,
-                                   avx512::attn_load_f16, avx512::attn_load_q8_0, avx512::attn_scores,
-                                   avx512::attn_softmax,  avx512::attn_pv,
-                                   avx512::attn_pv_f16,   avx512::attn_pv_q8_0};
+  static const AttnKernels kScalar{kLanes,
+                                   false,
+                                   nullptr,
+                                   scalar_attn_load_f16,
+                                   scalar_attn_load_q8_0,
+                                   scalar_attn_scores,
+                                   scalar_attn_softmax,
+                                   scalar_attn_pv,
+                                   nullptr,
+                                   nullptr};
+  static const AttnKernels kAvx2{avx2::kAttnLanes,
+                                 avx2::kAttnKRowMajor,
+                                 nullptr,
+                                 avx2::attn_load_f16,
+                                 avx2::attn_load_q8_0,
+                                 avx2::attn_scores,
+                                 avx2::attn_softmax,
+                                 avx2::attn_pv,
+                                 nullptr,
+                                 nullptr};
+  static const AttnKernels kAvx512{
+      avx512::kAttnLanes,     avx512::kAttnKRowMajor, avx512::attn_prepare_q, avx512::attn_load_f16,
+      avx512::attn_load_q8_0, avx512::attn_scores,    avx512::attn_softmax,   avx512::attn_pv,
+      avx512::attn_pv_f16,    avx512::attn_pv_q8_0};
   switch (isa) {
     case Isa::kAvx512: return kAvx512;
     case Isa::kAvx2: return kAvx2;
@@ -366,7 +386,8 @@ void get_row(DType t, const void* w, size_t row_bytes, int64_t row, float* out, 
 
 // ---- RoPE ------------------------------------------------------------------------
 
-void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos, const RopeParams& p) {
+void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+          const RopeParams& p) {
   const int64_t n_rot = p.n_rot;
   const int64_t n_pairs = n_rot / 2;
   assert(n_rot % 2 == 0 && n_rot <= head_dim);
@@ -406,7 +427,7 @@ void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t*
       cs[2 * i + 1] = std::sin(angle) * mscale;
       theta *= theta_scale;
     }
-    const int64_t stride = p.neox ? 1 : 2;      // distance between consecutive pairs' first elements
+    const int64_t stride = p.neox ? 1 : 2;  // distance between consecutive pairs' first elements
     const int64_t offset = p.neox ? n_pairs : 1;  // distance between a pair's two elements
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;
@@ -427,8 +448,8 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim) {
   return static_cast<size_t>(block_size) * kv_row_bytes(dtype, head_dim);
 }
 
-void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads, int64_t head_dim,
-              int64_t row, const float* src) {
+void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
+              int64_t head_dim, int64_t row, const float* src) {
   if (dtype != DType::kF16) {
     ref::kv_store(dtype, block, head_stride_bytes, n_kv_heads, head_dim, row, src);
     return;
@@ -453,11 +474,12 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
 size_t attention_scratch_floats(const KvView& kv) {
   const int64_t hdp = round_up(kv.head_dim, kLanes);
   const int64_t rc = step_rows(hdp);
-  return static_cast<size_t>(2 * hdp * rc + 3 * kTileRows * hdp + kTileRows * rc + 3 * kTileRows + 16);
+  return static_cast<size_t>(2 * hdp * rc + 3 * kTileRows * hdp + kTileRows * rc + 3 * kTileRows +
+                             16);
 }
 
-void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv, float scale,
-               float* out, int64_t h0, int64_t h1, float* scratch) {
+void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch) {
   assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
   assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
   if (T <= 0 || h0 >= h1) return;
@@ -469,7 +491,8 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
   const int64_t n_rep = n_heads / kv.n_kv_heads;
   const size_t row_bytes = kv_row_bytes(kv.dtype, hd);
   const auto load = kv.dtype == DType::kF16 ? K.load_f16 : K.load_q8_0;
-  AttnKernels::PvRaw pv_raw = kv.dtype == DType::kF16 ? (hd % 16 == 0 ? K.pv_f16 : nullptr) : K.pv_q8_0;
+  AttnKernels::PvRaw pv_raw =
+      kv.dtype == DType::kF16 ? (hd % 16 == 0 ? K.pv_f16 : nullptr) : K.pv_q8_0;
   const AttnScratch sc = carve_scratch(scratch, hdp, rc);
   // K row-major or chunk-major (W-float chunks, rows W apart); V row-major.
   const int64_t k_rs = K.k_row_major ? hdp : K.lanes;
@@ -493,8 +516,8 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         const int64_t r = j % bs;
         const int64_t len = std::min(bs - r, j1 - j);
         const size_t off = head_off + static_cast<size_t>(r) * row_bytes;
-        f(static_cast<const uint8_t*>(kv.k_blocks[b]) + off, static_cast<const uint8_t*>(kv.v_blocks[b]) + off, len,
-          j - j0);
+        f(static_cast<const uint8_t*>(kv.k_blocks[b]) + off,
+          static_cast<const uint8_t*>(kv.v_blocks[b]) + off, len, j - j0);
         j += len;
       }
     };
@@ -530,10 +553,11 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
           n_valid[i] = static_cast<int32_t>(std::clamp<int64_t>(row_pos[i] + 1 - j0, 0, n));
         }
         // The next step's rows, into the cache while this one computes.
-        for_each_run(j0 + rc, std::min(j0 + 2 * rc, n_ctx), [&](const uint8_t* k, const uint8_t* v, int64_t len, int64_t) {
-          prefetch_rows(k, static_cast<size_t>(len) * row_bytes);
-          prefetch_rows(v, static_cast<size_t>(len) * row_bytes);
-        });
+        for_each_run(j0 + rc, std::min(j0 + 2 * rc, n_ctx),
+                     [&](const uint8_t* k, const uint8_t* v, int64_t len, int64_t) {
+                       prefetch_rows(k, static_cast<size_t>(len) * row_bytes);
+                       prefetch_rows(v, static_cast<size_t>(len) * row_bytes);
+                     });
         // K rows, then zeros up to a multiple of 16 rows (the score kernels
         // work on groups of 8 or 16 rows).
         const int64_t n_pad = round_up(n, kLanes);

@@ -30,17 +30,18 @@ void get_row(DType t, const void* w, size_t row_bytes, int64_t row, float* out, 
 
 /// RoPE parameters, as GGUF metadata gives them.
 struct RopeParams {
-  int64_t n_rot = 0;          ///< rotated dimensions per head (<= head_dim, even)
-  bool neox = false;          ///< NeoX ordering: pairs (i, i + n_rot/2); else pairs (2i, 2i+1)
+  int64_t n_rot = 0;  ///< rotated dimensions per head (<= head_dim, even)
+  bool neox = false;  ///< NeoX ordering: pairs (i, i + n_rot/2); else pairs (2i, 2i+1)
   float freq_base = 10000.0f;
-  float freq_scale = 1.0f;    ///< linear scaling: 1 / factor
-  const float* freq_factors = nullptr;  ///< [n_rot/2] divisors of each frequency (llama3 rope_freqs), or null
+  float freq_scale = 1.0f;  ///< linear scaling: 1 / factor
+  const float* freq_factors =
+      nullptr;  ///< [n_rot/2] divisors of each frequency (llama3 rope_freqs), or null
   // YaRN (ext_factor > 0 turns it on)
   float ext_factor = 0.0f;
-  float attn_factor = 1.0f;   ///< multiplies cos and sin (YaRN magnitude correction)
+  float attn_factor = 1.0f;  ///< multiplies cos and sin (YaRN magnitude correction)
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
-  int64_t n_ctx_orig = 0;     ///< original training context (YaRN)
+  int64_t n_ctx_orig = 0;  ///< original training context (YaRN)
 };
 
 /// Rotates x [T, n_heads, head_dim] in place; token t is at position pos[t].
@@ -66,8 +67,8 @@ struct KvView {
 size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim);
 
 /// Writes one token's K or V ([n_kv_heads, head_dim] floats) into row `row` of a block.
-void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads, int64_t head_dim,
-              int64_t row, const float* src);
+void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
+              int64_t head_dim, int64_t row, const float* src);
 
 /// Causal grouped-query attention for query heads [h0, h1):
 ///   q   [T, n_heads, head_dim], token t at position q_pos[t]

@@ -84,10 +84,11 @@ Result<int> user_version(sqlite3* db) {
 Status migrate(sqlite3* db) {
   LOOM_ASSIGN_OR_RETURN(int version, user_version(db));
   if (version > kSchemaVersion) {
-    return make_error(ErrorCode::kUnsupported,
-                      "store '%s' has schema version %d but this Loom knows up to %d: it was written by a newer "
-                      "Loom; open it with that version (the file was not changed)",
-                      sqlite3_db_filename(db, "main"), version, kSchemaVersion);
+    return make_error(
+        ErrorCode::kUnsupported,
+        "store '%s' has schema version %d but this Loom knows up to %d: it was written by a newer "
+        "Loom; open it with that version (the file was not changed)",
+        sqlite3_db_filename(db, "main"), version, kSchemaVersion);
   }
   for (int v = version + 1; v <= kSchemaVersion; ++v) {
     // IMMEDIATE: take the write lock first, so two processes opening an old
@@ -106,7 +107,8 @@ Status migrate(sqlite3* db) {
     const std::string what = "migrating to schema version " + std::to_string(v);
     if (Status st = exec(db, kSteps[v - 1], what.c_str()); !st.ok()) return rollback(st.error());
     const std::string set_version = "PRAGMA user_version = " + std::to_string(v);
-    if (Status st = exec(db, set_version.c_str(), what.c_str()); !st.ok()) return rollback(st.error());
+    if (Status st = exec(db, set_version.c_str(), what.c_str()); !st.ok())
+      return rollback(st.error());
     if (Status st = exec(db, "COMMIT", what.c_str()); !st.ok()) return rollback(st.error());
   }
   return {};

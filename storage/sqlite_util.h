@@ -19,13 +19,16 @@ inline Error sqlite_error(sqlite3* db, const char* what) {
   ErrorCode ec = ErrorCode::kIo;
   if ((code & 0xff) == SQLITE_CORRUPT || (code & 0xff) == SQLITE_NOTADB) ec = ErrorCode::kFormat;
   if ((code & 0xff) == SQLITE_NOMEM) ec = ErrorCode::kOutOfMemory;
-  return make_error(ec, "store '%s': %s: %s", sqlite3_db_filename(db, "main") ? sqlite3_db_filename(db, "main") : "?",
-                    what, sqlite3_errmsg(db));
+  return make_error(ec, "store '%s': %s: %s",
+                    sqlite3_db_filename(db, "main") ? sqlite3_db_filename(db, "main") : "?", what,
+                    sqlite3_errmsg(db));
 }
 
 class Stmt {
  public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &st_, nullptr); }
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &st_, nullptr);
+  }
   ~Stmt() { sqlite3_finalize(st_); }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;

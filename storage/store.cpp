@@ -10,7 +10,8 @@ namespace loom::storage {
 using detail::Stmt;
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -18,7 +19,8 @@ namespace {
 
 // Columns of a chat, in the order read_chat expects.
 constexpr const char* kChatColumns =
-    "id, title, created_at, updated_at, system_prompt, temperature, top_k, top_p, min_p, repeat_penalty, seed, "
+    "id, title, created_at, updated_at, system_prompt, temperature, top_k, top_p, min_p, "
+    "repeat_penalty, seed, "
     "max_tokens, n_ctx";
 
 ChatRow read_chat(const Stmt& st) {
@@ -43,7 +45,8 @@ ChatRow read_chat(const Stmt& st) {
 // A chat's new updated_at: now, but strictly after every other chat's, so that
 // "last changed" orders chats even when changes share a millisecond (or the
 // clock steps back).
-#define LOOM_NEXT_UPDATED_AT(now) "MAX(" now ", COALESCE((SELECT MAX(updated_at) FROM chats), 0) + 1)"
+#define LOOM_NEXT_UPDATED_AT(now) \
+  "MAX(" now ", COALESCE((SELECT MAX(updated_at) FROM chats), 0) + 1)"
 
 constexpr const char* kMessageColumns = "id, chat_id, role, content, state, meta, created_at";
 
@@ -72,7 +75,8 @@ std::string like_pattern(const std::string& text) {
 }
 
 Error not_found(const char* what, int64_t id) {
-  return make_error(ErrorCode::kInvalidArgument, "store: no %s with id %lld", what, static_cast<long long>(id));
+  return make_error(ErrorCode::kInvalidArgument, "store: no %s with id %lld", what,
+                    static_cast<long long>(id));
 }
 
 }  // namespace
@@ -81,8 +85,8 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   sqlite3* db = nullptr;
   // NOMUTEX: one connection per thread (checked by check_thread), so SQLite's
   // own per-connection locking is not needed.
-  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     Error e = make_error(ErrorCode::kIo, "store '%s': cannot open: %s", path.c_str(),
                          db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
@@ -98,18 +102,22 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
     Stmt st(db, "PRAGMA journal_mode = WAL");
     if (!st.ok() || st.step() != SQLITE_ROW) return st.error("switching to WAL mode");
     if (st.text(0) != "wal") {
-      return make_error(ErrorCode::kIo, "store '%s': the file system refused WAL mode (journal mode is '%s')",
+      return make_error(ErrorCode::kIo,
+                        "store '%s': the file system refused WAL mode (journal mode is '%s')",
                         path.c_str(), st.text(0).c_str());
     }
   }
   // NORMAL in WAL mode: a commit survives a crash of the process (not always a
   // power loss), without an fsync per streamed update.
-  LOOM_TRY(detail::exec(db, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;", "setting pragmas"));
+  LOOM_TRY(detail::exec(db, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+                        "setting pragmas"));
   LOOM_TRY(detail::migrate(db));
   return s;
 }
 
-Store::~Store() { sqlite3_close(db_); }
+Store::~Store() {
+  sqlite3_close(db_);
+}
 
 Status Store::check_thread() const {
   if (std::this_thread::get_id() == owner_) return {};
@@ -143,19 +151,30 @@ Result<int64_t> Store::create_chat(const std::string& title, const ChatSettings&
   LOOM_TRY(check_thread());
   const int64_t now = now_ms();
   Stmt st(db_,
-          "INSERT INTO chats(title, created_at, updated_at, system_prompt, temperature, top_k, top_p, min_p, "
-          "repeat_penalty, seed, max_tokens, n_ctx) VALUES(?1, ?2, " LOOM_NEXT_UPDATED_AT("?2")
-          ", ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+          "INSERT INTO chats(title, created_at, updated_at, system_prompt, temperature, top_k, "
+          "top_p, min_p, "
+          "repeat_penalty, seed, max_tokens, n_ctx) VALUES(?1, ?2, " LOOM_NEXT_UPDATED_AT(
+              "?2") ", ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
   if (!st.ok()) return st.error("creating a chat");
-  st.bind(1, title).bind(2, now).bind(3, s.system_prompt).bind(4, s.temperature).bind(5, s.top_k).bind(6, s.top_p);
-  st.bind(7, s.min_p).bind(8, s.repeat_penalty).bind(9, s.seed).bind(10, s.max_tokens).bind(11, s.n_ctx);
+  st.bind(1, title)
+      .bind(2, now)
+      .bind(3, s.system_prompt)
+      .bind(4, s.temperature)
+      .bind(5, s.top_k)
+      .bind(6, s.top_p);
+  st.bind(7, s.min_p)
+      .bind(8, s.repeat_penalty)
+      .bind(9, s.seed)
+      .bind(10, s.max_tokens)
+      .bind(11, s.n_ctx);
   LOOM_TRY(st.run("creating a chat"));
   return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
 }
 
 Status Store::rename_chat(int64_t chat_id, const std::string& title) {
   LOOM_TRY(check_thread());
-  Stmt st(db_, "UPDATE chats SET title = ?2, updated_at = " LOOM_NEXT_UPDATED_AT("?3") " WHERE id = ?1");
+  Stmt st(db_,
+          "UPDATE chats SET title = ?2, updated_at = " LOOM_NEXT_UPDATED_AT("?3") " WHERE id = ?1");
   st.bind(1, chat_id).bind(2, title).bind(3, now_ms());
   LOOM_TRY(st.run("renaming a chat"));
   if (sqlite3_changes(db_) == 0) return not_found("chat", chat_id);
@@ -175,7 +194,9 @@ Result<std::vector<ChatRow>> Store::list_chats(const std::string& search) {
   LOOM_TRY(check_thread());
   std::string sql = std::string("SELECT ") + kChatColumns + " FROM chats";
   if (!search.empty()) {
-    sql += " WHERE title LIKE ?1 ESCAPE '\\' OR id IN (SELECT chat_id FROM messages WHERE content LIKE ?1 ESCAPE '\\')";
+    sql +=
+        " WHERE title LIKE ?1 ESCAPE '\\' OR id IN (SELECT chat_id FROM messages WHERE content "
+        "LIKE ?1 ESCAPE '\\')";
   }
   sql += " ORDER BY updated_at DESC, id DESC";
   Stmt st(db_, sql.c_str());
@@ -201,11 +222,20 @@ Result<ChatRow> Store::get_chat(int64_t chat_id) {
 
 Status Store::set_chat_settings(int64_t chat_id, const ChatSettings& s) {
   LOOM_TRY(check_thread());
-  Stmt st(db_,
-          "UPDATE chats SET system_prompt = ?2, temperature = ?3, top_k = ?4, top_p = ?5, min_p = ?6, "
-          "repeat_penalty = ?7, seed = ?8, max_tokens = ?9, n_ctx = ?10 WHERE id = ?1");
-  st.bind(1, chat_id).bind(2, s.system_prompt).bind(3, s.temperature).bind(4, s.top_k).bind(5, s.top_p);
-  st.bind(6, s.min_p).bind(7, s.repeat_penalty).bind(8, s.seed).bind(9, s.max_tokens).bind(10, s.n_ctx);
+  Stmt st(
+      db_,
+      "UPDATE chats SET system_prompt = ?2, temperature = ?3, top_k = ?4, top_p = ?5, min_p = ?6, "
+      "repeat_penalty = ?7, seed = ?8, max_tokens = ?9, n_ctx = ?10 WHERE id = ?1");
+  st.bind(1, chat_id)
+      .bind(2, s.system_prompt)
+      .bind(3, s.temperature)
+      .bind(4, s.top_k)
+      .bind(5, s.top_p);
+  st.bind(6, s.min_p)
+      .bind(7, s.repeat_penalty)
+      .bind(8, s.seed)
+      .bind(9, s.max_tokens)
+      .bind(10, s.n_ctx);
   LOOM_TRY(st.run("saving chat settings"));
   if (sqlite3_changes(db_) == 0) return not_found("chat", chat_id);
   return {};
@@ -219,13 +249,20 @@ Status Store::touch_chat(int64_t chat_id) {
 
 // ---- messages ---------------------------------------------------------------
 
-Result<int64_t> Store::add_message(int64_t chat_id, const std::string& role, const std::string& content,
-                                   MessageState state, const std::string& meta) {
+Result<int64_t> Store::add_message(int64_t chat_id, const std::string& role,
+                                   const std::string& content, MessageState state,
+                                   const std::string& meta) {
   LOOM_TRY(check_thread());
   // The message and the chat's new time together, or neither.
   LOOM_TRY(detail::exec(db_, "BEGIN IMMEDIATE", "adding a message"));
-  Stmt st(db_, "INSERT INTO messages(chat_id, role, content, state, meta, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
-  st.bind(1, chat_id).bind(2, role).bind(3, content).bind(4, static_cast<int64_t>(state)).bind(5, meta);
+  Stmt st(db_,
+          "INSERT INTO messages(chat_id, role, content, state, meta, created_at) VALUES(?1, ?2, "
+          "?3, ?4, ?5, ?6)");
+  st.bind(1, chat_id)
+      .bind(2, role)
+      .bind(3, content)
+      .bind(4, static_cast<int64_t>(state))
+      .bind(5, meta);
   st.bind(6, now_ms());
   Status s = st.run("adding a message");
   const auto id = static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
@@ -250,7 +287,9 @@ Status Store::update_message(int64_t message_id, const std::string& content, Mes
 
 Result<std::vector<MessageRow>> Store::list_messages(int64_t chat_id) {
   LOOM_TRY(check_thread());
-  Stmt st(db_, (std::string("SELECT ") + kMessageColumns + " FROM messages WHERE chat_id = ?1 ORDER BY id").c_str());
+  Stmt st(db_, (std::string("SELECT ") + kMessageColumns +
+                " FROM messages WHERE chat_id = ?1 ORDER BY id")
+                   .c_str());
   if (!st.ok()) return st.error("listing messages");
   st.bind(1, chat_id);
   std::vector<MessageRow> out;
@@ -274,7 +313,8 @@ Result<MessageRow> Store::get_message(int64_t message_id) {
 Status Store::delete_messages_from(int64_t message_id) {
   LOOM_TRY(check_thread());
   Stmt st(db_,
-          "DELETE FROM messages WHERE chat_id = (SELECT chat_id FROM messages WHERE id = ?1) AND id >= ?1");
+          "DELETE FROM messages WHERE chat_id = (SELECT chat_id FROM messages WHERE id = ?1) AND "
+          "id >= ?1");
   st.bind(1, message_id);
   LOOM_TRY(st.run("deleting messages"));
   if (sqlite3_changes(db_) == 0) return not_found("message", message_id);
@@ -284,9 +324,11 @@ Status Store::delete_messages_from(int64_t message_id) {
 Result<int> Store::recover_interrupted() {
   LOOM_TRY(check_thread());
   Stmt st(db_,
-          "UPDATE messages SET state = ?1, meta = CASE WHEN meta = '' THEN 'interrupted' ELSE meta || ' · interrupted' "
+          "UPDATE messages SET state = ?1, meta = CASE WHEN meta = '' THEN 'interrupted' ELSE meta "
+          "|| ' · interrupted' "
           "END WHERE state = ?2");
-  st.bind(1, static_cast<int64_t>(MessageState::kStopped)).bind(2, static_cast<int64_t>(MessageState::kStreaming));
+  st.bind(1, static_cast<int64_t>(MessageState::kStopped))
+      .bind(2, static_cast<int64_t>(MessageState::kStreaming));
   LOOM_TRY(st.run("recovering interrupted messages"));
   return sqlite3_changes(db_);
 }
@@ -306,7 +348,9 @@ Result<std::optional<std::string>> Store::get_setting(const std::string& key) {
 
 Status Store::set_setting(const std::string& key, const std::string& value) {
   LOOM_TRY(check_thread());
-  Stmt st(db_, "INSERT INTO settings(key, value) VALUES(?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value");
+  Stmt st(db_,
+          "INSERT INTO settings(key, value) VALUES(?1, ?2) ON CONFLICT(key) DO UPDATE SET value = "
+          "excluded.value");
   st.bind(1, key).bind(2, value);
   return st.run("saving a setting");
 }
@@ -315,10 +359,12 @@ Status Store::set_setting(const std::string& key, const std::string& value) {
 
 Status Store::touch_recent_model(const RecentModel& m) {
   LOOM_TRY(check_thread());
-  Stmt st(db_,
-          "INSERT INTO recent_models(path, name, description, size_bytes, last_used) VALUES(?1, ?2, ?3, ?4, ?5) "
-          "ON CONFLICT(path) DO UPDATE SET name = excluded.name, description = excluded.description, "
-          "size_bytes = excluded.size_bytes, last_used = excluded.last_used");
+  Stmt st(
+      db_,
+      "INSERT INTO recent_models(path, name, description, size_bytes, last_used) VALUES(?1, ?2, "
+      "?3, ?4, ?5) "
+      "ON CONFLICT(path) DO UPDATE SET name = excluded.name, description = excluded.description, "
+      "size_bytes = excluded.size_bytes, last_used = excluded.last_used");
   st.bind(1, m.path).bind(2, m.name).bind(3, m.description).bind(4, m.size_bytes);
   st.bind(5, m.last_used_ms > 0 ? m.last_used_ms : now_ms());
   return st.run("remembering a model");
@@ -349,12 +395,14 @@ Status Store::forget_recent_model(const std::string& path) {
 
 // ---- placement presets ----------------------------------------------------------
 
-Result<int64_t> Store::save_preset(const std::string& name, const std::string& spec, int64_t n_layer,
-                                   const std::string& model) {
+Result<int64_t> Store::save_preset(const std::string& name, const std::string& spec,
+                                   int64_t n_layer, const std::string& model) {
   LOOM_TRY(check_thread());
   Stmt st(db_,
-          "INSERT INTO placement_presets(name, spec, created_at, n_layer, model) VALUES(?1, ?2, ?3, ?4, ?5) "
-          "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, n_layer = excluded.n_layer, model = excluded.model "
+          "INSERT INTO placement_presets(name, spec, created_at, n_layer, model) VALUES(?1, ?2, "
+          "?3, ?4, ?5) "
+          "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, n_layer = excluded.n_layer, model "
+          "= excluded.model "
           "RETURNING id");
   if (!st.ok()) return st.error("saving a placement preset");
   st.bind(1, name).bind(2, spec).bind(3, now_ms()).bind(4, n_layer).bind(5, model);
@@ -364,12 +412,14 @@ Result<int64_t> Store::save_preset(const std::string& name, const std::string& s
 
 Result<std::vector<PlacementPreset>> Store::list_presets() {
   LOOM_TRY(check_thread());
-  Stmt st(db_, "SELECT id, name, spec, created_at, n_layer, model FROM placement_presets ORDER BY name");
+  Stmt st(db_,
+          "SELECT id, name, spec, created_at, n_layer, model FROM placement_presets ORDER BY name");
   if (!st.ok()) return st.error("listing placement presets");
   std::vector<PlacementPreset> out;
   int rc;
   while ((rc = st.step()) == SQLITE_ROW) {
-    out.push_back(PlacementPreset{st.i64(0), st.text(1), st.text(2), st.i64(3), st.i64(4), st.text(5)});
+    out.push_back(
+        PlacementPreset{st.i64(0), st.text(1), st.text(2), st.i64(3), st.i64(4), st.text(5)});
   }
   if (rc != SQLITE_DONE) return st.error("listing placement presets");
   return out;

@@ -68,7 +68,7 @@ struct MessageRow {
   std::string role;     ///< "system", "user" or "assistant"
   std::string content;  ///< UTF-8 Markdown
   MessageState state = MessageState::kComplete;
-  std::string meta;     ///< free text for the UI: generation stats, the error message
+  std::string meta;  ///< free text for the UI: generation stats, the error message
   int64_t created_ms = 0;
 };
 
@@ -120,7 +120,8 @@ class Store {
   /// @name Messages, in the order they were added.
   /// @{
   Result<int64_t> add_message(int64_t chat_id, const std::string& role, const std::string& content,
-                              MessageState state = MessageState::kComplete, const std::string& meta = {});
+                              MessageState state = MessageState::kComplete,
+                              const std::string& meta = {});
   /// Rewrites a message (called repeatedly while it streams).
   Status update_message(int64_t message_id, const std::string& content, MessageState state,
                         const std::string& meta = {});
@@ -159,7 +160,8 @@ class Store {
   Status exec(const std::string& sql);
 
  private:
-  Store(sqlite3* db, std::string path) : db_(db), path_(std::move(path)), owner_(std::this_thread::get_id()) {}
+  Store(sqlite3* db, std::string path)
+      : db_(db), path_(std::move(path)), owner_(std::this_thread::get_id()) {}
   Status check_thread() const;
   Status migrate();
   Status touch_chat(int64_t chat_id);

@@ -24,22 +24,46 @@ void* counted_alloc_nothrow(size_t n) noexcept {
 
 // Every replaceable form that plain new/delete pairs with, so memory from one
 // family is never released by another (ASan checks the pairing).
-void* operator new(size_t n) { return counted_alloc(n); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void* operator new[](size_t n) { return counted_alloc(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void* operator new(size_t n) {
+  return counted_alloc(n);
+}
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  return counted_alloc_nothrow(n);
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  return counted_alloc_nothrow(n);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void* operator new[](size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace loom::test {
 AllocProbe::AllocProbe() {
   g_active = true;
   g_peak = 0;
 }
-AllocProbe::~AllocProbe() { g_active = false; }
-size_t AllocProbe::peak_single() const { return g_peak; }
+AllocProbe::~AllocProbe() {
+  g_active = false;
+}
+size_t AllocProbe::peak_single() const {
+  return g_peak;
+}
 }  // namespace loom::test

@@ -25,7 +25,8 @@ Vec matvec(const Weight& w, const Vec& x, const Weight* b = nullptr) {
   for (int64_t r = 0; r < w.n_out; ++r) {
     Vec row = dequant_row(w, r);
     double s = 0;
-    for (int64_t i = 0; i < w.n_in; ++i) s += row[static_cast<size_t>(i)] * x[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < w.n_in; ++i)
+      s += row[static_cast<size_t>(i)] * x[static_cast<size_t>(i)];
     y[static_cast<size_t>(r)] = s;
   }
   if (b && b->present()) {
@@ -50,7 +51,9 @@ void rope(Vec& x, int64_t n_heads, int64_t hd, int64_t n_rot, bool neox, double 
   for (int64_t h = 0; h < n_heads; ++h) {
     double* v = x.data() + h * hd;
     for (int64_t i = 0; i < n_rot / 2; ++i) {
-      const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+      const double theta =
+          static_cast<double>(pos) *
+          std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
       const double c = std::cos(theta), s = std::sin(theta);
       const int64_t a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
       const double x0 = v[a], x1 = v[b];
@@ -62,14 +65,17 @@ void rope(Vec& x, int64_t n_heads, int64_t hd, int64_t n_rot, bool neox, double 
 
 }  // namespace
 
-std::vector<std::vector<double>> reference_logits(const Model& m, const std::vector<int32_t>& tokens) {
+std::vector<std::vector<double>> reference_logits(const Model& m,
+                                                  const std::vector<int32_t>& tokens) {
   const HParams& hp = m.hp;
   const auto T = static_cast<int64_t>(tokens.size());
   const int64_t hd = hp.head_dim, kv_dim = hp.n_head_kv * hd, group = hp.n_head / hp.n_head_kv;
   std::vector<Vec> x(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) x[static_cast<size_t>(t)] = dequant_row(m.tok_embd, tokens[static_cast<size_t>(t)]);
+  for (int64_t t = 0; t < T; ++t)
+    x[static_cast<size_t>(t)] = dequant_row(m.tok_embd, tokens[static_cast<size_t>(t)]);
   for (const LayerWeights& L : m.layers) {
-    std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
+    std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)),
+        v(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
       const auto ti = static_cast<size_t>(t);
       Vec xb = rmsnorm(x[ti], L.attn_norm, hp.rms_eps);
@@ -88,7 +94,9 @@ std::vector<std::vector<double>> reference_logits(const Model& m, const std::vec
         double mx = -1e300;
         for (int64_t j = 0; j <= t; ++j) {
           double s = 0;
-          for (int64_t i = 0; i < hd; ++i) s += q[ti][static_cast<size_t>(h * hd + i)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * hd + i)];
+          for (int64_t i = 0; i < hd; ++i)
+            s += q[ti][static_cast<size_t>(h * hd + i)] *
+                 k[static_cast<size_t>(j)][static_cast<size_t>(kh * hd + i)];
           sc[static_cast<size_t>(j)] = s / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, sc[static_cast<size_t>(j)]);
         }
@@ -96,7 +104,9 @@ std::vector<std::vector<double>> reference_logits(const Model& m, const std::vec
         for (double& s : sc) sum += s = std::exp(s - mx);
         for (int64_t j = 0; j <= t; ++j) {
           for (int64_t i = 0; i < hd; ++i) {
-            att[static_cast<size_t>(h * hd + i)] += sc[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j)][static_cast<size_t>(kh * hd + i)];
+            att[static_cast<size_t>(h * hd + i)] +=
+                sc[static_cast<size_t>(j)] / sum *
+                v[static_cast<size_t>(j)][static_cast<size_t>(kh * hd + i)];
           }
         }
       }
@@ -111,7 +121,8 @@ std::vector<std::vector<double>> reference_logits(const Model& m, const std::vec
     }
   }
   std::vector<Vec> out;
-  for (int64_t t = 0; t < T; ++t) out.push_back(matvec(m.output, rmsnorm(x[static_cast<size_t>(t)], m.output_norm, hp.rms_eps)));
+  for (int64_t t = 0; t < T; ++t)
+    out.push_back(matvec(m.output, rmsnorm(x[static_cast<size_t>(t)], m.output_norm, hp.rms_eps)));
   return out;
 }
 

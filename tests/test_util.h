@@ -26,11 +26,12 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 }  // namespace loom::test
 
 /// Skips the current test, saying why, when a fixture file is not there.
-#define LOOM_FIXTURE_OR_SKIP(var, relative)                                          \
-  std::string var;                                                                   \
-  do {                                                                               \
-    auto loom_fx_ = ::loom::test::fixture_path(relative);                            \
-    if (!loom_fx_) GTEST_SKIP() << "fixture " << (relative)                          \
-                                << " not found (set LOOM_FIXTURES or provide ../shared/fixtures)"; \
-    var = *loom_fx_;                                                                 \
+#define LOOM_FIXTURE_OR_SKIP(var, relative)                                           \
+  std::string var;                                                                    \
+  do {                                                                                \
+    auto loom_fx_ = ::loom::test::fixture_path(relative);                             \
+    if (!loom_fx_)                                                                    \
+      GTEST_SKIP() << "fixture " << (relative)                                        \
+                   << " not found (set LOOM_FIXTURES or provide ../shared/fixtures)"; \
+    var = *loom_fx_;                                                                  \
   } while (0)

@@ -32,9 +32,9 @@ namespace loom::cpu::avx2 {
 namespace {
 
 constexpr int kTileRows = 4;
-constexpr int kTileTokensMax = 2;     // 8 accumulators + 5 inputs of 16 ymm
-constexpr int64_t kKBlock = 512;      // elements: weight tile 4 x 2 KiB (fp32) in L1
-constexpr int64_t kTokenBlock = 64;   // tokens: activation block 64 x 2 KiB (fp32) in L2
+constexpr int kTileTokensMax = 2;    // 8 accumulators + 5 inputs of 16 ymm
+constexpr int64_t kKBlock = 512;     // elements: weight tile 4 x 2 KiB (fp32) in L1
+constexpr int64_t kTokenBlock = 64;  // tokens: activation block 64 x 2 KiB (fp32) in L2
 
 // [sum a, sum b, sum c, sum d] over 8 lanes each.
 inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -43,8 +43,12 @@ inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-inline __m256 widen_f16(__m128i h) { return _mm256_cvtph_ps(h); }
-inline __m256 widen_bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+inline __m256 widen_f16(__m128i h) {
+  return _mm256_cvtph_ps(h);
+}
+inline __m256 widen_bf16(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 
 // Loads m < 8 halves into a zero-padded vector.
 inline __m128i load_tail_u16(const uint16_t* p, int64_t m) {
@@ -68,22 +72,26 @@ struct SrcF32 {
 struct SrcF16 {
   using Elem = uint16_t;
   static constexpr int64_t kStep = 8;
-  static __m256 load(const uint16_t* p) { return widen_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m256 load(const uint16_t* p) {
+    return widen_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static __m256 load_tail(const uint16_t* p, int64_t m) { return widen_f16(load_tail_u16(p, m)); }
 };
 
 struct SrcBf16 {
   using Elem = uint16_t;
   static constexpr int64_t kStep = 8;
-  static __m256 load(const uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m256 load(const uint16_t* p) {
+    return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static __m256 load_tail(const uint16_t* p, int64_t m) { return widen_bf16(load_tail_u16(p, m)); }
 };
 
 // Rows w[0..m_rows) (m_rows <= 4) times activation rows x[0..TN), k elements:
 // Y[t * ldy + j] = (accumulate ? Y[...] : 0) + dot.
 template <class S, int TN>
-void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs, int64_t k,
-          float* y, int64_t ldy, bool accumulate) {
+void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs,
+          int64_t k, float* y, int64_t ldy, bool accumulate) {
   // Missing rows read row 0 again; their sums are not stored.
   const typename S::Elem* w0 = w;
   const typename S::Elem* w1 = m_rows > 1 ? w + ws : w;
@@ -97,7 +105,8 @@ void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::E
   }
   int64_t i = 0;
   for (; i + S::kStep <= k; i += S::kStep) {
-    const __m256 a0 = S::load(w0 + i), a1 = S::load(w1 + i), a2 = S::load(w2 + i), a3 = S::load(w3 + i);
+    const __m256 a0 = S::load(w0 + i), a1 = S::load(w1 + i), a2 = S::load(w2 + i),
+                 a3 = S::load(w3 + i);
 #pragma GCC unroll 4
     for (int t = 0; t < TN; ++t) {
       const __m256 b = S::load(x + t * xs + i);
@@ -109,8 +118,8 @@ void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::E
   }
   if (i < k) {
     const int64_t m = k - i;
-    const __m256 a0 = S::load_tail(w0 + i, m), a1 = S::load_tail(w1 + i, m), a2 = S::load_tail(w2 + i, m),
-                 a3 = S::load_tail(w3 + i, m);
+    const __m256 a0 = S::load_tail(w0 + i, m), a1 = S::load_tail(w1 + i, m),
+                 a2 = S::load_tail(w2 + i, m), a3 = S::load_tail(w3 + i, m);
 #pragma GCC unroll 4
     for (int t = 0; t < TN; ++t) {
       const __m256 b = S::load_tail(x + t * xs + i, m);
@@ -135,8 +144,8 @@ void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::E
 }
 
 template <class S>
-void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs,
-            int64_t k, float* y, int64_t ldy, bool accumulate) {
+void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x,
+            int64_t xs, int64_t k, float* y, int64_t ldy, bool accumulate) {
   if (tn == 1) {
     tile<S, 1>(w, ws, m_rows, x, xs, k, y, ldy, accumulate);
   } else {
@@ -144,20 +153,23 @@ void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typ
   }
 }
 
-inline int min_int(int64_t a, int64_t b) { return static_cast<int>(a < b ? a : b); }
+inline int min_int(int64_t a, int64_t b) {
+  return static_cast<int>(a < b ? a : b);
+}
 
 // T <= kTileTokensMax: one pass over the weights.
 template <class S>
-void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs,
+                int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r += kTileRows) {
-    tile_n<S>(static_cast<int>(T), W + r * ws, ws, min_int(kTileRows, r1 - r), X, xs, n, Y + r, ldy, false);
+    tile_n<S>(static_cast<int>(T), W + r * ws, ws, min_int(kTileRows, r1 - r), X, xs, n, Y + r, ldy,
+              false);
   }
 }
 
 template <class S>
-void run_blocked(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs, int64_t T, float* Y,
-                 int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_blocked(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs,
+                 int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   for (int64_t t0 = 0; t0 < T; t0 += kTokenBlock) {
     const int64_t t1 = t0 + kTokenBlock < T ? t0 + kTokenBlock : T;
     for (int64_t k0 = 0; k0 < n; k0 += kKBlock) {
@@ -165,8 +177,8 @@ void run_blocked(const typename S::Elem* W, int64_t ws, const typename S::Elem* 
       for (int64_t r = r0; r < r1; r += kTileRows) {
         const int m_rows = min_int(kTileRows, r1 - r);
         for (int64_t t = t0; t < t1; t += kTileTokensMax) {
-          tile_n<S>(min_int(kTileTokensMax, t1 - t), W + r * ws + k0, ws, m_rows, X + t * xs + k0, xs, kb,
-                    Y + t * ldy + r, ldy, k0 > 0);
+          tile_n<S>(min_int(kTileTokensMax, t1 - t), W + r * ws + k0, ws, m_rows, X + t * xs + k0,
+                    xs, kb, Y + t * ldy + r, ldy, k0 > 0);
         }
       }
     }
@@ -176,7 +188,8 @@ void run_blocked(const typename S::Elem* W, int64_t ws, const typename S::Elem* 
 // Widens `rows` rows of k 16-bit values (`src_stride` apart) into fp32 rows
 // `dst_stride` apart.
 template <class S>
-void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t k, float* dst, int64_t dst_stride) {
+void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t k, float* dst,
+                 int64_t dst_stride) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* s = src + r * src_stride;
     float* d = dst + r * dst_stride;
@@ -194,8 +207,8 @@ void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t 
 // weight tile once per token block into fp32 scratch (128 KiB + 8 KiB of
 // stack), then run the F32 micro-kernel.
 template <class S>
-void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T, float* Y,
-                         int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T,
+                         float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   alignas(32) float xbuf[kTokenBlock * kKBlock];
   alignas(32) float wbuf[kTileRows * kKBlock];
   for (int64_t t0 = 0; t0 < T; t0 += kTokenBlock) {
@@ -207,8 +220,8 @@ void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64
         const int m_rows = min_int(kTileRows, r1 - r);
         widen_block<S>(W + r * ws + k0, ws, m_rows, kb, wbuf, kKBlock);
         for (int64_t t = t0; t < t1; t += kTileTokensMax) {
-          tile_n<SrcF32>(min_int(kTileTokensMax, t1 - t), wbuf, kKBlock, m_rows, xbuf + (t - t0) * kKBlock,
-                         kKBlock, kb, Y + t * ldy + r, ldy, k0 > 0);
+          tile_n<SrcF32>(min_int(kTileTokensMax, t1 - t), wbuf, kKBlock, m_rows,
+                         xbuf + (t - t0) * kKBlock, kKBlock, kb, Y + t * ldy + r, ldy, k0 > 0);
         }
       }
     }
@@ -216,8 +229,8 @@ void run_blocked_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64
 }
 
 template <class S>
-void run_16bit(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-               int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_16bit(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+               float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const uint16_t*>(W);
   const auto* x = static_cast<const uint16_t*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(uint16_t));
@@ -233,8 +246,8 @@ void run_16bit(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
 
 // Row strides are in bytes, as in matmul_rows.
 
-void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-               int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+               float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const float*>(W);
   const auto* x = static_cast<const float*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(float));
@@ -246,16 +259,18 @@ void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
   }
 }
 
-void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-               int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+               float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   run_16bit<SrcF16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
 }
 
-void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+                float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   run_16bit<SrcBf16>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
 }
 
-void f16_to_f32(const uint16_t* src, float* dst, int64_t n) { widen_block<SrcF16>(src, 0, 1, n, dst, 0); }
+void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  widen_block<SrcF16>(src, 0, 1, n, dst, 0);
+}
 
 }  // namespace loom::cpu::avx2

@@ -63,7 +63,9 @@ inline __m256 exp_ps(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
 }
 
-inline float exp_ss(float x) { return _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(x))); }
+inline float exp_ss(float x) {
+  return _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(x)));
+}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -103,7 +105,8 @@ inline __m256 reduce8(const __m256* a) {
   };
   // Level 3: neighbouring floats.
   auto c3 = [](__m256 x, __m256 y) {
-    return _mm256_add_ps(_mm256_blend_ps(x, y, 0xAA), _mm256_permute_ps(_mm256_blend_ps(x, y, 0x55), 0xB1));
+    return _mm256_add_ps(_mm256_blend_ps(x, y, 0xAA),
+                         _mm256_permute_ps(_mm256_blend_ps(x, y, 0x55), 0xB1));
   };
   const __m256 t0 = c1(a[0], a[4]);
   const __m256 t1 = c1(a[2], a[6]);
@@ -116,7 +119,8 @@ inline __m256 reduce8(const __m256* a) {
 // query rows: R x G accumulators, each V chunk loaded once for R rows, each
 // probability broadcast once for G chunks.
 template <int R, int G>
-void pv_tile(const float* p, int64_t lds, const float* alpha, const float* v, int64_t hdp, int64_t n, float* acc) {
+void pv_tile(const float* p, int64_t lds, const float* alpha, const float* v, int64_t hdp,
+             int64_t n, float* acc) {
   __m256 x[R][G];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
@@ -145,8 +149,8 @@ void pv_tile(const float* p, int64_t lds, const float* alpha, const float* v, in
 
 // Tiles of the 16 ymm registers: 4 rows x 2 chunks, 2 x 4, 1 x 8 (8 FMA chains each).
 template <int R>
-void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const float* v, int64_t hdp, int64_t n,
-               float* acc) {
+void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const float* v,
+               int64_t hdp, int64_t n, float* acc) {
   switch (g) {
     case 1: return pv_tile<R, 1>(p, lds, alpha, v, hdp, n, acc);
     case 2: return pv_tile<R, 2>(p, lds, alpha, v, hdp, n, acc);
@@ -192,10 +196,12 @@ void rms_norm(const float* x, const float* w, float eps, float* y, int64_t n) {
   const float scale = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(mean + eps)));
   const __m256 vs = _mm256_set1_ps(scale);
   for (i = 0; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    _mm256_storeu_ps(
+        y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
   }
   if (i < n) {
-    const __m256 v = _mm256_mul_ps(_mm256_mul_ps(load_partial(x + i, n - i), vs), load_partial(w + i, n - i));
+    const __m256 v =
+        _mm256_mul_ps(_mm256_mul_ps(load_partial(x + i, n - i), vs), load_partial(w + i, n - i));
     store_partial(y + i, v, n - i);
   }
 }
@@ -209,13 +215,17 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-  if (i < n) store_partial(out + i, silu_mul8(load_partial(gate + i, n - i), load_partial(up + i, n - i)), n - i);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n)
+    store_partial(out + i, silu_mul8(load_partial(gate + i, n - i), load_partial(up + i, n - i)),
+                  n - i);
 }
 
 void add(const float* a, const float* b, float* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
@@ -246,7 +256,8 @@ void softmax(float* x, int64_t n) {
   }
   const float inv = static_cast<float>(1.0 / total);
   const __m256 vinv = _mm256_set1_ps(inv);
-  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
   for (; i < n; ++i) x[i] *= inv;
 }
 
@@ -254,12 +265,14 @@ void f32_to_f16_row(const float* x, void* y, int64_t n) {
   auto* out = static_cast<unsigned char*>(y);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
   }
   if (i < n) {
     unsigned char buf[16];
-    const __m128i h = _mm256_cvtps_ph(load_partial(x + i, n - i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h =
+        _mm256_cvtps_ph(load_partial(x + i, n - i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(buf), h);
     for (int64_t j = 0; j < 2 * (n - i); ++j) out[2 * i + j] = buf[j];
   }
@@ -267,10 +280,11 @@ void f32_to_f16_row(const float* x, void* y, int64_t n) {
 
 // ---- attention -------------------------------------------------------------------
 
-void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs, int64_t n_pad) {
+void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
+                   int64_t n_pad) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   const int64_t hdp = (hd + 15) / 16 * 16;  // the driver pads dims to 16
-  const int64_t full = hd / 8;               // whole 8-dim chunks
+  const int64_t full = hd / 8;              // whole 8-dim chunks
   for (int64_t r = 0; r < n; ++r) {
     const unsigned char* row = bytes + 2 * r * hd;
     float* d = dst + r * rs;
@@ -282,17 +296,20 @@ void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t r
     if (hd % 8 != 0) {
       unsigned char buf[16] = {};
       for (int64_t j = 0; j < 2 * (hd % 8); ++j) buf[j] = row[16 * c + j];
-      _mm256_storeu_ps(d + c * cs, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buf))));
+      _mm256_storeu_ps(d + c * cs,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buf))));
       ++c;
     }
     for (; c < hdp / 8; ++c) _mm256_storeu_ps(d + c * cs, _mm256_setzero_ps());
   }
   for (int64_t r = n; r < n_pad; ++r) {
-    for (int64_t c = 0; c < hdp / 8; ++c) _mm256_storeu_ps(dst + r * rs + c * cs, _mm256_setzero_ps());
+    for (int64_t c = 0; c < hdp / 8; ++c)
+      _mm256_storeu_ps(dst + r * rs + c * cs, _mm256_setzero_ps());
   }
 }
 
-void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs, int64_t n_pad) {
+void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
+                    int64_t n_pad) {
   // Row: hd / 32 blocks of {fp16 d, int8 qs[32]} (34 bytes); y = qs * d.
   const auto* bytes = static_cast<const unsigned char*>(src);
   const int64_t n_blocks = hd / 32;
@@ -317,12 +334,13 @@ void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t 
     }
   }
   for (int64_t r = n; r < n_pad; ++r) {
-    for (int64_t c = 0; c < 4 * n_blocks; ++c) _mm256_storeu_ps(dst + r * rs + c * cs, _mm256_setzero_ps());
+    for (int64_t c = 0; c < 4 * n_blocks; ++c)
+      _mm256_storeu_ps(dst + r * rs + c * cs, _mm256_setzero_ps());
   }
 }
 
-void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n, float scale,
-                 float* s, int64_t lds) {
+void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n,
+                 float scale, float* s, int64_t lds) {
   const int64_t n_chunks = hdp / 8;
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int64_t g = 0; g < n; g += 8) {
@@ -348,8 +366,8 @@ void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_
   }
 }
 
-void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid, float* row_max,
-                  float* row_sum, float* alpha) {
+void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid,
+                  float* row_max, float* row_sum, float* alpha) {
   for (int64_t i = 0; i < m; ++i) {
     float* si = s + i * lds;
     const int64_t nv = n_valid[i];
@@ -387,8 +405,8 @@ void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_
   }
 }
 
-void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n, int64_t hdp,
-             float* acc) {
+void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n,
+             int64_t hdp, float* acc) {
   const int64_t n_chunks = hdp / 8;
   for (int64_t i0 = 0; i0 < m; i0 += 4) {
     const int64_t rows = m - i0 < 4 ? m - i0 : 4;

@@ -28,8 +28,12 @@ namespace {
 
 #define LOOM_INLINE inline __attribute__((always_inline))
 
-LOOM_INLINE __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-LOOM_INLINE __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+LOOM_INLINE __m128i load128(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+LOOM_INLINE __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
 
 LOOM_INLINE float half_to_float(const uint8_t* p) {
   uint16_t v;
@@ -58,9 +62,10 @@ LOOM_INLINE __m256i nibbles_to_bytes(__m128i v) {
 
 // Bit e of the 32-bit word qh as 16 added to byte e (fifth bits of Q5_0/Q5_1).
 LOOM_INLINE __m256i fifth_bits(uint32_t qh) {
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                             _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                                                0x0202020202020202, 0x0303030303030303));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                          _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                             0x0202020202020202, 0x0303030303030303));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
   return _mm256_and_si256(set, _mm256_set1_epi8(16));
@@ -194,7 +199,8 @@ LOOM_INLINE void tile32(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb,
 }
 
 template <class F, int C>
-void rows32(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y, int64_t r0, int64_t r1) {
+void rows32(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y, int64_t r0,
+            int64_t r1) {
   constexpr int R = C == 1 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
@@ -256,9 +262,10 @@ LOOM_INLINE void spread_scales16(__m256i v, __m256i sc[8]) {
   for (int k = 0; k < 8; ++k) {
     const __m128i lane = k < 4 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
     const int j = 2 * (k & 3);  // word index of scale 2k inside the lane
-    const __m128i lo = _mm_shuffle_epi8(lane, _mm_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))));
-    const __m128i hi =
-        _mm_shuffle_epi8(lane, _mm_set1_epi16(static_cast<short>((2 * j + 2) | ((2 * j + 3) << 8))));
+    const __m128i lo =
+        _mm_shuffle_epi8(lane, _mm_set1_epi16(static_cast<short>((2 * j) | ((2 * j + 1) << 8))));
+    const __m128i hi = _mm_shuffle_epi8(
+        lane, _mm_set1_epi16(static_cast<short>((2 * j + 2) | ((2 * j + 3) << 8))));
     sc[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
   }
 }
@@ -336,11 +343,14 @@ struct FmtQ6_K {
       const __m256i qh = load256(b + 128 + 32 * h);
       // Elements 128h + 32i + l: nibble of ql (i = 0, 1 low; 2, 3 high) and
       // bits 2i..2i+1 of qh[l] as bits 4..5.
-      k->q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
-      k->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
-      k->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
-      k->q[4 * h + 3] =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+      k->q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+      k->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+      k->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                        _mm256_and_si256(qh, m2));
+      k->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
     }
   }
 };
@@ -375,7 +385,8 @@ LOOM_INLINE __m128i unpack_scales_q3(const uint8_t* p) {
   const uint32_t s1 = (u[1] & m4) | (((u[2] >> 2) & m2) << 4);
   const uint32_t s2 = ((u[0] >> 4) & m4) | (((u[2] >> 4) & m2) << 4);
   const uint32_t s3 = ((u[1] >> 4) & m4) | (((u[2] >> 6) & m2) << 4);
-  return _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1), static_cast<int>(s0));
+  return _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1),
+                       static_cast<int>(s0));
 }
 
 struct FmtQ3_K {
@@ -383,7 +394,8 @@ struct FmtQ3_K {
   static LOOM_INLINE void unpack(const uint8_t* b, KBlock* k) {
     k->d = half_to_float(b + 108);
     k->dm = -4.0f * k->d;  // quants stored as q + 4
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_sub_epi8(unpack_scales_q3(b + 96), _mm_set1_epi8(32)));
+    const __m256i sc =
+        _mm256_cvtepi8_epi16(_mm_sub_epi8(unpack_scales_q3(b + 96), _mm_set1_epi8(32)));
     spread_scales16(sc, k->sc);
     k->mn = sc;
     const __m256i m2 = _mm256_set1_epi8(3);
@@ -402,7 +414,8 @@ struct FmtQ3_K {
 };
 
 template <class F, int R, int C>
-LOOM_INLINE void tile_k(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y) {
+LOOM_INLINE void tile_k(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb,
+                        float* const* y) {
   constexpr int kXBytes = 292;  // BlockQ8_K
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -410,7 +423,8 @@ LOOM_INLINE void tile_k(const uint8_t* w, size_t wrb, const uint8_t* const* x, i
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
-      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + l), _MM_HINT_T1);
+      for (int l = 0; l < F::kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + R * wrb + l), _MM_HINT_T1);
       KBlock k;
       F::unpack(p, &k);
       for (int c = 0; c < C; ++c) {
@@ -432,8 +446,8 @@ LOOM_INLINE void tile_k(const uint8_t* w, size_t wrb, const uint8_t* const* x, i
 }
 
 template <class F, int C>
-void rows_k(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y, int64_t r0,
-            int64_t r1) {
+void rows_k(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y,
+            int64_t r0, int64_t r1) {
   constexpr int R = C == 1 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
@@ -525,7 +539,8 @@ void quantize_act_q8_0(const float* x, void* out, int64_t n) {
       store_8x_i8(q + 32 * b + 8 * k, qi);
       sum = _mm256_add_epi32(sum, qi);
     }
-    const float dh = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT)));
+    const float dh =
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT)));
     const float sd = dh * static_cast<float>(hsum_i32(sum));
     __builtin_memcpy(dout + 4 * b, &dh, 4);
     __builtin_memcpy(sout + 4 * b, &sd, 4);
@@ -537,7 +552,8 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t b = 0; b < n / 256; ++b, x += 256, o += 292) {
     __m256 m = _mm256_setzero_ps();
-    for (int k = 0; k < 32; ++k) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * k), abs_mask));
+    for (int k = 0; k < 32; ++k)
+      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * k), abs_mask));
     const float amax = hmax(m);
     if (amax == 0.0f) {
       __builtin_memset(o, 0, 292);
@@ -547,7 +563,8 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
     float extreme = 0.0f;
     for (int k = 0; k < 32; ++k) {
       const __m256 v = _mm256_loadu_ps(x + 8 * k);
-      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+      const int hit = _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), _mm256_set1_ps(amax), _CMP_EQ_OQ));
       if (hit != 0) {
         extreme = x[8 * k + __builtin_ctz(static_cast<unsigned>(hit))];
         break;
@@ -558,10 +575,12 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
     int16_t bsums[16];
     for (int s = 0; s < 16; ++s) {
       // Round to nearest even, as ggml's magic-number nearest_int does here.
-      const __m256i q0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(x + 16 * s))),
-                                          _mm256_set1_epi32(127));
-      const __m256i q1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(x + 16 * s + 8))),
-                                          _mm256_set1_epi32(127));
+      const __m256i q0 =
+          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(x + 16 * s))),
+                           _mm256_set1_epi32(127));
+      const __m256i q1 =
+          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(x + 16 * s + 8))),
+                           _mm256_set1_epi32(127));
       store_8x_i8(reinterpret_cast<int8_t*>(o + 4 + 16 * s), q0);
       store_8x_i8(reinterpret_cast<int8_t*>(o + 4 + 16 * s + 8), q1);
       bsums[s] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q0, q1)));
@@ -572,17 +591,35 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
   }
 }
 
-
-void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-
+void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
 
 }  // namespace loom::cpu::avx2

@@ -54,10 +54,12 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
   const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
   // [a, b, c, d] partial sums in each of the 4 lanes.
-  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m512 abcd =
+      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
   // Add the 4 lanes.
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  const __m256 h =
+      _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
@@ -110,8 +112,12 @@ struct SrcBf16Widen {
   using Elem = uint16_t;
   using Vec = __m512;
   static constexpr int64_t kStep = 16;
-  static Vec widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-  static Vec load(const uint16_t* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Vec widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static Vec load(const uint16_t* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static Vec load_tail(const uint16_t* p, int64_t m) {
     return widen(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << m) - 1u), p));
   }
@@ -122,8 +128,8 @@ struct SrcBf16Widen {
 // activation rows x[0..TN) (`xs` elements apart), k elements each.
 // Y[t * ldy + j] = (accumulate ? Y[...] : 0) + dot, for j < m_rows.
 template <class S, int TN>
-void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs, int64_t k,
-          float* y, int64_t ldy, bool accumulate) {
+void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs,
+          int64_t k, float* y, int64_t ldy, bool accumulate) {
   // Missing rows read row 0 again (never out of bounds); their sums are not stored.
   const typename S::Elem* w0 = w;
   const typename S::Elem* w1 = m_rows > 1 ? w + ws : w;
@@ -175,8 +181,8 @@ void tile(const typename S::Elem* w, int64_t ws, int m_rows, const typename S::E
 
 // Tile over tn <= kTileTokensMax tokens (run-time count).
 template <class S>
-void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x, int64_t xs,
-            int64_t k, float* y, int64_t ldy, bool accumulate) {
+void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typename S::Elem* x,
+            int64_t xs, int64_t k, float* y, int64_t ldy, bool accumulate) {
   switch (tn) {
     case 1: tile<S, 1>(w, ws, m_rows, x, xs, k, y, ldy, accumulate); break;
     case 2: tile<S, 2>(w, ws, m_rows, x, xs, k, y, ldy, accumulate); break;
@@ -187,7 +193,9 @@ void tile_n(int tn, const typename S::Elem* w, int64_t ws, int m_rows, const typ
   }
 }
 
-inline int min_int(int64_t a, int64_t b) { return static_cast<int>(a < b ? a : b); }
+inline int min_int(int64_t a, int64_t b) {
+  return static_cast<int>(a < b ? a : b);
+}
 
 // T = 1: 8 weight rows at a time (8 accumulators, 8 row streams), reduced
 // into Y[r..r+8). Measured against the 4-row tile on one Emerald Rapids core
@@ -215,26 +223,30 @@ void gemv8(const typename S::Elem* w, int64_t ws, const typename S::Elem* x, int
 
 // T <= kTileTokensMax: every weight row is read once, for all tokens.
 template <class S>
-void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs,
+                int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   if (T == 1) {
     for (; r0 + 8 <= r1; r0 += 8) gemv8<S>(W + r0 * ws, ws, X, n, Y + r0);
   }
   for (int64_t r = r0; r < r1; r += kTileRows) {
-    tile_n<S>(static_cast<int>(T), W + r * ws, ws, min_int(kTileRows, r1 - r), X, xs, n, Y + r, ldy, false);
+    tile_n<S>(static_cast<int>(T), W + r * ws, ws, min_int(kTileRows, r1 - r), X, xs, n, Y + r, ldy,
+              false);
   }
 }
 
 // Widens `rows` rows of k 16-bit values (`src_stride` elements apart, S is
 // SrcF16 or SrcBf16Widen) into fp32 rows `dst_stride` floats apart.
 template <class S>
-void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t k, float* dst, int64_t dst_stride) {
+void widen_block(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t k, float* dst,
+                 int64_t dst_stride) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* s = src + r * src_stride;
     float* d = dst + r * dst_stride;
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) _mm512_storeu_ps(d + i, S::load(s + i));
-    if (i < k) _mm512_mask_storeu_ps(d + i, static_cast<__mmask16>((1u << (k - i)) - 1u), S::load_tail(s + i, k - i));
+    if (i < k)
+      _mm512_mask_storeu_ps(d + i, static_cast<__mmask16>((1u << (k - i)) - 1u),
+                            S::load_tail(s + i, k - i));
   }
 }
 
@@ -284,10 +296,14 @@ inline void transpose16(__m512 v[16]) {
   }
   for (int i = 0; i < 16; i += 4) {
     // Rows i..i+3 of column 4L + c in lane L of u[i + c].
-    u[i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    u[i + 0] =
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    u[i + 1] =
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    u[i + 2] = _mm512_castpd_ps(
+        _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    u[i + 3] = _mm512_castpd_ps(
+        _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
   }
   for (int c = 0; c < 4; ++c) {
     // Column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
@@ -319,7 +335,9 @@ struct PackF16 {
 struct PackBf16Widen {
   using Elem = uint16_t;
   static constexpr int64_t kPerUnit = 1;
-  static __m512 load(const uint16_t* p, int64_t m) { return SrcBf16Widen::widen(_mm256_maskz_loadu_epi16(mask16(m), p)); }
+  static __m512 load(const uint16_t* p, int64_t m) {
+    return SrcBf16Widen::widen(_mm256_maskz_loadu_epi16(mask16(m), p));
+  }
 };
 struct PackBf16 {  // pairs of bf16 stay together: the layout vdpbf16ps wants
   using Elem = uint16_t;
@@ -338,7 +356,8 @@ void pack_panel(const typename P::Elem* w, int64_t ws, int rows, int64_t k, floa
   for (int g = 0; g < kPanelRows; g += 16) {
     for (int64_t e0 = 0; e0 < k; e0 += kChunk) {
       __m512 v[16];
-      for (int i = 0; i < 16; ++i) v[i] = g + i < rows ? P::load(w + (g + i) * ws + e0, k - e0) : _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i)
+        v[i] = g + i < rows ? P::load(w + (g + i) * ws + e0, k - e0) : _mm512_setzero_ps();
       transpose16(v);
       const int64_t u0 = e0 / P::kPerUnit;
       const int64_t nu = units - u0 < 16 ? units - u0 : 16;
@@ -351,7 +370,9 @@ void pack_panel(const typename P::Elem* w, int64_t ws, int rows, int64_t k, floa
 struct BcastF32 {
   using Elem = float;
   static __m512 unit(const float* x, int64_t u) { return _mm512_set1_ps(x[u]); }
-  static __m512 last_half(const float* x, int64_t u) { return unit(x, u); }  // units are whole: unused
+  static __m512 last_half(const float* x, int64_t u) {
+    return unit(x, u);
+  }  // units are whole: unused
   static __m512 madd(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
 };
 struct BcastBf16 {
@@ -361,7 +382,9 @@ struct BcastBf16 {
   }
   // The unpaired last element of an odd row: its partner must read as zero
   // (the bytes after the row may hold anything, a NaN included).
-  static __m512 last_half(const uint16_t* x, int64_t u) { return _mm512_castsi512_ps(_mm512_set1_epi32(x[2 * u])); }
+  static __m512 last_half(const uint16_t* x, int64_t u) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(x[2 * u]));
+  }
   static __m512 madd(__m512 acc, __m512 w, __m512 x) {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(w), reinterpret_cast<__m512bh>(x));
   }
@@ -371,8 +394,8 @@ struct BcastBf16 {
 // (<= 64): `units` whole units, then (odd_tail) one whose activation is a
 // lone element.
 template <class B, int MR>
-void gemm_micro(const float* panel, int64_t units, bool odd_tail, const typename B::Elem* x, int64_t xs, float* y,
-                int64_t ldy, int cols, bool accumulate) {
+void gemm_micro(const float* panel, int64_t units, bool odd_tail, const typename B::Elem* x,
+                int64_t xs, float* y, int64_t ldy, int cols, bool accumulate) {
   __mmask16 m[4];
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) m[j] = mask16(cols - 16 * j < 0 ? 0 : cols - 16 * j);
@@ -381,7 +404,8 @@ void gemm_micro(const float* panel, int64_t units, bool odd_tail, const typename
   for (int t = 0; t < MR; ++t) {
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      acc[t][j] = accumulate ? _mm512_maskz_loadu_ps(m[j], y + t * ldy + 16 * j) : _mm512_setzero_ps();
+      acc[t][j] =
+          accumulate ? _mm512_maskz_loadu_ps(m[j], y + t * ldy + 16 * j) : _mm512_setzero_ps();
     }
   }
   for (int64_t u = 0; u < units; ++u) {
@@ -418,8 +442,9 @@ void gemm_micro(const float* panel, int64_t units, bool odd_tail, const typename
 }
 
 template <class B>
-void gemm_micro_n(int mr, const float* panel, int64_t units, bool odd_tail, const typename B::Elem* x, int64_t xs,
-                  float* y, int64_t ldy, int cols, bool accumulate) {
+void gemm_micro_n(int mr, const float* panel, int64_t units, bool odd_tail,
+                  const typename B::Elem* x, int64_t xs, float* y, int64_t ldy, int cols,
+                  bool accumulate) {
   switch (mr) {
     case 1: gemm_micro<B, 1>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
     case 2: gemm_micro<B, 2>(panel, units, odd_tail, x, xs, y, ldy, cols, accumulate); break;
@@ -432,8 +457,8 @@ void gemm_micro_n(int mr, const float* panel, int64_t units, bool odd_tail, cons
 
 // F32 (PackF32, BcastF32) and BF16 (PackBf16, BcastBf16): activations used in place.
 template <class P, class B>
-void run_packed(const typename P::Elem* W, int64_t ws, const typename B::Elem* X, int64_t xs, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_packed(const typename P::Elem* W, int64_t ws, const typename B::Elem* X, int64_t xs,
+                int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   alignas(64) float panel[kPanelUnits * kPanelRows];
   const int64_t kb = kPanelUnits * P::kPerUnit;  // elements per k block
   for (int64_t r = r0; r < r1; r += kPanelRows) {
@@ -444,8 +469,8 @@ void run_packed(const typename P::Elem* W, int64_t ws, const typename B::Elem* X
       const int64_t units = k / P::kPerUnit;
       const bool odd_tail = units * P::kPerUnit < k;
       for (int64_t t = 0; t < T; t += kGemmTokens) {
-        gemm_micro_n<B>(min_int(kGemmTokens, T - t), panel, units, odd_tail, X + t * xs + k0, xs, Y + t * ldy + r,
-                        ldy, rows, k0 > 0);
+        gemm_micro_n<B>(min_int(kGemmTokens, T - t), panel, units, odd_tail, X + t * xs + k0, xs,
+                        Y + t * ldy + r, ldy, rows, k0 > 0);
       }
     }
   }
@@ -456,8 +481,8 @@ void run_packed(const typename P::Elem* W, int64_t ws, const typename B::Elem* X
 // each (panel, k block) widened into fp32 scratch, kWidenTokenBlock tokens at
 // a time (64 + 128 KiB of stack in all).
 template <class P, class S>
-void run_packed_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T, float* Y,
-                        int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void run_packed_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_t xs, int64_t T,
+                        float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   alignas(64) float panel[kPanelUnits * kPanelRows];
   alignas(64) float xbuf[kWidenTokenBlock * kPanelUnits];
   for (int64_t t0 = 0; t0 < T; t0 += kWidenTokenBlock) {
@@ -469,8 +494,9 @@ void run_packed_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_
         pack_panel<P>(W + r * ws + k0, ws, rows, k, panel);
         widen_block<S>(X + t0 * xs + k0, xs, tb, k, xbuf, kPanelUnits);
         for (int64_t t = 0; t < tb; t += kGemmTokens) {
-          gemm_micro_n<BcastF32>(min_int(kGemmTokens, tb - t), panel, k, false, xbuf + t * kPanelUnits, kPanelUnits,
-                                 Y + (t0 + t) * ldy + r, ldy, rows, k0 > 0);
+          gemm_micro_n<BcastF32>(min_int(kGemmTokens, tb - t), panel, k, false,
+                                 xbuf + t * kPanelUnits, kPanelUnits, Y + (t0 + t) * ldy + r, ldy,
+                                 rows, k0 > 0);
         }
       }
     }
@@ -481,8 +507,8 @@ void run_packed_widened(const uint16_t* W, int64_t ws, const uint16_t* X, int64_
 
 // Row strides are in bytes, as in matmul_rows; dense rows are whole elements apart.
 
-void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-               int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+               float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const float*>(W);
   const auto* x = static_cast<const float*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(float));
@@ -494,8 +520,8 @@ void dense_f32(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
   }
 }
 
-void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-               int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+               float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const uint16_t*>(W);
   const auto* x = static_cast<const uint16_t*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(uint16_t));
@@ -507,8 +533,8 @@ void dense_f16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_by
   }
 }
 
-void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T,
+                float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const uint16_t*>(W);
   const auto* x = static_cast<const uint16_t*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(uint16_t));
@@ -521,8 +547,8 @@ void dense_bf16(const void* W, size_t w_row_bytes, const void* X, size_t x_row_b
 }
 
 // BF16 on AVX-512 CPUs without avx512_bf16: exact widening and fp32 FMA.
-void dense_bf16_widen(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes, int64_t T, float* Y,
-                      int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
+void dense_bf16_widen(const void* W, size_t w_row_bytes, const void* X, size_t x_row_bytes,
+                      int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const uint16_t*>(W);
   const auto* x = static_cast<const uint16_t*>(X);
   const auto ws = static_cast<int64_t>(w_row_bytes / sizeof(uint16_t));
@@ -534,6 +560,8 @@ void dense_bf16_widen(const void* W, size_t w_row_bytes, const void* X, size_t x
   }
 }
 
-void f16_to_f32(const uint16_t* src, float* dst, int64_t n) { widen_block<SrcF16>(src, 0, 1, n, dst, 0); }
+void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  widen_block<SrcF16>(src, 0, 1, n, dst, 0);
+}
 
 }  // namespace loom::cpu::avx512

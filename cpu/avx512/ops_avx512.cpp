@@ -68,7 +68,9 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-inline float exp_ss(float x) { return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x))); }
+inline float exp_ss(float x) {
+  return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x)));
+}
 
 // Sum of 16 products x*x (computed in float, as ggml does), added in double.
 inline __m512d add_squares(__m512d acc, __m512 v) {
@@ -87,7 +89,8 @@ inline __m512 combine(__m512 x, __m512 y, __mmask16 mask, __m512i idx) {
 inline __m512 reduce16(const __m512* a) {
   // Level 1 pairs 256-bit halves, 2 the 128-bit lanes of each half, 3 the
   // 64-bit pairs, 4 neighbouring floats (indices 16..31 pick from y).
-  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i i1 =
+      _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
   const __m512i i2 = _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
   const __m512i i3 = _mm512_setr_epi32(2, 3, 16, 17, 6, 7, 20, 21, 10, 11, 24, 25, 14, 15, 28, 29);
   const __m512i i4 = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
@@ -130,14 +133,16 @@ inline void store_quad(__m512 u, float* s, int64_t lds, int64_t hq, int64_t g) {
   _mm_storeu_ps(base + 3 * lds, _mm512_extractf32x4_ps(u, 3));
 }
 
-inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+inline __m512 bcast4(const float* p) {
+  return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+}
 
 // Scores with query rows in quads (qx from attn_prepare_q) and K row-major:
 // each FMA multiplies 4 dims of 4 query rows by the same 4 dims of one cached
 // row (a 16-byte broadcast), so a score is the sum of only 4 lanes. Four
 // cached rows at a time; two quads share each broadcast.
-void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int64_t n, float scale, float* s,
-                  int64_t lds) {
+void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int64_t n, float scale,
+                  float* s, int64_t lds) {
   const int64_t n_steps = hdp / 4;
   const int64_t n_quads = (m + 3) / 4;
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -151,9 +156,11 @@ void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int6
     for (; hq + 1 < n_quads; hq += 2) {
       const float* qa = qx + hq * n_steps * 16;
       const float* qb = qa + n_steps * 16;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+             b3 = a0;
       for (int64_t t = 0; t < n_steps; ++t) {
-        const __m512 x0 = bcast4(k0 + 4 * t), x1 = bcast4(k1 + 4 * t), x2 = bcast4(k2 + 4 * t), x3 = bcast4(k3 + 4 * t);
+        const __m512 x0 = bcast4(k0 + 4 * t), x1 = bcast4(k1 + 4 * t), x2 = bcast4(k2 + 4 * t),
+                     x3 = bcast4(k3 + 4 * t);
         const __m512 qva = _mm512_loadu_ps(qa + 16 * t);
         const __m512 qvb = _mm512_loadu_ps(qb + 16 * t);
         a0 = _mm512_fmadd_ps(qva, x0, a0);
@@ -171,7 +178,8 @@ void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int6
     if (hq < n_quads) {
       // One quad left: even and odd steps in separate accumulators (8 FMA chains).
       const float* qa = qx + hq * n_steps * 16;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0,
+             c3 = a0;
       for (int64_t t = 0; t < n_steps; t += 2) {
         const __m512 qv = _mm512_loadu_ps(qa + 16 * t);
         const __m512 qw = _mm512_loadu_ps(qa + 16 * t + 16);
@@ -184,8 +192,8 @@ void scores_quads(const float* qx, int64_t m, int64_t hdp, const float* kf, int6
         c2 = _mm512_fmadd_ps(qw, bcast4(k2 + 4 * t + 4), c2);
         c3 = _mm512_fmadd_ps(qw, bcast4(k3 + 4 * t + 4), c3);
       }
-      const __m512 u = reduce_quad(_mm512_add_ps(a0, c0), _mm512_add_ps(a1, c1), _mm512_add_ps(a2, c2),
-                                   _mm512_add_ps(a3, c3));
+      const __m512 u = reduce_quad(_mm512_add_ps(a0, c0), _mm512_add_ps(a1, c1),
+                                   _mm512_add_ps(a2, c2), _mm512_add_ps(a3, c3));
       store_quad(_mm512_mul_ps(u, vscale), s, lds, hq, g);
     }
   }
@@ -202,7 +210,8 @@ struct RowsF16 {  // F16 cache rows, head_dim a multiple of 16
   const char* base;
   int64_t row_bytes;
   __m512 chunk(int64_t r, int j) const {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * row_bytes + 32 * j)));
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * row_bytes + 32 * j)));
   }
 };
 struct RowsQ8 {  // Q8_0 cache rows (first chunk of the group even): y = qs * d
@@ -220,7 +229,8 @@ struct RowsQ8 {  // Q8_0 cache rows (first chunk of the group even): y = qs * d
 // R x G accumulators; each V chunk is converted once and used for R rows,
 // each probability broadcast once and used for G chunks. alpha null: 1.
 template <int R, int G, typename Rows>
-void pv_tile(const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n, float* acc, int64_t hdp) {
+void pv_tile(const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n, float* acc,
+             int64_t hdp) {
   __m512 x[R][G];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
@@ -247,8 +257,8 @@ void pv_tile(const float* p, int64_t lds, const float* alpha, const Rows& v, int
 }
 
 template <int R, typename Rows>
-void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n, float* acc,
-               int64_t hdp) {
+void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const Rows& v, int64_t n,
+               float* acc, int64_t hdp) {
   switch (g) {
     case 1: return pv_tile<R, 1>(p, lds, alpha, v, n, acc, hdp);
     case 2: return pv_tile<R, 2>(p, lds, alpha, v, n, acc, hdp);
@@ -270,8 +280,8 @@ void pv_tile_g(int64_t g, const float* p, int64_t lds, const float* alpha, const
 // in groups of 4 (8 when a group has 1-2 rows, for enough FMA chains).
 // make_rows(c0) gives the Rows functor of chunk group c0.
 template <typename MakeRows>
-void pv_all(const float* p, int64_t lds, const float* alpha, int64_t m, int64_t n, int64_t hdp, float* acc,
-            MakeRows make_rows) {
+void pv_all(const float* p, int64_t lds, const float* alpha, int64_t m, int64_t n, int64_t hdp,
+            float* acc, MakeRows make_rows) {
   const int64_t n_chunks = hdp / 16;
   for (int64_t i0 = 0; i0 < m; i0 += 4) {
     const int64_t rows = m - i0 < 4 ? m - i0 : 4;
@@ -331,7 +341,9 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
 void add(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
-    _mm512_mask_storeu_ps(out + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+    _mm512_mask_storeu_ps(
+        out + i, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
   }
 }
 
@@ -339,13 +351,15 @@ void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   __m512 mx = neg_inf;
-  for (int64_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail_mask(n - i), x + i));
+  for (int64_t i = 0; i < n; i += 16)
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail_mask(n - i), x + i));
   const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
   // exp values summed in double: a vocabulary-sized row would lose digits in float.
   __m512d sum = _mm512_setzero_pd();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax)));
+    const __m512 e =
+        _mm512_maskz_mov_ps(k, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax)));
     sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
     _mm512_mask_storeu_ps(x + i, k, e);
@@ -361,14 +375,16 @@ void f32_to_f16_row(const float* x, void* y, int64_t n) {
   auto* out = static_cast<char*>(y);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
-    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, x + i),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_mask_storeu_epi16(out + 2 * i, k, h);
   }
 }
 
 // ---- attention -------------------------------------------------------------------
 
-void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs, int64_t n_pad) {
+void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
+                   int64_t n_pad) {
   const auto* bytes = static_cast<const char*>(src);
   const int64_t n_chunks = (hd + 15) / 16;
   const __mmask16 last = tail_mask(hd - 16 * (n_chunks - 1));
@@ -383,11 +399,13 @@ void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t r
     _mm512_storeu_ps(d + (n_chunks - 1) * cs, _mm512_cvtph_ps(h));
   }
   for (int64_t r = n; r < n_pad; ++r) {
-    for (int64_t c = 0; c < n_chunks; ++c) _mm512_storeu_ps(dst + r * rs + c * cs, _mm512_setzero_ps());
+    for (int64_t c = 0; c < n_chunks; ++c)
+      _mm512_storeu_ps(dst + r * rs + c * cs, _mm512_setzero_ps());
   }
 }
 
-void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs, int64_t n_pad) {
+void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,
+                    int64_t n_pad) {
   // Row: hd / 32 blocks of {fp16 d, int8 qs[32]} (34 bytes); y = qs * d.
   const auto* bytes = static_cast<const unsigned char*>(src);
   const int64_t n_blocks = hd / 32;
@@ -401,12 +419,15 @@ void attn_load_q8_0(const void* src, int64_t n, int64_t hd, float* dst, int64_t 
       const __m512 scale = _mm512_set1_ps(_cvtsh_ss(bits));
       const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
       const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-      _mm512_storeu_ps(d + (2 * b) * cs, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), scale));
-      _mm512_storeu_ps(d + (2 * b + 1) * cs, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), scale));
+      _mm512_storeu_ps(d + (2 * b) * cs,
+                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), scale));
+      _mm512_storeu_ps(d + (2 * b + 1) * cs,
+                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), scale));
     }
   }
   for (int64_t r = n; r < n_pad; ++r) {
-    for (int64_t c = 0; c < 2 * n_blocks; ++c) _mm512_storeu_ps(dst + r * rs + c * cs, _mm512_setzero_ps());
+    for (int64_t c = 0; c < 2 * n_blocks; ++c)
+      _mm512_storeu_ps(dst + r * rs + c * cs, _mm512_setzero_ps());
   }
 }
 
@@ -427,8 +448,10 @@ void attn_prepare_q(const float* q, int64_t m, int64_t hdp, float* qx) {
     for (int64_t d = 0; d < hdp; d += 16) {
       // 16 dims of the 4 rows -> 4 steps of 16 floats.
       __m512 r[4];
-      for (int k = 0; k < 4; ++k) r[k] = rows[k] ? _mm512_loadu_ps(rows[k] + d) : _mm512_setzero_ps();
-      const __m512 r01lo = _mm512_permutex2var_ps(r[0], idx, r[1]);  // steps 0,1 of rows 0,1 (interleaved by 4)
+      for (int k = 0; k < 4; ++k)
+        r[k] = rows[k] ? _mm512_loadu_ps(rows[k] + d) : _mm512_setzero_ps();
+      const __m512 r01lo =
+          _mm512_permutex2var_ps(r[0], idx, r[1]);  // steps 0,1 of rows 0,1 (interleaved by 4)
       const __m512 r23lo = _mm512_permutex2var_ps(r[2], idx, r[3]);
       const __m512i hi = _mm512_add_epi32(idx, _mm512_set1_epi32(8));
       const __m512 r01hi = _mm512_permutex2var_ps(r[0], hi, r[1]);  // steps 2,3 of rows 0,1
@@ -443,8 +466,8 @@ void attn_prepare_q(const float* q, int64_t m, int64_t hdp, float* qx) {
   }
 }
 
-void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n, float scale,
-                 float* s, int64_t lds) {
+void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_t rc, int64_t n,
+                 float scale, float* s, int64_t lds) {
   (void)rc;  // K is row-major here: row r at kf + r * hdp
   if (m >= kQuadMinRows) {
     scores_quads(q, m, hdp, kf, n, scale, s, lds);
@@ -464,33 +487,37 @@ void attn_scores(const float* q, int64_t m, int64_t hdp, const float* kf, int64_
         const __m512 qv = _mm512_loadu_ps(qi + 16 * c);
         const float* kc = kg + 16 * c;
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + j * hdp), a[j]);
+        for (int j = 0; j < 16; ++j)
+          a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + j * hdp), a[j]);
       }
       _mm512_mask_storeu_ps(s + i * lds + g, store, _mm512_mul_ps(reduce16(a), vscale));
     }
   }
 }
 
-void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid, float* row_max,
-                  float* row_sum, float* alpha) {
+void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_valid,
+                  float* row_max, float* row_sum, float* alpha) {
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   for (int64_t i = 0; i < m; ++i) {
     float* si = s + i * lds;
     const int64_t nv = n_valid[i];
     if (nv == 0) {
-      for (int64_t r = 0; r < n; r += 16) _mm512_mask_storeu_ps(si + r, tail_mask(n - r), _mm512_setzero_ps());
+      for (int64_t r = 0; r < n; r += 16)
+        _mm512_mask_storeu_ps(si + r, tail_mask(n - r), _mm512_setzero_ps());
       alpha[i] = 1.0f;
       continue;
     }
     __m512 mx = neg_inf;
-    for (int64_t r = 0; r < nv; r += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail_mask(nv - r), si + r));
+    for (int64_t r = 0; r < nv; r += 16)
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, tail_mask(nv - r), si + r));
     const float block_max = _mm512_reduce_max_ps(mx);
     const float new_max = block_max > row_max[i] ? block_max : row_max[i];
     const __m512 vmax = _mm512_set1_ps(new_max);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t r = 0; r < n; r += 16) {
       const __mmask16 valid = tail_mask(nv - r);
-      const __m512 e = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, si + r), vmax)));
+      const __m512 e = _mm512_maskz_mov_ps(
+          valid, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, si + r), vmax)));
       sum = _mm512_add_ps(sum, e);
       _mm512_mask_storeu_ps(si + r, tail_mask(n - r), e);
     }
@@ -500,24 +527,30 @@ void attn_softmax(float* s, int64_t lds, int64_t m, int64_t n, const int32_t* n_
   }
 }
 
-void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n, int64_t hdp,
-             float* acc) {
-  pv_all(p, lds, alpha, m, n, hdp, acc, [vf, hdp](int64_t c0) { return RowsF32{vf + 16 * c0, hdp}; });
+void attn_pv(const float* p, int64_t lds, const float* alpha, int64_t m, const float* vf, int64_t n,
+             int64_t hdp, float* acc) {
+  pv_all(p, lds, alpha, m, n, hdp, acc, [vf, hdp](int64_t c0) {
+    return RowsF32{vf + 16 * c0, hdp};
+  });
 }
 
-void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
-                 float* acc) {
+void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
+                 int64_t n, int64_t hd, float* acc) {
   const auto* base = static_cast<const char*>(v);
   const int64_t row_bytes = 2 * hd;
-  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) { return RowsF16{base + 32 * c0, row_bytes}; });
+  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) {
+    return RowsF16{base + 32 * c0, row_bytes};
+  });
 }
 
-void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v, int64_t n, int64_t hd,
-                  float* acc) {
+void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
+                  int64_t n, int64_t hd, float* acc) {
   // Chunk groups start at even chunks (4 or 8 per group), so at block boundaries.
   const auto* base = static_cast<const unsigned char*>(v);
   const int64_t row_bytes = 34 * (hd / 32);
-  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) { return RowsQ8{base + 34 * (c0 / 2), row_bytes}; });
+  pv_all(p, lds, alpha, m, n, hd, acc, [base, row_bytes](int64_t c0) {
+    return RowsQ8{base + 34 * (c0 / 2), row_bytes};
+  });
 }
 
 }  // namespace loom::cpu::avx512

@@ -43,9 +43,15 @@ namespace {
 
 // ---- small helpers ------------------------------------------------------------
 
-LOOM_INLINE __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-LOOM_INLINE __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-LOOM_INLINE __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
+LOOM_INLINE __m128i load128(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+LOOM_INLINE __m256i load256(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+LOOM_INLINE __m512i load512(const void* p) {
+  return _mm512_loadu_si512(p);
+}
 
 // Four 16-byte pieces at p, p + stride, ... into the four 128-bit lanes;
 // pieces k >= count are zero (and not read).
@@ -69,7 +75,9 @@ LOOM_INLINE __m512i load_4x16_partial(const uint8_t* p, size_t stride, int count
 // row tile later (two tiles or >= 16 KB measured no better). Prefetches go
 // to L2 (T1): ~10% faster than T0 on 2 threads, the L1 fill buffers being
 // the scarcer resource; NTA was 40% slower.
-LOOM_INLINE size_t prefetch_distance(size_t tile_bytes) { return tile_bytes; }
+LOOM_INLINE size_t prefetch_distance(size_t tile_bytes) {
+  return tile_bytes;
+}
 
 LOOM_INLINE __mmask16 mask16(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
@@ -82,18 +90,23 @@ LOOM_INLINE __mmask64 mask64(int64_t count) {
 // gather (lane j reads the dword at p + j * stride), then the low or high
 // half of each dword converted to fp32. Lanes >= count are 0 and not read.
 LOOM_INLINE __m512i gather_dwords(const uint8_t* p, int stride, __mmask16 m) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(stride));
+  const __m512i idx =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(stride));
   return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, p, 1);
 }
-LOOM_INLINE __m512 half_lo_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
-LOOM_INLINE __m512 half_hi_to_ps(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
+LOOM_INLINE __m512 half_lo_to_ps(__m512i v) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+LOOM_INLINE __m512 half_hi_to_ps(__m512i v) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+}
 
 // Lane i of the result = lane 4 * g + i / 4 of v: the scales of blocks
 // 4g..4g+3 spread over the four 128-bit lanes of a group.
 LOOM_INLINE __m512 spread_group(__m512 v, int g) {
-  const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                       _mm512_set1_epi32(4 * g));
+  const __m512i idx = _mm512_add_epi32(
+      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(4 * g));
   return _mm512_permutexvar_ps(idx, v);
 }
 
@@ -185,8 +198,8 @@ LOOM_INLINE void add_fifth_bits(__m512i qh4, __m512i* lo, __m512i* hi) {
   // byte j of the lane holds qh byte j / 8, then test bit j % 8.
   const __m512i spread_lo = _mm512_set4_epi32(0x01010101, 0x01010101, 0x00000000, 0x00000000);
   const __m512i spread_hi = _mm512_set4_epi32(0x03030303, 0x03030303, 0x02020202, 0x02020202);
-  const __m512i bits = _mm512_set4_epi32(static_cast<int>(0x80402010), 0x08040201, static_cast<int>(0x80402010),
-                                         0x08040201);
+  const __m512i bits = _mm512_set4_epi32(static_cast<int>(0x80402010), 0x08040201,
+                                         static_cast<int>(0x80402010), 0x08040201);
   const __mmask64 mlo = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh4, spread_lo), bits);
   const __mmask64 mhi = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh4, spread_hi), bits);
   const __m512i c16 = _mm512_set1_epi8(16);
@@ -196,7 +209,8 @@ LOOM_INLINE void add_fifth_bits(__m512i qh4, __m512i* lo, __m512i* hi) {
 
 // qh of 4 blocks (at p, p + stride, ...) into dword 0 of each 128-bit lane.
 LOOM_INLINE __m512i load_qh4(const uint8_t* p, int stride, int count) {
-  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, stride, 0, 0, 0, 2 * stride, 0, 0, 0, 3 * stride, 0, 0, 0);
+  const __m512i idx =
+      _mm512_setr_epi32(0, 0, 0, 0, stride, 0, 0, 0, 2 * stride, 0, 0, 0, 3 * stride, 0, 0, 0);
   const __mmask16 m = static_cast<__mmask16>(0x1111 & ((1u << (4 * count)) - 1u));
   return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, p, 1);
 }
@@ -210,12 +224,14 @@ struct FmtQ4_0 {
     *d = half_lo_to_ps(gather_dwords(p, kBytes, m));
   }
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
-    split_nibbles(count == 4 ? load_4x16(p + 2, kBytes) : load_4x16_partial(p + 2, kBytes, count), lo, hi);
+    split_nibbles(count == 4 ? load_4x16(p + 2, kBytes) : load_4x16_partial(p + 2, kBytes, count),
+                  lo, hi);
   }
   // VBMI, full groups: bytes 0..63 and 64..71.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 2, 16, 64);
   static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
-    const __m512i b = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+    const __m512i b =
+        _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
     split_nibbles(permute_group(load512(p), b, kQsIdx), lo, hi);
   }
 };
@@ -230,14 +246,15 @@ struct FmtQ4_1 {
     *min = half_hi_to_ps(v);
   }
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
-    split_nibbles(count == 4 ? load_4x16(p + 4, kBytes) : load_4x16_partial(p + 4, kBytes, count), lo, hi);
+    split_nibbles(count == 4 ? load_4x16(p + 4, kBytes) : load_4x16_partial(p + 4, kBytes, count),
+                  lo, hi);
   }
   // VBMI, full groups: bytes 0..63 and 64..79.
   static constexpr ByteIdx kQsIdx = make_piece_idx(kBytes, 4, 16, 64);
   static LOOM_INLINE void group_vbmi(const uint8_t* p, __m512i* lo, __m512i* hi) {
-    split_nibbles(permute_group(load512(p), _mm512_castsi128_si512(load128(p + 64)), kQsIdx), lo, hi);
+    split_nibbles(permute_group(load512(p), _mm512_castsi128_si512(load128(p + 64)), kQsIdx), lo,
+                  hi);
   }
-
 };
 
 struct FmtQ5_0 {
@@ -249,7 +266,8 @@ struct FmtQ5_0 {
     *d = half_lo_to_ps(gather_dwords(p, kBytes, m));
   }
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
-    split_nibbles(count == 4 ? load_4x16(p + 6, kBytes) : load_4x16_partial(p + 6, kBytes, count), lo, hi);
+    split_nibbles(count == 4 ? load_4x16(p + 6, kBytes) : load_4x16_partial(p + 6, kBytes, count),
+                  lo, hi);
     add_fifth_bits(load_qh4(p + 2, kBytes, count), lo, hi);
   }
   // VBMI, full groups: bytes 0..63 and 56..87.
@@ -261,7 +279,6 @@ struct FmtQ5_0 {
     split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
     add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
   }
-
 };
 
 struct FmtQ5_1 {
@@ -274,7 +291,8 @@ struct FmtQ5_1 {
     *min = half_hi_to_ps(v);
   }
   static LOOM_INLINE void group(const uint8_t* p, int count, __m512i* lo, __m512i* hi) {
-    split_nibbles(count == 4 ? load_4x16(p + 8, kBytes) : load_4x16_partial(p + 8, kBytes, count), lo, hi);
+    split_nibbles(count == 4 ? load_4x16(p + 8, kBytes) : load_4x16_partial(p + 8, kBytes, count),
+                  lo, hi);
     add_fifth_bits(load_qh4(p + 4, kBytes, count), lo, hi);
   }
   // VBMI, full groups: bytes 0..63 and 64..95.
@@ -286,7 +304,6 @@ struct FmtQ5_1 {
     split_nibbles(permute_group(a, b, kQsIdx), lo, hi);
     add_fifth_bits(permute_group(a, b, kQhIdx), lo, hi);
   }
-
 };
 
 struct FmtQ8_0 {
@@ -326,7 +343,6 @@ struct FmtQ8_0 {
     *lo = _mm512_xor_si512(permute_group(load512(p), load512(p + 64), kLoIdx), sign);
     *hi = _mm512_xor_si512(permute_group(load512(p + 8), load512(p + 72), kHiIdx), sign);
   }
-
 };
 
 // ---- GEMV-like kernel for the 32-element formats ----------------------------------
@@ -411,7 +427,8 @@ LOOM_INLINE void gemv32_step(const uint8_t* w, size_t wrb, const XRow* x, int64_
 }
 
 template <class F, int R, int C, bool kVbmi>
-LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb, float* const* y) {
+LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_t nb,
+                             float* const* y) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -426,7 +443,8 @@ LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_
 
 // Rows [r0, r1) in tiles of R, for C activation rows.
 template <class F, int C, bool kVbmi>
-void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y, int64_t r0, int64_t r1) {
+void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y,
+                 int64_t r0, int64_t r1) {
   constexpr int R = C <= 2 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
@@ -486,7 +504,9 @@ void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
 // Formats with 32-element sub-blocks (Q4_K, Q5_K) repeat each scale twice.
 
 // Lane i -> lane 4k + i / 4 of v.
-LOOM_INLINE __m512 spread_quarter(__m512 v, int k) { return spread_group(v, k); }
+LOOM_INLINE __m512 spread_quarter(__m512 v, int k) {
+  return spread_group(v, k);
+}
 
 // The activation block (Q8_K) as the dot products use it.
 struct XK {
@@ -519,11 +539,14 @@ LOOM_INLINE float load_half(const uint8_t* p) {
 }
 
 // 32 bytes at p in both 256-bit halves.
-LOOM_INLINE __m512i load_dup32(const uint8_t* p) { return _mm512_broadcast_i64x4(load256(p)); }
+LOOM_INLINE __m512i load_dup32(const uint8_t* p) {
+  return _mm512_broadcast_i64x4(load256(p));
+}
 
 // Per-half 16-bit shift counts: a in the low 256 bits, b in the high.
 LOOM_INLINE __m512i halves_epi16(int a, int b) {
-  return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
+  return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)),
+                            _mm256_set1_epi16(static_cast<short>(b)), 1);
 }
 
 // 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K (12 packed bytes, see
@@ -547,11 +570,14 @@ struct FmtQ4_K {
     float d, dmin;
     load_two_halves(b, &d, &dmin);
     const __m128i sm = unpack_scales_k4(b + 4);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))), _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))), _mm512_set1_ps(-dmin));
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
+                             _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
+                            _mm512_set1_ps(-dmin));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = halves_epi16(0, 4);
-    for (int k = 0; k < 4; ++k) w[k] = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 16 + 32 * k), shift), m4);
+    for (int k = 0; k < 4; ++k)
+      w[k] = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 16 + 32 * k), shift), m4);
   }
 };
 
@@ -563,8 +589,10 @@ struct FmtQ5_K {
     float d, dmin;
     load_two_halves(b, &d, &dmin);
     const __m128i sm = unpack_scales_k4(b + 4);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))), _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))), _mm512_set1_ps(-dmin));
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
+                             _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
+                            _mm512_set1_ps(-dmin));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = halves_epi16(0, 4);
     const __m512i qh = load_dup32(b + 16);
@@ -572,8 +600,9 @@ struct FmtQ5_K {
     for (int k = 0; k < 4; ++k) {
       __m512i v = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 48 + 32 * k), shift), m4);
       // Fifth bit: bit 2k of qh[l] for the low half, bit 2k + 1 for the high half.
-      const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
-                                             _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
+      const __m512i bit =
+          _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
+                             _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
       w[k] = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh, bit), v, c16);
     }
   }
@@ -582,7 +611,7 @@ struct FmtQ5_K {
 struct FmtQ6_K {
   static constexpr int kBytes = 210;
   static constexpr bool kHasMin = false;
-  static constexpr float kBeta = -32.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr float kBeta = -32.0f;    // offset = kBeta * scale (formats without mins)
   static constexpr bool kScales32 = false;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     const float d = load_half(b + 208);
@@ -613,9 +642,11 @@ struct FmtQ2_K {
     load_two_halves(b + 80, &d, &dmin);
     const __m128i sm = load128(b);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sm, m4))), _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sm, 4), m4))),
-                            _mm512_set1_ps(-dmin));
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sm, m4))),
+                             _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sm, 4), m4))),
+        _mm512_set1_ps(-dmin));
     const __m512i m2 = _mm512_set1_epi8(3);
     for (int h = 0; h < 2; ++h) {
       const __m512i q = load_dup32(b + 16 + 32 * h);
@@ -636,13 +667,14 @@ LOOM_INLINE __m128i unpack_scales_q3(const uint8_t* p) {
   const uint32_t s1 = (u[1] & m4) | (((u[2] >> 2) & m2) << 4);
   const uint32_t s2 = ((u[0] >> 4) & m4) | (((u[2] >> 4) & m2) << 4);
   const uint32_t s3 = ((u[1] >> 4) & m4) | (((u[2] >> 6) & m2) << 4);
-  return _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1), static_cast<int>(s0));
+  return _mm_set_epi32(static_cast<int>(s3), static_cast<int>(s2), static_cast<int>(s1),
+                       static_cast<int>(s0));
 }
 
 struct FmtQ3_K {
   static constexpr int kBytes = 110;
   static constexpr bool kHasMin = false;
-  static constexpr float kBeta = -4.0f;  // offset = kBeta * scale (formats without mins)
+  static constexpr float kBeta = -4.0f;     // offset = kBeta * scale (formats without mins)
   static constexpr bool kScales32 = false;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
     const float d = load_half(b + 108);
@@ -658,9 +690,11 @@ struct FmtQ3_K {
         const int k = 2 * h + j;
         // Low bits: elements 128h + 64j + 32i + l take bits 2(2j + i) of qs[32h + l];
         // bit 2 of element e is bit e / 32 (= 2k + i) of hmask[l].
-        const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, halves_epi16(4 * j, 4 * j + 2)), m2);
-        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
-                                               _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
+        const __m512i v =
+            _mm512_and_si512(_mm512_srlv_epi16(q, halves_epi16(4 * j, 4 * j + 2)), m2);
+        const __m512i bit =
+            _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * k))),
+                               _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1))), 1);
         w[k] = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(hm, bit), v, c4);
       }
     }
@@ -669,7 +703,8 @@ struct FmtQ3_K {
 
 // R weight rows x C activation rows over all super-blocks.
 template <class F, int R, int C>
-LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y) {
+LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb,
+                             float* const* y) {
   constexpr int kXBytes = 292;  // BlockQ8_K
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -680,7 +715,8 @@ LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const*
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
       const size_t ahead = prefetch_distance(R * wrb);
-      for (int l = 0; l < F::kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + l), _MM_HINT_T1);
+      for (int l = 0; l < F::kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + ahead + l), _MM_HINT_T1);
       __m512i q[4];
       __m512 scale16, bias16;
       F::unpack(p, q, &scale16, &bias16);
@@ -700,8 +736,8 @@ LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const*
 }
 
 template <class F, int C>
-void gemv_k_rows(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y, int64_t r0,
-                 int64_t r1) {
+void gemv_k_rows(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t nb, float* const* y,
+                 int64_t r0, int64_t r1) {
   constexpr int R = C <= 2 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
@@ -760,7 +796,9 @@ LOOM_INLINE void transpose_lanes_4x4(__m512i v[4]) {
   v[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 // Sub-block order of transpose_lanes_4x4: lane p = 4i + k holds sub-block 4k + i.
-LOOM_INLINE __m512i k_lane_order() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
+LOOM_INLINE __m512i k_lane_order() {
+  return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
 
 // ---- GEMM (many activation rows: prefill) --------------------------------------------
 //
@@ -788,15 +826,21 @@ constexpr size_t kXStepBytes = (M + 2) * 64;
 template <int M>
 constexpr size_t kWStepBytes = (M * kGemmR + 2 * kGemmR) * 64;
 
-LOOM_INLINE void store512(uint8_t* p, __m512i v) { _mm512_store_si512(p, v); }
-LOOM_INLINE void store512(uint8_t* p, __m512 v) { _mm512_store_ps(p, v); }
+LOOM_INLINE void store512(uint8_t* p, __m512i v) {
+  _mm512_store_si512(p, v);
+}
+LOOM_INLINE void store512(uint8_t* p, __m512 v) {
+  _mm512_store_ps(p, v);
+}
 
 // Sums of four vectors: lanes 0..3 of the result.
 LOOM_INLINE __m128 reduce_4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0 b0 a1 b1 per lane
+  const __m512 ab =
+      _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0 b0 a1 b1 per lane
   const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // a b c d per lane
+  const __m512 abcd =
+      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // a b c d per lane
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps(abcd, 1));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
@@ -807,7 +851,8 @@ LOOM_INLINE __m128 reduce_4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // store per pair and step, which frees the registers that keep the R weight
 // vectors of a step loaded once (16 int sums + 4 weights + 1 activation).
 template <int M, bool kMin>
-LOOM_INLINE void gemm_tile(const uint8_t* wp, const uint8_t* xp, size_t x_tok_bytes, int64_t steps, __m512* acc) {
+LOOM_INLINE void gemm_tile(const uint8_t* wp, const uint8_t* xp, size_t x_tok_bytes, int64_t steps,
+                           __m512* acc) {
   constexpr int R = kGemmR;
   constexpr int C = kGemmC;
   for (int64_t s = 0; s < steps; ++s) {
@@ -864,8 +909,8 @@ LOOM_INLINE void gemm_tile(const uint8_t* wp, const uint8_t* xp, size_t x_tok_by
 constexpr int64_t kGemmChunk = 4;
 
 template <class G>
-void gemm_rows(const G& g, const uint8_t* xp, size_t x_tok_bytes, int64_t tb, uint8_t* wp, __m512* acc_buf,
-               float* Y, int64_t ldy, int64_t t0, int64_t r0, int64_t r1) {
+void gemm_rows(const G& g, const uint8_t* xp, size_t x_tok_bytes, int64_t tb, uint8_t* wp,
+               __m512* acc_buf, float* Y, int64_t ldy, int64_t t0, int64_t r0, int64_t r1) {
   constexpr int M = G::kM;
   constexpr int R = kGemmR;
   constexpr int C = kGemmC;
@@ -897,8 +942,8 @@ void gemm_rows(const G& g, const uint8_t* xp, size_t x_tok_bytes, int64_t tb, ui
         if (first) {
           for (int i = 0; i < C * R; ++i) acc[i] = _mm512_setzero_ps();
         }
-        gemm_tile<M, G::kMin>(wp + k0 * kWStepBytes<M>, xp + c0 * x_tok_bytes + k0 * kXStepBytes<M>, x_tok_bytes,
-                              ks, acc);
+        gemm_tile<M, G::kMin>(wp + k0 * kWStepBytes<M>, xp + c0 * x_tok_bytes + k0 * kXStepBytes<M>,
+                              x_tok_bytes, ks, acc);
         if (!last) continue;
         const int cols = static_cast<int>(tb - c0 < C ? tb - c0 : C);
         for (int c = 0; c < cols; ++c) {
@@ -938,7 +983,8 @@ void gemm_driver(const G& g, int64_t T, float* Y, int64_t ldy, int64_t r0, int64
         if (c < tb) {
           g.pack_x(t0 + c, s, out);
         } else {
-          for (size_t i = 0; i < kXStepBytes<M>; i += 64) store512(out + i, _mm512_setzero_si512());  // padding token
+          for (size_t i = 0; i < kXStepBytes<M>; i += 64)
+            store512(out + i, _mm512_setzero_si512());  // padding token
         }
       }
     }
@@ -962,8 +1008,14 @@ struct Gemm32 {
   bool vbmi;
 
   Gemm32(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n_)
-      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(x), xrb(x_row_bytes), n(n_), nb(n_ / 32),
-        steps((n_ / 32 + 15) / 16), vbmi(vbmi_enabled()) {}
+      : W(static_cast<const uint8_t*>(w)),
+        wrb(w_row_bytes),
+        X(x),
+        xrb(x_row_bytes),
+        n(n_),
+        nb(n_ / 32),
+        steps((n_ / 32 + 15) / 16),
+        vbmi(vbmi_enabled()) {}
 
   // Blocks in the lane order of transpose_lanes_4x4 (lane 4i + g holds
   // block 4g + i), to match unpack_w.
@@ -972,12 +1024,14 @@ struct Gemm32 {
     const int64_t b0 = 16 * s;
     const __mmask16 m16 = mask16(nb - b0);
     const __m512i order = k_lane_order();
-    const __mmask16 m = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(order, _mm512_set1_epi32(static_cast<int>(
-                                                   nb - b0 < 16 ? nb - b0 : 16))));
+    const __mmask16 m = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(
+        order, _mm512_set1_epi32(static_cast<int>(nb - b0 < 16 ? nb - b0 : 16))));
     const __m512i idx = _mm512_slli_epi32(order, 5);  // 32 bytes per block
     const auto* q = reinterpret_cast<const uint8_t*>(x.q + 32 * b0);
     for (int k = 0; k < 8; ++k) {
-      store512(out + 64 * k, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_add_epi32(idx, _mm512_set1_epi32(4 * k)), q, 1));
+      store512(out + 64 * k,
+               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m,
+                                           _mm512_add_epi32(idx, _mm512_set1_epi32(4 * k)), q, 1));
     }
     store512(out + 512, _mm512_permutexvar_ps(order, _mm512_maskz_loadu_ps(m16, x.d + b0)));
     __m512 sx = _mm512_permutexvar_ps(order, _mm512_maskz_loadu_ps(m16, x.s + b0));
@@ -996,7 +1050,11 @@ struct Gemm32 {
       if (count >= 4 && vbmi) {
         F::group_vbmi(p + 4 * g * F::kBytes, &lo[g], &hi[g]);
       } else {
-        F::group(p + 4 * g * F::kBytes, static_cast<int>(count < 0 ? 0 : count > 4 ? 4 : count), &lo[g], &hi[g]);
+        F::group(p + 4 * g * F::kBytes,
+                 static_cast<int>(count < 0   ? 0
+                                  : count > 4 ? 4
+                                              : count),
+                 &lo[g], &hi[g]);
       }
     }
     transpose_lanes_4x4(lo);
@@ -1024,7 +1082,10 @@ struct GemmK {
   int64_t steps;
 
   GemmK(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n)
-      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(static_cast<const uint8_t*>(x)), xrb(x_row_bytes),
+      : W(static_cast<const uint8_t*>(w)),
+        wrb(w_row_bytes),
+        X(static_cast<const uint8_t*>(x)),
+        xrb(x_row_bytes),
         steps(n / 256) {}
 
   void pack_x(int64_t t, int64_t s, uint8_t* out) const {
@@ -1039,7 +1100,8 @@ struct GemmK {
     float sd = d;
     if constexpr (!F::kHasMin) sd = d * F::kBeta;
     store512(out + 256, _mm512_set1_ps(d));
-    store512(out + 320, _mm512_mul_ps(_mm512_permutexvar_ps(k_lane_order(), bsums), _mm512_set1_ps(sd)));
+    store512(out + 320,
+             _mm512_mul_ps(_mm512_permutexvar_ps(k_lane_order(), bsums), _mm512_set1_ps(sd)));
   }
   void unpack_w(int64_t row, int64_t s, __m512i q[4], __m512* a, __m512* b) const {
     __m512 scale16, bias16;
@@ -1067,8 +1129,12 @@ struct GemmK32 {
   int64_t steps;
 
   GemmK32(const void* w, size_t w_row_bytes, const void* x, size_t x_row_bytes, int64_t n)
-      : W(static_cast<const uint8_t*>(w)), wrb(w_row_bytes), X(static_cast<const uint8_t*>(x)), xrb(x_row_bytes),
-        nsb(n / 256), steps((n / 256 + 1) / 2) {}
+      : W(static_cast<const uint8_t*>(w)),
+        wrb(w_row_bytes),
+        X(static_cast<const uint8_t*>(x)),
+        xrb(x_row_bytes),
+        nsb(n / 256),
+        steps((n / 256 + 1) / 2) {}
 
   // Lane p of the transposed layout holds sub-block pi(p) = 4 (p % 4) + p / 4
   // (k_lane_order); these pick, for lane p, entry 2 pi(p) (+1) of the
@@ -1085,7 +1151,8 @@ struct GemmK32 {
     __m512i a[4], b[4];
     for (int k = 0; k < 4; ++k) {
       a[k] = _mm512_shuffle_i64x2(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0));  // first halves
-      b[k] = _mm512_shuffle_i64x2(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));  // second halves
+      b[k] =
+          _mm512_shuffle_i64x2(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));  // second halves
     }
     transpose_lanes_4x4(a);
     transpose_lanes_4x4(b);
@@ -1103,16 +1170,19 @@ struct GemmK32 {
     for (int h = 0; h < 2; ++h) {
       const uint8_t* b = blk + h * 292;
       const bool here = h == 0 || two;
-      for (int k = 0; k < 4; ++k) v[4 * h + k] = here ? load512(b + 4 + 64 * k) : _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k)
+        v[4 * h + k] = here ? load512(b + 4 + 64 * k) : _mm512_setzero_si512();
       float dh = 0.0f;
       if (here) __builtin_memcpy(&dh, b, 4);
       d[h] = _mm512_set1_ps(dh);
-      bs[h] = here ? _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(load256(b + 260))) : _mm512_setzero_ps();
+      bs[h] =
+          here ? _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(load256(b + 260))) : _mm512_setzero_ps();
     }
     __m512i q[8];
     transpose_32(v, q);
     for (int k = 0; k < 8; ++k) store512(out + 64 * k, q[k]);
-    const __m512 dx = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(k_lane_order(), _mm512_set1_epi32(8)), d[0], d[1]);
+    const __m512 dx = _mm512_mask_blend_ps(
+        _mm512_cmpge_epi32_mask(k_lane_order(), _mm512_set1_epi32(8)), d[0], d[1]);
     const __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(bs[0], pair_idx(0), bs[1]),
                                       _mm512_permutex2var_ps(bs[0], pair_idx(1), bs[1]));
     store512(out + 512, dx);
@@ -1167,7 +1237,9 @@ void matmul_k(LOOM_QUANT_KERNEL_ARGS) {
 // zero) done exactly as truncate, then +-1 where the dropped fraction is at
 // least one half.
 
-LOOM_INLINE float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
+LOOM_INLINE float hmax(__m512 v) {
+  return _mm512_reduce_max_ps(v);
+}
 
 // roundf of each lane, as int32.
 LOOM_INLINE __m512i round_half_away(__m512 v) {
@@ -1175,12 +1247,14 @@ LOOM_INLINE __m512i round_half_away(__m512 v) {
   const __m512 frac = _mm512_sub_ps(v, t);  // exact
   const __m512 abs_frac = _mm512_abs_ps(frac);
   const __mmask16 up = _mm512_cmp_ps_mask(abs_frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-  const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // copysign(1, v)
+  const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f),
+                                  _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // copysign(1, v)
   return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
 }
 
 LOOM_INLINE float round_trip_fp16(float d) {
-  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  return _mm_cvtss_f32(
+      _mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
 }
 
 }  // namespace
@@ -1194,7 +1268,8 @@ void quantize_act_q8_0(const float* x, void* out, int64_t n) {
   for (int64_t b = 0; b < nb; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * b);
     const __m512 v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    const float amax = hmax(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
+    const float amax =
+        hmax(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const __m512i q0 = round_half_away(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
@@ -1214,7 +1289,8 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int64_t b = 0; b < n / 256; ++b, x += 256, o += 292) {
     __m512 m = _mm512_setzero_ps();
-    for (int k = 0; k < 16; ++k) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + 16 * k), abs_mask));
+    for (int k = 0; k < 16; ++k)
+      m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + 16 * k), abs_mask));
     const float amax = hmax(m);
     if (amax == 0.0f) {
       __builtin_memset(o, 0, 292);
@@ -1224,7 +1300,8 @@ void quantize_act_q8_k(const float* x, void* out, int64_t n) {
     float extreme = 0.0f;
     for (int k = 0; k < 16; ++k) {
       const __m512 v = _mm512_loadu_ps(x + 16 * k);
-      const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_and_ps(v, abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      const __mmask16 hit =
+          _mm512_cmp_ps_mask(_mm512_and_ps(v, abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
       if (hit != 0) {
         extreme = x[16 * k + __builtin_ctz(hit)];
         break;
@@ -1252,15 +1329,35 @@ bool set_vbmi(bool enable) {
   return true;
 }
 
-void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) { matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
-void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) { matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); }
+void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) {
+  matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
+void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) {
+  matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+}
 
 }  // namespace loom::cpu::avx512

@@ -60,16 +60,16 @@ struct BlockQ5_1 {
 
 /// Q8_0: y[e] = d * qs[e], qs in -127..127.
 struct BlockQ8_0 {
-  uint16_t d;       ///< fp16 scale
-  int8_t qs[kQK];   ///< 32 x 8-bit quants
+  uint16_t d;      ///< fp16 scale
+  int8_t qs[kQK];  ///< 32 x 8-bit quants
 };
 
 /// Q8_1: as Q8_0 plus s = d * sum(qs), the block sum kept for dot products
 /// against Q4_1/Q5_1 (whose offsets multiply it). Activation-side only.
 struct BlockQ8_1 {
-  uint16_t d;       ///< fp16 scale
-  uint16_t s;       ///< fp16 d * sum(qs)
-  int8_t qs[kQK];   ///< 32 x 8-bit quants
+  uint16_t d;      ///< fp16 scale
+  uint16_t s;      ///< fp16 d * sum(qs)
+  int8_t qs[kQK];  ///< 32 x 8-bit quants
 };
 
 /// Q2_K: 16 sub-blocks of 16 elements. Sub-block s has a 4-bit scale
@@ -106,21 +106,21 @@ struct BlockQ3_K {
 /// Quants: in each 64-element chunk c, qs[32c + l] holds q[64c + l] in its
 /// low nibble and q[64c + 32 + l] in its high nibble.
 struct BlockQ4_K {
-  uint16_t d;                    ///< fp16 super-scale of the scales
-  uint16_t dmin;                 ///< fp16 super-scale of the mins
-  uint8_t scales[kKScaleSize];   ///< 8 x (6-bit scale, 6-bit min)
-  uint8_t qs[kQK_K / 2];         ///< 256 x 4-bit quants
+  uint16_t d;                   ///< fp16 super-scale of the scales
+  uint16_t dmin;                ///< fp16 super-scale of the mins
+  uint8_t scales[kKScaleSize];  ///< 8 x (6-bit scale, 6-bit min)
+  uint8_t qs[kQK_K / 2];        ///< 256 x 4-bit quants
 };
 
 /// Q5_K: as Q4_K with a fifth quant bit, q in 0..31. In chunk c (64
 /// elements), bit 2c of qh[l] is bit 4 of q[64c + l] and bit 2c+1 is bit 4
 /// of q[64c + 32 + l].
 struct BlockQ5_K {
-  uint16_t d;                    ///< fp16 super-scale of the scales
-  uint16_t dmin;                 ///< fp16 super-scale of the mins
-  uint8_t scales[kKScaleSize];   ///< 8 x (6-bit scale, 6-bit min), as Q4_K
-  uint8_t qh[kQK_K / 8];         ///< fifth bits
-  uint8_t qs[kQK_K / 2];         ///< low 4 bits, as Q4_K
+  uint16_t d;                   ///< fp16 super-scale of the scales
+  uint16_t dmin;                ///< fp16 super-scale of the mins
+  uint8_t scales[kKScaleSize];  ///< 8 x (6-bit scale, 6-bit min), as Q4_K
+  uint8_t qh[kQK_K / 8];        ///< fifth bits
+  uint8_t qs[kQK_K / 2];        ///< low 4 bits, as Q4_K
 };
 
 /// Q6_K: 16 sub-blocks of 16 elements with signed 8-bit scales:
@@ -131,19 +131,19 @@ struct BlockQ5_K {
 /// high nibble of ql[64h + l] (k=2), of ql[64h + 32 + l] (k=3), and high 2
 /// bits in bits 2k..2k+1 of qh[32h + l].
 struct BlockQ6_K {
-  uint8_t ql[kQK_K / 2];       ///< low 4 bits of each quant
-  uint8_t qh[kQK_K / 4];       ///< high 2 bits of each quant
-  int8_t scales[kQK_K / 16];   ///< per sub-block scale
-  uint16_t d;                  ///< fp16 super-scale
+  uint8_t ql[kQK_K / 2];      ///< low 4 bits of each quant
+  uint8_t qh[kQK_K / 4];      ///< high 2 bits of each quant
+  int8_t scales[kQK_K / 16];  ///< per sub-block scale
+  uint16_t d;                 ///< fp16 super-scale
 };
 
 /// Q8_K: y[e] = d * qs[e]; d is a full fp32. bsums[s] is the sum of the 16
 /// quants of sub-block s, kept for dot products against K-quants with mins.
 /// Activation-side format: never stored in model files.
 struct BlockQ8_K {
-  float d;                     ///< fp32 scale
-  int8_t qs[kQK_K];            ///< 256 x 8-bit quants
-  int16_t bsums[kQK_K / 16];   ///< sums of qs by 16
+  float d;                    ///< fp32 scale
+  int8_t qs[kQK_K];           ///< 256 x 8-bit quants
+  int16_t bsums[kQK_K / 16];  ///< sums of qs by 16
 };
 
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
@@ -156,17 +156,53 @@ static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 /// Maps a dtype to its block struct; specialised below for each format.
 template <DType T>
 struct BlockOf;
-template <> struct BlockOf<DType::kQ4_0> { using type = BlockQ4_0; };
-template <> struct BlockOf<DType::kQ4_1> { using type = BlockQ4_1; };
-template <> struct BlockOf<DType::kQ5_0> { using type = BlockQ5_0; };
-template <> struct BlockOf<DType::kQ5_1> { using type = BlockQ5_1; };
-template <> struct BlockOf<DType::kQ8_0> { using type = BlockQ8_0; };
-template <> struct BlockOf<DType::kQ8_1> { using type = BlockQ8_1; };
-template <> struct BlockOf<DType::kQ2_K> { using type = BlockQ2_K; };
-template <> struct BlockOf<DType::kQ3_K> { using type = BlockQ3_K; };
-template <> struct BlockOf<DType::kQ4_K> { using type = BlockQ4_K; };
-template <> struct BlockOf<DType::kQ5_K> { using type = BlockQ5_K; };
-template <> struct BlockOf<DType::kQ6_K> { using type = BlockQ6_K; };
-template <> struct BlockOf<DType::kQ8_K> { using type = BlockQ8_K; };
+template <>
+struct BlockOf<DType::kQ4_0> {
+  using type = BlockQ4_0;
+};
+template <>
+struct BlockOf<DType::kQ4_1> {
+  using type = BlockQ4_1;
+};
+template <>
+struct BlockOf<DType::kQ5_0> {
+  using type = BlockQ5_0;
+};
+template <>
+struct BlockOf<DType::kQ5_1> {
+  using type = BlockQ5_1;
+};
+template <>
+struct BlockOf<DType::kQ8_0> {
+  using type = BlockQ8_0;
+};
+template <>
+struct BlockOf<DType::kQ8_1> {
+  using type = BlockQ8_1;
+};
+template <>
+struct BlockOf<DType::kQ2_K> {
+  using type = BlockQ2_K;
+};
+template <>
+struct BlockOf<DType::kQ3_K> {
+  using type = BlockQ3_K;
+};
+template <>
+struct BlockOf<DType::kQ4_K> {
+  using type = BlockQ4_K;
+};
+template <>
+struct BlockOf<DType::kQ5_K> {
+  using type = BlockQ5_K;
+};
+template <>
+struct BlockOf<DType::kQ6_K> {
+  using type = BlockQ6_K;
+};
+template <>
+struct BlockOf<DType::kQ8_K> {
+  using type = BlockQ8_K;
+};
 
 }  // namespace loom::ref

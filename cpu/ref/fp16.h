@@ -68,7 +68,7 @@ inline uint16_t fp32_to_fp16(float f) {
   // Subnormal (or zero) half: the result is round(|f| / 2^-24). With
   // |f| = m * 2^(e - 150) (m with its implicit bit), that is m >> (126 - e).
   const uint32_t e = magnitude >> 23;
-  const uint32_t shift = 126u - e;  // >= 14 here
+  const uint32_t shift = 126u - e;        // >= 14 here
   if (e == 0 || shift > 24) return sign;  // below half the smallest subnormal
   const uint32_t m = (magnitude & 0x7FFFFFu) | 0x800000u;
   uint32_t q = m >> shift;
@@ -79,7 +79,9 @@ inline uint16_t fp32_to_fp16(float f) {
 }
 
 /// Widens a bfloat16 (bit pattern) to fp32: the top half of the fp32 bits.
-inline float bf16_to_fp32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_fp32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 /// Narrows fp32 to bfloat16 (bit pattern), round to nearest even.
 inline uint16_t fp32_to_bf16(float f) {

@@ -143,7 +143,8 @@ size_t kv_row_bytes(DType dtype, int64_t head_dim) {
 }
 
 // Dequantizes cached token j of KV head g into out[head_dim].
-void load_kv_row(const void* const* blocks, const cpu::KvView& kv, int64_t g, int64_t j, float* out) {
+void load_kv_row(const void* const* blocks, const cpu::KvView& kv, int64_t g, int64_t j,
+                 float* out) {
   const auto* block = static_cast<const uint8_t*>(blocks[j / kv.block_size]);
   const uint8_t* row = block + static_cast<size_t>(g) * kv.head_stride_bytes +
                        static_cast<size_t>(j % kv.block_size) * kv_row_bytes(kv.dtype, kv.head_dim);
@@ -154,8 +155,8 @@ void load_kv_row(const void* const* blocks, const cpu::KvView& kv, int64_t g, in
 
 }  // namespace
 
-void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads, int64_t head_dim,
-              int64_t row, const float* src) {
+void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
+              int64_t head_dim, int64_t row, const float* src) {
   const size_t row_bytes = kv_row_bytes(dtype, head_dim);
   for (int64_t h = 0; h < n_kv_heads; ++h) {
     auto* dst = static_cast<uint8_t*>(block) + static_cast<size_t>(h) * head_stride_bytes +
@@ -166,12 +167,13 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
   }
 }
 
-void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const cpu::KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1) {
+void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+               const cpu::KvView& kv, float scale, float* out, int64_t h0, int64_t h1) {
   const int64_t hd = kv.head_dim;
   const int64_t n_rep = n_heads / kv.n_kv_heads;  // query heads per KV head
   int64_t n_ctx_max = 0;
-  for (int64_t t = 0; t < T; ++t) n_ctx_max = std::max<int64_t>(n_ctx_max, static_cast<int64_t>(q_pos[t]) + 1);
+  for (int64_t t = 0; t < T; ++t)
+    n_ctx_max = std::max<int64_t>(n_ctx_max, static_cast<int64_t>(q_pos[t]) + 1);
 
   for (int64_t g = h0 / n_rep; h0 < h1 && g <= (h1 - 1) / n_rep; ++g) {
     // The cached K and V of KV head g as floats: [n_ctx_max, hd] each.
@@ -191,7 +193,8 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         double max = -INFINITY;
         for (int64_t j = 0; j < n_ctx; ++j) {
           double dot = 0.0;
-          for (int64_t d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * static_cast<double>(k[j * hd + d]);
+          for (int64_t d = 0; d < hd; ++d)
+            dot += static_cast<double>(qh[d]) * static_cast<double>(k[j * hd + d]);
           score[j] = dot * static_cast<double>(scale);
           max = score[j] > max ? score[j] : max;
         }

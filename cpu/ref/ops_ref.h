@@ -43,13 +43,13 @@ void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t*
 
 /// Writes one token's K or V ([n_kv_heads, head_dim] floats) into row `row`
 /// of a KV block (F16 rounded to nearest even, Q8_0 by quantize_row_q8_0).
-void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads, int64_t head_dim,
-              int64_t row, const float* src);
+void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
+              int64_t head_dim, int64_t row, const float* src);
 
 /// Causal GQA attention for query heads [h0, h1), same contract as
 /// cpu::attention, computed the plain way: for each query the full score
 /// row over positions 0..q_pos[t] (double), softmax, weighted sum of V.
-void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const cpu::KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1);
+void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+               const cpu::KvView& kv, float scale, float* out, int64_t h0, int64_t h1);
 
 }  // namespace loom::ref

@@ -1,10 +1,10 @@
 // Generic entry points: dtype -> row function, with argument checks and
 // support for unaligned buffers (tensor data in a mapped file need not be
 // aligned for the block struct).
+#include "cpu/ref/quants.h"
+
 #include <cstdint>
 #include <cstring>
-
-#include "cpu/ref/quants.h"
 
 namespace loom::ref {
 namespace {
@@ -53,8 +53,8 @@ void quantize_any(const RowFns<Unit>& fns, const float* src, void* dst, int64_t 
 }
 
 template <typename Unit>
-constexpr RowFns<Unit> fns(void (*deq)(const Unit*, float*, int64_t), void (*q)(const float*, Unit*, int64_t),
-                           int64_t block_size) {
+constexpr RowFns<Unit> fns(void (*deq)(const Unit*, float*, int64_t),
+                           void (*q)(const float*, Unit*, int64_t), int64_t block_size) {
   return RowFns<Unit>{deq, q, block_size};
 }
 
@@ -70,12 +70,24 @@ bool with_row_fns(DType t, F&& f) {
     case DType::kQ5_0: f(fns<BlockQ5_0>(dequantize_row_q5_0, quantize_row_q5_0, kQK)); return true;
     case DType::kQ5_1: f(fns<BlockQ5_1>(dequantize_row_q5_1, quantize_row_q5_1, kQK)); return true;
     case DType::kQ8_0: f(fns<BlockQ8_0>(dequantize_row_q8_0, quantize_row_q8_0, kQK)); return true;
-    case DType::kQ2_K: f(fns<BlockQ2_K>(dequantize_row_q2_k, quantize_row_q2_k, kQK_K)); return true;
-    case DType::kQ3_K: f(fns<BlockQ3_K>(dequantize_row_q3_k, quantize_row_q3_k, kQK_K)); return true;
-    case DType::kQ4_K: f(fns<BlockQ4_K>(dequantize_row_q4_k, quantize_row_q4_k, kQK_K)); return true;
-    case DType::kQ5_K: f(fns<BlockQ5_K>(dequantize_row_q5_k, quantize_row_q5_k, kQK_K)); return true;
-    case DType::kQ6_K: f(fns<BlockQ6_K>(dequantize_row_q6_k, quantize_row_q6_k, kQK_K)); return true;
-    case DType::kQ8_K: f(fns<BlockQ8_K>(dequantize_row_q8_k, quantize_row_q8_k, kQK_K)); return true;
+    case DType::kQ2_K:
+      f(fns<BlockQ2_K>(dequantize_row_q2_k, quantize_row_q2_k, kQK_K));
+      return true;
+    case DType::kQ3_K:
+      f(fns<BlockQ3_K>(dequantize_row_q3_k, quantize_row_q3_k, kQK_K));
+      return true;
+    case DType::kQ4_K:
+      f(fns<BlockQ4_K>(dequantize_row_q4_k, quantize_row_q4_k, kQK_K));
+      return true;
+    case DType::kQ5_K:
+      f(fns<BlockQ5_K>(dequantize_row_q5_k, quantize_row_q5_k, kQK_K));
+      return true;
+    case DType::kQ6_K:
+      f(fns<BlockQ6_K>(dequantize_row_q6_k, quantize_row_q6_k, kQK_K));
+      return true;
+    case DType::kQ8_K:
+      f(fns<BlockQ8_K>(dequantize_row_q8_k, quantize_row_q8_k, kQK_K));
+      return true;
     default: return false;
   }
 }
@@ -84,8 +96,8 @@ bool with_row_fns(DType t, F&& f) {
 Status check_args(const char* what, DType t, const void* src, const void* dst, int64_t n) {
   const DTypeTraits& tr = traits(t);
   if (!has_reference(t)) {
-    return make_error(ErrorCode::kUnsupported, "%s: no reference implementation for dtype %.*s", what,
-                      static_cast<int>(tr.name.size()), tr.name.data());
+    return make_error(ErrorCode::kUnsupported, "%s: no reference implementation for dtype %.*s",
+                      what, static_cast<int>(tr.name.size()), tr.name.data());
   }
   if (n < 0) {
     return make_error(ErrorCode::kInvalidArgument, "%s: negative element count %lld", what,

@@ -7,11 +7,10 @@
 // quants are then recomputed against the scales actually stored. Matching
 // ggml byte for byte needs the same float operations in the same order, so
 // the sums below are written exactly in that order on purpose.
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstring>
-
-#include <bit>
 
 #include "cpu/ref/fp16.h"
 #include "cpu/ref/quants.h"
@@ -40,7 +39,9 @@ int nearest_int(float v) {
   return static_cast<int>(std::bit_cast<uint32_t>(shifted) & 0x007FFFFFu) - 0x00400000;
 }
 
-int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+int clamp_int(int v, int lo, int hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 // The element of largest magnitude (first one on ties), with its sign; the
 // magnitude goes to *amax.
@@ -164,8 +165,8 @@ float fit_q3_scale(int n, int nmax, const float* x, int8_t* L) {
 // levels across the current range) solves the weighted least squares for
 // scale and offset and keeps whichever gives the smallest weighted error
 // (|e| with use_mad, e^2 otherwise). n <= 32. Writes l to L[0..n).
-float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* min_out,
-                    float rmin, float rdelta, int nstep, bool use_mad) {
+float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                    float* min_out, float rmin, float rdelta, int nstep, bool use_mad) {
   float lo = x[0];
   float hi = x[0];
   float sum_w = weights[0];
@@ -248,7 +249,8 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
   for (int h = 0; h < 2; ++h) {
     const uint8_t* q = L + 128 * h;
     for (int l = 0; l < 32; ++l) {
-      qs[32 * h + l] = static_cast<uint8_t>(q[l] | (q[l + 32] << 2) | (q[l + 64] << 4) | (q[l + 96] << 6));
+      qs[32 * h + l] =
+          static_cast<uint8_t>(q[l] | (q[l + 32] << 2) | (q[l + 64] << 4) | (q[l + 96] << 6));
     }
   }
 }
@@ -299,7 +301,8 @@ void quantize_scales_mins_k(const float* x, Block* y, int nmax, float rmin, int 
     for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
     const float av_x = std::sqrt(sum_x2 / 32.0f);
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-    scales[j] = fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], rmin, 0.1f, nstep, false);
+    scales[j] =
+        fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], rmin, 0.1f, nstep, false);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -323,7 +326,8 @@ void quantize_scales_mins_k(const float* x, Block* y, int nmax, float rmin, int 
     if (d == 0.0f) continue;  // keep the fit's quants
     const float dm = fp16_to_fp32(y->dmin) * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
-      L[32 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, nmax));
+      L[32 * j + l] =
+          static_cast<uint8_t>(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, nmax));
     }
   }
 }
@@ -376,14 +380,16 @@ void quantize_row_q2_k(const float* x, BlockQ2_K* y, int64_t n) {
     float max_min = 0.0f;
     for (int j = 0; j < 16; ++j) {
       for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-      scales[j] = fit_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
+      scales[j] =
+          fit_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
     BlockQ2_K& out = y[b];
     if (max_scale > 0.0f) {
       const float iscale = kLevels / max_scale;
-      for (int j = 0; j < 16; ++j) out.scales[j] = static_cast<uint8_t>(nearest_int(iscale * scales[j]));
+      for (int j = 0; j < 16; ++j)
+        out.scales[j] = static_cast<uint8_t>(nearest_int(iscale * scales[j]));
       out.d = fp32_to_fp16(max_scale / kLevels);
     } else {
       for (int j = 0; j < 16; ++j) out.scales[j] = 0;
@@ -404,7 +410,8 @@ void quantize_row_q2_k(const float* x, BlockQ2_K* y, int64_t n) {
       if (d == 0.0f) continue;
       const float dm = fp16_to_fp32(out.dmin) * static_cast<float>(out.scales[j] >> 4);
       for (int l = 0; l < 16; ++l) {
-        L[16 * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[16 * j + l] + dm) / d), 0, 3));
+        L[16 * j + l] =
+            static_cast<uint8_t>(clamp_int(nearest_int((x[16 * j + l] + dm) / d), 0, 3));
       }
     }
     pack_2bit(L, out.qs);
@@ -454,7 +461,8 @@ void quantize_row_q3_k(const float* x, BlockQ3_K* y, int64_t n) {
         } else {
           out.scales[j - 8] = static_cast<uint8_t>(out.scales[j - 8] | ((l & 0x0F) << 4));
         }
-        out.scales[8 + j % 4] = static_cast<uint8_t>(out.scales[8 + j % 4] | ((l >> 4) << (2 * (j / 4))));
+        out.scales[8 + j % 4] =
+            static_cast<uint8_t>(out.scales[8 + j % 4] | ((l >> 4) << (2 * (j / 4))));
       }
       out.d = fp32_to_fp16(1.0f / iscale);
     } else {
@@ -498,7 +506,8 @@ void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
       // Sub-block s: nibble (s % 2) of bytes 32 * (s / 2) .. +31.
       const uint8_t* q = x[b].qs + 32 * (s / 2);
       const int shift = 4 * (s % 2);
-      for (int l = 0; l < 32; ++l) y[32 * s + l] = dl * static_cast<float>((q[l] >> shift) & 0x0F) - ml;
+      for (int l = 0; l < 32; ++l)
+        y[32 * s + l] = dl * static_cast<float>((q[l] >> shift) & 0x0F) - ml;
     }
   }
 }
@@ -571,7 +580,7 @@ void dequantize_row_q6_k(const BlockQ6_K* x, float* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b, y += kQK_K) {
     const float d = fp16_to_fp32(x[b].d);
     for (int e = 0; e < kQK_K; ++e) {
-      const int h = e / 128;      // half
+      const int h = e / 128;         // half
       const int k = (e % 128) / 32;  // quarter within the half
       const int l = e % 32;
       const uint8_t lo_byte = x[b].ql[64 * h + 32 * (k % 2) + l];
@@ -614,7 +623,8 @@ void quantize_row_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
       const float d = fp16_to_fp32(out.d) * static_cast<float>(out.scales[j]);
       if (d == 0.0f) continue;
       for (int l = 0; l < 16; ++l) {
-        L[16 * j + l] = static_cast<int8_t>(clamp_int(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
+        L[16 * j + l] =
+            static_cast<int8_t>(clamp_int(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
       }
     }
     for (int h = 0; h < 2; ++h) {
@@ -624,8 +634,8 @@ void quantize_row_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
       for (int l = 0; l < 32; ++l) {
         ql[l] = static_cast<uint8_t>((q[l] & 0x0F) | ((q[l + 64] & 0x0F) << 4));
         ql[l + 32] = static_cast<uint8_t>((q[l + 32] & 0x0F) | ((q[l + 96] & 0x0F) << 4));
-        qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) |
-                                     ((q[l + 96] >> 4) << 6));
+        qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) |
+                                     ((q[l + 64] >> 4) << 4) | ((q[l + 96] >> 4) << 6));
       }
     }
   }

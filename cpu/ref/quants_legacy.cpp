@@ -36,7 +36,9 @@ int truncate_to_int(float v) {
 // Quantizes v (already scaled to quant units, offset included) by
 // truncation, as ggml's `(int8_t)(v)` / `(uint8_t)(v)` do: the low byte of
 // the truncated integer.
-int truncate_to_byte(float v) { return truncate_to_int(v) & 0xFF; }
+int truncate_to_byte(float v) {
+  return truncate_to_int(v) & 0xFF;
+}
 
 // Largest |x| of a block, returned with its sign (the first such element on
 // ties). The symmetric formats map this element to the most negative quant.
@@ -71,7 +73,9 @@ void dequantize_row_f32(const float* x, float* y, int64_t n) {
   if (n > 0) std::memmove(y, x, static_cast<size_t>(n) * sizeof(float));
 }
 
-void quantize_row_f32(const float* x, float* y, int64_t n) { dequantize_row_f32(x, y, n); }
+void quantize_row_f32(const float* x, float* y, int64_t n) {
+  dequantize_row_f32(x, y, n);
+}
 
 void dequantize_row_f16(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
@@ -114,9 +118,10 @@ void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
     y[b].d = fp32_to_fp16(d);
     for (int j = 0; j < kQK / 2; ++j) {
       // +8.5 then truncation: round half up around the offset 8.
-      const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j] * id + 8.5f))));
-      const int hi =
-          std::min(15, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j + kQK / 2] * id + 8.5f))));
+      const int lo =
+          std::min(15, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j] * id + 8.5f))));
+      const int hi = std::min(
+          15, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j + kQK / 2] * id + 8.5f))));
       y[b].qs[j] = static_cast<uint8_t>((lo & 0xFF) | ((hi & 0xFF) << 4));
     }
   }
@@ -147,10 +152,10 @@ void quantize_row_q4_1(const float* x, BlockQ4_1* y, int64_t n) {
     y[b].d = fp32_to_fp16(d);
     y[b].m = fp32_to_fp16(lo);
     for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 =
-          std::min(15, static_cast<int>(static_cast<int8_t>(truncate_to_byte((x[j] - lo) * id + 0.5f))));
-      const int q1 = std::min(
-          15, static_cast<int>(static_cast<int8_t>(truncate_to_byte((x[j + kQK / 2] - lo) * id + 0.5f))));
+      const int q0 = std::min(
+          15, static_cast<int>(static_cast<int8_t>(truncate_to_byte((x[j] - lo) * id + 0.5f))));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(
+                                      truncate_to_byte((x[j + kQK / 2] - lo) * id + 0.5f))));
       y[b].qs[j] = static_cast<uint8_t>((q0 & 0xFF) | ((q1 & 0xFF) << 4));
     }
   }
@@ -201,9 +206,10 @@ void quantize_row_q5_0(const float* x, BlockQ5_0* y, int64_t n) {
     y[b].d = fp32_to_fp16(d);
     uint32_t qh = 0;
     for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = std::min(31, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j] * id + 16.5f))));
-      const int q1 =
-          std::min(31, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j + kQK / 2] * id + 16.5f))));
+      const int q0 =
+          std::min(31, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j] * id + 16.5f))));
+      const int q1 = std::min(
+          31, static_cast<int>(static_cast<int8_t>(truncate_to_byte(x[j + kQK / 2] * id + 16.5f))));
       pack_q5(j, q0 & 0xFF, q1 & 0xFF, y[b].qs, &qh);
     }
     store_qh(qh, y[b].qh);
@@ -266,7 +272,8 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = fp32_to_fp16(d);
     // roundf: halves away from zero (not to even), as ggml does here.
-    for (int j = 0; j < kQK; ++j) y[b].qs[j] = static_cast<int8_t>(truncate_to_byte(std::round(x[j] * id)));
+    for (int j = 0; j < kQK; ++j)
+      y[b].qs[j] = static_cast<int8_t>(truncate_to_byte(std::round(x[j] * id)));
   }
 }
 

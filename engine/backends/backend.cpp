@@ -23,16 +23,19 @@ class HostActBuffer final : public ActBuffer {
 Result<std::unique_ptr<ActBuffer>> Backend::alloc_act(int64_t n_floats) {
   if (n_floats < 0) return make_error(ErrorCode::kInvalidArgument, "alloc_act: negative size");
   // Zero-filled, as the std::vector buffers this replaces were.
-  std::unique_ptr<float[]> mem(new (std::nothrow) float[static_cast<size_t>(n_floats > 0 ? n_floats : 1)]());
+  std::unique_ptr<float[]> mem(
+      new (std::nothrow) float[static_cast<size_t>(n_floats > 0 ? n_floats : 1)]());
   if (!mem) {
-    return make_error(ErrorCode::kOutOfMemory, "out of host memory allocating %lld floats of activations",
+    return make_error(ErrorCode::kOutOfMemory,
+                      "out of host memory allocating %lld floats of activations",
                       static_cast<long long>(n_floats));
   }
   return std::unique_ptr<ActBuffer>(new HostActBuffer(std::move(mem), n_floats));
 }
 
 Status Backend::upload(const float* src, Act dst) {
-  if (!dst.data) return make_error(ErrorCode::kInternal, "upload: the destination is not host memory");
+  if (!dst.data)
+    return make_error(ErrorCode::kInternal, "upload: the destination is not host memory");
   std::memmove(dst.data, src, static_cast<size_t>(dst.rows * dst.cols) * sizeof(float));
   return {};
 }

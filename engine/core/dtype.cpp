@@ -62,7 +62,8 @@ std::optional<DType> dtype_from_name(std::string_view name) {
     if (t.name.size() != name.size()) continue;
     bool eq = true;
     for (size_t i = 0; i < name.size() && eq; ++i) {
-      eq = std::toupper(static_cast<unsigned char>(name[i])) == static_cast<unsigned char>(t.name[i]);
+      eq = std::toupper(static_cast<unsigned char>(name[i])) ==
+           static_cast<unsigned char>(t.name[i]);
     }
     if (eq) return t.type;
   }
@@ -74,7 +75,8 @@ std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n_elements) {
   if (n_elements % tr.block_size != 0) return std::nullopt;
   uint64_t blocks = n_elements / tr.block_size;
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(tr.block_bytes), &bytes)) return std::nullopt;
+  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(tr.block_bytes), &bytes))
+    return std::nullopt;
   return bytes;
 }
 

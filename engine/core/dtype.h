@@ -48,17 +48,19 @@ enum class DType : uint32_t {
 /// Static facts about a dtype.
 struct DTypeTraits {
   DType type;
-  std::string_view name;   ///< GGUF/ggml spelling: "Q4_K", "F16"...
-  uint32_t block_size;     ///< elements per block (1 for plain types)
-  uint32_t block_bytes;    ///< bytes per block
-  bool has_reference;      ///< cpu/ref has dequantize (and quantize) for it
+  std::string_view name;  ///< GGUF/ggml spelling: "Q4_K", "F16"...
+  uint32_t block_size;    ///< elements per block (1 for plain types)
+  uint32_t block_bytes;   ///< bytes per block
+  bool has_reference;     ///< cpu/ref has dequantize (and quantize) for it
 };
 
 /// Traits of a known GGUF type id, or nullopt for an id Loom does not know.
 std::optional<DTypeTraits> dtype_traits(uint32_t id);
 /// Traits of a known dtype (always present).
 const DTypeTraits& traits(DType t);
-inline std::string_view dtype_name(DType t) { return traits(t).name; }
+inline std::string_view dtype_name(DType t) {
+  return traits(t).name;
+}
 /// Parses "q4_k", "Q4_K", "f16"... (case-insensitive).
 std::optional<DType> dtype_from_name(std::string_view name);
 

@@ -60,7 +60,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}   // NOLINT: implicit on purpose
+  Result(T value) : v_(std::move(value)) {}      // NOLINT: implicit on purpose
   Result(Error error) : v_(std::move(error)) {}  // NOLINT
   Result(Status status) : v_(status.error()) { assert(!status.ok()); }  // NOLINT
 
@@ -100,9 +100,9 @@ Error make_error(ErrorCode code, const char* fmt, ...) __attribute__((format(pri
 }  // namespace loom
 
 /// Propagates a failed Status/Result from the current function.
-#define LOOM_TRY(expr)                                       \
-  do {                                                       \
-    auto loom_try_status_ = (expr);                          \
+#define LOOM_TRY(expr)                                           \
+  do {                                                           \
+    auto loom_try_status_ = (expr);                              \
     if (!loom_try_status_.ok()) return loom_try_status_.error(); \
   } while (0)
 

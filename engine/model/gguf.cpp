@@ -42,7 +42,9 @@ uint64_t min_value_bytes(GgufType t) {
   return 1;
 }
 
-bool known_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kF64); }
+bool known_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(GgufType::kF64);
+}
 
 // Bounds-checked little-endian reader over the file's bytes.
 class Cursor {
@@ -80,8 +82,8 @@ class Cursor {
     LOOM_TRY(read(&len, what));
     if (len > left()) {
       return make_error(ErrorCode::kFormat,
-                        "%s: %s at offset %" PRIu64 " claims %" PRIu64
-                        " bytes but only %" PRIu64 " bytes are left in the file: truncated or corrupt",
+                        "%s: %s at offset %" PRIu64 " claims %" PRIu64 " bytes but only %" PRIu64
+                        " bytes are left in the file: truncated or corrupt",
                         name_.c_str(), what, at, len, left());
     }
     out->assign(reinterpret_cast<const char*>(base_ + pos_), static_cast<size_t>(len));
@@ -99,17 +101,72 @@ class Cursor {
 Status read_scalar(Cursor& c, GgufType t, GgufValue* v, const char* what) {
   v->type = t;
   switch (t) {
-    case GgufType::kU8: { uint8_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kI8: { int8_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kU16: { uint16_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kI16: { int16_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kU32: { uint32_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kI32: { int32_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kU64: { uint64_t x; LOOM_TRY(c.read(&x, what)); v->i = static_cast<int64_t>(x); return {}; }
-    case GgufType::kI64: { int64_t x; LOOM_TRY(c.read(&x, what)); v->i = x; return {}; }
-    case GgufType::kF32: { float x; LOOM_TRY(c.read(&x, what)); v->f = x; return {}; }
-    case GgufType::kF64: { double x; LOOM_TRY(c.read(&x, what)); v->f = x; return {}; }
-    case GgufType::kBool: { uint8_t x; LOOM_TRY(c.read(&x, what)); v->i = x ? 1 : 0; return {}; }
+    case GgufType::kU8: {
+      uint8_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kI8: {
+      int8_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kU16: {
+      uint16_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kI16: {
+      int16_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kU32: {
+      uint32_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kI32: {
+      int32_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kU64: {
+      uint64_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = static_cast<int64_t>(x);
+      return {};
+    }
+    case GgufType::kI64: {
+      int64_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x;
+      return {};
+    }
+    case GgufType::kF32: {
+      float x;
+      LOOM_TRY(c.read(&x, what));
+      v->f = x;
+      return {};
+    }
+    case GgufType::kF64: {
+      double x;
+      LOOM_TRY(c.read(&x, what));
+      v->f = x;
+      return {};
+    }
+    case GgufType::kBool: {
+      uint8_t x;
+      LOOM_TRY(c.read(&x, what));
+      v->i = x ? 1 : 0;
+      return {};
+    }
     case GgufType::kString: return c.read_string(&v->s, what);
     case GgufType::kArray: break;
   }
@@ -119,15 +176,17 @@ Status read_scalar(Cursor& c, GgufType t, GgufValue* v, const char* what) {
 // Skips an array's contents (used for arrays of arrays, which no model key needs).
 Status skip_array(Cursor& c, const std::string& file, const std::string& key, int depth) {
   if (depth > kMaxArrayDepth) {
-    return make_error(ErrorCode::kFormat, "%s: key '%s': arrays nested deeper than %d at offset %" PRIu64,
-                      file.c_str(), key.c_str(), kMaxArrayDepth, c.pos());
+    return make_error(ErrorCode::kFormat,
+                      "%s: key '%s': arrays nested deeper than %d at offset %" PRIu64, file.c_str(),
+                      key.c_str(), kMaxArrayDepth, c.pos());
   }
   uint32_t et = 0;
   uint64_t n = 0;
   uint64_t at = c.pos();
   LOOM_TRY(c.read(&et, "array element type"));
   if (!known_type(et)) {
-    return make_error(ErrorCode::kFormat, "%s: key '%s': unknown array element type %u at offset %" PRIu64,
+    return make_error(ErrorCode::kFormat,
+                      "%s: key '%s': unknown array element type %u at offset %" PRIu64,
                       file.c_str(), key.c_str(), et, at);
   }
   LOOM_TRY(c.read(&n, "array length"));
@@ -159,7 +218,8 @@ Status read_array(Cursor& c, const std::string& file, const std::string& key, Gg
   uint64_t n = 0;
   LOOM_TRY(c.read(&et, "array element type"));
   if (!known_type(et)) {
-    return make_error(ErrorCode::kFormat, "%s: key '%s': unknown array element type %u at offset %" PRIu64,
+    return make_error(ErrorCode::kFormat,
+                      "%s: key '%s': unknown array element type %u at offset %" PRIu64,
                       file.c_str(), key.c_str(), et, at);
   }
   LOOM_TRY(c.read(&n, "array length"));
@@ -222,8 +282,14 @@ const char* gguf_type_name(GgufType t) {
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kU16: case GgufType::kI16:
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kU64: case GgufType::kI64:
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kU16:
+    case GgufType::kI16:
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kU64:
+    case GgufType::kI64:
     case GgufType::kBool: return true;
     default: return false;
   }
@@ -298,16 +364,17 @@ Status GgufFile::parse() {
   if (size_ < 4) return c.truncated("magic \"GGUF\"", 4);
   std::memcpy(magic, base_, 4);
   if (std::memcmp(magic, "GGUF", 4) != 0) {
-    return make_error(ErrorCode::kFormat,
-                      "%s: not a GGUF file: bad magic %02x %02x %02x %02x at offset 0 (expected \"GGUF\")",
-                      name.c_str(), magic[0], magic[1], magic[2], magic[3]);
+    return make_error(
+        ErrorCode::kFormat,
+        "%s: not a GGUF file: bad magic %02x %02x %02x %02x at offset 0 (expected \"GGUF\")",
+        name.c_str(), magic[0], magic[1], magic[2], magic[3]);
   }
   LOOM_TRY(c.skip(4, "magic"));
   LOOM_TRY(c.read(&version_, "version"));
   if (version_ != 2 && version_ != 3) {
     return make_error(ErrorCode::kUnsupported,
-                      "%s: GGUF version %u at offset 4 is not supported (only 2 and 3)", name.c_str(),
-                      version_);
+                      "%s: GGUF version %u at offset 4 is not supported (only 2 and 3)",
+                      name.c_str(), version_);
   }
   uint64_t n_tensors = 0, n_kv = 0;
   LOOM_TRY(c.read(&n_tensors, "tensor count"));
@@ -384,8 +451,8 @@ Status GgufFile::parse() {
       if (ne > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(n_elem, ne, &n_elem) ||
           n_elem > static_cast<uint64_t>(INT64_MAX)) {
         return make_error(ErrorCode::kFormat,
-                          "%s: tensor '%s' at offset %" PRIu64
-                          ": dimension %u (%" PRIu64 ") makes the element count overflow",
+                          "%s: tensor '%s' at offset %" PRIu64 ": dimension %u (%" PRIu64
+                          ") makes the element count overflow",
                           name.c_str(), t.name.c_str(), at, d, ne);
       }
       t.ne[d] = static_cast<int64_t>(ne);
@@ -416,7 +483,8 @@ Status GgufFile::parse() {
     LOOM_TRY(c.read(&t.offset, "tensor data offset"));
     if (t.offset % alignment_ != 0) {
       return make_error(ErrorCode::kFormat,
-                        "%s: tensor '%s' data offset %" PRIu64 " is not a multiple of the alignment %u",
+                        "%s: tensor '%s' data offset %" PRIu64
+                        " is not a multiple of the alignment %u",
                         name.c_str(), t.name.c_str(), t.offset, alignment_);
     }
     tensor_index_.emplace(t.name, tensors_.size());
@@ -458,7 +526,8 @@ const GgufTensor* GgufFile::find_tensor(std::string_view name) const {
 }
 
 namespace {
-Error wrong_type(const std::string& file, std::string_view key, const char* want, const GgufValue& v) {
+Error wrong_type(const std::string& file, std::string_view key, const char* want,
+                 const GgufValue& v) {
   std::string got = gguf_type_name(v.type);
   if (v.is_array()) got += std::string(" of ") + gguf_type_name(v.elem_type);
   return make_error(ErrorCode::kFormat, "%s: key '%.*s' should be %s but is %s", file.c_str(),
@@ -488,7 +557,8 @@ Result<std::optional<double>> GgufFile::get_float(std::string_view key) const {
   const GgufValue* v = find(key);
   if (!v) return std::optional<double>();
   if (v->is_float()) return std::optional<double>(v->f);
-  if (v->is_integer() && v->type != GgufType::kBool) return std::optional<double>(static_cast<double>(v->i));
+  if (v->is_integer() && v->type != GgufType::kBool)
+    return std::optional<double>(static_cast<double>(v->i));
   return wrong_type(path_, key, "a number", *v);
 }
 

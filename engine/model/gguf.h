@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/status.h"
 #include "engine/core/dtype.h"
+#include "engine/core/status.h"
 
 namespace loom {
 
@@ -65,7 +65,7 @@ struct GgufTensor {
   uint32_t n_dims = 0;
   int64_t ne[4] = {1, 1, 1, 1};
   DType dtype = DType::kF32;
-  uint64_t offset = 0;       ///< from the start of the data section
+  uint64_t offset = 0;  ///< from the start of the data section
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  ///< into the mapping; valid while the GgufFile lives
 

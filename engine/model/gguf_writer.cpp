@@ -81,29 +81,33 @@ void GgufWriter::set_value(const std::string& key, const GgufValue& value) {
   if (key == "general.alignment" && value.is_integer()) alignment_ = static_cast<uint32_t>(value.i);
 }
 
-Status GgufWriter::add_tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype) {
+Status GgufWriter::add_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                              DType dtype) {
   if (f_) return make_error(ErrorCode::kInternal, "add_tensor('%s') after open()", name.c_str());
   if (shape.empty() || shape.size() > 4) {
     return make_error(ErrorCode::kInvalidArgument, "tensor '%s': %zu dimensions (1 to 4 allowed)",
                       name.c_str(), shape.size());
   }
   for (const TensorDecl& t : tensors_) {
-    if (t.name == name) return make_error(ErrorCode::kInvalidArgument, "duplicate tensor '%s'", name.c_str());
+    if (t.name == name)
+      return make_error(ErrorCode::kInvalidArgument, "duplicate tensor '%s'", name.c_str());
   }
   uint64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
-      return make_error(ErrorCode::kInvalidArgument, "tensor '%s': bad dimension %" PRId64, name.c_str(), d);
+      return make_error(ErrorCode::kInvalidArgument, "tensor '%s': bad dimension %" PRId64,
+                        name.c_str(), d);
     }
   }
   if (shape[0] % traits(dtype).block_size != 0) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "tensor '%s': first dimension %" PRId64 " is not a multiple of %s's block size %u",
-                      name.c_str(), shape[0], std::string(dtype_name(dtype)).c_str(),
-                      traits(dtype).block_size);
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        "tensor '%s': first dimension %" PRId64 " is not a multiple of %s's block size %u",
+        name.c_str(), shape[0], std::string(dtype_name(dtype)).c_str(), traits(dtype).block_size);
   }
   auto bytes = dtype_row_bytes(dtype, n);
-  if (!bytes) return make_error(ErrorCode::kInvalidArgument, "tensor '%s': size overflows", name.c_str());
+  if (!bytes)
+    return make_error(ErrorCode::kInvalidArgument, "tensor '%s': size overflows", name.c_str());
   uint64_t offset = 0;
   if (!tensors_.empty()) {
     const TensorDecl& last = tensors_.back();
@@ -215,7 +219,8 @@ Status GgufWriter::write_data(const void* data, size_t n_bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (n_bytes > 0) {
     if (current_ >= tensors_.size()) {
-      return make_error(ErrorCode::kInternal, "%s: more tensor data written than declared", path_.c_str());
+      return make_error(ErrorCode::kInternal, "%s: more tensor data written than declared",
+                        path_.c_str());
     }
     const TensorDecl& t = tensors_[current_];
     uint64_t room = t.n_bytes - current_done_;
@@ -237,7 +242,8 @@ Status GgufWriter::write_data(const void* data, size_t n_bytes) {
 Status GgufWriter::close() {
   if (!f_) return make_error(ErrorCode::kInternal, "close() before open()");
   // Zero-sized tensors at the end are complete without any write.
-  while (current_ < tensors_.size() && tensors_[current_].n_bytes == 0 && current_done_ == 0) ++current_;
+  while (current_ < tensors_.size() && tensors_[current_].n_bytes == 0 && current_done_ == 0)
+    ++current_;
   if (current_ != tensors_.size()) {
     return make_error(ErrorCode::kInternal, "%s: tensor '%s' was not fully written", path_.c_str(),
                       tensors_[current_].name.c_str());

@@ -11,7 +11,9 @@ namespace {
 const std::string kEmptyName;
 }
 
-const std::string& Weight::name() const { return tensor ? tensor->name : kEmptyName; }
+const std::string& Weight::name() const {
+  return tensor ? tensor->name : kEmptyName;
+}
 
 Weight Weight::rows(int64_t r0, int64_t n) const {
   Weight w = *this;
@@ -28,10 +30,12 @@ uint64_t Model::weight_bytes() const {
 
 std::string Model::describe() const {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s, %" PRId64 " layers, dim %" PRId64 ", %" PRId64 "/%" PRId64
-                " heads, ffn %" PRId64 ", vocab %" PRId64 ", weights %s",
-                hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff, hp.n_vocab,
-                std::string(dtype_name(layers.empty() ? tok_embd.dtype : layers[0].w_down.dtype)).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "%s, %" PRId64 " layers, dim %" PRId64 ", %" PRId64 "/%" PRId64 " heads, ffn %" PRId64
+      ", vocab %" PRId64 ", weights %s",
+      hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff, hp.n_vocab,
+      std::string(dtype_name(layers.empty() ? tok_embd.dtype : layers[0].w_down.dtype)).c_str());
   return buf;
 }
 
@@ -42,7 +46,8 @@ Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vect
   const GgufTensor* t = f.find_tensor(name);
   if (!t) {
     if (!required) return Weight{};
-    return make_error(ErrorCode::kFormat, "%s: missing tensor '%s'", f.path().c_str(), name.c_str());
+    return make_error(ErrorCode::kFormat, "%s: missing tensor '%s'", f.path().c_str(),
+                      name.c_str());
   }
   // Expected shape, innermost first; trailing 1s may be omitted in the file.
   bool match = t->n_dims <= 4 && shape.size() <= 4;
@@ -54,11 +59,12 @@ Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vect
     std::string want = "[";
     for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
     want += "]";
-    return make_error(ErrorCode::kFormat, "%s: tensor '%s' has shape %s, expected %s", f.path().c_str(),
-                      name.c_str(), t->shape_string().c_str(), want.c_str());
+    return make_error(ErrorCode::kFormat, "%s: tensor '%s' has shape %s, expected %s",
+                      f.path().c_str(), name.c_str(), t->shape_string().c_str(), want.c_str());
   }
   if (!traits(t->dtype).has_reference) {
-    return make_error(ErrorCode::kUnsupported, "%s: tensor '%s' has dtype %s, which Loom cannot compute with yet",
+    return make_error(ErrorCode::kUnsupported,
+                      "%s: tensor '%s' has dtype %s, which Loom cannot compute with yet",
                       f.path().c_str(), name.c_str(), std::string(dtype_name(t->dtype)).c_str());
   }
   Weight w;
@@ -76,10 +82,12 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
   auto need_int = [&](const std::string& key, int64_t* out) -> Status {
     auto v = f.get_int(a + key);
     if (!v.ok()) return v.error();
-    if (!*v) return make_error(ErrorCode::kFormat, "%s: missing metadata key '%s%s'", f.path().c_str(), a.c_str(), key.c_str());
+    if (!*v)
+      return make_error(ErrorCode::kFormat, "%s: missing metadata key '%s%s'", f.path().c_str(),
+                        a.c_str(), key.c_str());
     if (**v <= 0 || **v > (int64_t{1} << 40)) {
-      return make_error(ErrorCode::kFormat, "%s: '%s%s' = %" PRId64 " is out of range", f.path().c_str(), a.c_str(),
-                        key.c_str(), **v);
+      return make_error(ErrorCode::kFormat, "%s: '%s%s' = %" PRId64 " is out of range",
+                        f.path().c_str(), a.c_str(), key.c_str(), **v);
     }
     *out = **v;
     return {};
@@ -106,7 +114,8 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
   LOOM_TRY(opt_int("context_length", &hp->n_ctx_train));
   LOOM_TRY(opt_float("attention.layer_norm_rms_epsilon", &hp->rms_eps));
   if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0) {
-    return make_error(ErrorCode::kFormat, "%s: head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
+    return make_error(ErrorCode::kFormat,
+                      "%s: head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
                       f.path().c_str(), hp->n_head, hp->n_head_kv);
   }
   hp->head_dim = hp->n_embd / hp->n_head;
@@ -114,7 +123,8 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
   hp->n_rot = hp->head_dim;
   LOOM_TRY(opt_int("rope.dimension_count", &hp->n_rot));
   if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
-    return make_error(ErrorCode::kFormat, "%s: rope.dimension_count %" PRId64 " must be even and <= head size %" PRId64,
+    return make_error(ErrorCode::kFormat,
+                      "%s: rope.dimension_count %" PRId64 " must be even and <= head size %" PRId64,
                       f.path().c_str(), hp->n_rot, hp->head_dim);
   }
   LOOM_TRY(opt_float("rope.freq_base", &hp->rope_freq_base));
@@ -128,11 +138,15 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
   LOOM_TRY(opt_float("rope.scale_linear", &linear));
   if (*type) {
     const std::string& s = **type;
-    if (s == "linear") hp->rope_scaling = RopeScaling::kLinear;
-    else if (s == "yarn") hp->rope_scaling = RopeScaling::kYarn;
-    else if (s == "llama3") hp->rope_scaling = RopeScaling::kLlama3;
+    if (s == "linear")
+      hp->rope_scaling = RopeScaling::kLinear;
+    else if (s == "yarn")
+      hp->rope_scaling = RopeScaling::kYarn;
+    else if (s == "llama3")
+      hp->rope_scaling = RopeScaling::kLlama3;
     else if (s != "none") {
-      return make_error(ErrorCode::kUnsupported, "%s: rope scaling type '%s' is not supported (none, linear, yarn, llama3)",
+      return make_error(ErrorCode::kUnsupported,
+                        "%s: rope scaling type '%s' is not supported (none, linear, yarn, llama3)",
                         f.path().c_str(), s.c_str());
     }
   } else if (linear > 0.0f && linear != 1.0f) {
@@ -160,11 +174,13 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path) {
   const GgufFile& f = *m->file;
   m->hp.arch = f.architecture();
   if (m->hp.arch.empty()) {
-    return make_error(ErrorCode::kFormat, "%s: no general.architecture key: not a model file?", path.c_str());
+    return make_error(ErrorCode::kFormat, "%s: no general.architecture key: not a model file?",
+                      path.c_str());
   }
   const Architecture* arch = find_architecture(m->hp.arch);
   if (!arch) {
-    return make_error(ErrorCode::kUnsupported, "%s: architecture '%s' is not supported (supported: %s)", path.c_str(),
+    return make_error(ErrorCode::kUnsupported,
+                      "%s: architecture '%s' is not supported (supported: %s)", path.c_str(),
                       m->hp.arch.c_str(), supported_architectures().c_str());
   }
   LOOM_TRY(detail::read_common_hparams(f, &m->hp));
@@ -176,10 +192,12 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path) {
   if (!tok.ok()) return tok.error();
   m->tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
-  if (!emb) return make_error(ErrorCode::kFormat, "%s: missing tensor 'token_embd.weight'", path.c_str());
+  if (!emb)
+    return make_error(ErrorCode::kFormat, "%s: missing tensor 'token_embd.weight'", path.c_str());
   m->hp.n_vocab = emb->ne[1];
   if (m->hp.n_vocab < m->tokenizer->vocab().n_tokens()) {
-    return make_error(ErrorCode::kFormat, "%s: token_embd.weight has %" PRId64 " rows but the tokenizer has %d tokens",
+    return make_error(ErrorCode::kFormat,
+                      "%s: token_embd.weight has %" PRId64 " rows but the tokenizer has %d tokens",
                       path.c_str(), m->hp.n_vocab, m->tokenizer->vocab().n_tokens());
   }
 

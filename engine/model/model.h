@@ -28,7 +28,9 @@ struct Weight {
   bool present() const { return data != nullptr; }
   /// First byte of the whole tensor this weight is (a row range of): the key
   /// under which backends and the requantizer keep their copies.
-  const void* tensor_begin() const { return tensor && tensor->data ? static_cast<const void*>(tensor->data) : data; }
+  const void* tensor_begin() const {
+    return tensor && tensor->data ? static_cast<const void*>(tensor->data) : data;
+  }
   const std::string& name() const;
   /// Rows [r0, r0 + n) as a Weight of their own (fused tensors are split this way).
   Weight rows(int64_t r0, int64_t n) const;
@@ -76,8 +78,8 @@ struct Model {
   HParams hp;
   Weight tok_embd;
   Weight output_norm;
-  Weight output;        ///< == tok_embd when tied
-  Weight rope_freqs;    ///< llama3 per-frequency divisors [n_rot / 2], optional
+  Weight output;      ///< == tok_embd when tied
+  Weight rope_freqs;  ///< llama3 per-frequency divisors [n_rot / 2], optional
   std::vector<LayerWeights> layers;
   std::unique_ptr<Tokenizer> tokenizer;
   ChatTemplate chat_template;

@@ -84,18 +84,22 @@ DType fit_dtype(DType want, int64_t ne0) {
 
 Status validate(const SynthSpec& s) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "phi3") {
-    return make_error(ErrorCode::kUnsupported, "synth: unknown architecture '%s' (llama, qwen2, phi3)",
-                      s.arch.c_str());
+    return make_error(ErrorCode::kUnsupported,
+                      "synth: unknown architecture '%s' (llama, qwen2, phi3)", s.arch.c_str());
   }
-  if (s.n_layer < 1 || s.n_embd < 1 || s.n_ff < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.n_ctx < 1) {
-    return make_error(ErrorCode::kInvalidArgument, "synth: layers, dim, ffn, heads, kv-heads and ctx must be positive");
+  if (s.n_layer < 1 || s.n_embd < 1 || s.n_ff < 1 || s.n_head < 1 || s.n_head_kv < 1 ||
+      s.n_ctx < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "synth: layers, dim, ffn, heads, kv-heads and ctx must be positive");
   }
   if (s.n_embd % s.n_head != 0) {
-    return make_error(ErrorCode::kInvalidArgument, "synth: dim %lld is not a multiple of heads %lld",
+    return make_error(ErrorCode::kInvalidArgument,
+                      "synth: dim %lld is not a multiple of heads %lld",
                       static_cast<long long>(s.n_embd), static_cast<long long>(s.n_head));
   }
   if (s.n_head % s.n_head_kv != 0) {
-    return make_error(ErrorCode::kInvalidArgument, "synth: heads %lld is not a multiple of kv-heads %lld",
+    return make_error(ErrorCode::kInvalidArgument,
+                      "synth: heads %lld is not a multiple of kv-heads %lld",
                       static_cast<long long>(s.n_head), static_cast<long long>(s.n_head_kv));
   }
   if ((s.n_embd / s.n_head) % 2 != 0) {
@@ -111,7 +115,8 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const WeightFormat& 
   const int64_t q_dim = s.n_head * head_dim;
   const int64_t kv_dim = s.n_head_kv * head_dim;
   std::vector<PlannedTensor> out;
-  auto matrix = [&](std::string name, int64_t ne0, int64_t ne1, DType want, Fill fill = Fill::kMatrix) {
+  auto matrix = [&](std::string name, int64_t ne0, int64_t ne1, DType want,
+                    Fill fill = Fill::kMatrix) {
     DType got = fit_dtype(want, ne0);
     if (got != want) {
       notes->push_back(name + ": rows of " + std::to_string(ne0) + " are not a multiple of " +
@@ -163,9 +168,14 @@ void fill_row(const PlannedTensor& t, uint64_t seed, size_t tensor_index, int64_
   const int64_t n = t.shape[0];
   float scale = 0.0f, offset = 0.0f;
   switch (t.fill) {
-    case Fill::kMatrix: scale = std::sqrt(3.0f / static_cast<float>(n)); break;  // unit-variance outputs
+    case Fill::kMatrix:
+      scale = std::sqrt(3.0f / static_cast<float>(n));
+      break;  // unit-variance outputs
     case Fill::kEmbedding: scale = 1.0f; break;
-    case Fill::kNorm: scale = 0.1f; offset = 1.0f; break;
+    case Fill::kNorm:
+      scale = 0.1f;
+      offset = 1.0f;
+      break;
     case Fill::kBias: scale = 0.1f; break;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -180,7 +190,8 @@ Status copy_tokenizer(const std::string& from, GgufWriter* w, int64_t* n_vocab) 
   auto tokens = (*src)->get_string_array("tokenizer.ggml.tokens");
   if (!tokens.ok()) return tokens.error();
   if (!*tokens) {
-    return make_error(ErrorCode::kInvalidArgument, "%s: has no tokenizer (tokenizer.ggml.tokens)", from.c_str());
+    return make_error(ErrorCode::kInvalidArgument, "%s: has no tokenizer (tokenizer.ggml.tokens)",
+                      from.c_str());
   }
   for (const auto& [key, v] : (*src)->metadata()) {
     if (key.rfind("tokenizer.", 0) != 0) continue;
@@ -192,8 +203,10 @@ Status copy_tokenizer(const std::string& from, GgufWriter* w, int64_t* n_vocab) 
 }
 
 constexpr const char* kChatMLTemplate =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "}}"
     "{% endif %}";
 
 }  // namespace
@@ -229,9 +242,10 @@ Status apply_synth_preset(const std::string& preset, SynthSpec* s) {
     s->rms_eps = p.arch == std::string("llama") ? 1e-5f : 1e-6f;
     return {};
   }
-  return make_error(ErrorCode::kInvalidArgument,
-                    "unknown preset '%s' (stories-like, tinyllama-1.1b, qwen2-0.5b, phi3-mini, llama3-8b)",
-                    preset.c_str());
+  return make_error(
+      ErrorCode::kInvalidArgument,
+      "unknown preset '%s' (stories-like, tinyllama-1.1b, qwen2-0.5b, phi3-mini, llama3-8b)",
+      preset.c_str());
 }
 
 Result<SynthReport> write_synthetic_model(const SynthSpec& spec, const std::string& path,
@@ -260,16 +274,18 @@ Result<SynthReport> write_synthetic_model(const SynthSpec& spec, const std::stri
     int64_t from_n = 0;
     LOOM_TRY(copy_tokenizer(spec.vocab_from, &w, &from_n));
     if (n_vocab != 0 && n_vocab != from_n) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "synth: --vocab %lld differs from the %lld tokens of %s", static_cast<long long>(n_vocab),
-                        static_cast<long long>(from_n), spec.vocab_from.c_str());
+      return make_error(
+          ErrorCode::kInvalidArgument, "synth: --vocab %lld differs from the %lld tokens of %s",
+          static_cast<long long>(n_vocab), static_cast<long long>(from_n), spec.vocab_from.c_str());
     }
     n_vocab = from_n;
   } else {
     SynthVocab v = builtin_synth_vocab(n_vocab);
     if (n_vocab != 0 && static_cast<int64_t>(v.tokens.size()) != n_vocab) {
-      return make_error(ErrorCode::kInvalidArgument, "synth: --vocab %lld is smaller than the %zu tokens the built-in vocabulary needs",
-                        static_cast<long long>(n_vocab), v.tokens.size());
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "synth: --vocab %lld is smaller than the %zu tokens the built-in vocabulary needs",
+          static_cast<long long>(n_vocab), v.tokens.size());
     }
     n_vocab = static_cast<int64_t>(v.tokens.size());
     w.set_string("tokenizer.ggml.model", "gpt2");
@@ -315,7 +331,8 @@ Result<SynthReport> write_synthetic_model(const SynthSpec& spec, const std::stri
         std::vector<float> row(static_cast<size_t>(ne0));
         for (int64_t r = k; r < nr; r += n_threads) {
           fill_row(t, spec.seed, ti, r0 + r, row.data());
-          Status s = ref::quantize_row(t.dtype, row.data(), out.data() + static_cast<size_t>(r) * row_bytes, ne0);
+          Status s = ref::quantize_row(t.dtype, row.data(),
+                                       out.data() + static_cast<size_t>(r) * row_bytes, ne0);
           if (!s.ok()) {
             status[k] = s;
             return;

@@ -26,7 +26,7 @@ struct SynthSpec {
   int64_t n_ctx = 512;
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
-  bool tied_output = false;   ///< no output.weight; the embedding is reused
+  bool tied_output = false;  ///< no output.weight; the embedding is reused
   /// Weight format: a dtype name (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
   /// q2_k..q6_k) or a mixture: q4_k_m, q5_k_m (attn_v, ffn_down of some layers and
   /// output in Q6_K, as llama.cpp's _M mixtures do).
@@ -42,7 +42,7 @@ Status apply_synth_preset(const std::string& preset, SynthSpec* spec);
 /// What write_synthetic_model wrote.
 struct SynthReport {
   uint64_t n_params = 0;
-  uint64_t n_bytes = 0;      ///< tensor data bytes
+  uint64_t n_bytes = 0;  ///< tensor data bytes
   uint64_t file_bytes = 0;
   int64_t n_vocab = 0;
   std::vector<std::string> notes;  ///< e.g. tensors kept in another dtype, and why
@@ -50,8 +50,9 @@ struct SynthReport {
 
 /// Writes the model to `path`, streaming: memory use stays far below the file
 /// size. `progress(done_bytes, total_bytes)` is called now and then (may be empty).
-Result<SynthReport> write_synthetic_model(const SynthSpec& spec, const std::string& path,
-                                          const std::function<void(uint64_t, uint64_t)>& progress = {});
+Result<SynthReport> write_synthetic_model(
+    const SynthSpec& spec, const std::string& path,
+    const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 /// The built-in byte-level BPE tokenizer used when no vocabulary is given:
 /// specials <s>, </s>, <|im_start|>, <|im_end|>, the 256 bytes, then merges

@@ -61,7 +61,9 @@ std::string byte_symbol(int b) {
 std::vector<std::vector<std::string>> corpus_words() {
   std::vector<std::vector<std::string>> words;
   const std::string text = kCorpus;
-  auto alnum = [&](size_t k) { return k < text.size() && std::isalnum(static_cast<unsigned char>(text[k])); };
+  auto alnum = [&](size_t k) {
+    return k < text.size() && std::isalnum(static_cast<unsigned char>(text[k]));
+  };
   for (size_t i = 0; i < text.size();) {
     size_t j = i;
     if (text[j] == ' ' && alnum(j + 1)) ++j;

@@ -19,7 +19,8 @@ int LatencyHistogram::bucket_of(uint64_t ns) {
 LatencyHistogram::Snapshot LatencyHistogram::snapshot() const {
   Snapshot s;
   for (int b = 0; b < kBuckets; ++b) {
-    s.counts[static_cast<size_t>(b)] = counts_[static_cast<size_t>(b)].load(std::memory_order_relaxed);
+    s.counts[static_cast<size_t>(b)] =
+        counts_[static_cast<size_t>(b)].load(std::memory_order_relaxed);
     s.count += s.counts[static_cast<size_t>(b)];
   }
   s.sum_ns = sum_ns_.load(std::memory_order_relaxed);
@@ -30,7 +31,8 @@ LatencyHistogram::Snapshot LatencyHistogram::snapshot() const {
 double LatencyHistogram::Snapshot::percentile_ms(double q) const {
   if (count == 0) return 0.0;
   // The rank-th sample (1-based), as nearest-rank percentiles define it.
-  const auto rank = static_cast<uint64_t>(std::max(1.0, std::ceil(std::clamp(q, 0.0, 1.0) * static_cast<double>(count))));
+  const auto rank = static_cast<uint64_t>(
+      std::max(1.0, std::ceil(std::clamp(q, 0.0, 1.0) * static_cast<double>(count))));
   uint64_t seen = 0;
   for (int b = 0; b < kBuckets; ++b) {
     seen += counts[static_cast<size_t>(b)];

@@ -41,7 +41,9 @@ class LatencyHistogram {
     uint64_t max_ns = 0;
     /// The q-quantile (q in [0, 1]) in milliseconds; 0 when empty.
     double percentile_ms(double q) const;
-    double mean_ms() const { return count ? static_cast<double>(sum_ns) / static_cast<double>(count) * 1e-6 : 0.0; }
+    double mean_ms() const {
+      return count ? static_cast<double>(sum_ns) / static_cast<double>(count) * 1e-6 : 0.0;
+    }
   };
   Snapshot snapshot() const;
 

@@ -5,7 +5,8 @@
 namespace loom {
 
 LayerStats::LayerStats(int64_t n_layer)
-    : n_layer_(std::max<int64_t>(n_layer, 0)), layers_(new LatencyHistogram[static_cast<size_t>(n_layer_)]) {}
+    : n_layer_(std::max<int64_t>(n_layer, 0)),
+      layers_(new LatencyHistogram[static_cast<size_t>(n_layer_)]) {}
 
 std::vector<LayerStats::Layer> LayerStats::snapshot() const {
   std::vector<Layer> out(static_cast<size_t>(n_layer_));

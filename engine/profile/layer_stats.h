@@ -25,7 +25,8 @@ class LayerStats {
 
   /// One evaluation of `layer` over `n_tokens` tokens took `ns` (ignored unless n_tokens == 1).
   void record(int64_t layer, uint64_t ns, int64_t n_tokens) {
-    if (n_tokens == 1 && layer >= 0 && layer < n_layer_) layers_[static_cast<size_t>(layer)].record_ns(ns);
+    if (n_tokens == 1 && layer >= 0 && layer < n_layer_)
+      layers_[static_cast<size_t>(layer)].record_ns(ns);
   }
 
   struct Layer {
@@ -45,14 +46,17 @@ class LayerStats {
 /// Records the time from construction to destruction into `stats` (when non-null).
 class LayerTimer {
  public:
-  LayerTimer(LayerStats* stats, int64_t layer, int64_t n_tokens) : stats_(stats), layer_(layer), n_tokens_(n_tokens) {
+  LayerTimer(LayerStats* stats, int64_t layer, int64_t n_tokens)
+      : stats_(stats), layer_(layer), n_tokens_(n_tokens) {
     if (stats_ && n_tokens_ == 1) t0_ = std::chrono::steady_clock::now();
   }
   ~LayerTimer() {
     if (!stats_ || n_tokens_ != 1) return;
     const auto d = std::chrono::steady_clock::now() - t0_;
-    stats_->record(layer_, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
-                   n_tokens_);
+    stats_->record(
+        layer_,
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+        n_tokens_);
   }
   LayerTimer(const LayerTimer&) = delete;
   LayerTimer& operator=(const LayerTimer&) = delete;

@@ -41,7 +41,8 @@ class OpTimer {
   ~OpTimer() {
     if (!stats_) return;
     const auto d = std::chrono::steady_clock::now() - t0_;
-    stats_->ns[static_cast<size_t>(label_)] += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+    stats_->ns[static_cast<size_t>(label_)] +=
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
     stats_->calls[static_cast<size_t>(label_)] += 1;
   }
   OpTimer(const OpTimer&) = delete;

@@ -5,15 +5,17 @@
 
 namespace loom {
 
-Sampler::Sampler(const SamplerParams& p, int64_t n_vocab) : p_(p), n_vocab_(n_vocab), rng_(p.seed) {}
+Sampler::Sampler(const SamplerParams& p, int64_t n_vocab)
+    : p_(p), n_vocab_(n_vocab), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history) {
   logits_.assign(logits_in, logits_in + n_vocab_);
   // Repetition penalty (CTRL-style, as llama.cpp): positive logits are divided,
   // negative ones multiplied, once per distinct recent token.
   if (p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0) {
-    const size_t n = p_.repeat_last_n < 0 ? history.size()
-                                          : std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
+    const size_t n = p_.repeat_last_n < 0
+                         ? history.size()
+                         : std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
     std::vector<int32_t> recent(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
     std::sort(recent.begin(), recent.end());
     recent.erase(std::unique(recent.begin(), recent.end()), recent.end());
@@ -29,8 +31,11 @@ int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history
   }
 
   cand_.resize(static_cast<size_t>(n_vocab_));
-  for (int64_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits_[static_cast<size_t>(i)]};
-  auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+  for (int64_t i = 0; i < n_vocab_; ++i)
+    cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits_[static_cast<size_t>(i)]};
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
   size_t n = cand_.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
@@ -42,7 +47,8 @@ int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history
   std::vector<double> prob(n);
   const double max_l = cand_[0].logit;
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp(static_cast<double>(cand_[i].logit) - max_l);
+  for (size_t i = 0; i < n; ++i)
+    sum += prob[i] = std::exp(static_cast<double>(cand_[i].logit) - max_l);
   for (double& p : prob) p /= sum;
   if (p_.top_p < 1.0f) {
     double cum = 0;

@@ -11,10 +11,10 @@
 namespace loom {
 
 struct SamplerParams {
-  float temperature = 0.8f;  ///< <= 0: greedy (argmax)
-  int32_t top_k = 40;        ///< <= 0: off
-  float top_p = 0.95f;       ///< >= 1: off
-  float min_p = 0.05f;       ///< <= 0: off
+  float temperature = 0.8f;     ///< <= 0: greedy (argmax)
+  int32_t top_k = 40;           ///< <= 0: off
+  float top_p = 0.95f;          ///< >= 1: off
+  float min_p = 0.05f;          ///< <= 0: off
   float repeat_penalty = 1.0f;  ///< 1: off; > 1 penalises tokens seen in the last repeat_last_n
   int32_t repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;

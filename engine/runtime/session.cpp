@@ -89,7 +89,8 @@ void Session::request_placement(const Placement& p, std::function<void(const Sta
     has_pending_.store(true, std::memory_order_release);
   }
   // An earlier request not applied yet is dropped: its requester hears so (on this thread).
-  if (replaced) replaced(make_error(ErrorCode::kCancelled, "replaced by a newer placement request"));
+  if (replaced)
+    replaced(make_error(ErrorCode::kCancelled, "replaced by a newer placement request"));
 }
 
 Status Session::apply_pending_placement() {

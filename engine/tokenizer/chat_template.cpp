@@ -29,9 +29,9 @@ namespace {
 // every code point with str.isspace(), not just ASCII blanks.
 
 bool is_python_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 ||
-         cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-         cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // Decodes the UTF-8 sequence at s[pos]; returns its length, or 0 when it is not
@@ -93,7 +93,9 @@ bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;
 }
 
-bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_blank(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 std::string_view trim_blanks(std::string_view s) {
   while (!s.empty() && is_blank(s.front())) s.remove_prefix(1);
@@ -468,10 +470,10 @@ std::string role_compared(std::string_view cond) {
 
 // Where a tag sits: inside which role branch and add_generation_prompt branch.
 struct Branch {
-  std::string role;         // from the innermost condition that names one
-  bool gen = false;         // under `if add_generation_prompt`
-  bool no_gen = false;      // under its `else`
-  bool content_check = false;  // the condition also tests the message's content
+  std::string role;                    // from the innermost condition that names one
+  bool gen = false;                    // under `if add_generation_prompt`
+  bool no_gen = false;                 // under its `else`
+  bool content_check = false;          // the condition also tests the message's content
   bool after_assistant_check = false;  // `messages[-1]['role'] != 'assistant'`
   bool is_else = false;
 };
@@ -502,16 +504,16 @@ Branch branch_for(std::string_view cond, const Branch& parent) {
 struct Scan {
   // Turn expressions by the role branch they are in ("" for none), in order.
   std::vector<std::pair<std::string, Piece>> turns;
-  Piece gen;              // written when add_generation_prompt is set
+  Piece gen;                 // written when add_generation_prompt is set
   bool gen_in_loop = false;  // ... inside the message loop (Zephyr's `loop.last and ...`)
   bool gen_after_assistant_check = false;
-  Piece no_gen;           // written when it is not (Phi-3's eos_token)
-  Piece bos_alone;        // `{{ bos_token }}` outside the message loop
-  Piece system_block;     // uses system_message outside the loop (Mistral v7 [SYSTEM_PROMPT])
-  Expr fold;              // `set content = ... system_message ...` (Llama 2 <<SYS>>)
+  Piece no_gen;        // written when it is not (Phi-3's eos_token)
+  Piece bos_alone;     // `{{ bos_token }}` outside the message loop
+  Piece system_block;  // uses system_message outside the loop (Mistral v7 [SYSTEM_PROMPT])
+  Expr fold;           // `set content = ... system_message ...` (Llama 2 <<SYS>>)
   bool skip_empty_system = false;
-  bool else_raises = false;  // `{% else %}{{ raise_exception(...) }}` in the loop
-  bool checks_alternation = false;  // raises "... must alternate ..." over a real list
+  bool else_raises = false;                   // `{% else %}{{ raise_exception(...) }}` in the loop
+  bool checks_alternation = false;            // raises "... must alternate ..." over a real list
   std::optional<std::string> system_default;  // `set system_message = '...'`
   std::optional<std::string> date_default;    // `set date_string = "..."`
   std::vector<std::string> literals;          // every string literal in every tag
@@ -535,7 +537,7 @@ Scan scan_template(std::string_view text) {
   Scan scan;
   std::vector<Tag> tags = scan_tags(text);
   std::vector<Branch> branches{Branch{}};
-  std::vector<std::string> iterables;  // of the enclosing for loops, innermost last
+  std::vector<std::string> iterables;    // of the enclosing for loops, innermost last
   std::vector<std::string> set_in_loop;  // plain variables assigned inside a loop
   for (const Tag& tag : tags) {
     if (tag.kind == TagKind::kComment) continue;
@@ -547,7 +549,8 @@ Scan scan_template(std::string_view text) {
       if (starts_with_word(body, "for")) {
         // `for message in loop_messages`: remember the list's name.
         const size_t in = body.find(" in ");
-        std::string_view list = in == std::string_view::npos ? "" : trim_blanks(body.substr(in + 4));
+        std::string_view list =
+            in == std::string_view::npos ? "" : trim_blanks(body.substr(in + 4));
         size_t len = 0;
         while (len < list.size() && is_ident_char(list[len])) ++len;
         iterables.emplace_back(list.substr(0, len));
@@ -690,13 +693,13 @@ std::string today_string() {
 // in the render_* functions below, the parts that vary between versions here.
 struct ChatTemplate::Style {
   // ChatML
-  std::string default_system;  // also the [INST] families' `set system_message = '...'`
+  std::string default_system;           // also the [INST] families' `set system_message = '...'`
   bool default_system_in_loop = false;  // only written when there are messages
   // Llama 3
   std::string knowledge_line;  // "Cutting Knowledge Date: December 2023\n"; empty: no header
   // [INST] families (Llama 2, Mistral)
   Piece user, user_with_system, assistant, system_inline, system_block;
-  Expr fold;                   // Llama 2: content of the first turn with the system prompt
+  Expr fold;                    // Llama 2: content of the first turn with the system prompt
   bool fold_into_last = false;  // Mistral v3: system prompt goes with the last user turn
   bool check_alternation = false;
   bool reject_system = false;  // a system message is an error, not dropped
@@ -849,8 +852,7 @@ ChatTemplate make_chat_template(std::string_view template_text, std::string bos_
       }
       break;
     }
-    case ChatFamily::kFallback:
-      break;
+    case ChatFamily::kFallback: break;
   }
 
   if (canonical != nullptr) {
@@ -943,8 +945,7 @@ Status render_inst(const ChatTemplate::Style& st, ChatFamily family,
                    const std::vector<ChatMessage>& messages, std::string_view bos,
                    std::string_view eos, std::string* out) {
   // The leading system message, where the template takes one out of the turns.
-  const bool takes_system =
-      st.user_with_system.found || st.system_block.found || !st.fold.empty();
+  const bool takes_system = st.user_with_system.found || st.system_block.found || !st.fold.empty();
   std::optional<std::string_view> system;
   size_t first = 0;
   if (takes_system && !messages.empty() && messages[0].role == "system") {
@@ -983,8 +984,8 @@ Status render_inst(const ChatTemplate::Style& st, ChatFamily family,
       b.content = folded;
     }
     if (m.role == "user") {
-      const bool with_system = st.user_with_system.found && system &&
-                               (st.fold_into_last ? i + 1 == n : i == 0);
+      const bool with_system =
+          st.user_with_system.found && system && (st.fold_into_last ? i + 1 == n : i == 0);
       append_piece(with_system ? st.user_with_system : st.user, b, out);
     } else if (m.role == "assistant") {
       append_piece(st.assistant, b, out);

@@ -85,7 +85,8 @@ bool startLongReply(MainWindow& w, QSignalSpy& finished, int* messages) {
     QSignalSpy streamed(w.chat(), &ChatController::replyUpdated);
     typeAndSend(w, QStringLiteral("Go on, at length (attempt %1).").arg(attempt));
     *messages += 2;
-    if (!QTest::qWaitFor([&] { return streamed.count() > 0 || finished.count() > done; }, kWaitMs)) return false;
+    if (!QTest::qWaitFor([&] { return streamed.count() > 0 || finished.count() > done; }, kWaitMs))
+      return false;
     if (w.chat()->isBusy()) return true;
     if (!QTest::qWaitFor([&] { return finished.count() > done; }, kWaitMs)) return false;
   }
@@ -116,7 +117,8 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     MainWindow w(opts);
     w.show();
     w.activateWindow();
-    ASSERT_TRUE(QTest::qWaitForWindowActive(&w));  // window shortcuts (Ctrl+N, Esc) need an active window
+    ASSERT_TRUE(
+        QTest::qWaitForWindowActive(&w));  // window shortcuts (Ctrl+N, Esc) need an active window
     w.start();
     // First run: the start screen offers a model or the demo.
     EXPECT_TRUE(w.startScreen()->isVisible());
@@ -141,13 +143,18 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     // The grid: the model's layers and real dtypes, on the unit the first placement chose.
     PlacementModel* pm = w.placement();
     ASSERT_EQ(pm->rowCount(), 5);
-    EXPECT_EQ(pm->data(pm->index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q8_0"));
-    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::PrecisionRole).toString(), QStringLiteral("F16"));
-    EXPECT_TRUE(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole).toString().endsWith(QStringLiteral(" F16")));
+    EXPECT_EQ(pm->data(pm->index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(),
+              QStringLiteral("Q8_0"));
+    EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::PrecisionRole).toString(),
+              QStringLiteral("F16"));
+    EXPECT_TRUE(pm->data(pm->index(2, kColAttnKv), Qt::DisplayRole)
+                    .toString()
+                    .endsWith(QStringLiteral(" F16")));
     EXPECT_TRUE(w.planner() != nullptr);
     EXPECT_EQ(w.planner() && w.planner()->hasGpu(), pm->gpuBackend() != nullptr);
     if (!pm->gpuBackend()) {
-      EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::BackendIdRole).toString(), QStringLiteral("cpu"));
+      EXPECT_EQ(pm->data(pm->index(2, kColAttnKv), PlacementModel::BackendIdRole).toString(),
+                QStringLiteral("cpu"));
     }
 
     // Ctrl+N: a new chat; its settings make a reply long enough to stream in batches.
@@ -159,13 +166,14 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     QSignalSpy finished(w.chat(), &ChatController::replyFinished);
     int updates = 0, lastLength = -1, shownWhileBusy = 0;
     bool grew = true;
-    auto conn = QObject::connect(w.chat(), &ChatController::replyUpdated, [&](qint64 id, int length) {
-      ++updates;
-      grew = grew && length >= lastLength;
-      lastLength = length;
-      MessageWidget* m = w.transcript()->message(id);
-      if (w.chat()->isBusy() && m && !m->text().isEmpty()) ++shownWhileBusy;
-    });
+    auto conn =
+        QObject::connect(w.chat(), &ChatController::replyUpdated, [&](qint64 id, int length) {
+          ++updates;
+          grew = grew && length >= lastLength;
+          lastLength = length;
+          MessageWidget* m = w.transcript()->message(id);
+          if (w.chat()->isBusy() && m && !m->text().isEmpty()) ++shownWhileBusy;
+        });
     // Shift+Enter is a new line; Enter sends.
     ChatInput* input = w.composer()->input();
     input->setFocus();
@@ -197,18 +205,21 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     const BackendInfo* gpu = pm->gpuBackend();
     const QString gpuId = gpu ? gpu->id : QString();
     // The panel says what the engine runs on.
-    EXPECT_TRUE(pp->unitsText().contains(gpu ? QStringLiteral("and the GPU") : QStringLiteral("CPU only")))
+    EXPECT_TRUE(
+        pp->unitsText().contains(gpu ? QStringLiteral("and the GPU") : QStringLiteral("CPU only")))
         << pp->unitsText().toStdString();
     QString expectBackend = QStringLiteral("cpu"), expectText;
     if (gpu) {
       const bool wasCpu = pm->pending().rows[2][kColFfnWeights].backend == QLatin1String("cpu");
       expectBackend = wasCpu ? gpuId : QStringLiteral("cpu");
-      expectText = (wasCpu ? QStringLiteral("GPU ") : QStringLiteral("CPU ")) + QStringLiteral("Q8_0");
+      expectText =
+          (wasCpu ? QStringLiteral("GPU ") : QStringLiteral("CPU ")) + QStringLiteral("Q8_0");
       const QRect cell = pp->grid()->visualRect(pm->index(2, kColFfnWeights));
       ASSERT_TRUE(cell.isValid());
       QTest::mouseClick(pp->grid()->viewport(), Qt::LeftButton, {}, cell.center());
     } else {
-      std::printf("[   INFO   ] no Vulkan device: the placement change is a precision change on the CPU\n");
+      std::printf(
+          "[   INFO   ] no Vulkan device: the placement change is a precision change on the CPU\n");
       expectText = QStringLiteral("CPU Q4_0");
       pickInNextMenu(QStringLiteral("Q4_0"));
       pp->openCellMenu(2, kColFfnWeights);
@@ -224,9 +235,11 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     EXPECT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
     EXPECT_FALSE(pm->isDirty());
     EXPECT_FALSE(pm->data(pm->index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
-    EXPECT_EQ(pm->applied().rows[2][kColFfnWeights].backend, expectBackend) << pp->noteText().toStdString();
+    EXPECT_EQ(pm->applied().rows[2][kColFfnWeights].backend, expectBackend)
+        << pp->noteText().toStdString();
     EXPECT_EQ(pm->data(pm->index(2, kColFfnWeights), Qt::DisplayRole).toString(), expectText);
-    EXPECT_EQ(pm->applied().rows[1][kColFfnWeights].backend, pm->applied().rows[3][kColFfnWeights].backend);
+    EXPECT_EQ(pm->applied().rows[1][kColFfnWeights].backend,
+              pm->applied().rows[3][kColFfnWeights].backend);
     EXPECT_EQ(w.transcript()->messageCount(), 2);  // the chat survived the re-placement
 
     // The charts and the grid's timing column follow the next reply.
@@ -257,7 +270,8 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
               pm->data(pm->index(2, kColTiming), PlacementModel::P50MsRole).toDouble());
     EXPECT_TRUE(pm->data(pm->index(2, kColTiming), PlacementModel::PredictedMsRole).isValid());
     EXPECT_GT(pm->measured().steps, 0u);
-    EXPECT_TRUE(pp->summaryText().contains(QStringLiteral("measured P50"))) << pp->summaryText().toStdString();
+    EXPECT_TRUE(pp->summaryText().contains(QStringLiteral("measured P50")))
+        << pp->summaryText().toStdString();
     EXPECT_EQ(w.transcript()->messageCount(), 4);
 
     // The KV cache to Q8_0 (one precision for every layer: the column follows).
@@ -308,10 +322,12 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
         ASSERT_TRUE(startLongReply(w, finished, &messages));
       }
       if (gpu) {
-        pp->clickCell(3, kColAttnKv);  // layer 2's attention and its KV cache move to the other unit
+        pp->clickCell(3,
+                      kColAttnKv);  // layer 2's attention and its KV cache move to the other unit
       } else {
         const bool keep = pm->pending().rows[3][kColFfnWeights].dtype.isEmpty();
-        ASSERT_TRUE(pm->setCellPrecision(3, kColFfnWeights, keep ? QStringLiteral("F16") : kKeepPrecision));
+        ASSERT_TRUE(
+            pm->setCellPrecision(3, kColFfnWeights, keep ? QStringLiteral("F16") : kKeepPrecision));
       }
       wanted = pm->pending();
       placed.clear();
@@ -321,13 +337,16 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
       EXPECT_TRUE(pm->applied().sameCells(wanted));
       appliedLive = placed.first().at(1).toString().contains(QStringLiteral("between two tokens"));
     }
-    EXPECT_TRUE(appliedLive) << "no reply streamed long enough to take a placement between two tokens";
+    EXPECT_TRUE(appliedLive)
+        << "no reply streamed long enough to take a placement between two tokens";
     if (w.chat()->isBusy()) {  // and the reply goes on
       const auto batches = streamed.count(), done = finished.count();
-      EXPECT_TRUE(QTest::qWaitFor([&] { return streamed.count() > batches || finished.count() > done; }, kWaitMs));
+      EXPECT_TRUE(QTest::qWaitFor(
+          [&] { return streamed.count() > batches || finished.count() > done; }, kWaitMs));
     }
 
-    // Esc stops a reply (one that random weights end by themselves at that very token does not count: again).
+    // Esc stops a reply (one that random weights end by themselves at that very token does not
+    // count: again).
     bool stopped = false;
     for (int attempt = 0; attempt < 4 && !stopped; ++attempt) {
       if (!w.chat()->isBusy()) {
@@ -336,7 +355,8 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
       const auto before = finished.count();
       QTest::keyClick(w.composer()->input(), Qt::Key_Escape);
       ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > before; }, kWaitMs))
-          << "busy " << w.chat()->isBusy() << ", reply so far: " << lastMessage(w)->text().size() << " characters";
+          << "busy " << w.chat()->isBusy() << ", reply so far: " << lastMessage(w)->text().size()
+          << " characters";
       stopped = finished.last().first().value<GenerationResult>().cancelled;
     }
     EXPECT_TRUE(stopped);
@@ -367,8 +387,10 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
     const auto beforeClose = finished.count();
     w.close();
     QCoreApplication::processEvents();  // the worker's last word, if it had one before it stopped
-    // Random weights may have ended the reply by themselves just before: then it is complete, not stopped.
-    stoppedByClose = finished.count() == beforeClose || finished.last().first().value<GenerationResult>().cancelled;
+    // Random weights may have ended the reply by themselves just before: then it is complete, not
+    // stopped.
+    stoppedByClose = finished.count() == beforeClose ||
+                     finished.last().first().value<GenerationResult>().cancelled;
     expectedMessages = messages;
   }
 
@@ -384,7 +406,8 @@ TEST(EndToEnd, ChatStreamPlaceRestart) {
   MessageWidget* interrupted = lastMessage(w2);
   ASSERT_NE(interrupted, nullptr);
   EXPECT_EQ(interrupted->role(), QStringLiteral("assistant"));
-  EXPECT_EQ(interrupted->status(), stoppedByClose ? MessageStatus::Stopped : MessageStatus::Complete);
+  EXPECT_EQ(interrupted->status(),
+            stoppedByClose ? MessageStatus::Stopped : MessageStatus::Complete);
   EXPECT_FALSE(interrupted->text().isEmpty());
   EXPECT_EQ(w2.presets()->rowCount(), 1);  // and the preset
   // The recent models list remembers the model.
@@ -405,10 +428,13 @@ TEST(EndToEnd, AllOnGpuStrategy) {
   ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));
   PlacementModel* pm = w.placement();
   const BackendInfo* gpu = pm->gpuBackend();
-  if (!gpu) GTEST_SKIP() << "no usable Vulkan device: the GPU strategies are covered by PlacementPlanner tests";
+  if (!gpu)
+    GTEST_SKIP()
+        << "no usable Vulkan device: the GPU strategies are covered by PlacementPlanner tests";
   PlacementPanel* pp = w.enginePanel()->placementPanel();
   w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
-  EXPECT_EQ(pp->budgetSlider()->maximum(), static_cast<int>(std::min<qint64>(gpu->memoryBytes >> 20, 1 << 30)));
+  EXPECT_EQ(pp->budgetSlider()->maximum(),
+            static_cast<int>(std::min<qint64>(gpu->memoryBytes >> 20, 1 << 30)));
   QComboBox* strategies = pp->strategyBox();
   const int at = strategies->findData(QStringLiteral("gpu"));
   ASSERT_GE(at, 0);

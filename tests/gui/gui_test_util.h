@@ -6,7 +6,6 @@
 #include <QDir>
 #include <QFile>
 #include <QString>
-
 #include <string>
 
 #include "engine/model/synth.h"
@@ -26,7 +25,8 @@ inline QString freshDir(const QString& name) {
 inline QString tinyModel() {
   static const QString path = [] {
     // Per process: ctest runs each test in its own process, several at once.
-    const QString dir = freshDir(QStringLiteral("models-%1").arg(QCoreApplication::applicationPid()));
+    const QString dir =
+        freshDir(QStringLiteral("models-%1").arg(QCoreApplication::applicationPid()));
     const QString p = dir + QStringLiteral("/tiny-llama.gguf");
     loom::SynthSpec spec;
     spec.name = "gui test model";
@@ -47,8 +47,9 @@ inline QString tinyModel() {
 /// A copy of the tiny model cut short: a load must fail with the engine's message.
 inline QString truncatedModel() {
   const QString src = tinyModel();
-  const QString p = freshDir(QStringLiteral("truncated-%1").arg(QCoreApplication::applicationPid())) +
-                    QStringLiteral("/cut.gguf");
+  const QString p =
+      freshDir(QStringLiteral("truncated-%1").arg(QCoreApplication::applicationPid())) +
+      QStringLiteral("/cut.gguf");
   QFile in(src);
   if (!in.open(QIODevice::ReadOnly)) return {};
   const QByteArray bytes = in.readAll();

@@ -4,6 +4,8 @@
 // JSON), placement presets in the store (round trip, the schema migration
 // that added their model columns) and the preset list. None of this needs a
 // GPU: the planner plans for one whether or not a device exists.
+#include "app/placement_planner.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -11,7 +13,6 @@
 
 #include "app/engine_bridge.h"
 #include "app/placement_model.h"
-#include "app/placement_planner.h"
 #include "app/preset_list_model.h"
 #include "app/theme.h"
 #include "engine/model/model.h"
@@ -33,12 +34,14 @@ std::shared_ptr<const loom::Model> tinyModel() {
   return m;
 }
 
-std::shared_ptr<PlacementPlanner> plannerFor(bool gpu, const loom::CostModel& cost = loom::CostModel::defaults()) {
+std::shared_ptr<PlacementPlanner> plannerFor(
+    bool gpu, const loom::CostModel& cost = loom::CostModel::defaults()) {
   auto model = tinyModel();
   if (!model) return nullptr;
   ModelSummary s = summarizeModel(*model, guitest::tinyModel(), false);
   s.nCtx = 512;
-  return std::make_shared<PlacementPlanner>(model, s, cost, gpu ? kGpu : QString(), gpu ? qint64{1} << 30 : 0);
+  return std::make_shared<PlacementPlanner>(model, s, cost, gpu ? kGpu : QString(),
+                                            gpu ? qint64{1} << 30 : 0);
 }
 
 // A machine whose GPU is far faster than its CPU, even for a tiny model's short ops.
@@ -53,12 +56,14 @@ loom::CostModel fastGpu() {
 
 QVector<BackendInfo> backends(bool gpu) {
   return {BackendInfo{QStringLiteral("cpu"), QStringLiteral("CPU"), theme::kCpu, true, {}, {}, 0},
-          BackendInfo{kGpu, QStringLiteral("GPU"), theme::kVulkan, gpu, gpu ? QString() : QStringLiteral("Vulkan: none found"),
+          BackendInfo{kGpu, QStringLiteral("GPU"), theme::kVulkan, gpu,
+                      gpu ? QString() : QStringLiteral("Vulkan: none found"),
                       QStringLiteral("test device"), gpu ? qint64{1} << 30 : 0}};
 }
 
 PlacementPlan cpuPlan(const PlacementPlanner& planner) {
-  return planner.toPlan(loom::Placement::uniform(planner.layerCount(), loom::Unit::kCpu), QStringLiteral("F16"), 512);
+  return planner.toPlan(loom::Placement::uniform(planner.layerCount(), loom::Unit::kCpu),
+                        QStringLiteral("F16"), 512);
 }
 
 // Every cell's unit, row by row: "C" or "G", "|" between rows.
@@ -66,7 +71,8 @@ std::string units(const PlacementPlan& p) {
   std::string s;
   for (int r = 0; r < p.rows.size(); ++r) {
     if (r) s += '|';
-    for (int c = 0; c < (p.isEdgeRow(r) ? 1 : kColCount); ++c) s += p.rows[r][c].backend == QLatin1String("cpu") ? 'C' : 'G';
+    for (int c = 0; c < (p.isEdgeRow(r) ? 1 : kColCount); ++c)
+      s += p.rows[r][c].backend == QLatin1String("cpu") ? 'C' : 'G';
   }
   return s;
 }
@@ -88,7 +94,8 @@ TEST(PlacementPlanner, GridOfAnEnginePlacement) {
   EXPECT_TRUE(ffn.precisions.contains(QStringLiteral("F16")));
   EXPECT_FALSE(ffn.precisions.contains(QStringLiteral("Q4_K")));
   EXPECT_TRUE(plan.rows[1][kColNormRope].precisions.isEmpty());  // norm vectors stay F32
-  EXPECT_EQ(plan.rows[1][kColAttnKv].precisions, (QStringList{QStringLiteral("F16"), QStringLiteral("Q8_0")}));
+  EXPECT_EQ(plan.rows[1][kColAttnKv].precisions,
+            (QStringList{QStringLiteral("F16"), QStringLiteral("Q8_0")}));
   // And back: the same engine placement.
   EXPECT_TRUE(planner->toPlacement(plan).same_as(loom::Placement::uniform(3, loom::Unit::kCpu)));
   QString error;
@@ -106,15 +113,18 @@ TEST(PlacementPlanner, CellEditsBecomeTheEnginePlacement) {
   ASSERT_TRUE(pm.setCellPrecision(1, kColAttnWeights, QStringLiteral("Q4_0")));
   ASSERT_TRUE(pm.setCellPrecision(3, kColAttnKv, QStringLiteral("Q8_0")));
   ASSERT_TRUE(pm.setCellBackend(4, 0, kGpu));  // the output matrix
-  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("CPU Q4_0"));
-  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("GPU Q8_0"));
+  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(),
+            QStringLiteral("CPU Q4_0"));
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(),
+            QStringLiteral("GPU Q8_0"));
   EXPECT_EQ(pm.pending().strategy, QStringLiteral("custom"));
   const loom::Placement p = planner->toPlacement(pm.pending());
   ASSERT_EQ(p.layers.size(), 3u);
   for (int l = 0; l < 3; ++l) {
     for (int g = 0; g < loom::kNumOpGroups; ++g) {
       const bool gpu = l == 1 && g == static_cast<int>(loom::OpGroup::kFfn);
-      EXPECT_EQ(p.layers[static_cast<size_t>(l)].g[static_cast<size_t>(g)].unit, gpu ? loom::Unit::kGpu : loom::Unit::kCpu)
+      EXPECT_EQ(p.layers[static_cast<size_t>(l)].g[static_cast<size_t>(g)].unit,
+                gpu ? loom::Unit::kGpu : loom::Unit::kCpu)
           << "layer " << l << " group " << g;
     }
   }
@@ -127,7 +137,8 @@ TEST(PlacementPlanner, CellEditsBecomeTheEnginePlacement) {
   EXPECT_TRUE(planner->check(pm.pending(), &error)) << error.toStdString();
   // "keep" (or the file's own type) goes back to the file's precision.
   ASSERT_TRUE(pm.setCellPrecision(1, kColAttnWeights, kKeepPrecision));
-  EXPECT_FALSE(planner->toPlacement(pm.pending()).layers[0][loom::OpGroup::kAttnW].dtype.has_value());
+  EXPECT_FALSE(
+      planner->toPlacement(pm.pending()).layers[0][loom::OpGroup::kAttnW].dtype.has_value());
   EXPECT_EQ(pm.pending().rows[1][kColAttnWeights].precision, QStringLiteral("Q8_0"));
   EXPECT_FALSE(pm.setCellPrecision(1, kColAttnWeights, QStringLiteral("Q4_K")));  // not offered
 
@@ -146,8 +157,10 @@ TEST(PlacementPlanner, CellEditsBecomeTheEnginePlacement) {
   EXPECT_EQ(cpu.transfers, 0);
   EXPECT_EQ(cpu.gpuOverhead, 0);
   pm.setEstimate(e);
-  EXPECT_NEAR(pm.data(pm.index(2, kColTiming), PlacementModel::PredictedMsRole).toDouble(), e.rowMs[2], 1e-9);
-  EXPECT_FALSE(pm.data(pm.index(2, kColTiming), PlacementModel::P50MsRole).isValid());  // nothing measured yet
+  EXPECT_NEAR(pm.data(pm.index(2, kColTiming), PlacementModel::PredictedMsRole).toDouble(),
+              e.rowMs[2], 1e-9);
+  EXPECT_FALSE(pm.data(pm.index(2, kColTiming), PlacementModel::P50MsRole)
+                   .isValid());  // nothing measured yet
   MeasuredTimes m;
   m.p50Ms = {0, 0.5, 0.6, 0.7, 0};
   m.p99Ms = {0, 0.9, 1.0, 1.1, 0};
@@ -163,7 +176,8 @@ TEST(PlacementPlanner, StrategySelectorMakesTheEnginesPlacements) {
   const PlacementPlan cur = cpuPlan(*planner);
   PlacementPlan out;
   QString error;
-  ASSERT_TRUE(planner->plan(QStringLiteral("layers"), 2, 1024, cur, &out, &error)) << error.toStdString();
+  ASSERT_TRUE(planner->plan(QStringLiteral("layers"), 2, 1024, cur, &out, &error))
+      << error.toStdString();
   EXPECT_EQ(units(out), "C|GGGG|GGGG|CCCC|C");
   EXPECT_EQ(out.strategy, QStringLiteral("layers"));
   EXPECT_EQ(out.gpuLayers, 2);
@@ -195,11 +209,14 @@ TEST(PlacementPlanner, StrategySelectorMakesTheEnginesPlacements) {
   // cost outweighs its speed); where the GPU is much faster, the layers go there.
   ASSERT_TRUE(planner->plan(QStringLiteral("auto"), 0, 1024, cur, &out, &error));
   EXPECT_EQ(units(out), "C|CCCC|CCCC|CCCC|C");
-  ASSERT_TRUE(plannerFor(true, fastGpu())->plan(QStringLiteral("auto"), 0, 1024, cur, &out, &error));
-  EXPECT_EQ(units(out), "C|GGGG|GGGG|GGGG|G");  // the embedding stays on the CPU (the engine's auto)
+  ASSERT_TRUE(
+      plannerFor(true, fastGpu())->plan(QStringLiteral("auto"), 0, 1024, cur, &out, &error));
+  EXPECT_EQ(units(out),
+            "C|GGGG|GGGG|GGGG|G");  // the embedding stays on the CPU (the engine's auto)
   // Custom keeps the cells as they are; the KV precision is kept by every strategy.
   PlacementPlan q8 = cur;
-  for (int r = 1; r <= 3; ++r) q8.rows[r][kColAttnKv].precision = q8.rows[r][kColAttnKv].dtype = QStringLiteral("Q8_0");
+  for (int r = 1; r <= 3; ++r)
+    q8.rows[r][kColAttnKv].precision = q8.rows[r][kColAttnKv].dtype = QStringLiteral("Q8_0");
   ASSERT_TRUE(planner->plan(QStringLiteral("custom"), 0, 0, q8, &out, &error));
   EXPECT_TRUE(out.sameCells(q8));
   ASSERT_TRUE(planner->plan(QStringLiteral("gpu"), 0, 0, q8, &out, &error));
@@ -223,8 +240,10 @@ TEST(PlacementPlanner, PresetsAreTheEnginesJson) {
   PlacementPlan plan;
   QString error;
   ASSERT_TRUE(planner->plan(QStringLiteral("layers"), 1, 1024, cpuPlan(*planner), &plan, &error));
-  plan.rows[3][kColFfnWeights].dtype = plan.rows[3][kColFfnWeights].precision = QStringLiteral("Q4_0");
-  for (int r = 1; r <= 3; ++r) plan.rows[r][kColAttnKv].precision = plan.rows[r][kColAttnKv].dtype = QStringLiteral("Q8_0");
+  plan.rows[3][kColFfnWeights].dtype = plan.rows[3][kColFfnWeights].precision =
+      QStringLiteral("Q4_0");
+  for (int r = 1; r <= 3; ++r)
+    plan.rows[r][kColAttnKv].precision = plan.rows[r][kColAttnKv].dtype = QStringLiteral("Q8_0");
   const QString json = planner->toPresetJson(plan);
   // The engine reads it as a placement of its own.
   auto engine = loom::Placement::from_json(json.toStdString(), 3);
@@ -233,7 +252,8 @@ TEST(PlacementPlanner, PresetsAreTheEnginesJson) {
   EXPECT_EQ((*engine).layers[2][loom::OpGroup::kFfn].dtype, loom::DType::kQ4_0);
 
   PlacementPlan back;
-  ASSERT_TRUE(planner->fromPresetJson(json, cpuPlan(*planner), &back, &error)) << error.toStdString();
+  ASSERT_TRUE(planner->fromPresetJson(json, cpuPlan(*planner), &back, &error))
+      << error.toStdString();
   EXPECT_TRUE(back.sameCells(plan));
   EXPECT_EQ(back.kvPrecision(), QStringLiteral("Q8_0"));  // carried in the attention groups
   EXPECT_EQ(back.strategy, QStringLiteral("layers"));
@@ -241,7 +261,8 @@ TEST(PlacementPlanner, PresetsAreTheEnginesJson) {
 
   // Another model's preset, a GPU preset without a GPU, and nonsense are refused with a reason.
   loom::Placement five = loom::Placement::uniform(5, loom::Unit::kCpu);
-  EXPECT_FALSE(planner->fromPresetJson(QString::fromStdString(five.to_json()), plan, &back, &error));
+  EXPECT_FALSE(
+      planner->fromPresetJson(QString::fromStdString(five.to_json()), plan, &back, &error));
   EXPECT_TRUE(error.contains(QStringLiteral("5 layers"))) << error.toStdString();
   EXPECT_FALSE(plannerFor(false)->fromPresetJson(json, plan, &back, &error));
   EXPECT_TRUE(error.contains(QStringLiteral("GPU"))) << error.toStdString();
@@ -268,15 +289,18 @@ TEST(PlacementPresets, RoundTripInTheStore) {
     PresetListModel presets(store.get());
     presets.setLayerCount(3);
     EXPECT_EQ(presets.rowCount(), 0);
-    EXPECT_EQ(presets.save(QStringLiteral("   "), QStringLiteral("{}"), 3, {}, &error), 0);  // needs a name
-    const qint64 id = presets.save(QStringLiteral("attention on GPU"), planner->toPresetJson(plan), 3,
-                                   QStringLiteral("gui test model"), &error);
+    EXPECT_EQ(presets.save(QStringLiteral("   "), QStringLiteral("{}"), 3, {}, &error),
+              0);  // needs a name
+    const qint64 id = presets.save(QStringLiteral("attention on GPU"), planner->toPresetJson(plan),
+                                   3, QStringLiteral("gui test model"), &error);
     ASSERT_NE(id, 0) << error.toStdString();
     // Saving again under the same name replaces it.
     EXPECT_EQ(presets.save(QStringLiteral("attention on GPU"), planner->toPresetJson(plan), 3,
                            QStringLiteral("gui test model"), &error),
               id);
-    ASSERT_NE(presets.save(QStringLiteral("big model"), QStringLiteral("{}"), 40, QStringLiteral("other"), &error), 0);
+    ASSERT_NE(presets.save(QStringLiteral("big model"), QStringLiteral("{}"), 40,
+                           QStringLiteral("other"), &error),
+              0);
     ASSERT_EQ(presets.rowCount(), 2);
   }
   // Another run of the app finds them.
@@ -301,7 +325,8 @@ TEST(PlacementPresets, RoundTripInTheStore) {
   EXPECT_EQ(p->n_layer, 3);
   EXPECT_EQ(p->model, "gui test model");
   PlacementPlan back;
-  ASSERT_TRUE(planner->fromPresetJson(QString::fromStdString(p->spec), cpuPlan(*planner), &back, &error));
+  ASSERT_TRUE(
+      planner->fromPresetJson(QString::fromStdString(p->spec), cpuPlan(*planner), &back, &error));
   EXPECT_TRUE(back.sameCells(plan));
   EXPECT_EQ(units(back), "C|GGCG|GGCG|GGCG|C");
 

@@ -66,7 +66,8 @@ ModelSummary threeLayers() {
   m.nHeadKv = 2;
   m.headDim = 32;
   for (int l = 0; l < 3; ++l) {
-    m.attnWeights << TensorGroupInfo{QStringLiteral("Q4_K"), 1000, {QStringLiteral("blk.%1.attn_q.weight").arg(l)}};
+    m.attnWeights << TensorGroupInfo{
+        QStringLiteral("Q4_K"), 1000, {QStringLiteral("blk.%1.attn_q.weight").arg(l)}};
     m.ffnWeights << TensorGroupInfo{QStringLiteral("Q4_K + Q6_K"), 3000, {}};
     m.norms << TensorGroupInfo{QStringLiteral("F32"), 10, {}};
   }
@@ -76,31 +77,41 @@ ModelSummary threeLayers() {
 }
 
 QVector<BackendInfo> cpuAndGpu(bool gpuAvailable) {
-  return {BackendInfo{QStringLiteral("cpu"), QStringLiteral("CPU"), theme::kCpu, true, {}},
-          BackendInfo{QStringLiteral("vulkan:0"), QStringLiteral("GPU"), theme::kVulkan, gpuAvailable,
-                      gpuAvailable ? QString() : QStringLiteral("Vulkan: not built")}};
+  return {
+      BackendInfo{QStringLiteral("cpu"), QStringLiteral("CPU"), theme::kCpu, true, {}},
+      BackendInfo{QStringLiteral("vulkan:0"), QStringLiteral("GPU"), theme::kVulkan, gpuAvailable,
+                  gpuAvailable ? QString() : QStringLiteral("Vulkan: not built")}};
 }
 
 TEST(PlacementModel, GridFromTheModelAllOnCpu) {
   PlacementModel pm;
   pm.setBackends(cpuAndGpu(false));
-  const PlacementPlan plan = PlacementPlan::allOn(QStringLiteral("cpu"), threeLayers(), QStringLiteral("F16"),
-                                                  {QStringLiteral("F16"), QStringLiteral("Q8_0")}, QStringLiteral("note"));
+  const PlacementPlan plan =
+      PlacementPlan::allOn(QStringLiteral("cpu"), threeLayers(), QStringLiteral("F16"),
+                           {QStringLiteral("F16"), QStringLiteral("Q8_0")}, QStringLiteral("note"));
   pm.setApplied(plan);
-  ASSERT_EQ(pm.rowCount(), 5);  // embedding, 3 layers, output
+  ASSERT_EQ(pm.rowCount(), 5);                 // embedding, 3 layers, output
   EXPECT_EQ(pm.columnCount(), kColCount + 1);  // op groups, then the timing column
-  EXPECT_EQ(pm.headerData(0, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Embedding"));
+  EXPECT_EQ(pm.headerData(0, Qt::Vertical, Qt::DisplayRole).toString(),
+            QStringLiteral("Embedding"));
   EXPECT_EQ(pm.headerData(2, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Layer 1"));
   EXPECT_EQ(pm.headerData(4, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Output"));
   // The unit and the real weight format as text, the backend's colour.
-  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(), QStringLiteral("CPU Q4_K"));
-  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K"));
-  EXPECT_EQ(pm.data(pm.index(1, kColFfnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K + Q6_K"));
-  EXPECT_EQ(pm.data(pm.index(2, kColAttnKv), Qt::DisplayRole).toString(), QStringLiteral("CPU F16"));
+  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), Qt::DisplayRole).toString(),
+            QStringLiteral("CPU Q4_K"));
+  EXPECT_EQ(pm.data(pm.index(1, kColAttnWeights), PlacementModel::PrecisionRole).toString(),
+            QStringLiteral("Q4_K"));
+  EXPECT_EQ(pm.data(pm.index(1, kColFfnWeights), PlacementModel::PrecisionRole).toString(),
+            QStringLiteral("Q4_K + Q6_K"));
+  EXPECT_EQ(pm.data(pm.index(2, kColAttnKv), Qt::DisplayRole).toString(),
+            QStringLiteral("CPU F16"));
   EXPECT_EQ(pm.data(pm.index(0, 0), Qt::DisplayRole).toString(), QStringLiteral("CPU Q8_0"));
   EXPECT_EQ(pm.data(pm.index(1, 0), PlacementModel::BackendColorRole).value<QColor>(), theme::kCpu);
-  EXPECT_EQ(pm.data(pm.index(1, 0), PlacementModel::BackendLabelRole).toString(), QStringLiteral("CPU"));
-  EXPECT_TRUE(pm.data(pm.index(1, 0), Qt::ToolTipRole).toString().contains(QStringLiteral("blk.0.attn_q.weight")));
+  EXPECT_EQ(pm.data(pm.index(1, 0), PlacementModel::BackendLabelRole).toString(),
+            QStringLiteral("CPU"));
+  EXPECT_TRUE(pm.data(pm.index(1, 0), Qt::ToolTipRole)
+                  .toString()
+                  .contains(QStringLiteral("blk.0.attn_q.weight")));
   // Edge rows have one cell.
   EXPECT_TRUE(pm.flags(pm.index(0, 0)) & Qt::ItemIsEnabled);
   EXPECT_EQ(pm.flags(pm.index(0, 1)), Qt::NoItemFlags);
@@ -129,10 +140,15 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   EXPECT_EQ(pm.pending().strategy, QStringLiteral("custom"));
   EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), PlacementModel::DirtyRole).toBool());
   EXPECT_FALSE(pm.data(pm.index(1, kColFfnWeights), PlacementModel::DirtyRole).toBool());
-  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::BackendColorRole).value<QColor>(), theme::kVulkan);
-  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(), QStringLiteral("GPU Q4_K+"));
-  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::PrecisionRole).toString(), QStringLiteral("Q4_K + Q6_K"));
-  EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), Qt::ToolTipRole).toString().contains(QStringLiteral("Pending")));
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::BackendColorRole).value<QColor>(),
+            theme::kVulkan);
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), Qt::DisplayRole).toString(),
+            QStringLiteral("GPU Q4_K+"));
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::PrecisionRole).toString(),
+            QStringLiteral("Q4_K + Q6_K"));
+  EXPECT_TRUE(pm.data(pm.index(2, kColFfnWeights), Qt::ToolTipRole)
+                  .toString()
+                  .contains(QStringLiteral("Pending")));
   EXPECT_TRUE(pm.pending().toJson().contains(QStringLiteral("vulkan:0")));
   pm.revertPending();
   EXPECT_FALSE(pm.isDirty());
@@ -149,7 +165,8 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   // Linked cells (the KV cache) change precision together; unoffered precisions are refused.
   EXPECT_FALSE(pm.setCellPrecision(1, kColAttnWeights, QStringLiteral("F16")));
   ASSERT_TRUE(pm.setCellPrecision(2, kColAttnKv, QStringLiteral("Q8_0")));
-  for (int r = 1; r <= 3; ++r) EXPECT_EQ(pm.pending().rows[r][kColAttnKv].precision, QStringLiteral("Q8_0"));
+  for (int r = 1; r <= 3; ++r)
+    EXPECT_EQ(pm.pending().rows[r][kColAttnKv].precision, QStringLiteral("Q8_0"));
   EXPECT_EQ(pm.pending().kvPrecision(), QStringLiteral("Q8_0"));
   EXPECT_EQ(pm.applied().kvPrecision(), QStringLiteral("F16"));
 }
@@ -174,7 +191,8 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
       EXPECT_TRUE(s.reason.contains(QStringLiteral("GPU"))) << s.reason.toStdString();
     }
   }
-  // With a GPU in use every strategy opens up; layers:N takes a count, attn-gpu and auto the budget.
+  // With a GPU in use every strategy opens up; layers:N takes a count, attn-gpu and auto the
+  // budget.
   auto withGpu = backends;
   withGpu[1].available = true;
   const auto strategies = strategiesFor(withGpu);
@@ -182,7 +200,8 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
   for (const StrategyInfo& s : strategies) {
     EXPECT_TRUE(s.available) << s.id.toStdString();
     EXPECT_EQ(s.usesLayerCount, s.id == QLatin1String("layers")) << s.id.toStdString();
-    EXPECT_EQ(s.usesBudget, s.id == QLatin1String("attn-gpu") || s.id == QLatin1String("auto")) << s.id.toStdString();
+    EXPECT_EQ(s.usesBudget, s.id == QLatin1String("attn-gpu") || s.id == QLatin1String("auto"))
+        << s.id.toStdString();
   }
   // A device that is present but not in use is shown, not offered.
   QVector<DeviceInfo> two = devices.mid(0, 1);
@@ -202,7 +221,8 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
   EXPECT_EQ(bk[1].label, QStringLiteral("GPU"));
   EXPECT_EQ(bk[1].memoryBytes, qint64{8} << 30);
   EXPECT_FALSE(bk[2].available);
-  EXPECT_TRUE(bk[2].reason.contains(QStringLiteral("one GPU at a time"))) << bk[2].reason.toStdString();
+  EXPECT_TRUE(bk[2].reason.contains(QStringLiteral("one GPU at a time")))
+      << bk[2].reason.toStdString();
 }
 
 // ---- live stats -------------------------------------------------------------------
@@ -237,7 +257,8 @@ TEST(LiveStats, SnapshotsCountTokensLayersAndMemory) {
 // ---- Markdown -----------------------------------------------------------------------
 
 TEST(Markdown, SplitsFencedCode) {
-  const auto segs = splitMarkdownFences(QStringLiteral("Intro **bold**\n\n```cpp\nint x = 1;\n\nreturn x;\n```\nAfter\n~~~\nraw\n~~~"));
+  const auto segs = splitMarkdownFences(QStringLiteral(
+      "Intro **bold**\n\n```cpp\nint x = 1;\n\nreturn x;\n```\nAfter\n~~~\nraw\n~~~"));
   ASSERT_EQ(segs.size(), 4);
   EXPECT_FALSE(segs[0].code);
   EXPECT_TRUE(segs[1].code);
@@ -259,7 +280,8 @@ TEST(Markdown, SplitsFencedCode) {
 
 TEST(Markdown, RendersCodeInAFramedMonospaceBlock) {
   QTextDocument doc;
-  renderMarkdown(&doc, QStringLiteral("# Title\n\nSome *text*.\n\n```sh\nls -la\n```\n\n- one\n- two"));
+  renderMarkdown(&doc,
+                 QStringLiteral("# Title\n\nSome *text*.\n\n```sh\nls -la\n```\n\n- one\n- two"));
   EXPECT_TRUE(doc.toPlainText().contains(QStringLiteral("Title")));
   EXPECT_TRUE(doc.toPlainText().contains(QStringLiteral("ls -la")));
   EXPECT_FALSE(doc.toPlainText().contains(QStringLiteral("```")));
@@ -270,12 +292,15 @@ TEST(Markdown, RendersCodeInAFramedMonospaceBlock) {
     ++frames;
     for (auto it = f->begin(); !it.atEnd(); ++it) {
       const QTextBlock b = it.currentBlock();
-      if (b.text() == QLatin1String("ls -la")) monoCode = QFontInfo(b.charFormat().font()).fixedPitch();
+      if (b.text() == QLatin1String("ls -la"))
+        monoCode = QFontInfo(b.charFormat().font()).fixedPitch();
     }
   }
   EXPECT_EQ(frames, 1);
   EXPECT_TRUE(monoCode);
-  EXPECT_EQ(displayableText(QStringLiteral("a\x01" "b\nc\uFFFD\uFFFD\uFFFDd")), QStringLiteral("ab\nc\uFFFDd"));
+  EXPECT_EQ(displayableText(QStringLiteral("a\x01"
+                                           "b\nc\uFFFD\uFFFD\uFFFDd")),
+            QStringLiteral("ab\nc\uFFFDd"));
 }
 
 // ---- command line -----------------------------------------------------------------------
@@ -284,11 +309,12 @@ TEST(AppOptions, ParsesTheCommandLine) {
   AppOptions o;
   QString err;
   bool exitNow = false;
-  ASSERT_TRUE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("--screenshot"), QStringLiteral("/tmp/x.png"),
-                               QStringLiteral("--demo"), QStringLiteral("--tab"), QStringLiteral("Placement"),
-                               QStringLiteral("--data-dir"), QStringLiteral("/d"), QStringLiteral("--threads"),
-                               QStringLiteral("4")},
-                              &o, &err, &exitNow))
+  ASSERT_TRUE(parseAppOptions(
+      {QStringLiteral("loom-chat"), QStringLiteral("--screenshot"), QStringLiteral("/tmp/x.png"),
+       QStringLiteral("--demo"), QStringLiteral("--tab"), QStringLiteral("Placement"),
+       QStringLiteral("--data-dir"), QStringLiteral("/d"), QStringLiteral("--threads"),
+       QStringLiteral("4")},
+      &o, &err, &exitNow))
       << err.toStdString();
   EXPECT_FALSE(exitNow);
   EXPECT_TRUE(o.demo);
@@ -299,14 +325,18 @@ TEST(AppOptions, ParsesTheCommandLine) {
   EXPECT_TRUE(o.demoModelPath().endsWith(QStringLiteral("loom/demo-stories-like.gguf")));
 
   AppOptions bad;
-  EXPECT_FALSE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("--tab"), QStringLiteral("nope")}, &bad, &err,
-                               &exitNow));
-  EXPECT_FALSE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("a.gguf"), QStringLiteral("--demo")}, &bad,
-                               &err, &exitNow));
-  EXPECT_FALSE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("--threads"), QStringLiteral("-2")}, &bad,
-                               &err, &exitNow));
+  EXPECT_FALSE(parseAppOptions(
+      {QStringLiteral("loom-chat"), QStringLiteral("--tab"), QStringLiteral("nope")}, &bad, &err,
+      &exitNow));
+  EXPECT_FALSE(parseAppOptions(
+      {QStringLiteral("loom-chat"), QStringLiteral("a.gguf"), QStringLiteral("--demo")}, &bad, &err,
+      &exitNow));
+  EXPECT_FALSE(parseAppOptions(
+      {QStringLiteral("loom-chat"), QStringLiteral("--threads"), QStringLiteral("-2")}, &bad, &err,
+      &exitNow));
   AppOptions help;
-  EXPECT_TRUE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("--help")}, &help, &err, &exitNow));
+  EXPECT_TRUE(parseAppOptions({QStringLiteral("loom-chat"), QStringLiteral("--help")}, &help, &err,
+                              &exitNow));
   EXPECT_TRUE(exitNow);
   EXPECT_TRUE(err.contains(QStringLiteral("--screenshot")));
 }

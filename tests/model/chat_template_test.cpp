@@ -5,6 +5,8 @@
 // what transformers' apply_chat_template renders for the template and
 // conversation (Jinja with trim_blocks and lstrip_blocks), rendered by hand and
 // checked against Jinja2.
+#include "engine/tokenizer/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "engine/model/gguf.h"
-#include "engine/tokenizer/chat_template.h"
 #include "tests/test_util.h"
 
 namespace loom {
@@ -26,7 +27,7 @@ std::string read_text(const std::string& path) {
 
 // Skips when the fixture is absent, like LOOM_FIXTURE_OR_SKIP, and yields the
 // template text.
-#define LOOM_TEMPLATE_OR_SKIP(var, name)                 \
+#define LOOM_TEMPLATE_OR_SKIP(var, name)                    \
   LOOM_FIXTURE_OR_SKIP(var##_path, "chat-templates/" name); \
   const std::string var = read_text(var##_path)
 
@@ -71,9 +72,10 @@ TEST(ChatTemplateFixtures, Qwen25) {
             "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n Hello <|im_end|>\n"
             "<|im_start|>assistant\n");
   // A later system message is written where it is.
-  EXPECT_EQ(render(t, {{"user", "a"}, {"system", "b"}}, false),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-            "assistant.<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>system\nb<|im_end|>\n");
+  EXPECT_EQ(
+      render(t, {{"user", "a"}, {"system", "b"}}, false),
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+      "assistant.<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>system\nb<|im_end|>\n");
 }
 
 // ---- Llama 3.1 / 3.2 -----------------------------------------------------------
@@ -101,8 +103,7 @@ TEST(ChatTemplateFixtures, Llama31) {
 
   // No system message: the header block is still there, with nothing after the date.
   EXPECT_EQ(render(t, {{"user", "Hello"}}, true),
-            header + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>" +
-                gen);
+            header + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>" + gen);
   // Empty, or blank, system messages give the same header.
   EXPECT_EQ(render(t, {{"system", " \n"}, {"user", "Hello"}}, false),
             header + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>");

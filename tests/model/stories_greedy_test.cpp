@@ -24,8 +24,8 @@ TEST(Stories260K, GreedyMatchesLlamaCpp) {
   LOOM_FIXTURE_OR_SKIP(path, "gguf/stories260K.gguf");
   auto m = load_model(path);
   ASSERT_TRUE(m.ok()) << m.message();
-  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Tom went to the park. They",
-                           "One day, a big bear"};
+  const char* prompts[] = {"Once upon a time", "The little dog",
+                           "Lily and Tom went to the park. They", "One day, a big bear"};
   for (int threads : {1, 2}) {
     CpuBackend be(threads);
     for (int i = 0; i < 4; ++i) {
@@ -45,7 +45,8 @@ TEST(Stories260K, GreedyMatchesLlamaCpp) {
       ASSERT_TRUE(r.ok()) << r.message();
       EXPECT_EQ(r->n_generated, 256);
       const std::string expected_all =
-          read_text(std::string(LOOM_SOURCE_DIR) + "/tests/data/stories260k_greedy_" + std::to_string(i + 1) + ".txt");
+          read_text(std::string(LOOM_SOURCE_DIR) + "/tests/data/stories260k_greedy_" +
+                    std::to_string(i + 1) + ".txt");
       const std::string head = std::string(" ") + prompts[i];
       ASSERT_EQ(expected_all.compare(0, head.size(), head), 0);
       // llama-completion ends its output with newlines of its own: compare

@@ -29,11 +29,11 @@ bool vulkan_validation_on();
 
 #ifdef LOOM_HAVE_VULKAN
 /// Declares `var` (VulkanBackend*) or skips the test, saying why.
-#define LOOM_VULKAN_OR_SKIP(var, fallbacks)                                          \
-  VulkanBackend* var = nullptr;                                                      \
-  do {                                                                               \
-    std::string loom_why_;                                                           \
-    var = ::loom::test::vulkan_backend(&loom_why_, fallbacks);                       \
-    if (!var) GTEST_SKIP() << "no Vulkan device: " << loom_why_;                     \
+#define LOOM_VULKAN_OR_SKIP(var, fallbacks)                      \
+  VulkanBackend* var = nullptr;                                  \
+  do {                                                           \
+    std::string loom_why_;                                       \
+    var = ::loom::test::vulkan_backend(&loom_why_, fallbacks);   \
+    if (!var) GTEST_SKIP() << "no Vulkan device: " << loom_why_; \
   } while (0)
 #endif

@@ -45,7 +45,7 @@ struct Options {
   std::vector<int> threads{1, 2};
   std::vector<int64_t> tokens{1, 16, 128, 512};
   double min_ms = 300.0;
-  bool best = false;    // report the fastest call instead of the median
+  bool best = false;         // report the fastest call instead of the median
   bool switch_cost = false;  // also time our kernel right after each oneDNN call
   size_t w_offset = 0;  // bytes past a 64-byte boundary where weights start (GGUF aligns to 32)
 };
@@ -64,7 +64,9 @@ class Buffer {
   uint8_t* data_;
 };
 
-size_t elem_bytes(DType w) { return w == DType::kF32 ? 4 : 2; }
+size_t elem_bytes(DType w) {
+  return w == DType::kF32 ? 4 : 2;
+}
 
 // Fills n elements of dtype w with uniform values in [-1, 1).
 void fill_random(DType w, void* dst, size_t n, uint32_t seed) {
@@ -142,9 +144,10 @@ bool parse(int argc, char** argv, Options* o) {
 int main(int argc, char** argv) {
   Options opt;
   if (!parse(argc, argv, &opt)) {
-    std::fprintf(stderr,
-                 "usage: loom_dense_bench [--dtype f32|f16|bf16] [--threads N] [--T N] "
-                 "[--isa scalar|avx2|avx512] [--min-ms MS] [--w-offset BYTES] [--best] [--switch]\n");
+    std::fprintf(
+        stderr,
+        "usage: loom_dense_bench [--dtype f32|f16|bf16] [--threads N] [--T N] "
+        "[--isa scalar|avx2|avx512] [--min-ms MS] [--w-offset BYTES] [--best] [--switch]\n");
     return 2;
   }
   struct Shape {
@@ -154,18 +157,20 @@ int main(int argc, char** argv) {
   loom::cpu::OneDnnMatmul onednn;
   std::printf("isa %s, oneDNN %s\n", loom::cpu::isa_name(loom::cpu::active_isa()),
               onednn.available() ? "available" : "not available");
-  std::printf("%-5s %5s %5s %4s %3s | %10s %10s | %10s %10s | %-6s %s\n", "dtype", "n", "rows", "T", "thr",
-              "loom ms", "loom", "onednn ms", "onednn", "choice", "max|diff|/scale");
+  std::printf("%-5s %5s %5s %4s %3s | %10s %10s | %10s %10s | %-6s %s\n", "dtype", "n", "rows", "T",
+              "thr", "loom ms", "loom", "onednn ms", "onednn", "choice", "max|diff|/scale");
 
   for (const DType w : opt.dtypes) {
     for (const Shape& sh : shapes) {
       const size_t eb = elem_bytes(w);
       const size_t w_bytes = static_cast<size_t>(sh.n * sh.rows) * eb;
       // Enough copies that the whole rotation (>= 1 GiB) outgrows any cache.
-      const int copies = static_cast<int>(std::max<size_t>(2, ((size_t{1} << 30) + w_bytes - 1) / w_bytes));
+      const int copies =
+          static_cast<int>(std::max<size_t>(2, ((size_t{1} << 30) + w_bytes - 1) / w_bytes));
       Buffer weights(w_bytes * static_cast<size_t>(copies), opt.w_offset);
       fill_random(w, weights.data(), static_cast<size_t>(sh.n * sh.rows), 1);
-      for (int c = 1; c < copies; ++c) std::memcpy(weights.data() + w_bytes * c, weights.data(), w_bytes);
+      for (int c = 1; c < copies; ++c)
+        std::memcpy(weights.data() + w_bytes * c, weights.data(), w_bytes);
       for (const int64_t T : opt.tokens) {
         Buffer x(static_cast<size_t>(T * sh.n) * eb, 0);
         fill_random(w, x.data(), static_cast<size_t>(T * sh.n), 2);
@@ -177,16 +182,17 @@ int main(int argc, char** argv) {
         for (const int threads : opt.threads) {
           loom::cpu::ThreadPool pool(threads);
           const double ms_loom = time_ms(opt.min_ms, opt.best, copies, [&](int c) {
-            const loom::Status s = loom::cpu::dense_matmul_loom(w, weights.data() + w_bytes * c, w_row, x.data(),
-                                                                x_row, T, y_loom, sh.rows, sh.n, sh.rows, pool);
+            const loom::Status s =
+                loom::cpu::dense_matmul_loom(w, weights.data() + w_bytes * c, w_row, x.data(),
+                                             x_row, T, y_loom, sh.rows, sh.n, sh.rows, pool);
             if (!s) std::fprintf(stderr, "loom: %s\n", s.message().c_str());
           });
           double ms_dnn = NAN;
           bool dnn_ok = onednn.available();
           if (dnn_ok) {
             // One trial call: oneDNN may refuse the case (bf16 below AVX-512, say).
-            const loom::Status s = onednn.run(w, weights.data(), w_row, x.data(), x_row, T, y_dnn, sh.rows, sh.n,
-                                              sh.rows, threads);
+            const loom::Status s = onednn.run(w, weights.data(), w_row, x.data(), x_row, T, y_dnn,
+                                              sh.rows, sh.n, sh.rows, threads);
             if (!s) {
               std::fprintf(stderr, "onednn: %s\n", s.message().c_str());
               dnn_ok = false;
@@ -194,8 +200,8 @@ int main(int argc, char** argv) {
           }
           if (dnn_ok) {
             ms_dnn = time_ms(opt.min_ms, opt.best, copies, [&](int c) {
-              (void)onednn.run(w, weights.data() + w_bytes * c, w_row, x.data(), x_row, T, y_dnn, sh.rows, sh.n,
-                               sh.rows, threads);
+              (void)onednn.run(w, weights.data() + w_bytes * c, w_row, x.data(), x_row, T, y_dnn,
+                               sh.rows, sh.n, sh.rows, threads);
             });
           }
           // Agreement of the two, relative to the largest |y| (a sanity check;
@@ -211,7 +217,8 @@ int main(int argc, char** argv) {
                           : 2.0 * static_cast<double>(T * sh.n * sh.rows) / (ms * 1e6);
           };
           const char* unit = T == 1 ? "GB/s" : "GFLOP/s";
-          const loom::cpu::DenseImpl choice = loom::cpu::dense_prefill_choice(w, T, sh.n, sh.rows, threads);
+          const loom::cpu::DenseImpl choice =
+              loom::cpu::dense_prefill_choice(w, T, sh.n, sh.rows, threads);
           char dnn_cols[64];
           if (dnn_ok) {
             std::snprintf(dnn_cols, sizeof dnn_cols, "%10.3f %10.1f", ms_dnn, figure(ms_dnn));
@@ -220,20 +227,23 @@ int main(int argc, char** argv) {
           }
           std::printf("%-5s %5lld %5lld %4lld %3d | %10.3f %10.1f | %s | %-6s %.1e  (%s)\n",
                       std::string(loom::dtype_name(w)).c_str(), static_cast<long long>(sh.n),
-                      static_cast<long long>(sh.rows), static_cast<long long>(T), threads, ms_loom, figure(ms_loom),
-                      dnn_cols, loom::cpu::dense_impl_name(choice), dnn_ok ? max_diff / scale : 0.0, unit);
+                      static_cast<long long>(sh.rows), static_cast<long long>(T), threads, ms_loom,
+                      figure(ms_loom), dnn_cols, loom::cpu::dense_impl_name(choice),
+                      dnn_ok ? max_diff / scale : 0.0, unit);
           if (opt.switch_cost && dnn_ok) {
             // Alternate a oneDNN call (untimed) and ours (timed), as a forward
             // pass mixing the two would.
             std::vector<double> after;
             double total = 0.0;
             for (int i = 0; total < opt.min_ms || after.size() < 5; ++i) {
-              (void)onednn.run(w, weights.data() + w_bytes * (2 * i % copies), w_row, x.data(), x_row, T, y_dnn,
-                               sh.rows, sh.n, sh.rows, threads);
+              (void)onednn.run(w, weights.data() + w_bytes * (2 * i % copies), w_row, x.data(),
+                               x_row, T, y_dnn, sh.rows, sh.n, sh.rows, threads);
               const auto t0 = Clock::now();
-              (void)loom::cpu::dense_matmul_loom(w, weights.data() + w_bytes * ((2 * i + 1) % copies), w_row,
-                                                 x.data(), x_row, T, y_loom, sh.rows, sh.n, sh.rows, pool);
-              const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+              (void)loom::cpu::dense_matmul_loom(
+                  w, weights.data() + w_bytes * ((2 * i + 1) % copies), w_row, x.data(), x_row, T,
+                  y_loom, sh.rows, sh.n, sh.rows, pool);
+              const double dt =
+                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
               after.push_back(dt);
               total += 2 * dt;
               if (after.size() >= 2000) break;

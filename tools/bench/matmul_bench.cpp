@@ -57,8 +57,9 @@ struct Shape {
 };
 
 struct Options {
-  std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                               DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K};
+  std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                               DType::kQ6_K, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                               DType::kQ2_K, DType::kQ3_K};
   std::vector<Isa> isas;
   bool no_vbmi = false;
   std::vector<int> threads = {1, 2};
@@ -105,9 +106,12 @@ std::optional<Options> parse(int argc, char** argv) {
       }
     } else if (a == "--isa" && has_value) {
       for (const auto& name : split(value())) {
-        if (name == "scalar") o.isas.push_back(Isa::kScalar);
-        else if (name == "avx2") o.isas.push_back(Isa::kAvx2);
-        else if (name == "avx512") o.isas.push_back(Isa::kAvx512);
+        if (name == "scalar")
+          o.isas.push_back(Isa::kScalar);
+        else if (name == "avx2")
+          o.isas.push_back(Isa::kAvx2);
+        else if (name == "avx512")
+          o.isas.push_back(Isa::kAvx512);
         else {
           std::fprintf(stderr, "unknown ISA '%s'\n", name.c_str());
           return std::nullopt;
@@ -124,7 +128,8 @@ std::optional<Options> parse(int argc, char** argv) {
           std::fprintf(stderr, "shape '%s' is not ROWSxN\n", v.c_str());
           return std::nullopt;
         }
-        o.shapes.push_back({std::atoll(v.substr(0, x).c_str()), std::atoll(v.substr(x + 1).c_str()), ""});
+        o.shapes.push_back(
+            {std::atoll(v.substr(0, x).c_str()), std::atoll(v.substr(x + 1).c_str()), ""});
       }
     } else if (a == "--tokens" && has_value) {
       o.tokens = std::max<int64_t>(2, std::atoll(value().c_str()));
@@ -149,7 +154,8 @@ std::optional<Options> parse(int argc, char** argv) {
       o.gemv = false;
     } else {
       std::fprintf(stderr,
-                   "usage: loom_matmul_bench [--dtypes q4_0,...] [--isa scalar,avx2,avx512] [--threads 1,2]\n"
+                   "usage: loom_matmul_bench [--dtypes q4_0,...] [--isa scalar,avx2,avx512] "
+                   "[--threads 1,2]\n"
                    "         [--tokens T] [--pool-mb MB] [--seconds S] [--no-gemm] [--no-gemv]\n"
                    "         [--shapes ROWSxN,...] [--clock wall|cpu] [--no-vbmi] [--model]\n");
       return std::nullopt;
@@ -229,7 +235,8 @@ void row_range(int64_t rows, int i, int n, int64_t* r0, int64_t* r1) {
 
 // A 64-byte aligned byte buffer.
 struct Buffer {
-  explicit Buffer(size_t bytes) : size(bytes), data(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  explicit Buffer(size_t bytes)
+      : size(bytes), data(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
   ~Buffer() { std::free(data); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -249,7 +256,8 @@ void fill_weights(DType t, int64_t n, uint8_t* dst, int64_t rows_total) {
     for (auto& v : row) v = normal(rng);
     if (!loom::ref::quantize_row(t, row.data(), pool.data() + r * rb, n).ok()) std::abort();
   }
-  for (int64_t r = 0; r < rows_total; ++r) std::memcpy(dst + r * rb, pool.data() + (r % kDistinct) * rb, rb);
+  for (int64_t r = 0; r < rows_total; ++r)
+    std::memcpy(dst + r * rb, pool.data() + (r % kDistinct) * rb, rb);
 }
 
 // Runs body() repeatedly for about `seconds` (at least 5 times after one
@@ -259,11 +267,14 @@ struct Timing {
   double best;
   double median;
 };
-Timing time_calls(double seconds, const SpinTeam& team, bool cpu_clock, const std::function<void()>& body) {
+Timing time_calls(double seconds, const SpinTeam& team, bool cpu_clock,
+                  const std::function<void()>& body) {
   body();
   std::vector<double> times;
   const auto start = Clock::now();
-  while (times.size() < 5 || (std::chrono::duration<double>(Clock::now() - start).count() < seconds && times.size() < 100000)) {
+  while (times.size() < 5 ||
+         (std::chrono::duration<double>(Clock::now() - start).count() < seconds &&
+          times.size() < 100000)) {
     const auto t0 = Clock::now();
     body();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -280,8 +291,8 @@ void run_model(const Options& o, DType t) {
   };
   std::vector<Mat> mats;
   for (int l = 0; l < 22; ++l) {
-    for (const Mat m : {Mat{2048, 2048}, Mat{256, 2048}, Mat{256, 2048}, Mat{2048, 2048}, Mat{5632, 2048},
-                        Mat{5632, 2048}, Mat{2048, 5632}}) {
+    for (const Mat m : {Mat{2048, 2048}, Mat{256, 2048}, Mat{256, 2048}, Mat{2048, 2048},
+                        Mat{5632, 2048}, Mat{5632, 2048}, Mat{2048, 5632}}) {
       mats.push_back(m);
     }
   }
@@ -290,10 +301,13 @@ void run_model(const Options& o, DType t) {
   size_t total = 0;
   for (const Mat& m : mats) {
     offset.push_back(total);
-    total += (*loom::dtype_row_bytes(t, static_cast<uint64_t>(m.n)) * static_cast<size_t>(m.rows) + 63) / 64 * 64;
+    total +=
+        (*loom::dtype_row_bytes(t, static_cast<uint64_t>(m.n)) * static_cast<size_t>(m.rows) + 63) /
+        64 * 64;
   }
   Buffer weights(total);
-  for (size_t i = 0; i < mats.size(); ++i) fill_weights(t, mats[i].n, weights.data + offset[i], mats[i].rows);
+  for (size_t i = 0; i < mats.size(); ++i)
+    fill_weights(t, mats[i].n, weights.data + offset[i], mats[i].rows);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(5632);
@@ -310,19 +324,22 @@ void run_model(const Options& o, DType t) {
         for (size_t i = 0; i < mats.size(); ++i) {
           const Mat& m = mats[i];
           const size_t rb = *loom::dtype_row_bytes(t, static_cast<uint64_t>(m.n));
-          if (i == 0 || m.n != mats[i - 1].n) loom::cpu::convert_activation(t, x.data(), act.data, m.n);
+          if (i == 0 || m.n != mats[i - 1].n)
+            loom::cpu::convert_activation(t, x.data(), act.data, m.n);
           team.run([&](int ith, int n_threads) {
             int64_t r0, r1;
             row_range(m.rows, ith, n_threads, &r0, &r1);
-            loom::cpu::matmul_rows(t, weights.data + offset[i], rb, act.data, act.size, 1, y.data(), m.rows, m.n, r0,
-                                   r1);
+            loom::cpu::matmul_rows(t, weights.data + offset[i], rb, act.data, act.size, 1, y.data(),
+                                   m.rows, m.n, r0, r1);
           });
         }
       });
-      std::printf("%-5s %-6s %3d TinyLlama decode step: %7.2f ms (%6.2f median), %6.2f GB/s of weights (%6.2f)\n",
-                  std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, tm.best * 1e3,
-                  tm.median * 1e3, static_cast<double>(total) / tm.best * 1e-9,
-                  static_cast<double>(total) / tm.median * 1e-9);
+      std::printf(
+          "%-5s %-6s %3d TinyLlama decode step: %7.2f ms (%6.2f median), %6.2f GB/s of weights "
+          "(%6.2f)\n",
+          std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, tm.best * 1e3,
+          tm.median * 1e3, static_cast<double>(total) / tm.best * 1e-9,
+          static_cast<double>(total) / tm.median * 1e-9);
       std::fflush(stdout);
     }
   }
@@ -340,11 +357,13 @@ int main(int argc, char** argv) {
     loom::cpu::set_isa(loom::cpu::detected_isa());
     return 0;
   }
-  std::printf("detected ISA: %s; pool %zu MiB; GEMM tokens %lld\n", loom::cpu::isa_name(loom::cpu::detected_isa()),
-              o.pool_bytes >> 20, static_cast<long long>(o.tokens));
-  std::printf("best of many runs (median in parentheses), %s clock\n", o.cpu_clock ? "per-thread CPU" : "wall");
-  std::printf("%-5s %-6s %3s %-12s %9s %8s %8s %9s %9s %9s\n", "dtype", "isa", "thr", "rows x n", "GEMV us", "GB/s",
-              "(GB/s)", "GEMM ms", "GFLOP/s", "(GFLOP/s)");
+  std::printf("detected ISA: %s; pool %zu MiB; GEMM tokens %lld\n",
+              loom::cpu::isa_name(loom::cpu::detected_isa()), o.pool_bytes >> 20,
+              static_cast<long long>(o.tokens));
+  std::printf("best of many runs (median in parentheses), %s clock\n",
+              o.cpu_clock ? "per-thread CPU" : "wall");
+  std::printf("%-5s %-6s %3s %-12s %9s %8s %8s %9s %9s %9s\n", "dtype", "isa", "thr", "rows x n",
+              "GEMV us", "GB/s", "(GB/s)", "GEMM ms", "GFLOP/s", "(GFLOP/s)");
 
   std::mt19937 rng(42);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -362,7 +381,8 @@ int main(int argc, char** argv) {
       for (auto& v : x) v = normal(rng);
       const size_t x_rb = loom::cpu::activation_row_bytes(t, s.n);
       Buffer act(x_rb * static_cast<size_t>(T));
-      for (int64_t i = 0; i < T; ++i) loom::cpu::convert_activation(t, x.data() + i * s.n, act.data + i * x_rb, s.n);
+      for (int64_t i = 0; i < T; ++i)
+        loom::cpu::convert_activation(t, x.data() + i * s.n, act.data + i * x_rb, s.n);
       std::vector<float> y(static_cast<size_t>(s.rows * T));
 
       for (const Isa isa : o.isas) {
@@ -394,19 +414,22 @@ int main(int argc, char** argv) {
               team.run([&](int i, int n_threads) {
                 int64_t r0, r1;
                 row_range(s.rows, i, n_threads, &r0, &r1);
-                loom::cpu::matmul_rows(t, pool.data, rb, act.data, x_rb, T, y.data(), s.rows, s.n, r0, r1);
+                loom::cpu::matmul_rows(t, pool.data, rb, act.data, x_rb, T, y.data(), s.rows, s.n,
+                                       r0, r1);
               });
             });
-            const double flop = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.n) * static_cast<double>(T);
+            const double flop = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.n) *
+                                static_cast<double>(T);
             gemm_ms = tm.best * 1e3;
             gflops = flop / tm.best * 1e-9;
             gflops_median = flop / tm.median * 1e-9;
           }
           char shape[32];
-          std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.rows), static_cast<long long>(s.n));
+          std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.rows),
+                        static_cast<long long>(s.n));
           std::printf("%-5s %-6s %3d %-12s %9.1f %8.2f %8.2f %9.2f %9.1f %9.1f\n",
-                      std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, shape, gemv_us, gbs,
-                      gbs_median, gemm_ms, gflops, gflops_median);
+                      std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, shape,
+                      gemv_us, gbs, gbs_median, gemm_ms, gflops, gflops_median);
           std::fflush(stdout);
         }
       }

@@ -21,6 +21,8 @@
 //
 // Usage: loom_ops_bench [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill]
 //                       [--no-huge-pages]
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,8 +34,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <sys/mman.h>
 
 #include "cpu/matmul.h"
 #include "cpu/ops.h"
@@ -88,19 +88,20 @@ class KvPool {
     for (int t = 0; t < kTemplates; ++t) {
       for (int64_t r = 0; r < bs; ++r) {
         for (float& x : row) x = normal(rng);
-        loom::cpu::kv_store(dt, templates.data() + block_bytes_ * t, head_stride_, s.n_kv_heads, s.head_dim, r,
-                            row.data());
+        loom::cpu::kv_store(dt, templates.data() + block_bytes_ * t, head_stride_, s.n_kv_heads,
+                            s.head_dim, r, row.data());
       }
     }
     for (int64_t i = 0; i < n_slots; ++i) {
-      std::memcpy(base + block_bytes_ * static_cast<size_t>(i), templates.data() + block_bytes_ * (i % kTemplates),
-                  block_bytes_);
+      std::memcpy(base + block_bytes_ * static_cast<size_t>(i),
+                  templates.data() + block_bytes_ * (i % kTemplates), block_bytes_);
     }
     std::vector<int64_t> slots(static_cast<size_t>(n_slots));
     std::iota(slots.begin(), slots.end(), 0);
     std::shuffle(slots.begin(), slots.end(), rng);
     tables_.resize(static_cast<size_t>(n_slots));
-    for (int64_t i = 0; i < n_slots; ++i) tables_[i] = base + block_bytes_ * static_cast<size_t>(slots[i]);
+    for (int64_t i = 0; i < n_slots; ++i)
+      tables_[i] = base + block_bytes_ * static_cast<size_t>(slots[i]);
 
     view_.block_size = bs;
     view_.n_kv_heads = s.n_kv_heads;
@@ -144,17 +145,22 @@ double median_us(F&& f, double min_ms) {
     f(i);
     const auto t1 = Clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    if (us.size() >= 5 && std::chrono::duration<double, std::milli>(t1 - start).count() >= min_ms) break;
+    if (us.size() >= 5 && std::chrono::duration<double, std::milli>(t1 - start).count() >= min_ms)
+      break;
   }
   std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
   return us[us.size() / 2];
 }
 
-size_t kv_row_bytes(DType dt, int64_t head_dim) { return loom::cpu::kv_head_bytes(dt, 1, head_dim); }
+size_t kv_row_bytes(DType dt, int64_t head_dim) {
+  return loom::cpu::kv_head_bytes(dt, 1, head_dim);
+}
 
 void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
-  const size_t layer_kv_bytes = 2 * kv_row_bytes(dt, s.head_dim) * static_cast<size_t>(n_ctx * s.n_kv_heads);
-  const int64_t n_layers = std::max<int64_t>(1, static_cast<int64_t>((kPoolTarget + layer_kv_bytes - 1) / layer_kv_bytes));
+  const size_t layer_kv_bytes =
+      2 * kv_row_bytes(dt, s.head_dim) * static_cast<size_t>(n_ctx * s.n_kv_heads);
+  const int64_t n_layers = std::max<int64_t>(
+      1, static_cast<int64_t>((kPoolTarget + layer_kv_bytes - 1) / layer_kv_bytes));
   const KvPool pool(s, dt, o.block_size, n_ctx, n_layers, o.huge_pages);
 
   std::mt19937 rng(1);
@@ -168,13 +174,16 @@ void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
 
   auto call = [&](const loom::cpu::KvView& kv) {
-    loom::cpu::attention(q.data(), 1, &pos, s.n_heads, kv, scale, out.data(), 0, s.n_heads, scratch.data());
+    loom::cpu::attention(q.data(), 1, &pos, s.n_heads, kv, scale, out.data(), 0, s.n_heads,
+                         scratch.data());
   };
-  const double cold = median_us([&](int64_t i) { call(pool.layer(i % pool.n_layers())); }, o.min_ms);
+  const double cold =
+      median_us([&](int64_t i) { call(pool.layer(i % pool.n_layers())); }, o.min_ms);
   const double hot = median_us([&](int64_t) { call(kv0); }, o.min_ms);
-  std::printf("%-11s %-5s ctx %6lld  KV %8.2f MiB  cold %9.1f us  hot %9.1f us  %6.1f GB/s\n", s.name,
-              std::string(loom::dtype_name(dt)).c_str(), static_cast<long long>(n_ctx),
-              static_cast<double>(layer_kv_bytes) / (1 << 20), cold, hot, static_cast<double>(layer_kv_bytes) / cold / 1e3);
+  std::printf("%-11s %-5s ctx %6lld  KV %8.2f MiB  cold %9.1f us  hot %9.1f us  %6.1f GB/s\n",
+              s.name, std::string(loom::dtype_name(dt)).c_str(), static_cast<long long>(n_ctx),
+              static_cast<double>(layer_kv_bytes) / (1 << 20), cold, hot,
+              static_cast<double>(layer_kv_bytes) / cold / 1e3);
   std::fflush(stdout);
 }
 
@@ -193,18 +202,23 @@ void run_prefill(const Shape& s, DType dt, const Options& o) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const double us = median_us(
       [&](int64_t) {
-        loom::cpu::attention(q.data(), T, pos.data(), s.n_heads, kv, scale, out.data(), 0, s.n_heads, scratch.data());
+        loom::cpu::attention(q.data(), T, pos.data(), s.n_heads, kv, scale, out.data(), 0,
+                             s.n_heads, scratch.data());
       },
       o.min_ms);
   // Causal: T (T + 1) / 2 query-key pairs per head, 2 flops each for QK and PV.
   const double flops = 4.0 * s.head_dim * s.n_heads * (T * (T + 1) / 2.0);
   std::printf("%-11s %-5s prefill T=%lld from 0: %8.2f ms per layer  %6.1f GFLOP/s\n", s.name,
-              std::string(loom::dtype_name(dt)).c_str(), static_cast<long long>(T), us / 1e3, flops / us / 1e3);
+              std::string(loom::dtype_name(dt)).c_str(), static_cast<long long>(T), us / 1e3,
+              flops / us / 1e3);
   std::fflush(stdout);
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] [--no-huge-pages]\n", argv0);
+  std::fprintf(stderr,
+               "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] "
+               "[--no-huge-pages]\n",
+               argv0);
   return 2;
 }
 
@@ -237,8 +251,8 @@ int main(int argc, char** argv) {
       return usage(argv[0]);
     }
   }
-  std::printf("decode attention, 1 thread, isa %s, block size %lld\n", loom::cpu::isa_name(loom::cpu::active_isa()),
-              static_cast<long long>(o.block_size));
+  std::printf("decode attention, 1 thread, isa %s, block size %lld\n",
+              loom::cpu::isa_name(loom::cpu::active_isa()), static_cast<long long>(o.block_size));
   const Shape shapes[] = {{"TinyLlama", 32, 4, 64}, {"Llama-3-8B", 32, 8, 128}};
   for (const Shape& s : shapes) {
     for (const DType dt : {DType::kF16, DType::kQ8_0}) {

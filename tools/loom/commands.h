@@ -56,7 +56,7 @@ struct EngineOptions {
   std::string placement;        ///< placement JSON file (strategy custom)
   std::string vram_budget;      ///< "8G": the GPU behaves as if it had this much memory
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
-  bool gpu_profile = false;  ///< timestamp every GPU dispatch (bench prints the shaders' times)
+  bool gpu_profile = false;      ///< timestamp every GPU dispatch (bench prints the shaders' times)
   uint32_t gpu_keep_groups = 0;  ///< VulkanOptions::keep_busy_groups (experimental; 0: off)
 };
 

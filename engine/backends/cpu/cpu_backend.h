@@ -22,10 +22,11 @@ class CpuBackend final : public Backend {
   void get_rows(const Weight& w, const int32_t* ids, Act out) override;
   void rms_norm(Act x, const Weight& w, float eps, Act out) override;
   void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
-  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos, const cpu::RopeParams& p) override;
+  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+            const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
-  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads, float scale,
-                 Act out) override;
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                 float scale, Act out) override;
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
 

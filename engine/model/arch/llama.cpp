@@ -10,10 +10,12 @@ Status bind_llama(const GgufFile& f, Model* m) {
   HParams& hp = m->hp;
   hp.rope_neox = false;
   LOOM_TRY(detail::bind_decoder_common(f, m));
-  LOOM_ASSIGN_OR_RETURN(m->rope_freqs, detail::bind_weight(f, "rope_freqs.weight", {hp.n_rot / 2}, false));
+  LOOM_ASSIGN_OR_RETURN(m->rope_freqs,
+                        detail::bind_weight(f, "rope_freqs.weight", {hp.n_rot / 2}, false));
   if (m->rope_freqs.present()) {
     if (m->rope_freqs.dtype != DType::kF32) {
-      return make_error(ErrorCode::kUnsupported, "%s: rope_freqs.weight must be F32", f.path().c_str());
+      return make_error(ErrorCode::kUnsupported, "%s: rope_freqs.weight must be F32",
+                        f.path().c_str());
     }
     hp.rope_scaling = RopeScaling::kLlama3;
   }
@@ -24,8 +26,10 @@ Status bind_llama(const GgufFile& f, Model* m) {
     LOOM_ASSIGN_OR_RETURN(L.wq, detail::bind_weight(f, p + "attn_q.weight", {hp.n_embd, q_dim}));
     LOOM_ASSIGN_OR_RETURN(L.wk, detail::bind_weight(f, p + "attn_k.weight", {hp.n_embd, kv_dim}));
     LOOM_ASSIGN_OR_RETURN(L.wv, detail::bind_weight(f, p + "attn_v.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.w_gate, detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up, detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
+    LOOM_ASSIGN_OR_RETURN(L.w_gate,
+                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
+    LOOM_ASSIGN_OR_RETURN(L.w_up,
+                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
   }
   return {};
 }

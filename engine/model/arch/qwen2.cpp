@@ -21,11 +21,14 @@ Status bind_qwen2(const GgufFile& f, Model* m) {
     LOOM_ASSIGN_OR_RETURN(L.bv, detail::bind_weight(f, p + "attn_v.bias", {kv_dim}));
     for (const Weight* b : {&L.bq, &L.bk, &L.bv}) {
       if (b->dtype != DType::kF32) {
-        return make_error(ErrorCode::kUnsupported, "%s: bias '%s' must be F32", f.path().c_str(), b->name().c_str());
+        return make_error(ErrorCode::kUnsupported, "%s: bias '%s' must be F32", f.path().c_str(),
+                          b->name().c_str());
       }
     }
-    LOOM_ASSIGN_OR_RETURN(L.w_gate, detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up, detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
+    LOOM_ASSIGN_OR_RETURN(L.w_gate,
+                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
+    LOOM_ASSIGN_OR_RETURN(L.w_up,
+                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
   }
   return {};
 }

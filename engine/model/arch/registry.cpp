@@ -35,7 +35,8 @@ Status bind_decoder_common(const GgufFile& f, Model* m) {
     LayerWeights& L = m->layers[static_cast<size_t>(l)];
     LOOM_ASSIGN_OR_RETURN(L.attn_norm, bind_weight(f, p + "attn_norm.weight", {hp.n_embd}));
     LOOM_ASSIGN_OR_RETURN(L.ffn_norm, bind_weight(f, p + "ffn_norm.weight", {hp.n_embd}));
-    LOOM_ASSIGN_OR_RETURN(L.wo, bind_weight(f, p + "attn_output.weight", {hp.n_head * hp.head_dim, hp.n_embd}));
+    LOOM_ASSIGN_OR_RETURN(
+        L.wo, bind_weight(f, p + "attn_output.weight", {hp.n_head * hp.head_dim, hp.n_embd}));
     LOOM_ASSIGN_OR_RETURN(L.w_down, bind_weight(f, p + "ffn_down.weight", {hp.n_ff, hp.n_embd}));
   }
   return {};
