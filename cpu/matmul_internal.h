@@ -84,6 +84,24 @@ void* thread_scratch(size_t bytes);
   /* x[n] floats -> one activation row (formats above) */       \
   void quantize_act_q8_0(const float* x, void* out, int64_t n); \
   void quantize_act_q8_k(const float* x, void* out, int64_t n);
+// Defines the ten matmul_* kernels of an ISA file from its two templates, one
+// for 32-element blocks (impl32) and one for K-quant super-blocks (implk),
+// each instantiated with P##Q4_0 and so on (ref::Block or the file's Fmt).
+#define LOOM_QUANT_KERNEL_DEF_(name, impl, type)                      \
+  void name(LOOM_QUANT_KERNEL_ARGS) {                                 \
+    impl<type>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1); \
+  }
+#define LOOM_DEFINE_QUANT_KERNELS(impl32, implk, P)    \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q4_0, impl32, P##Q4_0) \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q4_1, impl32, P##Q4_1) \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q5_0, impl32, P##Q5_0) \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q5_1, impl32, P##Q5_1) \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q8_0, impl32, P##Q8_0) \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q2_k, implk, P##Q2_K)  \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q3_k, implk, P##Q3_K)  \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q4_k, implk, P##Q4_K)  \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q5_k, implk, P##Q5_K)  \
+  LOOM_QUANT_KERNEL_DEF_(matmul_q6_k, implk, P##Q6_K)
 
 namespace loom::cpu::scalar {
 LOOM_DECLARE_QUANT_KERNELS

@@ -279,36 +279,7 @@ void matmul_k(LOOM_QUANT_KERNEL_ARGS) {
 
 }  // namespace
 
-void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_32<ref::BlockQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_32<ref::BlockQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_32<ref::BlockQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_32<ref::BlockQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_32<ref::BlockQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<ref::BlockQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<ref::BlockQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<ref::BlockQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<ref::BlockQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<ref::BlockQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
+LOOM_DEFINE_QUANT_KERNELS(matmul_32, matmul_k, ref::Block)
 
 // Q8_0 values exactly as ref::quantize_row_q8_0 writes them, split into
 // quants / fp32 scales / fp32 sums.

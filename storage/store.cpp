@@ -79,6 +79,19 @@ Error not_found(const char* what, int64_t id) {
                     static_cast<long long>(id));
 }
 
+// Binds a chat's nine settings to parameters first .. first + 8, in the
+// column order of the chats table (system_prompt .. n_ctx).
+void bind_settings(Stmt& st, int first, const ChatSettings& s) {
+  st.bind(first, s.system_prompt)
+      .bind(first + 1, s.temperature)
+      .bind(first + 2, s.top_k)
+      .bind(first + 3, s.top_p)
+      .bind(first + 4, s.min_p)
+      .bind(first + 5, s.repeat_penalty)
+      .bind(first + 6, s.seed)
+      .bind(first + 7, s.max_tokens)
+      .bind(first + 8, s.n_ctx);
+}
 }  // namespace
 
 Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
@@ -156,17 +169,8 @@ Result<int64_t> Store::create_chat(const std::string& title, const ChatSettings&
           "repeat_penalty, seed, max_tokens, n_ctx) VALUES(?1, ?2, " LOOM_NEXT_UPDATED_AT(
               "?2") ", ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
   if (!st.ok()) return st.error("creating a chat");
-  st.bind(1, title)
-      .bind(2, now)
-      .bind(3, s.system_prompt)
-      .bind(4, s.temperature)
-      .bind(5, s.top_k)
-      .bind(6, s.top_p);
-  st.bind(7, s.min_p)
-      .bind(8, s.repeat_penalty)
-      .bind(9, s.seed)
-      .bind(10, s.max_tokens)
-      .bind(11, s.n_ctx);
+  st.bind(1, title).bind(2, now);
+  bind_settings(st, 3, s);
   LOOM_TRY(st.run("creating a chat"));
   return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
 }
@@ -226,16 +230,8 @@ Status Store::set_chat_settings(int64_t chat_id, const ChatSettings& s) {
       db_,
       "UPDATE chats SET system_prompt = ?2, temperature = ?3, top_k = ?4, top_p = ?5, min_p = ?6, "
       "repeat_penalty = ?7, seed = ?8, max_tokens = ?9, n_ctx = ?10 WHERE id = ?1");
-  st.bind(1, chat_id)
-      .bind(2, s.system_prompt)
-      .bind(3, s.temperature)
-      .bind(4, s.top_k)
-      .bind(5, s.top_p);
-  st.bind(6, s.min_p)
-      .bind(7, s.repeat_penalty)
-      .bind(8, s.seed)
-      .bind(9, s.max_tokens)
-      .bind(10, s.n_ctx);
+  st.bind(1, chat_id);
+  bind_settings(st, 2, s);
   LOOM_TRY(st.run("saving chat settings"));
   if (sqlite3_changes(db_) == 0) return not_found("chat", chat_id);
   return {};

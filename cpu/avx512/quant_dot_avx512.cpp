@@ -1329,35 +1329,6 @@ bool set_vbmi(bool enable) {
   return true;
 }
 
-void matmul_q4_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul32<FmtQ4_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q4_1(LOOM_QUANT_KERNEL_ARGS) {
-  matmul32<FmtQ4_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul32<FmtQ5_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_1(LOOM_QUANT_KERNEL_ARGS) {
-  matmul32<FmtQ5_1>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q8_0(LOOM_QUANT_KERNEL_ARGS) {
-  matmul32<FmtQ8_0>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q2_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<FmtQ2_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q3_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<FmtQ3_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q4_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<FmtQ4_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q5_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<FmtQ5_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
-void matmul_q6_k(LOOM_QUANT_KERNEL_ARGS) {
-  matmul_k<FmtQ6_K>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
-}
+LOOM_DEFINE_QUANT_KERNELS(matmul32, matmul_k, Fmt)
 
 }  // namespace loom::cpu::avx512

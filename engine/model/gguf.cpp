@@ -98,69 +98,28 @@ class Cursor {
   const std::string& name_;
 };
 
+// One value of type T from the file, stored as Out (GgufValue's int64 or double).
+template <class T, class Out>
+Status read_as(Cursor& c, Out* out, const char* what) {
+  T x;
+  LOOM_TRY(c.read(&x, what));
+  *out = static_cast<Out>(x);
+  return {};
+}
+
 Status read_scalar(Cursor& c, GgufType t, GgufValue* v, const char* what) {
   v->type = t;
   switch (t) {
-    case GgufType::kU8: {
-      uint8_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kI8: {
-      int8_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kU16: {
-      uint16_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kI16: {
-      int16_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kU32: {
-      uint32_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kI32: {
-      int32_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kU64: {
-      uint64_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = static_cast<int64_t>(x);
-      return {};
-    }
-    case GgufType::kI64: {
-      int64_t x;
-      LOOM_TRY(c.read(&x, what));
-      v->i = x;
-      return {};
-    }
-    case GgufType::kF32: {
-      float x;
-      LOOM_TRY(c.read(&x, what));
-      v->f = x;
-      return {};
-    }
-    case GgufType::kF64: {
-      double x;
-      LOOM_TRY(c.read(&x, what));
-      v->f = x;
-      return {};
-    }
+    case GgufType::kU8: return read_as<uint8_t>(c, &v->i, what);
+    case GgufType::kI8: return read_as<int8_t>(c, &v->i, what);
+    case GgufType::kU16: return read_as<uint16_t>(c, &v->i, what);
+    case GgufType::kI16: return read_as<int16_t>(c, &v->i, what);
+    case GgufType::kU32: return read_as<uint32_t>(c, &v->i, what);
+    case GgufType::kI32: return read_as<int32_t>(c, &v->i, what);
+    case GgufType::kU64: return read_as<uint64_t>(c, &v->i, what);
+    case GgufType::kI64: return read_as<int64_t>(c, &v->i, what);
+    case GgufType::kF32: return read_as<float>(c, &v->f, what);
+    case GgufType::kF64: return read_as<double>(c, &v->f, what);
     case GgufType::kBool: {
       uint8_t x;
       LOOM_TRY(c.read(&x, what));
