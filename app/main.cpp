@@ -8,6 +8,7 @@
 #include "app/app_options.h"
 #include "app/main_window.h"
 #include "app/theme.h"
+#include "engine/core/version.h"
 
 namespace {
 
@@ -24,19 +25,22 @@ void messageFilter(QtMsgType type, const QMessageLogContext& context, const QStr
 
 int main(int argc, char** argv) {
   g_defaultHandler = qInstallMessageHandler(messageFilter);
-  // --screenshot renders without a display: pick the offscreen platform
-  // unless the caller chose one (e.g. xcb under Xvfb).
+  // --screenshot renders without a display, and --help / --version show no
+  // window: pick the offscreen platform unless the caller chose one (e.g. xcb
+  // under Xvfb), so that they work in a terminal with no desktop.
   for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--screenshot" &&
-        qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") && qEnvironmentVariableIsEmpty("DISPLAY") &&
-        qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY")) {
+    const std::string_view arg(argv[i]);
+    const bool windowless = arg == "--screenshot" || arg == "--help" || arg == "-h" ||
+                            arg == "--version" || arg == "-v";
+    if (windowless && qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") &&
+        qEnvironmentVariableIsEmpty("DISPLAY") && qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY")) {
       qputenv("QT_QPA_PLATFORM", "offscreen");
     }
   }
   QApplication app(argc, argv);
   QApplication::setApplicationName(QStringLiteral("loom"));
   QApplication::setApplicationDisplayName(QStringLiteral("Loom"));
-  QApplication::setApplicationVersion(QStringLiteral(LOOM_VERSION));
+  QApplication::setApplicationVersion(QString::fromUtf8(loom::version_line()));
   QApplication::setDesktopFileName(QStringLiteral("loom-chat"));
   QApplication::setWindowIcon(QIcon(QStringLiteral(":/loom/loom.svg")));
 

@@ -38,6 +38,7 @@
 #include "app/start_screen.h"
 #include "app/theme.h"
 #include "app/transcript_view.h"
+#include "engine/core/version.h"
 
 namespace {
 
@@ -226,6 +227,11 @@ void MainWindow::buildUi() {
   open->setShortcut(QKeySequence::Open);
   connect(open, &QAction::triggered, this, &MainWindow::openModelDialog);
   addAction(open);
+  auto* about = new QAction(tr("About Loom"), this);
+  about->setShortcut(QKeySequence::HelpContents);
+  connect(about, &QAction::triggered, this, &MainWindow::showAbout);
+  addAction(about);
+  connect(m_sidebar, &Sidebar::aboutRequested, this, &MainWindow::showAbout);
   auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
   connect(esc, &QShortcut::activated, this, [this] { m_chat->stop(); });
 
@@ -323,6 +329,16 @@ void MainWindow::openModelDialog() {
   const QString path = QFileDialog::getOpenFileName(this, tr("Open a model"), dir,
                                                     tr("GGUF models (*.gguf);;All files (*)"));
   if (!path.isEmpty()) loadModel(path);
+}
+
+void MainWindow::showAbout() {
+  QMessageBox::about(
+      this, tr("About Loom"),
+      tr("<h3>Loom %1</h3><p>Built from git commit <tt>%2</tt>, with Qt %3.</p>"
+         "<p>A local LLM workstation: one model across the GPU and the CPU, "
+         "each layer placed where it serves best.</p>")
+          .arg(QString::fromUtf8(loom::version()), QString::fromUtf8(loom::git_commit()),
+               QString::fromUtf8(qVersion())));
 }
 
 void MainWindow::loadModel(const QString& path) {

@@ -61,6 +61,7 @@ class MainWindow : public QMainWindow {
 
  public slots:
   void openModelDialog();
+  void showAbout();
   void loadModel(const QString& path);
   void loadDemoModel();
   void cancelLoad();

@@ -73,6 +73,14 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   title->setObjectName(QStringLiteral("AppTitle"));
   brand->addWidget(logo);
   brand->addWidget(title, 1);
+  auto* about = new QToolButton(this);
+  about->setObjectName(QStringLiteral("AboutButton"));
+  about->setText(QStringLiteral("?"));
+  about->setToolTip(tr("About Loom (F1): version and build"));
+  about->setAutoRaise(true);
+  about->setCursor(Qt::PointingHandCursor);
+  connect(about, &QToolButton::clicked, this, &Sidebar::aboutRequested);
+  brand->addWidget(about);
   v->addLayout(brand);
 
   auto* newChat = new QPushButton(tr("+  New chat"), this);

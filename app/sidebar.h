@@ -38,6 +38,7 @@ class Sidebar : public QWidget {
   void openModelRequested();
   void recentModelRequested(const QString& path);
   void demoModelRequested();
+  void aboutRequested();
 
  private:
   void showContextMenu(const QPoint& pos);

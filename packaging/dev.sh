@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Loom's set-up script (Debian 12). Two entry points, the README's two commands:
-#   packaging/dev.sh run [MODEL.gguf]   install dependencies, build, start Loom
+# Loom's set-up script (Debian 12; Ubuntu 24.04 too). Entry points:
+#   packaging/dev.sh run [MODEL.gguf]   install dependencies, build loom + loom-chat, start Loom
 #   packaging/dev.sh test               install dependencies, build and run every test
+#   packaging/dev.sh deb                build build/loom_<version>_amd64.deb and check it with lintian
 # Environment: LOOM_JOBS (parallel jobs, default nproc), LOOM_SKIP_APT=1 (skip apt-get),
 # LOOM_FUZZ_SECONDS (fuzzing time in `test`, default 60).
 set -euo pipefail
@@ -11,17 +12,49 @@ cd "$here"
 jobs="${LOOM_JOBS:-$(nproc)}"
 
 # Debian 12 packages. Build tools, then libraries (see docs/ARCHITECTURE.md).
+# ocl-icd-opencl-dev: Debian's oneDNN CMake config requires OpenCL, which libdnnl-dev
+# only recommends.
 packages=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
+  ocl-icd-opencl-dev
   mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers
   libsqlite3-dev qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev fonts-inter xvfb xauth
 )
+# What `deb` needs besides: dpkg-shlibdeps (dpkg-dev, file), man pages, lintian, AppStream.
+deb_packages=(dpkg-dev file help2man lintian appstream)
 
-install_deps() {
+# Supported systems: Debian 12, and Ubuntu 24.04 (where clang's sanitizer runtime has
+# another name). Anywhere else, say what is needed and stop before building anything.
+check_system() {
+  local id="" version=""
+  if [ -r /etc/os-release ]; then
+    id="$(. /etc/os-release && echo "${ID:-}")"
+    version="$(. /etc/os-release && echo "${VERSION_ID:-}")"
+  fi
+  case "$id $version" in
+    "debian 12") ;;
+    "ubuntu 24.04") packages=("${packages[@]/libclang-rt-14-dev/libclang-rt-dev}") ;;
+    *)
+      [ "${LOOM_SKIP_APT:-0}" = 1 ] && return 0
+      echo "dev.sh: this is ${id:-an unknown system} ${version}, not Debian 12 or Ubuntu 24.04." >&2
+      echo "  Loom needs (Debian 12 names): ${packages[*]}" >&2
+      echo "  and for the .deb: ${deb_packages[*]}." >&2
+      echo "  Install their equivalents, then run again with LOOM_SKIP_APT=1." >&2
+      exit 1
+      ;;
+  esac
+}
+
+# The CUDA toolkit is not a Debian package; where it sits at its usual prefix, use it.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+fi
+
+install_deps() {  # package...
   [ "${LOOM_SKIP_APT:-0}" = 1 ] && return 0
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -32,16 +65,24 @@ install_deps() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-configure_build() {  # dir, extra cmake args...
+configure() {  # dir, extra cmake args...
   local dir="$1"
   shift
   cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
-  cmake --build "$dir" -j "$jobs"
+}
+
+configure_build() {  # dir, extra cmake args...
+  configure "$@"
+  cmake --build "$1" -j "$jobs"
 }
 
 cmd_run() {
-  install_deps
-  configure_build build -DCMAKE_BUILD_TYPE=Release
+  install_deps "${packages[@]}"
+  # Only what is started: loom and loom-chat, no test suites.
+  configure build -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=OFF
+  local targets=(loom)
+  grep -q '^LOOM_GUI:BOOL=ON' build/CMakeCache.txt && targets+=(loom-chat)
+  cmake --build build -j "$jobs" --target "${targets[@]}"
   local model="${1:-}"
   # The desktop app when it was built and there is a display to show it on.
   if [ -x ./build/app/loom-chat ]; then
@@ -67,7 +108,7 @@ cmd_run() {
 }
 
 cmd_test() {
-  install_deps
+  install_deps "${packages[@]}"
   # 1. Release build, warnings as errors, every test (fixture tests skip when ../shared is absent).
   configure_build build-ci -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON
   ctest --test-dir build-ci --output-on-failure -j "$jobs"
@@ -94,8 +135,41 @@ cmd_test() {
   echo "fuzz: no crash in ${LOOM_FUZZ_SECONDS:-60} s"
 }
 
+cmd_deb() {
+  install_deps "${packages[@]}" "${deb_packages[@]}"
+  configure_build build -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=OFF
+  rm -f build/loom_*.deb
+  (cd build && cpack --config CPackConfig.cmake >/dev/null)
+  local deb
+  deb="$(ls build/loom_*_amd64.deb)"
+  echo "==> $deb ($(du -k "$deb" | cut -f1) KiB)"
+  dpkg-deb --info "$deb" | sed -n '/Package:/,$p'
+  dpkg-deb --contents "$deb" | awk '{print $6}'
+  if command -v appstreamcli >/dev/null 2>&1; then
+    local tmp
+    tmp="$(mktemp -d)"
+    dpkg-deb -x "$deb" "$tmp"
+    appstreamcli validate --no-net --explain "$tmp"/usr/share/metainfo/*.metainfo.xml || {
+      rm -rf "$tmp"
+      return 1
+    }
+    rm -rf "$tmp"
+  fi
+  # lintian: errors fail the build; warnings are printed.
+  local report
+  report="$(lintian --allow-root --no-tag-display-limit "$deb" 2>&1 || true)"
+  [ -n "$report" ] && echo "$report"
+  if echo "$report" | grep -q '^E: '; then
+    echo "dev.sh: lintian found errors in $deb" >&2
+    return 1
+  fi
+  echo "==> lintian: no errors"
+}
+
+check_system
 case "${1:-}" in
   run) shift; cmd_run "$@" ;;
   test) shift; cmd_test "$@" ;;
-  *) echo "usage: $0 run [MODEL.gguf] | test" >&2; exit 2 ;;
+  deb) shift; cmd_deb "$@" ;;
+  *) echo "usage: $0 run [MODEL.gguf] | test | deb" >&2; exit 2 ;;
 esac

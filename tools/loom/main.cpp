@@ -1,12 +1,15 @@
 // loom: the command-line front end. Parses arguments and hands them to cmd_*.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <string>
 
+#include "engine/core/version.h"
 #include "tools/loom/commands.h"
 
 int main(int argc, char** argv) {
   using namespace loom::cli;
   CLI::App app{"loom: local LLM engine (hybrid CPU/GPU)"};
+  app.set_version_flag("--version", std::string("loom ") + loom::version_line());
   app.require_subcommand(1);
 
   InfoOptions info;
