@@ -19,7 +19,7 @@ packages=(
   libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
   ocl-icd-opencl-dev
   mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers
-  libsqlite3-dev qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev fonts-inter xvfb xauth
+  libsqlite3-dev liburing-dev qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev fonts-inter xvfb xauth
 )
 # What `deb` needs besides: dpkg-shlibdeps (dpkg-dev, file), man pages, lintian, AppStream.
 deb_packages=(dpkg-dev file help2man lintian appstream)

@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kOutOfRange: return "out of range";
     case ErrorCode::kOutOfMemory: return "out of memory";
+    case ErrorCode::kNoSpace: return "no space left";
     case ErrorCode::kCancelled: return "cancelled";
     case ErrorCode::kInternal: return "internal";
   }

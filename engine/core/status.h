@@ -18,6 +18,7 @@ enum class ErrorCode {
   kUnsupported,      ///< well-formed but not handled (unknown dtype, architecture...)
   kOutOfRange,       ///< a value outside what the format or engine allows
   kOutOfMemory,      ///< an allocation failed
+  kNoSpace,          ///< a disk is full (a write returned ENOSPC)
   kCancelled,        ///< stopped by the user
   kInternal,         ///< a bug in Loom
 };
