@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cpu/ops.h"
@@ -121,7 +123,22 @@ TEST(GpuOps, LargeMatmuls) {
     }
     Weight w{bytes.data(), t, n_in, n_out, rb, nullptr};
     ASSERT_TRUE(be->upload_weight(w).ok());
-    for (int64_t T : {1, 5, 300}) {
+    // 300 tokens four times: the tiled kernel (exact), then the
+    // cooperative-matrix one where the device has it (F16 inputs), with 64 and
+    // 128 tokens per tile and the shape's choice.
+    struct Run {
+      int64_t T;
+      bool coopmat;
+      uint32_t bn;
+    };
+    for (const Run run : {Run{1, false, 0}, Run{5, false, 0}, Run{300, false, 0},
+                          Run{300, true, 64}, Run{300, true, 128}, Run{300, true, 0}}) {
+      const int64_t T = run.T;
+      if (run.coopmat && !be->caps().coopmat) {
+        std::printf("note: no cooperative matrices on this device: coopmat matmul not tested\n");
+        continue;
+      }
+      be->set_matmul_coopmat(run.coopmat, run.bn);
       std::vector<float> x(static_cast<size_t>(T * n_in)), y(static_cast<size_t>(T * n_out));
       for (float& v : x) v = d(rng);
       auto bx = be->alloc_act(T * n_in), by = be->alloc_act(T * n_out);
@@ -138,10 +155,13 @@ TEST(GpuOps, LargeMatmuls) {
           ref[static_cast<size_t>(tt * n_out + r)] = static_cast<float>(s);
         }
       }
-      EXPECT_LT(nerr(y, ref), 1e-5) << dtype_name(t) << " T=" << T;
+      EXPECT_LT(nerr(y, ref), run.coopmat ? 2e-3 : 1e-5)
+          << dtype_name(t) << " T=" << T << (run.coopmat ? " coopmat, bn " : "")
+          << (run.coopmat ? std::to_string(run.bn) : "");
     }
     be->release_weights();
   }
+  be->set_matmul_coopmat(true);
   EXPECT_EQ(be->validation_messages(), 0u);
 }
 

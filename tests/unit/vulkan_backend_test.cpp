@@ -188,9 +188,13 @@ class VulkanTest : public ::testing::Test {
     be_ = test::vulkan_backend(&why, fallbacks());
     if (!be_) GTEST_SKIP() << "no Vulkan device: " << why;
     messages_before_ = be_->validation_messages();
+    // The exact (F32) tiled prefill matmul unless a test asks for the
+    // cooperative-matrix one (F16 inputs), which has tests of its own.
+    be_->set_matmul_coopmat(false);
   }
   void TearDown() override {
     if (!be_) return;
+    be_->set_matmul_coopmat(true);
     EXPECT_TRUE(be_->synchronize().ok());
     EXPECT_EQ(be_->validation_messages(), messages_before_)
         << "Vulkan validation messages during this test";
@@ -207,9 +211,10 @@ struct MatmulCase {
   int64_t n_in, n_out;
 };
 
-// accumulate: matmul_add() into y that starts random (ref: y0 + W x).
+// accumulate: matmul_add() into y that starts random (ref: y0 + W x). tol:
+// the normalized error allowed (F16 inputs, as on cooperative matrices, need more).
 void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64_t T, bool bias,
-                  bool view, uint32_t seed, bool accumulate = false) {
+                  bool view, uint32_t seed, bool accumulate = false, double tol = 1e-5) {
   SCOPED_TRACE(std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) + " n_out=" +
                std::to_string(n_out) + " T=" + std::to_string(T) + (bias ? " bias" : "") +
                (view ? " rows-view" : "") + (accumulate ? " matmul_add" : ""));
@@ -242,7 +247,7 @@ void check_matmul(VulkanBackend* be, DType t, int64_t n_in, int64_t n_out, int64
     }
   }
   EXPECT_TRUE(all_finite(y));
-  EXPECT_LT(normalized_error(y, ref), 1e-5);
+  EXPECT_LT(normalized_error(y, ref), tol);
 }
 
 class VulkanMatmul : public VulkanTest, public ::testing::WithParamInterface<DType> {};
@@ -272,6 +277,39 @@ TEST_P(VulkanMatmul, MatchesReference) {
     check_matmul(be_, t, shapes[0].first, shapes[0].second, T, T == 70, false, seed++);
   }
   be_->set_matmul_n64(false);
+}
+
+// The prefill matmul on cooperative matrices (mul_mat_cm.comp: F16 weights
+// and activations, F32 sums), in both tile widths: row counts that leave
+// partial 128-row tiles, token counts that leave partial 64- and 128-token
+// tiles, odd and even unit counts (the double buffer), bias and row views.
+TEST_P(VulkanMatmul, CoopmatMatchesReference) {
+  const DType t = GetParam();
+  if (t == DType::kF32) GTEST_SKIP() << "F32 weights keep the tiled kernel (exact F32 products)";
+  if (!be_->caps().coopmat)
+    GTEST_SKIP() << "the device has no cooperative matrices (VK_NV_cooperative_matrix, "
+                    "16x16x16 F16 -> F32): prefill takes the tiled kernel";
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  std::vector<std::pair<int64_t, int64_t> > shapes;
+  if (t == DType::kF16)
+    shapes = {{67, 13}, {96, 200}, {1024, 130}};
+  else if (kq)
+    shapes = {{256, 19}, {512, 200}, {1280, 131}};
+  else
+    shapes = {{96, 37}, {64, 200}, {1024, 130}};
+  // F16 rounding of x and W: about 4e-4 relative; a wrong index gives ~1.
+  constexpr double kTol = 2e-3;
+  uint32_t seed = 300;
+  for (uint32_t bn : {64u, 128u, 0u}) {
+    SCOPED_TRACE("tokens per tile " + std::to_string(bn));
+    be_->set_matmul_coopmat(true, bn);
+    for (auto [n_in, n_out] : shapes) {
+      for (int64_t T : {9, 64, 70, 131, 257}) {
+        check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 70 || T == 257, /*view=*/T == 131,
+                     seed++, false, kTol);
+      }
+    }
+  }
 }
 
 // matmul_add (y += W x): one fused matvec for a single token (both row

@@ -22,6 +22,9 @@
 #   ab       decode ($AB_DTYPES, Q4_0) under each setting of $AB: the decode
 #            fusions (LOOM_VK_FUSE) and integer-dot matvecs (LOOM_VK_INT_DOT)
 #   probe    per-shape matvec times, and with the Q4_0 arithmetic left out
+#   prefill  prefill ($QUICK_DTYPES) under each prefill matmul (LOOM_VK_COOPMAT:
+#            0 tiled, 64 / 128 cooperative matrices with that tile width, 1 the
+#            default choice), then the default's per-shader profile
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
 # Models are written by `loom synth` into /tmp/models.
@@ -70,6 +73,17 @@ for s in $stages; do
       m="$(model q4_0)"
       LOOM_VK_FUSE=0 LOOM_VK_INT_DOT=0 "$B/loom_vulkan_bench" "$m" 16 32 --sweep 0 2>&1 | grep -E "^sweep"
       LOOM_VK_FUSE=0 LOOM_VK_INT_DOT=0 LOOM_VK_PROBE_LOADS=1 "$B/loom_vulkan_bench" "$m" 16 32 --sweep 0 2>&1 | grep -E "^sweep"
+      ;;
+    prefill)  # prefill A/B of the matmul kernels (LOOM_VK_COOPMAT), and the default's profile
+      for d in ${QUICK_DTYPES:-q4_0 q4_k_m}; do
+        m="$(model $d)"
+        for e in ${PREFILL_AB:-0 64 128 1}; do
+          echo "--- $d LOOM_VK_COOPMAT=$e"
+          LOOM_VK_COOPMAT=$e timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 4 -r 3 2>&1 | grep -E "^prefill"
+        done
+        echo "--- $d: per-shader profile of prefill"
+        timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 1 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 16
+      done
       ;;
     issue4)
       for d in ${ISSUE4_DTYPES:-q4_0 q4_k_m}; do

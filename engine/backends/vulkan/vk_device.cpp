@@ -51,8 +51,32 @@ struct PhysInfo {
   uint32_t subgroup_stages = 0;
   bool f16_storage = false;
   bool int_dot = false;  ///< VK_KHR_shader_integer_dot_product with shaderIntegerDotProduct
+  /// VK_NV_cooperative_matrix with the 16x16x16 F16 -> F32 subgroup shape, on
+  /// 32-thread subgroups, and the features its shaders need (shaderFloat16;
+  /// vulkanMemoryModel, which glslang's GL_NV_cooperative_matrix output declares).
+  bool coopmat = false;
   uint64_t max_allocation = 0;
 };
+
+// Whether the device lists the one cooperative-matrix shape mul_mat_cm.comp
+// uses: 16x16x16 at subgroup scope, F16 A and B, F32 C and D.
+bool has_coopmat_shape(const Fns& fn, VkPhysicalDevice phys) {
+  if (!fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV) return false;
+  uint32_t n = 0;
+  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(phys, &n, nullptr) != VK_SUCCESS)
+    return false;
+  std::vector<VkCooperativeMatrixPropertiesNV> props(
+      n, VkCooperativeMatrixPropertiesNV{VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(phys, &n, props.data()) != VK_SUCCESS)
+    return false;
+  return std::any_of(
+      props.begin(), props.begin() + n, [](const VkCooperativeMatrixPropertiesNV& p) {
+        return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
+               p.AType == VK_COMPONENT_TYPE_FLOAT16_NV && p.BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+               p.CType == VK_COMPONENT_TYPE_FLOAT32_NV && p.DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+               p.scope == VK_SCOPE_SUBGROUP_NV;
+      });
+}
 
 PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   PhysInfo p;
@@ -88,19 +112,33 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
   std::vector<VkExtensionProperties> exts(n_ext);
   fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
-  bool has_int_dot_ext = false;
+  bool has_int_dot_ext = false, has_coopmat_ext = false;
   for (const VkExtensionProperties& e : exts) {
     has_int_dot_ext |=
         std::strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+    has_coopmat_ext |= std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
   }
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fcm{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
   VkPhysicalDeviceFeatures2 feats2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   feats2.pNext = &f11;
-  if (has_int_dot_ext) f11.pNext = &fdot;
+  f11.pNext = &f12;
+  void** tail = &f12.pNext;
+  if (has_int_dot_ext) {
+    *tail = &fdot;
+    tail = &fdot.pNext;
+  }
+  if (has_coopmat_ext) *tail = &fcm;
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
   p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
+  p.coopmat = has_coopmat_ext && fcm.cooperativeMatrix == VK_TRUE && f12.shaderFloat16 == VK_TRUE &&
+              f12.vulkanMemoryModel == VK_TRUE && p11.subgroupSize == 32 &&
+              (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+              has_coopmat_shape(fn, phys);
 
   i.driver = std::string(p12.driverName) + " " + p12.driverInfo;
   i.subgroup_size = p11.subgroupSize;
@@ -316,21 +354,36 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
   c.int_dot = opts.use_int_dot && pick->int_dot && c.subgroup_arithmetic;
+  c.coopmat = opts.use_coopmat && pick->coopmat;
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   f11.storageBuffer16BitAccess = c.f16_storage ? VK_TRUE : VK_FALSE;
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  f12.shaderFloat16 = c.coopmat ? VK_TRUE : VK_FALSE;
+  f12.vulkanMemoryModel = c.coopmat ? VK_TRUE : VK_FALSE;
   VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
   fdot.shaderIntegerDotProduct = VK_TRUE;
-  const char* dot_ext = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fcm{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  fcm.cooperativeMatrix = VK_TRUE;
+  std::vector<const char*> dev_exts;
   VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   feats.pNext = &f11;
-  if (c.int_dot) f11.pNext = &fdot;
+  f11.pNext = &f12;
+  void** tail = &f12.pNext;
+  if (c.int_dot) {
+    dev_exts.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    *tail = &fdot;
+    tail = &fdot.pNext;
+  }
+  if (c.coopmat) {
+    dev_exts.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    *tail = &fcm;
+  }
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.pNext = &feats;
-  if (c.int_dot) {
-    dci.enabledExtensionCount = 1;
-    dci.ppEnabledExtensionNames = &dot_ext;
-  }
+  dci.enabledExtensionCount = static_cast<uint32_t>(dev_exts.size());
+  dci.ppEnabledExtensionNames = dev_exts.data();
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   r = fn.vkCreateDevice(d->phys_, &dci, nullptr, &d->device_);

@@ -26,6 +26,10 @@ struct DeviceCaps {
   uint32_t max_shared_bytes = 0;
   uint32_t max_push_bytes = 128;  ///< maxPushConstantsSize
   bool int_dot = false;  ///< shaderIntegerDotProduct enabled (and allowed): the matvec1x variants
+  /// VK_NV_cooperative_matrix enabled (and allowed), with 16x16x16 F16 x F16 -> F32
+  /// subgroup matrices, 32-thread subgroups and shaderFloat16 / vulkanMemoryModel:
+  /// the matmul_cm prefill variants (mul_mat_cm.comp).
+  bool coopmat = false;
   float timestamp_period_ns = 0;   ///< 0: no timestamps on the compute queue
   uint32_t timestamp_bits = 0;     ///< valid low bits of a timestamp (timestampValidBits)
   uint32_t device_local_type = 0;  ///< memory type index for weights, activations, KV

@@ -44,6 +44,7 @@ Status Loader::load_instance(VkInstance instance) {
 #define LOOM_VK_LOAD_OPTIONAL(name) \
   fn.name = reinterpret_cast<PFN_##name>(fn.vkGetInstanceProcAddr(instance, #name));
   LOOM_VK_DEBUG_FNS(LOOM_VK_LOAD_OPTIONAL)
+  LOOM_VK_OPTIONAL_INSTANCE_FNS(LOOM_VK_LOAD_OPTIONAL)
 #undef LOOM_VK_LOAD_OPTIONAL
   return {};
 }

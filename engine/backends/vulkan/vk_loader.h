@@ -34,6 +34,9 @@ namespace loom::vk {
   X(vkCreateDebugUtilsMessengerEXT) \
   X(vkDestroyDebugUtilsMessengerEXT)
 
+// Instance-level entry points of device extensions; null where the loader has none.
+#define LOOM_VK_OPTIONAL_INSTANCE_FNS(X) X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
+
 #define LOOM_VK_DEVICE_FNS(X)      \
   X(vkDestroyDevice)               \
   X(vkGetDeviceQueue)              \
@@ -93,6 +96,7 @@ struct Fns {
   LOOM_VK_GLOBAL_FNS(LOOM_VK_DECLARE_FN)
   LOOM_VK_INSTANCE_FNS(LOOM_VK_DECLARE_FN)
   LOOM_VK_DEBUG_FNS(LOOM_VK_DECLARE_FN)
+  LOOM_VK_OPTIONAL_INSTANCE_FNS(LOOM_VK_DECLARE_FN)
   LOOM_VK_DEVICE_FNS(LOOM_VK_DECLARE_FN)
 #undef LOOM_VK_DECLARE_FN
 };
@@ -108,7 +112,7 @@ class Loader {
   /// dlopen()s the loader (libvulkan.so.1, then libvulkan.so) and loads the
   /// global entry points. kUnsupported, with a hint, when there is none.
   Status open();
-  /// Loads instance-level entry points (the debug-utils ones may stay null).
+  /// Loads instance-level entry points (the debug-utils and optional ones may stay null).
   Status load_instance(VkInstance instance);
   /// Loads device-level entry points.
   Status load_device(VkDevice device);

@@ -39,6 +39,9 @@ struct VulkanOptions {
   /// false: float matvecs even where the device has 8-bit integer dot products
   /// (VK_KHR_shader_integer_dot_product).
   bool use_int_dot = true;
+  /// false: the tiled prefill matmul even where the device has cooperative
+  /// matrices (VK_NV_cooperative_matrix; the tensor cores on NVIDIA).
+  bool use_coopmat = true;
   bool use_f16_storage =
       true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: the device's heap

@@ -137,6 +137,13 @@ class VulkanBackend final : public Backend {
   /// Test hook: prefill matmuls in 128 x 64 tiles, as on devices with less
   /// than 32 KiB of shared memory (else 128 x 128 where there is room).
   void set_matmul_n64(bool on) { matmul_n64_ = on; }
+  /// Test hook: prefill matmuls on cooperative matrices where the device has
+  /// them (the default; caps().coopmat), or the tiled kernel. `bn`: tokens per
+  /// tile of the cooperative-matrix kernel, 64 or 128 (0: the widest the shared memory takes).
+  void set_matmul_coopmat(bool on, uint32_t bn = 0) {
+    coopmat_ = on;
+    coopmat_bn_ = bn;
+  }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
@@ -352,6 +359,8 @@ class VulkanBackend final : public Backend {
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
   bool matmul_n64_ = false;              ///< set_matmul_n64()
+  bool coopmat_ = true;                  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
+  uint32_t coopmat_bn_ = 0;              ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
   bool qkv_rope_ = true;                 ///< set_qkv_rope()
   bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;                  ///< set_int_dot()
