@@ -478,8 +478,20 @@ size_t attention_scratch_floats(const KvView& kv) {
                              16);
 }
 
+namespace {
+// One run of cached rows within one block, for one query row: the sum of its
+// probabilities, relative to the row's running max at the time.
+struct MassPart {
+  int32_t block;
+  int32_t row;
+  float sum;
+  float max;
+};
+}  // namespace
+
 void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1, float* scratch) {
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch, float* block_mass) {
+  thread_local std::vector<MassPart> mass_parts;
   assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
   assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
   if (T <= 0 || h0 >= h1) return;
@@ -539,6 +551,7 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         sc.row_sum[i] = 0.0f;
       }
       std::fill(sc.acc, sc.acc + mt * hdp, 0.0f);
+      mass_parts.clear();
       const float* q_tile = sc.qt;
       if (K.prepare_q) {
         K.prepare_q(sc.qt, mt, hdp, sc.qx);
@@ -567,6 +580,18 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         });
         K.scores(q_tile, mt, hdp, sc.kf, rc, n, scale, sc.s, rc);
         K.softmax(sc.s, rc, mt, n, n_valid, sc.row_max, sc.row_sum, sc.alpha);
+        if (block_mass) {
+          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t*, int64_t len, int64_t off) {
+            const auto b = static_cast<int32_t>((j0 + off) / bs);
+            for (int64_t i = 0; i < mt; ++i) {
+              const float* p = sc.s + i * rc + off;
+              float sum = 0.0f;
+              for (int64_t r = 0; r < len; ++r) sum += p[r];
+              if (sum > 0.0f)
+                mass_parts.push_back({b, static_cast<int32_t>(i), sum, sc.row_max[i]});
+            }
+          });
+        }
         if (pv_raw) {
           // Run by run from the cache; the first run applies the rescaling.
           for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
@@ -584,6 +609,10 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         const float inv = 1.0f / sc.row_sum[i];
         const float* a = sc.acc + i * hdp;
         for (int64_t d = 0; d < hd; ++d) row_out[i][d] = a[d] * inv;
+      }
+      // Each part's sum, rescaled to the row's final max and normalized.
+      for (const MassPart& mp : mass_parts) {
+        block_mass[mp.block] += mp.sum * std::exp(mp.max - sc.row_max[mp.row]) / sc.row_sum[mp.row];
       }
     }
   }

@@ -78,8 +78,12 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
 /// scores = q·k * scale, softmax online over blocks (running max and sum), so
 /// no [T, n_ctx] matrix is formed. `scratch` holds at least
 /// attention_scratch_floats(kv) floats for this thread.
+/// With `block_mass` (one float per cached block, zeroed by the caller), adds
+/// the attention probability each block received, summed over the rows
+/// (query tokens x heads) computed here: each row adds 1 in all.
 void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1, float* scratch);
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch,
+               float* block_mass = nullptr);
 size_t attention_scratch_floats(const KvView& kv);
 
 }  // namespace loom::cpu

@@ -479,10 +479,14 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
     }
   }
   LOOM_TRY(prepare());
-  LOOM_TRY(kv_.reserve(pos0 + T));
+  if (pos0 + T > kv_.capacity()) LOOM_TRY(kv_.reserve(pos0 + T));  // the error names the limit
+  // A tiered cache grows chunk by chunk, and goes back under its RAM budget
+  // between chunks; an untiered one is reserved at once.
+  if (!kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + T));
   const uint64_t t_step = now_ns();
   for (int64_t c = 0; c < T; c += max_chunk_) {
     const int64_t n = std::min(max_chunk_, T - c);
+    if (kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + c + n));
     const bool last = c + n == T;
     float* out = nullptr;
     if (all_logits)
@@ -491,6 +495,7 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
       out = logits;
     LOOM_TRY(eval_chunk(tokens.data() + c, n, pos0 + c, out, all_logits));
     kv_.set_n_tokens(pos0 + c + n);
+    LOOM_TRY(kv_.rebalance());
   }
   // Device backends queue ops: wait for them, and report what went wrong on the way.
   for (Unit u : kUnits) {
@@ -617,6 +622,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   {
     OpTimer timer(stats_, OpLabel::kAttention);
+    // Spilled KV blocks of a host layer come back from the SSD to be read.
+    if (Status s = kv_.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
     Act q = in(kQ, ua, T);
     be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
                      1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));

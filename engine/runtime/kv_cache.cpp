@@ -1,5 +1,6 @@
 #include "engine/runtime/kv_cache.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstring>
 #include <new>
@@ -10,10 +11,11 @@ namespace loom {
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   head_bytes_ = cpu::kv_head_bytes(cfg.dtype, cfg.block_size, cfg.head_dim);
   const auto L = static_cast<size_t>(cfg.n_layer);
-  k_store_.resize(L);
-  v_store_.resize(L);
+  blocks_.resize(L);
   k_ptrs_.resize(L);
   v_ptrs_.resize(L);
+  slot_.resize(L);
+  mass_.resize(L);
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
@@ -34,9 +36,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
 }
 
 uint64_t KvCache::allocated_bytes() const {
-  uint64_t b = storage_ ? storage_->allocated_bytes() : 0;
-  for (const auto& layer : k_store_) b += 2ull * block_bytes() * layer.size();
-  return b;
+  return (storage_ ? storage_->allocated_bytes() : 0) + n_ram_blocks_ * pair_bytes();
 }
 
 uint64_t KvCache::full_bytes() const {
@@ -45,28 +45,41 @@ uint64_t KvCache::full_bytes() const {
   return 2ull * block_bytes() * blocks * static_cast<uint64_t>(cfg_.n_layer);
 }
 
+void KvCache::point_at(size_t l, size_t b, uint8_t* kv_pair) {
+  k_ptrs_[l][b] = kv_pair;
+  v_ptrs_[l][b] = kv_pair ? kv_pair + block_bytes() : nullptr;
+}
+
 Status KvCache::grow_layer(size_t l, size_t n_blocks) {
-  while (k_store_[l].size() < n_blocks) {
-    std::unique_ptr<uint8_t[]> k(new (std::nothrow) uint8_t[block_bytes()]);
-    std::unique_ptr<uint8_t[]> v(new (std::nothrow) uint8_t[block_bytes()]);
-    if (!k || !v) {
+  while (blocks_[l].size() < n_blocks) {
+    std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
+    if (!kv) {
       return make_error(ErrorCode::kOutOfMemory,
-                        "KV cache: out of memory allocating block %zu of layer %zu (%zu bytes)",
-                        k_store_[l].size(), l, 2 * block_bytes());
+                        "KV cache: out of memory allocating block %zu of layer %zu (%" PRIu64
+                        " bytes)",
+                        blocks_[l].size(), l, pair_bytes());
     }
-    k_ptrs_[l].push_back(k.get());
-    v_ptrs_[l].push_back(v.get());
-    k_store_[l].push_back(std::move(k));
-    v_store_[l].push_back(std::move(v));
+    k_ptrs_[l].push_back(nullptr);
+    v_ptrs_[l].push_back(nullptr);
+    point_at(l, blocks_[l].size(), kv.get());
+    blocks_[l].push_back(std::move(kv));
+    slot_[l].push_back(-1);
+    mass_[l].push_back(0.0f);
+    ++n_ram_blocks_;
   }
   return {};
 }
 
 void KvCache::free_layer(size_t l) {
-  k_store_[l].clear();
-  v_store_[l].clear();
+  for (size_t b = 0; b < blocks_[l].size(); ++b) {
+    if (blocks_[l][b]) --n_ram_blocks_;
+    if (slot_[l][b] >= 0 && spill_) spill_->release(static_cast<uint32_t>(slot_[l][b]));
+  }
+  blocks_[l].clear();
   k_ptrs_[l].clear();
   v_ptrs_[l].clear();
+  slot_[l].clear();
+  mass_[l].clear();
 }
 
 Status KvCache::reserve(int64_t n) {
@@ -77,11 +90,51 @@ Status KvCache::reserve(int64_t n) {
   }
   if (storage_) LOOM_TRY(storage_->reserve(n));  // layers that live on the device backend
   const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
+  if (tiered() && spill_full_ && need > static_cast<int64_t>(block_table_.size()) &&
+      n_ram_blocks_ * pair_bytes() >= tiers_.ram_budget) {
+    return make_error(ErrorCode::kNoSpace,
+                      "KV cache: the RAM budget (%.1f MiB) is used up and the spill disk is "
+                      "full (%s): the context ends at %" PRId64 " tokens",
+                      static_cast<double>(tiers_.ram_budget) / 1048576.0, spill_note_.c_str(),
+                      n_tokens_);
+  }
   while (static_cast<int64_t>(block_table_.size()) < need) {
     block_table_.push_back(static_cast<int32_t>(block_table_.size()));
   }
-  for (size_t l = 0; l < k_store_.size(); ++l) {
-    if (!on_device(static_cast<int64_t>(l))) LOOM_TRY(grow_layer(l, block_table_.size()));
+  std::vector<std::pair<size_t, size_t>> back;  // spilled blocks that new tokens go into
+  const auto first = static_cast<size_t>(n_tokens_ / cfg_.block_size);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    if (on_device(static_cast<int64_t>(l))) continue;
+    LOOM_TRY(grow_layer(l, block_table_.size()));
+    for (size_t b = first; b < block_table_.size(); ++b) {
+      if (slot_[l][b] < 0) continue;
+      // (During a recompute n_tokens_ is moved back, and later blocks still count.)
+      if (recomputing_ || static_cast<int64_t>(b) * cfg_.block_size < n_tokens_) {
+        back.emplace_back(l, b);  // holds tokens still in use: read it back
+        continue;
+      }
+      // Holds only forgotten tokens: fresh RAM, nothing to read.
+      std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
+      if (!kv) {
+        return make_error(ErrorCode::kOutOfMemory,
+                          "KV cache: out of memory allocating block %zu of layer %zu", b, l);
+      }
+      spill_->release(static_cast<uint32_t>(slot_[l][b]));
+      slot_[l][b] = -1;
+      point_at(l, b, kv.get());
+      blocks_[l][b] = std::move(kv);
+      mass_[l][b] = 0.0f;
+      ++n_ram_blocks_;
+    }
+  }
+  if (!back.empty()) {
+    LOOM_TRY(promote(back));
+    if (!lost_.empty()) {
+      return make_error(ErrorCode::kIo,
+                        "KV cache: %zu spilled block(s) could not be read back; they are "
+                        "recomputed from their tokens",
+                        lost_.size());
+    }
   }
   return {};
 }
@@ -94,21 +147,24 @@ Status KvCache::move_layer(int64_t layer, bool to_device) {
     return make_error(ErrorCode::kInvalidArgument, "KV cache: no layer %" PRId64, layer);
   if (on_device(layer) == to_device) return {};
   const auto l = static_cast<size_t>(layer);
+  if (to_device) LOOM_TRY(unspill_layer(l));  // every block in RAM first
   const int64_t n = n_tokens_;
   const size_t rb = row_bytes();
   const auto H = static_cast<size_t>(cfg_.n_kv_heads);
   // Host rows [kv_head][n][row] of K and V: the KvStorage transfer format.
   std::vector<uint8_t> k(H * static_cast<size_t>(n) * rb), v(k.size());
-  auto row_at = [&](const std::vector<std::unique_ptr<uint8_t[]>>& blocks, size_t h, int64_t t) {
+  // V follows K in each block's allocation.
+  auto row_at = [&](size_t half, size_t h, int64_t t) {
     const auto b = static_cast<size_t>(block_table_[static_cast<size_t>(t / cfg_.block_size)]);
-    return blocks[b].get() + h * head_bytes_ + static_cast<size_t>(t % cfg_.block_size) * rb;
+    return blocks_[l][b].get() + half * block_bytes() + h * head_bytes_ +
+           static_cast<size_t>(t % cfg_.block_size) * rb;
   };
   if (to_device) {
     for (size_t h = 0; h < H; ++h) {
       for (int64_t t = 0; t < n; ++t) {
         const size_t at = (h * static_cast<size_t>(n) + static_cast<size_t>(t)) * rb;
-        std::memcpy(k.data() + at, row_at(k_store_[l], h, t), rb);
-        std::memcpy(v.data() + at, row_at(v_store_[l], h, t), rb);
+        std::memcpy(k.data() + at, row_at(0, h, t), rb);
+        std::memcpy(v.data() + at, row_at(1, h, t), rb);
       }
     }
     LOOM_TRY(storage_->set_layer_resident(layer, true));
@@ -130,8 +186,8 @@ Status KvCache::move_layer(int64_t layer, bool to_device) {
   for (size_t h = 0; h < H; ++h) {
     for (int64_t t = 0; t < n; ++t) {
       const size_t at = (h * static_cast<size_t>(n) + static_cast<size_t>(t)) * rb;
-      std::memcpy(row_at(k_store_[l], h, t), k.data() + at, rb);
-      std::memcpy(row_at(v_store_[l], h, t), v.data() + at, rb);
+      std::memcpy(row_at(0, h, t), k.data() + at, rb);
+      std::memcpy(row_at(1, h, t), v.data() + at, rb);
     }
   }
   return storage_->set_layer_resident(layer, false);
@@ -142,10 +198,13 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
   const auto b = static_cast<size_t>(pos / cfg_.block_size);
   const int64_t row = pos % cfg_.block_size;
   const auto phys = static_cast<size_t>(block_table_[b]);
-  cpu::kv_store(cfg_.dtype, k_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim,
-                row, k);
-  cpu::kv_store(cfg_.dtype, v_store_[l][phys].get(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim,
-                row, v);
+  if (recomputing_ &&
+      std::find(recompute_.begin(), recompute_.end(), std::make_pair(l, phys)) == recompute_.end())
+    return;  // intact: a recompute leaves it as it is
+  uint8_t* kv = blocks_[l][phys].get();
+  cpu::kv_store(cfg_.dtype, kv, head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row, k);
+  cpu::kv_store(cfg_.dtype, kv + block_bytes(), head_bytes_, cfg_.n_kv_heads, cfg_.head_dim, row,
+                v);
 }
 
 Status KvCache::attach_storage(std::unique_ptr<KvStorage> storage) {

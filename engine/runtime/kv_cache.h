@@ -2,17 +2,29 @@
 // (the layout the GPU tiers reuse). One physical block id covers the same
 // tokens in every layer; each layer has its own K and V storage per block.
 // Within a block, keys are laid out [kv_head][row][head_dim] so one head's
-// keys for the block are contiguous.
+// keys for the block are contiguous; a host block holds K then V in one
+// allocation (the unit that moves between tiers).
+//
+// Tiers (configure_tiers): with a RAM budget, host blocks beyond it go down
+// to an SSD spill file (storage/kv_spill_file.h) between two steps, chosen by
+// a KvTierPolicy; the attention sinks and the newest window never leave RAM.
+// Before a host layer's attention, fetch_layer() reads its spilled blocks
+// back into a staging area that view() then points at. A block that cannot be
+// read back is reported lost: the session recomputes it from its tokens.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/ops.h"
 #include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/runtime/kv_policy.h"
+#include "storage/kv_spill_file.h"
 
 namespace loom {
 
@@ -23,6 +35,30 @@ struct KvCacheConfig {
   int64_t n_ctx = 0;          ///< most tokens one sequence may hold
   int64_t block_size = 32;    ///< tokens per block
   DType dtype = DType::kF16;  ///< F16 or Q8_0 (head_dim a multiple of 32)
+};
+
+/// The RAM and SSD tiers of host KV blocks.
+struct KvTierConfig {
+  uint64_t ram_budget = 0;  ///< bytes of host K/V kept in RAM; 0: no limit, nothing spills
+  std::string spill_dir;    ///< the spill file's folder (needed with a budget)
+  std::string policy = "importance";  ///< lru | importance (kv_policy.h)
+  int64_t sink_tokens = 32;           ///< the first tokens never leave RAM (attention sinks)
+  int64_t window_tokens = 128;        ///< nor do the newest ones (at least one block's worth)
+  uint64_t session = 0;               ///< names the spill file; 0: from the process id and time
+  storage::SpillFaults faults;        ///< injected storage faults (tests)
+};
+
+/// Where the KV bytes are now, and what moved.
+struct KvTierStats {
+  uint64_t device_bytes = 0;   ///< K/V of layers whose attention runs on a device
+  uint64_t ram_bytes = 0;      ///< host blocks in RAM
+  uint64_t ssd_bytes = 0;      ///< host blocks in the spill file
+  uint64_t staging_bytes = 0;  ///< RAM that holds spilled blocks while attention reads them
+  uint64_t blocks_spilled = 0, blocks_promoted = 0;  ///< moves down and up, since creation
+  uint64_t ssd_read_bytes = 0, ssd_written_bytes = 0;
+  uint64_t blocks_lost = 0;  ///< blocks that could not be read back (recomputed)
+  bool spill_full = false;   ///< the disk filled up: spilling stopped
+  std::string note;          ///< the spill file's I/O mode, or why spilling stopped
 };
 
 class KvCache {
@@ -44,6 +80,34 @@ class KvCache {
   void set_n_tokens(int64_t n) { n_tokens_ = n; }
   /// Forgets every token (blocks stay allocated for reuse).
   void clear() { n_tokens_ = 0; }
+
+  /// Sets up the RAM and SSD tiers (before the first token). Removes spill
+  /// files that crashed sessions left in the folder.
+  Status configure_tiers(const KvTierConfig& tiers);
+  bool tiered() const { return tiers_.ram_budget > 0; }
+  const KvTierConfig& tier_config() const { return tiers_; }
+  KvTierStats tier_stats() const;
+  /// Makes a host layer's spilled blocks readable through view() (reads them
+  /// into staging). Blocks that cannot be read back are re-allocated empty and
+  /// reported by take_lost(); then this returns an kIo error naming them.
+  Status fetch_layer(int64_t layer);
+  /// Enforces the RAM budget between two steps: moves the lowest-ranked
+  /// blocks to the SSD, and hot ones back up. A full disk stops spilling
+  /// (tier_stats().spill_full) and the budget then bounds the context.
+  Status rebalance();
+  /// Whether blocks were lost since the last take_lost().
+  bool has_lost() const { return !lost_.empty(); }
+  /// Token ranges [begin, end) of blocks lost since the last call, merged;
+  /// those blocks are open to a recompute until finish_recompute().
+  std::vector<std::pair<int64_t, int64_t>> take_lost();
+  /// While set, store() writes only into blocks open to a recompute (the K/V
+  /// that are intact stay as they are).
+  void set_recomputing(bool on) { recomputing_ = on; }
+  void finish_recompute() { recompute_.clear(); }
+  /// Whether the policy ranks by attention mass (the attention then reports it).
+  bool wants_mass(int64_t layer) const;
+  /// Adds one step's attention mass per block of a layer (n_blocks floats).
+  void add_mass(int64_t layer, const float* mass, int64_t n_blocks);
 
   /// Stores one token's K and V ([n_kv_heads, head_dim] floats each) at position `pos`.
   void store(int64_t layer, int64_t pos, const float* k, const float* v);
@@ -68,18 +132,39 @@ class KvCache {
  private:
   explicit KvCache(const KvCacheConfig& cfg);
   size_t block_bytes() const { return head_bytes_ * static_cast<size_t>(cfg_.n_kv_heads); }
+  uint64_t pair_bytes() const { return 2ull * block_bytes(); }  // K + V of one (layer, block)
   size_t row_bytes() const { return head_bytes_ / static_cast<size_t>(cfg_.block_size); }
   // Allocates host blocks [have, n_blocks) of one layer.
   Status grow_layer(size_t l, size_t n_blocks);
   void free_layer(size_t l);
+  void point_at(size_t l, size_t b, uint8_t* kv_pair);
+  bool pinned(int64_t block) const;
+  Status spill(std::vector<std::pair<size_t, size_t>>& victims);
+  Status promote(std::vector<std::pair<size_t, size_t>>& blocks);
+  Status unspill_layer(size_t l);
+  Status open_spill_file();
 
   KvCacheConfig cfg_;
   size_t head_bytes_ = 0;
   int64_t n_tokens_ = 0;
   std::vector<int32_t> block_table_;  ///< logical block -> physical block (the same in every layer)
-  // Per layer: physical block -> storage; k_ptrs_/v_ptrs_ follow the block table.
-  std::vector<std::vector<std::unique_ptr<uint8_t[]>>> k_store_, v_store_;
+  // Per layer: physical block -> K then V in RAM (null while on the SSD);
+  // k_ptrs_/v_ptrs_ follow the block table (into staging for spilled blocks).
+  std::vector<std::vector<std::unique_ptr<uint8_t[]>>> blocks_;
   std::vector<std::vector<const void*>> k_ptrs_, v_ptrs_;
+  // Tiers: per layer and physical block, the spill slot (-1: in RAM) and the
+  // attention mass; lost (layer, block) pairs waiting for a recompute.
+  KvTierConfig tiers_;
+  std::unique_ptr<KvTierPolicy> policy_;
+  std::unique_ptr<storage::KvSpillFile> spill_;
+  std::vector<std::vector<int64_t>> slot_;
+  std::vector<std::vector<float>> mass_;
+  std::vector<std::pair<size_t, size_t>> lost_, recompute_;
+  std::vector<uint8_t> staging_;
+  bool recomputing_ = false, spill_full_ = false;
+  uint64_t n_spilled_ = 0, n_promoted_ = 0, n_lost_ = 0;
+  uint64_t n_ram_blocks_ = 0;  ///< host (layer, block) pairs in RAM
+  std::string spill_note_;
   std::unique_ptr<KvStorage> storage_;  ///< device K/V (then no host blocks), or null
 };
 

@@ -40,6 +40,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& ba
   auto kv = KvCache::create(kc);
   if (!kv.ok()) return kv.error();
   s->kv_ = std::move(kv).value();
+  LOOM_TRY(s->kv_->configure_tiers(cfg.kv_tiers));
   s->fwd_ = std::make_unique<ForwardPass>(model, backend, *s->kv_, cfg.max_chunk);
   s->logits_.resize(static_cast<size_t>(model.hp.n_vocab));
   return s;
@@ -75,9 +76,63 @@ Status Session::shift_context() {
   tokens_.clear();
   // The last token is fed by the decode loop; evaluate all but it.
   std::span<const int32_t> pre(kept.data(), kept.size() - 1);
-  LOOM_TRY(fwd_->eval(pre, 0, logits_.data()));
+  LOOM_TRY(eval(pre, 0, logits_.data(), nullptr));
   tokens_.assign(pre.begin(), pre.end());
   return {};
+}
+
+Status Session::recompute_lost(std::span<const int32_t> pending, int64_t pos0, GenerateStats* st) {
+  // The cache holds tokens [0, done): tokens_ then the first part of `pending`.
+  const int64_t done = kv_->n_tokens();
+  auto token_at = [&](int64_t i) {
+    return i < pos0 ? tokens_[static_cast<size_t>(i)] : pending[static_cast<size_t>(i - pos0)];
+  };
+  std::vector<float> scratch(logits_.size());
+  std::vector<std::pair<int64_t, int64_t>> queue = kv_->take_lost();
+  Status result;
+  for (int steps = 0; !queue.empty(); ++steps) {
+    if (steps >= 64) {
+      result = make_error(ErrorCode::kIo,
+                          "KV cache: blocks keep failing to come back from the spill file; "
+                          "giving up after 64 recomputations");
+      break;
+    }
+    const auto [a, b] = queue.front();
+    std::vector<int32_t> toks;
+    for (int64_t i = a; i < b; ++i) toks.push_back(token_at(i));
+    kv_->set_n_tokens(a);
+    kv_->set_recomputing(true);
+    Status s = fwd_->eval(toks, a, scratch.data());
+    kv_->set_recomputing(false);
+    kv_->set_n_tokens(done);
+    if (!s.ok()) {
+      if (!kv_->has_lost()) {
+        result = s;
+        break;
+      }
+      for (auto r : kv_->take_lost()) queue.push_back(r);  // and this range again
+      continue;
+    }
+    if (st)
+      st->n_kv_recomputed += (b - a + kv_->config().block_size - 1) / kv_->config().block_size;
+    queue.erase(queue.begin());
+  }
+  kv_->finish_recompute();
+  return result;
+}
+
+Status Session::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
+                     GenerateStats* st) {
+  for (int attempt = 0;; ++attempt) {
+    Status s = fwd_->eval(tokens, pos0, logits);
+    if (s.ok() || attempt >= 8 || !kv_->has_lost()) return s;
+    LOOM_TRY(recompute_lost(tokens, pos0, st));
+    // Go on from where the failed evaluation stopped.
+    const int64_t done = kv_->n_tokens();
+    tokens = tokens.subspan(static_cast<size_t>(done - pos0));
+    pos0 = done;
+    if (tokens.empty()) return {};
+  }
 }
 
 void Session::request_placement(const Placement& p, std::function<void(const Status&)> done) {
@@ -134,7 +189,7 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
   st.n_reused = static_cast<int64_t>(common);
   std::span<const int32_t> todo = prompt.subspan(common);
   st.n_prompt = static_cast<int64_t>(todo.size());
-  LOOM_TRY(fwd_->eval(todo, static_cast<int64_t>(common), logits_.data()));
+  LOOM_TRY(eval(todo, static_cast<int64_t>(common), logits_.data(), &st));
   tokens_.insert(tokens_.end(), todo.begin(), todo.end());
   st.prefill_ms = ms_since(t0);
 
@@ -184,14 +239,22 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
       LOOM_TRY(shift_context());
       ++st.n_shifts;
       const int32_t last_tok = id;
-      LOOM_TRY(fwd_->eval(std::span<const int32_t>(&last_tok, 1),
-                          static_cast<int64_t>(tokens_.size()), logits_.data()));
+      LOOM_TRY(eval(std::span<const int32_t>(&last_tok, 1), static_cast<int64_t>(tokens_.size()),
+                    logits_.data(), &st));
       tokens_.push_back(last_tok);
       continue;
     }
     (void)apply_pending_placement();  // between two tokens: moves weights and KV, then goes on
-    LOOM_TRY(fwd_->eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()),
-                        logits_.data()));
+    Status s = eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()),
+                    logits_.data(), &st);
+    if (!s.ok()) {
+      if (s.error().code() != ErrorCode::kNoSpace) return s.error();
+      // The spill disk is full and RAM is at its budget: the context ends here.
+      st.reason = StopReason::kContextFull;
+      st.note = s.message();
+      tokens_.push_back(id);
+      break;
+    }
     tokens_.push_back(id);
   }
   std::string rest = detok.flush();

@@ -27,6 +27,7 @@ struct SessionConfig {
   int64_t n_ctx = 0;             ///< 0: the model's training context, capped at 4096
   DType kv_dtype = DType::kF16;  ///< F16 or Q8_0
   int64_t max_chunk = 256;       ///< prefill chunk (tokens per forward step)
+  KvTierConfig kv_tiers;         ///< RAM budget and SSD spill folder (none: all in RAM)
 };
 
 struct GenerateParams {
@@ -50,6 +51,8 @@ struct GenerateStats {
   double decode_ms = 0;        ///< all decode steps
   std::vector<double> itl_ms;  ///< time between consecutive generated tokens
   int64_t n_shifts = 0;
+  int64_t n_kv_recomputed = 0;  ///< KV blocks recomputed because the SSD could not give them back
+  std::string note;             ///< why the context ended early (a full spill disk), if it did
 };
 
 class Session {
@@ -99,6 +102,11 @@ class Session {
  private:
   explicit Session(const Model& m) : m_(m) {}
   Status shift_context();
+  /// fwd_->eval of tokens at pos0 (tokens_ holds the ones before), recovering
+  /// from KV blocks the SSD could not give back: they are recomputed from
+  /// their tokens, and the evaluation goes on where it stopped.
+  Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits, GenerateStats* st);
+  Status recompute_lost(std::span<const int32_t> pending, int64_t pos0, GenerateStats* st);
 
   const Model& m_;
   std::unique_ptr<KvCache> kv_;

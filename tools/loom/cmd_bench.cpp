@@ -62,6 +62,7 @@ int cmd_bench(const BenchOptions& o) {
   std::vector<float> logits(static_cast<size_t>(n_vocab));
 
   std::vector<double> prefill_tps, decode_tps, ttft, itl;
+  KvTierStats ssd0, ssd1;  // around the last rep's decode: SSD bytes per token
   OpStats stats;
   // The profiler runs in every rep unless --no-profiler (compare the two to see its cost).
   Profiler prof(m.hp.n_layer);
@@ -80,7 +81,10 @@ int cmd_bench(const BenchOptions& o) {
     const auto t1 = Clock::now();
     const double pre_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     if (rep == 0) prof.reset();  // the warm-up's figures go
-    if (rep == o.reps - 1) fwd.set_stats(&stats);
+    if (rep == o.reps - 1) {
+      fwd.set_stats(&stats);
+      ssd0 = kv.tier_stats();
+    }
     auto last = t1;
     for (int64_t i = 0; i < o.n_gen; ++i) {
       s = fwd.eval(std::span<const int32_t>(&next, 1), o.n_prompt + i, logits.data());
@@ -94,6 +98,7 @@ int cmd_bench(const BenchOptions& o) {
       last = now;
     }
     fwd.set_stats(nullptr);
+    if (rep == o.reps - 1) ssd1 = kv.tier_stats();
     const double dec_ms = std::chrono::duration<double, std::milli>(last - t1).count();
     if (rep < 0) continue;
     prefill_tps.push_back(1000.0 * static_cast<double>(o.n_prompt) / pre_ms);
@@ -127,6 +132,18 @@ int cmd_bench(const BenchOptions& o) {
     j["peak_rss_bytes"] = rss;
     j["weight_bytes"] = m.weight_bytes();
     j["kv_bytes"] = kv.allocated_bytes();
+    j["kv_tiers"] = {
+        {"device_bytes", ssd1.device_bytes},
+        {"ram_bytes", ssd1.ram_bytes},
+        {"ssd_bytes", ssd1.ssd_bytes},
+        {"ram_budget", kv.tier_config().ram_budget},
+        {"policy", kv.tiered() ? kv.tier_config().policy : std::string()},
+        {"ssd_read_bytes_per_token",
+         o.n_gen > 0 ? (ssd1.ssd_read_bytes - ssd0.ssd_read_bytes) / o.n_gen : 0},
+        {"ssd_written_bytes_per_token",
+         o.n_gen > 0 ? (ssd1.ssd_written_bytes - ssd0.ssd_written_bytes) / o.n_gen : 0},
+        {"blocks_spilled", ssd1.blocks_spilled},
+        {"blocks_promoted", ssd1.blocks_promoted}};
     nlohmann::json ops = nlohmann::json::object();
     const double total = static_cast<double>(stats.total_ns());
     for (int i = 0; i < static_cast<int>(OpLabel::kCount); ++i) {
@@ -163,6 +180,23 @@ int cmd_bench(const BenchOptions& o) {
               static_cast<double>(rss) / 1048576.0,
               static_cast<double>(m.weight_bytes()) / 1048576.0,
               static_cast<double>(kv.allocated_bytes()) / 1048576.0);
+  std::printf("kv tiers: device %.1f MiB, RAM %.1f MiB, SSD %.1f MiB",
+              ssd1.device_bytes / 1048576.0, ssd1.ram_bytes / 1048576.0,
+              ssd1.ssd_bytes / 1048576.0);
+  if (kv.tiered()) {
+    const double n = static_cast<double>(std::max<int64_t>(o.n_gen, 1));
+    std::printf(
+        " (RAM budget %.1f MiB, policy %s, %s)\n"
+        "          SSD per decode token: read %.1f KiB, written %.1f KiB; blocks spilled "
+        "%llu, promoted %llu",
+        kv.tier_config().ram_budget / 1048576.0, kv.tier_config().policy.c_str(),
+        ssd1.note.empty() ? "no spill yet" : ssd1.note.c_str(),
+        static_cast<double>(ssd1.ssd_read_bytes - ssd0.ssd_read_bytes) / n / 1024.0,
+        static_cast<double>(ssd1.ssd_written_bytes - ssd0.ssd_written_bytes) / n / 1024.0,
+        static_cast<unsigned long long>(ssd1.blocks_spilled),
+        static_cast<unsigned long long>(ssd1.blocks_promoted));
+  }
+  std::printf("\n");
   if (!o.no_profiler) {
     std::printf(
         "placement and per-layer decode time (profiler, last %d reps, groups timed on one step in "

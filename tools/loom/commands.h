@@ -58,6 +58,9 @@ struct EngineOptions {
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
   bool gpu_profile = false;      ///< timestamp every GPU dispatch (bench prints the shaders' times)
   uint32_t gpu_keep_groups = 0;  ///< VulkanOptions::keep_busy_groups (experimental; 0: off)
+  std::string kv_ram;            ///< "2G": host RAM for KV blocks, the rest spills to the SSD
+  std::string kv_dir;            ///< spill folder (default: the user cache folder)
+  std::string kv_policy = "importance";  ///< lru | importance
 };
 
 struct PlanOptions {

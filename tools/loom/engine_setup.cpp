@@ -1,6 +1,7 @@
 #include "tools/loom/engine_setup.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -20,6 +21,54 @@ bool parse_dtype_opt(const std::string& s, std::optional<DType>* out, const char
     return false;
   }
   *out = *d;
+  return true;
+}
+// Bytes of memory the kernel says are available (MemAvailable), or 0.
+uint64_t available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoull(line.substr(13)) * 1024ull;
+  }
+  return 0;
+}
+
+std::string default_kv_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base = xdg && *xdg ? xdg : std::string(home ? home : "/tmp") + "/.cache";
+  return base + "/loom/kv";
+}
+
+// --kv-ram / --kv-dir / --kv-policy; without --kv-ram, a budget only where
+// the whole context's KV would not fit in half the available memory.
+bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* who,
+                           KvTierConfig* t) {
+  t->spill_dir = o.kv_dir.empty() ? default_kv_dir() : o.kv_dir;
+  t->policy = o.kv_policy;
+  if (!o.kv_ram.empty()) {
+    auto b = parse_size(o.kv_ram);
+    if (!b) {
+      std::fprintf(stderr, "%s: --kv-ram '%s' is not a size (e.g. 2G, 512M)\n", who,
+                   o.kv_ram.c_str());
+      return false;
+    }
+    t->ram_budget = *b;
+    return true;
+  }
+  const int64_t n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(m.hp.n_ctx_train, 4096);
+  const uint64_t need =
+      kv_bytes_per_layer(m, n_ctx, o.kv_type == "q8_0" ? DType::kQ8_0 : DType::kF16) *
+      static_cast<uint64_t>(m.hp.n_layer);
+  const uint64_t avail = available_memory();
+  if (avail > 0 && need > avail / 2) {
+    t->ram_budget = avail / 2;
+    std::fprintf(stderr,
+                 "%s: note: the KV cache of %lld tokens takes %.0f MiB, more than half the free "
+                 "memory: blocks beyond %.0f MiB spill to %s (--kv-ram sets this)\n",
+                 who, static_cast<long long>(n_ctx), static_cast<double>(need) / 1048576.0,
+                 static_cast<double>(t->ram_budget) / 1048576.0, t->spill_dir.c_str());
+  }
   return true;
 }
 }  // namespace
@@ -58,6 +107,7 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     }
     so.vram_budget = *b;
   }
+  if (!kv_tiers_from_options(o, model, who, &e->kv_tiers)) return nullptr;
   if (!parse_dtype_opt(o.cpu_dtype, &so.cpu_dtype, "--cpu-dtype", who) ||
       !parse_dtype_opt(o.gpu_dtype, &so.gpu_dtype, "--gpu-dtype", who)) {
     return nullptr;
@@ -110,6 +160,7 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   }
 
   SessionConfig sc;
+  sc.kv_tiers = e->kv_tiers;
   sc.n_ctx = so.n_ctx;
   sc.max_chunk = o.batch;
   sc.kv_dtype = so.kv_dtype;

@@ -19,6 +19,7 @@ struct Engine {
   Backend* backend = nullptr;        ///< the one the session runs on
   std::unique_ptr<Session> session;  ///< declared last: destroyed before the backends
   StrategyOptions strategy;          ///< what the placement was made from
+  KvTierConfig kv_tiers;             ///< the KV cache's RAM budget and spill folder
   Placement planned;                 ///< the placement in force (after prepare's moves)
   CostModel cost =
       CostModel::defaults();  ///< measured when the strategy is auto (or for plan/bench)

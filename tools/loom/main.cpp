@@ -69,6 +69,14 @@ int main(int argc, char** argv) {
                   "Requantize weights placed on the CPU to this type (e.g. q4_0)");
     c->add_option("--gpu-dtype", e.gpu_dtype,
                   "Requantize weights placed on the GPU to this type (e.g. q8_0)");
+    c->add_option("--kv-ram", e.kv_ram,
+                  "Host RAM for KV blocks, e.g. 2G; older blocks beyond it spill to the SSD "
+                  "(default: no limit, or half the free memory when the context would not fit)");
+    c->add_option("--kv-dir", e.kv_dir,
+                  "Folder for the KV spill file (default: $XDG_CACHE_HOME/loom/kv)");
+    c->add_option("--kv-policy", e.kv_policy,
+                  "Which KV blocks go to the SSD first: importance (least attention) | lru "
+                  "(oldest)");
     c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
                   "Experimental: while the CPU works in a hybrid step, N workgroups spin on the "
                   "GPU so its clocks may stay up (one per SM keeps all busy and draws power "

@@ -1,5 +1,6 @@
 #include "tools/loom/plan_print.h"
 
+#include <algorithm>
 #include <string>
 
 namespace loom::cli {
@@ -63,6 +64,13 @@ void print_plan(const Engine& e, const Profiler::Snapshot* measured, FILE* f) {
                mib(b.weights[1]), mib(b.kv[1]),
                p.uses(Unit::kGpu) ? mib(gpu_overhead_bytes(m, so.max_chunk)) : 0.0);
   std::fprintf(f, "CPU:       %.1f MiB weights + %.1f MiB KV\n", mib(b.weights[0]), mib(b.kv[0]));
+  if (e.kv_tiers.ram_budget > 0) {
+    const double ram = std::min(mib(b.kv[0]), mib(e.kv_tiers.ram_budget));
+    std::fprintf(f,
+                 "KV tiers:  GPU %.1f MiB, RAM %.1f MiB, SSD %.1f MiB at full context (%s, %s)\n",
+                 mib(b.kv[1]), ram, mib(b.kv[0]) - ram, e.kv_tiers.policy.c_str(),
+                 e.kv_tiers.spill_dir.c_str());
+  }
   std::fprintf(f,
                "predicted: %.3f ms per decode step (%.1f tokens/s) at %lld tokens of context, %lld "
                "transfers (%.3f ms)\n",

@@ -118,10 +118,26 @@ void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos
   }
   // Split by KV-head groups so the query heads sharing a KV head stay together.
   const int64_t group = n_heads / view.n_kv_heads;
+  // The attention mass per KV block, for a tiered cache's importance policy:
+  // one array per thread, summed afterwards.
+  const bool mass = q.rows > 0 && kv.wants_mass(layer);
+  const int64_t n_blocks = mass ? pos[q.rows - 1] / view.block_size + 1 : 0;
+  if (mass) {
+    att_mass_.resize(att_scratch_.size());
+    for (auto& m : att_mass_) m.assign(static_cast<size_t>(n_blocks), 0.0f);
+  }
   pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
+    const auto t = static_cast<size_t>(ith);
     cpu::attention(q.data, q.rows, pos, n_heads, view, scale, out.data, h0, h1,
-                   att_scratch_[static_cast<size_t>(ith)].data());
+                   att_scratch_[t].data(), mass ? att_mass_[t].data() : nullptr);
   });
+  if (mass) {
+    for (size_t t = 1; t < att_mass_.size(); ++t) {
+      for (int64_t b = 0; b < n_blocks; ++b)
+        att_mass_[0][static_cast<size_t>(b)] += att_mass_[t][static_cast<size_t>(b)];
+    }
+    kv.add_mass(layer, att_mass_[0].data(), n_blocks);
+  }
 }
 
 void CpuBackend::silu_mul(Act gate, Act up, Act out) {

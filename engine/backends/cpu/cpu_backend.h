@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<cpu::OneDnnMatmul> onednn_;    ///< dense prefill matmuls, made on first use
   std::vector<uint8_t> act_buf_;                 ///< converted activations of the current matmul
   std::vector<std::vector<float>> att_scratch_;  ///< per thread
+  std::vector<std::vector<float>> att_mass_;     ///< per thread: attention mass per KV block
 };
 
 }  // namespace loom

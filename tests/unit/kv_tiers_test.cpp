@@ -1,0 +1,317 @@
+// The KV cache's RAM and SSD tiers: greedy output is identical with and
+// without spilling, under both policies, and when the spill file fails in
+// every way storage/ can fail (lost blocks are recomputed from their tokens);
+// a full disk ends the context with a reason instead of an error. Also the
+// attention mass per block that the importance policy ranks by.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "cpu/ref/fp16.h"
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/model/model.h"
+#include "engine/model/synth.h"
+#include "engine/runtime/session.h"
+#include "tests/test_util.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+// 2 layers, 2 KV heads of 64: one (layer, block) pair of F16 K+V is 16 KiB.
+constexpr uint64_t kPairBytes = 2ull * 32 * 2 * 64 * 2;
+
+class KvTiersTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    SynthSpec s;
+    s.arch = "llama";
+    s.n_layer = 2;
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ctx = 1024;
+    s.weight_type = "q8_0";
+    s.seed = 11;
+    const std::string path = test::temp_dir("kv_tiers_model") + "/m.gguf";
+    ASSERT_TRUE(write_synthetic_model(s, path).ok());
+    auto m = load_model(path);
+    ASSERT_TRUE(m.ok()) << m.message();
+    model_ = std::move(m).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    be_ = std::make_unique<CpuBackend>(2);
+    dir_ = test::temp_dir("kv_tiers_spill");
+  }
+
+  KvTierConfig tiers(uint64_t budget_pairs, const char* policy = "importance") const {
+    KvTierConfig t;
+    t.ram_budget = budget_pairs * kPairBytes;
+    t.spill_dir = dir_;
+    t.policy = policy;
+    t.sink_tokens = 32;
+    t.window_tokens = 64;
+    return t;
+  }
+
+  std::unique_ptr<Session> session(const KvTierConfig& t, int64_t max_chunk = 64) {
+    SessionConfig c;
+    c.n_ctx = 1024;
+    c.max_chunk = max_chunk;
+    c.kv_tiers = t;
+    auto s = Session::create(*model_, *be_, c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  static std::vector<int32_t> prompt(size_t n) {
+    std::vector<int32_t> p;
+    std::mt19937 rng(5);
+    for (size_t i = 0; i < n; ++i)
+      p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(model_->hp.n_vocab)));
+    return p;
+  }
+
+  // Greedy tokens after the prompt; `on_piece` is called after every piece.
+  static std::vector<int32_t> greedy(Session& s, const std::vector<int32_t>& p, int n,
+                                     GenerateStats* stats = nullptr,
+                                     const std::function<void(int)>& each = {}) {
+    GenerateParams gp;
+    gp.sampling.temperature = 0;
+    gp.max_tokens = n;
+    gp.stop_at_eog = false;
+    int i = 0;
+    auto r = s.generate(p, gp, [&](std::string_view) {
+      if (each) each(i++);
+      return true;
+    });
+    EXPECT_TRUE(r.ok()) << r.message();
+    if (r.ok() && stats) *stats = *r;
+    return std::vector<int32_t>(s.tokens().begin() + static_cast<ptrdiff_t>(p.size()),
+                                s.tokens().end());
+  }
+
+  // Every record of the spill file in `dir_`: calls f(path, record_bytes, n_records).
+  void for_spill_file(const std::function<void(const std::string&, size_t, size_t)>& f) {
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().extension() != ".spill") continue;
+      const size_t rec = (kPairBytes + 64 + 4095) / 4096 * 4096;
+      f(e.path().string(), rec, static_cast<size_t>(fs::file_size(e.path()) / rec));
+    }
+  }
+
+  static Model* model_;
+  std::unique_ptr<CpuBackend> be_;
+  std::string dir_;
+};
+Model* KvTiersTest::model_ = nullptr;
+
+TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
+  const auto p = prompt(200);
+  auto base = session(KvTierConfig{});
+  const auto want = greedy(*base, p, 60);
+  ASSERT_EQ(want.size(), 59u);  // the last sampled token is not evaluated yet
+  EXPECT_EQ(base->kv().tier_stats().ssd_bytes, 0u);
+
+  for (const char* policy : {"lru", "importance"}) {
+    SCOPED_TRACE(policy);
+    auto s = session(tiers(8, policy));  // 8 of the 18 (layer, block) pairs fit in RAM
+    ASSERT_TRUE(s);
+    GenerateStats st;
+    EXPECT_EQ(greedy(*s, p, 60, &st), want);
+    const KvTierStats ts = s->kv().tier_stats();
+    EXPECT_GT(ts.blocks_spilled, 0u);
+    EXPECT_GT(ts.ssd_bytes, 0u);
+    EXPECT_LE(ts.ram_bytes, 8 * kPairBytes);
+    EXPECT_GT(ts.ssd_read_bytes, 0u);
+    EXPECT_EQ(ts.blocks_lost, 0u);
+    EXPECT_EQ(st.n_kv_recomputed, 0);
+    // A second turn reuses the cached prefix, spilled blocks and all.
+    auto p2 = p;
+    p2.insert(p2.end(), want.begin(), want.begin() + 30);
+    auto s_base = session(KvTierConfig{});
+    greedy(*s_base, p, 60);
+    EXPECT_EQ(greedy(*s, p2, 20), greedy(*s_base, p2, 20));
+  }
+}
+
+TEST_F(KvTiersTest, TheSpillFileIsDeletedWithItsSession) {
+  {
+    auto s = session(tiers(8));
+    greedy(*s, prompt(200), 8);
+    size_t n = 0;
+    for_spill_file([&](const std::string&, size_t, size_t) { ++n; });
+    EXPECT_EQ(n, 1u);
+  }
+  size_t n = 0;
+  for_spill_file([&](const std::string&, size_t, size_t) { ++n; });
+  EXPECT_EQ(n, 0u);
+}
+
+struct FaultCase {
+  const char* name;
+  storage::SpillFaults faults;
+  bool flip_on_disk, truncate_on_disk;
+};
+
+class KvTierFaults : public KvTiersTest, public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(KvTierFaults, LostBlocksAreRecomputedAndOutputStaysIdentical) {
+  const FaultCase c = GetParam();
+  const auto p = prompt(200);
+  auto base = session(KvTierConfig{});
+  const auto want = greedy(*base, p, 40);
+
+  KvTierConfig t = tiers(8);
+  t.faults = c.faults;
+  auto s = session(t);
+  GenerateStats st;
+  const auto got = greedy(*s, p, 40, &st, [&](int i) {
+    if (i != 10) return;
+    // Real bytes of the file change under the running session.
+    for_spill_file([&](const std::string& path, size_t rec, size_t n) {
+      if (c.truncate_on_disk) fs::resize_file(path, rec / 2);
+      if (!c.flip_on_disk) return;
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      for (size_t r = 0; r < n; ++r) {
+        f.seekg(static_cast<std::streamoff>(r * rec + 64 + 5));
+        char b = 0;
+        f.read(&b, 1);
+        b = static_cast<char>(b ^ 0x40);
+        f.seekp(static_cast<std::streamoff>(r * rec + 64 + 5));
+        f.write(&b, 1);
+      }
+    });
+  });
+  EXPECT_EQ(got, want);
+  const KvTierStats ts = s->kv().tier_stats();
+  EXPECT_GT(ts.blocks_lost, 0u) << "no fault reached a read";
+  EXPECT_GT(st.n_kv_recomputed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Storage, KvTierFaults,
+    ::testing::Values(FaultCase{"io_error", {.fail_read = 7}, false, false},
+                      FaultCase{"short_read", {.short_read = 12}, false, false},
+                      FaultCase{"flipped_bytes", {}, true, false},
+                      FaultCase{"truncated_file", {}, false, true}),
+    [](const ::testing::TestParamInfo<FaultCase>& p) { return std::string(p.param.name); });
+
+TEST_F(KvTiersTest, AFullDiskEndsTheContextWithAReason) {
+  KvTierConfig t = tiers(8);
+  t.faults.no_space_write = 1;  // the first spill finds the disk full
+  auto s = session(t);
+  GenerateStats st;
+  greedy(*s, prompt(40), 300, &st);
+  EXPECT_EQ(st.reason, StopReason::kContextFull);
+  EXPECT_NE(st.note.find("disk is full"), std::string::npos) << st.note;
+  EXPECT_TRUE(s->kv().tier_stats().spill_full);
+  // The first spill is tried when block 4 of each layer (tokens 128..159) has
+  // taken RAM past the budget of 4 blocks; it fails, block 4 stays, and the
+  // context ends when block 5 would be needed.
+  EXPECT_EQ(s->kv().n_tokens(), 160);
+  EXPECT_EQ(s->kv().tier_stats().ram_bytes, 10 * kPairBytes);
+  EXPECT_EQ(s->kv().tier_stats().ssd_bytes, 0u);
+}
+
+TEST_F(KvTiersTest, BadTierSettingsAreClearErrors) {
+  SessionConfig c;
+  c.n_ctx = 1024;
+  c.kv_tiers = tiers(1);  // cannot hold the newest window of both layers
+  auto s = Session::create(*model_, *be_, c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("raise --kv-ram"), std::string::npos) << s.message();
+  c.kv_tiers = tiers(8, "fifo");
+  s = Session::create(*model_, *be_, c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("unknown KV tier policy 'fifo'"), std::string::npos);
+  c.kv_tiers = tiers(8);
+  c.kv_tiers.spill_dir.clear();
+  s = Session::create(*model_, *be_, c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--kv-dir"), std::string::npos);
+}
+
+// cpu::attention's block mass against probabilities computed in double.
+TEST(AttentionMass, MatchesTheSoftmaxProbabilitiesPerBlock) {
+  const int64_t n_kv = 2, hd = 64, n_heads = 4, bs = 32, n_tok = 150, T = 3;
+  const int64_t n_blocks = (n_tok + bs - 1) / bs;
+  const size_t head_bytes = cpu::kv_head_bytes(DType::kF16, bs, hd);
+  std::vector<std::vector<uint8_t>> kb(static_cast<size_t>(n_blocks)),
+      vb(static_cast<size_t>(n_blocks));
+  std::vector<const void*> kp, vp;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> keys(static_cast<size_t>(n_tok * n_kv * hd));
+  for (auto& x : keys) x = nd(rng);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    kb[static_cast<size_t>(b)].assign(head_bytes * n_kv, 0);
+    vb[static_cast<size_t>(b)].assign(head_bytes * n_kv, 0);
+    for (int64_t r = 0; r < bs && b * bs + r < n_tok; ++r) {
+      const float* k = keys.data() + (b * bs + r) * n_kv * hd;
+      cpu::kv_store(DType::kF16, kb[static_cast<size_t>(b)].data(), head_bytes, n_kv, hd, r, k);
+      cpu::kv_store(DType::kF16, vb[static_cast<size_t>(b)].data(), head_bytes, n_kv, hd, r, k);
+    }
+    kp.push_back(kb[static_cast<size_t>(b)].data());
+    vp.push_back(vb[static_cast<size_t>(b)].data());
+  }
+  cpu::KvView view;
+  view.k_blocks = kp.data();
+  view.v_blocks = vp.data();
+  view.block_size = bs;
+  view.n_kv_heads = n_kv;
+  view.head_dim = hd;
+  view.head_stride_bytes = head_bytes;
+  view.dtype = DType::kF16;
+  std::vector<float> q(static_cast<size_t>(T * n_heads * hd));
+  for (auto& x : q) x = nd(rng);
+  const int32_t pos[T] = {n_tok - 3, n_tok - 2, n_tok - 1};
+  std::vector<float> out(q.size()), scratch(cpu::attention_scratch_floats(view));
+  std::vector<float> mass(static_cast<size_t>(n_blocks), 0.0f);
+  const float scale = 0.125f;
+  cpu::attention(q.data(), T, pos, n_heads, view, scale, out.data(), 0, n_heads, scratch.data(),
+                 mass.data());
+
+  std::vector<double> want(static_cast<size_t>(n_blocks), 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t g = h / (n_heads / n_kv);
+      std::vector<double> s(static_cast<size_t>(pos[t] + 1));
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j <= pos[t]; ++j) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) {
+          const float k = ref::fp16_to_fp32(
+              ref::fp32_to_fp16(keys[static_cast<size_t>((j * n_kv + g) * hd + i)]));
+          d += static_cast<double>(q[static_cast<size_t>((t * n_heads + h) * hd + i)]) * k;
+        }
+        s[static_cast<size_t>(j)] = d * scale;
+        mx = std::max(mx, d * scale);
+      }
+      for (auto& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j <= pos[t]; ++j)
+        want[static_cast<size_t>(j / bs)] += s[static_cast<size_t>(j)] / sum;
+    }
+  }
+  double total = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    EXPECT_NEAR(mass[static_cast<size_t>(b)], want[static_cast<size_t>(b)], 1e-3) << "block " << b;
+    total += mass[static_cast<size_t>(b)];
+  }
+  EXPECT_NEAR(total, static_cast<double>(T * n_heads), 1e-3);
+}
+
+}  // namespace
+}  // namespace loom
