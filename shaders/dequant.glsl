@@ -32,92 +32,142 @@ vec4 i8x4(uint w) {
 vec4 bits4(uint w, uint sh, uint mask) {
   return vec4((uvec4(w) >> (uvec4(0, 8, 16, 24) + sh)) & mask);
 }
-uint ubyte(uint word_index, uint k) { return (wu[word_index + k / 4] >> (8 * (k % 4))) & 0xFFu; }
 float half_at(uint word_index, uint h) { return unpackHalf2x16(wu[word_index + h / 2])[h & 1]; }
 
-#if defined(DT_Q4_K) || defined(DT_Q5_K)
-// scale_min_k4 of cpu/ref/quants.h: 6-bit scale and min of sub-block j.
-void scale_min_k4(uint sc_words, uint j, out float sc, out float mn) {
-  if (j < 4) {
-    sc = float(ubyte(sc_words, j) & 63u);
-    mn = float(ubyte(sc_words, j + 4) & 63u);
-  } else {
-    const uint b = ubyte(sc_words, j + 4);
-    sc = float((b & 0xFu) | ((ubyte(sc_words, j - 4) >> 6) << 4));
-    mn = float((b >> 4) | ((ubyte(sc_words, j) >> 6) << 4));
-  }
-}
+// dq_unit in two halves: dq_load issues the unit's loads and does no
+// arithmetic on them, dq_math turns them into floats. A shader can issue the
+// next unit's loads, do other work (mul_mat_cm.comp: the tensor-core
+// products of the current step) and only then wait for them.
+struct UnitRaw {
+#if defined(DT_F32)
+  vec4 a[8];
+#elif defined(DT_F16)
+  uvec4 q[4];  // 32 halves (with or without 16-bit storage)
+#elif defined(DT_Q8_0)
+  uvec4 q0, q1;
+  uint dw, dsh;  // the word holding the block's fp16 scale, and its shift there
+#elif defined(DT_Q4_0)
+  uvec4 q;
+  uint dw, dsh;
+#elif defined(DT_Q4_K)
+  uvec4 hdr;  // d, dmin and the 12 scale bytes
+  uvec4 qa, qb;
+#elif defined(DT_Q5_K)
+  uvec4 hdr, qa, qb, ha, hb;
+#elif defined(DT_Q6_K)
+  uint l[8], h[8];
+  uint sc;  // the word holding the unit's two int8 scales
+  uint dw;
 #endif
+};
 
-void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w[8]) {
+UnitRaw dq_load(uint w_off, uint w_off2, uint row_units, uint r, uint u) {
+  UnitRaw q;
   const uint bi = r * row_units + u;  // unit index in the whole tensor
 #if defined(DT_F32)
   const uint b4 = w_off / 4 + bi * 8;
-  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = wf4[b4 + i];
+  [[unroll]] for (uint i = 0; i < 8; ++i) q.a[i] = wf4[b4 + i];
 #elif defined(DT_F16)
-#ifdef USE_F16_STORAGE
-  const uint b4 = w_off / 2 + bi * 8;
-  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = vec4(wh4[b4 + i]);
-#else
   const uint b4 = w_off / 4 + bi * 4;
-  [[unroll]] for (uint i = 0; i < 4; ++i) {
-    const uvec4 q = wu4[b4 + i];
-    w[2 * i] = vec4(unpackHalf2x16(q.x), unpackHalf2x16(q.y));
-    w[2 * i + 1] = vec4(unpackHalf2x16(q.z), unpackHalf2x16(q.w));
-  }
-#endif
+  [[unroll]] for (uint i = 0; i < 4; ++i) q.q[i] = wu4[b4 + i];
 #elif defined(DT_Q8_0)
-  const float d = half_at(w_off2, bi);
-  const uvec4 q0 = wu4[w_off / 4 + bi * 2];
-  const uvec4 q1 = wu4[w_off / 4 + bi * 2 + 1];
-  w[0] = i8x4(q0.x) * d; w[1] = i8x4(q0.y) * d; w[2] = i8x4(q0.z) * d; w[3] = i8x4(q0.w) * d;
-  w[4] = i8x4(q1.x) * d; w[5] = i8x4(q1.y) * d; w[6] = i8x4(q1.z) * d; w[7] = i8x4(q1.w) * d;
+  q.dw = wu[w_off2 + bi / 2];
+  q.dsh = 16 * (bi & 1);
+  q.q0 = wu4[w_off / 4 + bi * 2];
+  q.q1 = wu4[w_off / 4 + bi * 2 + 1];
 #elif defined(DT_Q4_0)
-  const float d = half_at(w_off2, bi);
-  const uvec4 q = wu4[w_off / 4 + bi];
-  w[0] = (bits4(q.x, 0, 15) - 8.0) * d; w[1] = (bits4(q.y, 0, 15) - 8.0) * d;
-  w[2] = (bits4(q.z, 0, 15) - 8.0) * d; w[3] = (bits4(q.w, 0, 15) - 8.0) * d;
-  w[4] = (bits4(q.x, 4, 15) - 8.0) * d; w[5] = (bits4(q.y, 4, 15) - 8.0) * d;
-  w[6] = (bits4(q.z, 4, 15) - 8.0) * d; w[7] = (bits4(q.w, 4, 15) - 8.0) * d;
+  q.dw = wu[w_off2 + bi / 2];
+  q.dsh = 16 * (bi & 1);
+  q.q = wu4[w_off / 4 + bi];
 #elif defined(DT_Q4_K)
-  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;
-  const uint j = u % 8;
-  const vec2 dm = unpackHalf2x16(wu[bb]);
-  float sc, mn;
-  scale_min_k4(bb + 1, j, sc, mn);
-  const float dl = dm.x * sc, ml = dm.y * mn;
-  const uint qw = bb + 4 + 8 * (j / 2), sh = 4 * (j % 2);  // qw % 4 == 0: two uvec4 loads
-  const uvec4 qa = wu4[qw / 4], qb = wu4[qw / 4 + 1];
-  const uint q[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
-  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = dl * bits4(q[i], sh, 15) - ml;
+  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 36;  // 36 words: bb % 4 == 0
+  const uint qw = bb + 4 + 8 * ((u % 8) / 2);                  // qw % 4 == 0: two uvec4 loads
+  q.hdr = wu4[bb / 4];
+  q.qa = wu4[qw / 4];
+  q.qb = wu4[qw / 4 + 1];
 #elif defined(DT_Q5_K)
   const uint bb = w_off + (r * (row_units / 8) + u / 8) * 44;
-  const uint j = u % 8;
-  const vec2 dm = unpackHalf2x16(wu[bb]);
-  float sc, mn;
-  scale_min_k4(bb + 1, j, sc, mn);
-  const float dl = dm.x * sc, ml = dm.y * mn;
-  const uint qw = bb + 12 + 8 * (j / 2), sh = 4 * (j % 2);  // 44-word blocks: qw and bb + 4 are 4-aligned
-  const uvec4 qa = wu4[qw / 4], qb = wu4[qw / 4 + 1], ha = wu4[bb / 4 + 1], hb = wu4[bb / 4 + 2];
-  const uint q[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
-  const uint qh[8] = uint[8](ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
-  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = dl * (bits4(q[i], sh, 15) + 16.0 * bits4(qh[i], j, 1)) - ml;
+  const uint qw = bb + 12 + 8 * ((u % 8) / 2);  // 44-word blocks: qw and bb + 4 are 4-aligned
+  q.hdr = wu4[bb / 4];
+  q.qa = wu4[qw / 4];
+  q.qb = wu4[qw / 4 + 1];
+  q.ha = wu4[bb / 4 + 1];
+  q.hb = wu4[bb / 4 + 2];
 #elif defined(DT_Q6_K)
-  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;
+  const uint bb = w_off + (r * (row_units / 8) + u / 8) * 53;  // 53 words: word loads only
   const uint j = u % 8, h = j / 4, k = j % 4;
-  const float d = unpackHalf2x16(wu[bb + 52]).x;
   const uint lw = bb + 16 * h + 8 * (k % 2), hw = bb + 32 + 8 * h;
-  const uint s0 = 8 * h + 2 * k;
-  const float d0 = d * float(int(wu[bb + 48 + s0 / 4] << (24 - 8 * (s0 % 4))) >> 24);
-  const uint s1 = s0 + 1;
-  const float d1 = d * float(int(wu[bb + 48 + s1 / 4] << (24 - 8 * (s1 % 4))) >> 24);
   [[unroll]] for (uint i = 0; i < 8; ++i) {
-    const vec4 q = bits4(wu[lw + i], 4 * (k / 2), 15) + 16.0 * bits4(wu[hw + i], 2 * k, 3) - 32.0;
-    w[i] = (i < 4 ? d0 : d1) * q;
+    q.l[i] = wu[lw + i];
+    q.h[i] = wu[hw + i];
   }
+  q.sc = wu[bb + 48 + (8 * h + 2 * k) / 4];  // both scales of the unit (2k, 2k + 1) in one word
+  q.dw = wu[bb + 52];
 #else
 #error "no DT_* defined"
 #endif
+  return q;
+}
+
+#if defined(DT_Q4_K) || defined(DT_Q5_K)
+// scale_min_k4 from a block's first 16 bytes (d, dmin, 12 scale bytes in .y .. .w).
+void scale_min_hdr(uvec4 hdr, uint j, out float sc, out float mn) {
+  const uint sh = 8u * (j & 3u);
+  const uint a = (hdr.y >> sh) & 0xFFu, b = (hdr.z >> sh) & 0xFFu, c = (hdr.w >> sh) & 0xFFu;
+  sc = float(j < 4u ? (a & 63u) : ((c & 0xFu) | ((a >> 6) << 4)));
+  mn = float(j < 4u ? (b & 63u) : ((c >> 4) | ((b >> 6) << 4)));
+}
+#endif
+
+void dq_math(const UnitRaw q, uint u, out vec4 w[8]) {
+#if defined(DT_F32)
+  w = q.a;
+#elif defined(DT_F16)
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    w[2 * i] = vec4(unpackHalf2x16(q.q[i].x), unpackHalf2x16(q.q[i].y));
+    w[2 * i + 1] = vec4(unpackHalf2x16(q.q[i].z), unpackHalf2x16(q.q[i].w));
+  }
+#elif defined(DT_Q8_0)
+  const float d = unpackHalf2x16(q.dw >> q.dsh).x;
+  w[0] = i8x4(q.q0.x) * d; w[1] = i8x4(q.q0.y) * d; w[2] = i8x4(q.q0.z) * d; w[3] = i8x4(q.q0.w) * d;
+  w[4] = i8x4(q.q1.x) * d; w[5] = i8x4(q.q1.y) * d; w[6] = i8x4(q.q1.z) * d; w[7] = i8x4(q.q1.w) * d;
+#elif defined(DT_Q4_0)
+  const float d = unpackHalf2x16(q.dw >> q.dsh).x;
+  w[0] = (bits4(q.q.x, 0, 15) - 8.0) * d; w[1] = (bits4(q.q.y, 0, 15) - 8.0) * d;
+  w[2] = (bits4(q.q.z, 0, 15) - 8.0) * d; w[3] = (bits4(q.q.w, 0, 15) - 8.0) * d;
+  w[4] = (bits4(q.q.x, 4, 15) - 8.0) * d; w[5] = (bits4(q.q.y, 4, 15) - 8.0) * d;
+  w[6] = (bits4(q.q.z, 4, 15) - 8.0) * d; w[7] = (bits4(q.q.w, 4, 15) - 8.0) * d;
+#elif defined(DT_Q4_K)
+  const uint j = u % 8, sh = 4 * (j % 2);
+  const vec2 dm = unpackHalf2x16(q.hdr.x);
+  float sc, mn;
+  scale_min_hdr(q.hdr, j, sc, mn);
+  const float dl = dm.x * sc, ml = dm.y * mn;
+  const uint qv[8] = uint[8](q.qa.x, q.qa.y, q.qa.z, q.qa.w, q.qb.x, q.qb.y, q.qb.z, q.qb.w);
+  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = dl * bits4(qv[i], sh, 15) - ml;
+#elif defined(DT_Q5_K)
+  const uint j = u % 8, sh = 4 * (j % 2);
+  const vec2 dm = unpackHalf2x16(q.hdr.x);
+  float sc, mn;
+  scale_min_hdr(q.hdr, j, sc, mn);
+  const float dl = dm.x * sc, ml = dm.y * mn;
+  const uint qv[8] = uint[8](q.qa.x, q.qa.y, q.qa.z, q.qa.w, q.qb.x, q.qb.y, q.qb.z, q.qb.w);
+  const uint qh[8] = uint[8](q.ha.x, q.ha.y, q.ha.z, q.ha.w, q.hb.x, q.hb.y, q.hb.z, q.hb.w);
+  [[unroll]] for (uint i = 0; i < 8; ++i) w[i] = dl * (bits4(qv[i], sh, 15) + 16.0 * bits4(qh[i], j, 1)) - ml;
+#elif defined(DT_Q6_K)
+  const uint k = (u % 8) % 4, s0 = 2 * k;  // s0 % 4: the first scale's byte in q.sc
+  const float d = unpackHalf2x16(q.dw).x;
+  const float d0 = d * float(int(q.sc << (24 - 8 * (s0 % 4))) >> 24);
+  const float d1 = d * float(int(q.sc << (16 - 8 * (s0 % 4))) >> 24);
+  [[unroll]] for (uint i = 0; i < 8; ++i) {
+    const vec4 v = bits4(q.l[i], 4 * (k / 2), 15) + 16.0 * bits4(q.h[i], 2 * k, 3) - 32.0;
+    w[i] = (i < 4 ? d0 : d1) * v;
+  }
+#endif
+}
+
+void dq_unit(uint w_off, uint w_off2, uint row_units, uint r, uint u, out vec4 w[8]) {
+  dq_math(dq_load(w_off, w_off2, row_units, r, u), u, w);
 }
 
 #ifdef WANT_DOT_PART

@@ -108,6 +108,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuModel, ::testing::Values("f16", "q8_0", "q4_
 // Real-size matrix-vector and matrix-matrix products against a double loop.
 TEST(GpuOps, LargeMatmuls) {
   LOOM_GPU_OR_SKIP(be);
+  std::printf("note: %s: %u bytes of shared memory, cooperative matrices %s\n",
+              be->device_info().name.c_str(), be->caps().max_shared_bytes,
+              be->caps().coopmat ? "on" : "off");
   for (DType t :
        {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const int64_t n_in = 4096, n_out = 1536;
@@ -123,22 +126,22 @@ TEST(GpuOps, LargeMatmuls) {
     }
     Weight w{bytes.data(), t, n_in, n_out, rb, nullptr};
     ASSERT_TRUE(be->upload_weight(w).ok());
-    // 300 tokens four times: the tiled kernel (exact), then the
-    // cooperative-matrix one where the device has it (F16 inputs), with 64 and
-    // 128 tokens per tile and the shape's choice.
+    // 300 tokens: the tiled kernel (exact), then the cooperative-matrix
+    // variants where the device has them (F16 inputs) and the shape's choice.
     struct Run {
       int64_t T;
       bool coopmat;
-      uint32_t bn;
+      uint32_t variant;
     };
-    for (const Run run : {Run{1, false, 0}, Run{5, false, 0}, Run{300, false, 0},
-                          Run{300, true, 64}, Run{300, true, 128}, Run{300, true, 0}}) {
+    for (const Run run :
+         {Run{1, false, 0}, Run{5, false, 0}, Run{300, false, 0}, Run{300, true, 64},
+          Run{300, true, 128}, Run{300, true, 4}, Run{300, true, 2}, Run{300, true, 0}}) {
       const int64_t T = run.T;
       if (run.coopmat && !be->caps().coopmat) {
         std::printf("note: no cooperative matrices on this device: coopmat matmul not tested\n");
         continue;
       }
-      be->set_matmul_coopmat(run.coopmat, run.bn);
+      be->set_matmul_coopmat(run.coopmat, run.variant);
       std::vector<float> x(static_cast<size_t>(T * n_in)), y(static_cast<size_t>(T * n_out));
       for (float& v : x) v = d(rng);
       auto bx = be->alloc_act(T * n_in), by = be->alloc_act(T * n_out);
@@ -156,8 +159,8 @@ TEST(GpuOps, LargeMatmuls) {
         }
       }
       EXPECT_LT(nerr(y, ref), run.coopmat ? 2e-3 : 1e-5)
-          << dtype_name(t) << " T=" << T << (run.coopmat ? " coopmat, bn " : "")
-          << (run.coopmat ? std::to_string(run.bn) : "");
+          << dtype_name(t) << " T=" << T << (run.coopmat ? " coopmat variant " : "")
+          << (run.coopmat ? std::to_string(run.variant) : "");
     }
     be->release_weights();
   }

@@ -280,7 +280,7 @@ TEST_P(VulkanMatmul, MatchesReference) {
 }
 
 // The prefill matmul on cooperative matrices (mul_mat_cm.comp: F16 weights
-// and activations, F32 sums), in both tile widths: row counts that leave
+// and activations, F32 sums), in every variant: row counts that leave
 // partial 128-row tiles, token counts that leave partial 64- and 128-token
 // tiles, odd and even unit counts (the double buffer), bias and row views.
 TEST_P(VulkanMatmul, CoopmatMatchesReference) {
@@ -300,9 +300,9 @@ TEST_P(VulkanMatmul, CoopmatMatchesReference) {
   // F16 rounding of x and W: about 4e-4 relative; a wrong index gives ~1.
   constexpr double kTol = 2e-3;
   uint32_t seed = 300;
-  for (uint32_t bn : {64u, 128u, 0u}) {
-    SCOPED_TRACE("tokens per tile " + std::to_string(bn));
-    be_->set_matmul_coopmat(true, bn);
+  for (uint32_t v : {64u, 128u, 4u, 2u, 0u}) {
+    SCOPED_TRACE("variant " + std::to_string(v));
+    be_->set_matmul_coopmat(true, v);
     for (auto [n_in, n_out] : shapes) {
       for (int64_t T : {9, 64, 70, 131, 257}) {
         check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 70 || T == 257, /*view=*/T == 131,

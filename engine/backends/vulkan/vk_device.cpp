@@ -53,7 +53,8 @@ struct PhysInfo {
   bool int_dot = false;  ///< VK_KHR_shader_integer_dot_product with shaderIntegerDotProduct
   /// VK_NV_cooperative_matrix with the 16x16x16 F16 -> F32 subgroup shape, on
   /// 32-thread subgroups, and the features its shaders need (shaderFloat16;
-  /// vulkanMemoryModel, which glslang's GL_NV_cooperative_matrix output declares).
+  /// vulkanMemoryModel, which glslang's GL_NV_cooperative_matrix output declares,
+  /// and vulkanMemoryModelDeviceScope for the other shaders' Device scope).
   bool coopmat = false;
   uint64_t max_allocation = 0;
 };
@@ -136,7 +137,8 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
   p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
   p.coopmat = has_coopmat_ext && fcm.cooperativeMatrix == VK_TRUE && f12.shaderFloat16 == VK_TRUE &&
-              f12.vulkanMemoryModel == VK_TRUE && p11.subgroupSize == 32 &&
+              f12.vulkanMemoryModel == VK_TRUE && f12.vulkanMemoryModelDeviceScope == VK_TRUE &&
+              p11.subgroupSize == 32 &&
               (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
               has_coopmat_shape(fn, phys);
 
@@ -360,6 +362,9 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   f12.shaderFloat16 = c.coopmat ? VK_TRUE : VK_FALSE;
   f12.vulkanMemoryModel = c.coopmat ? VK_TRUE : VK_FALSE;
+  // With the Vulkan memory model on, shaders that use Device scope (the
+  // matvecs' arrival counters) need this too.
+  f12.vulkanMemoryModelDeviceScope = c.coopmat ? VK_TRUE : VK_FALSE;
   VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
   fdot.shaderIntegerDotProduct = VK_TRUE;

@@ -65,10 +65,16 @@ constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 constexpr uint32_t kMatmulTileM = 128;
 constexpr uint32_t kMatmulTileN = 128;
 constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared memory
-// mul_mat_cm.comp (cooperative matrices): 128 threads, 128 rows x 128 or 64
-// tokens ("matmul_cm_n64"), double-buffered F16 tiles of 40 and 30 KiB.
-constexpr uint32_t kWgMatmulCm = 128;
-constexpr uint32_t kMatmulCmShared[2] = {30720, 40960};  // BN 64, 128
+// mul_mat_cm.comp (cooperative matrices): 128 rows x 128 tokens per
+// workgroup of eight subgroups ("matmul_cm") or four ("matmul_cm4"), or 128 x
+// 64 ("matmul_cm_n64", eight), in double-buffered F16 tiles of 40 and 30 KiB.
+constexpr uint32_t kMatmulCmShared[2] = {30720, 40960};  // 64, 128 tokens
+// Variant 2 (eight subgroups by the shape): matrices whose 128 x 128 grid
+// has fewer workgroups than this take 128 x 64 tiles (k and v at 512 tokens:
+// 32 workgroups for the H200's 132 SMs).
+constexpr uint32_t kMatmulCmNarrowBelow = 66;
+// The default variant (set_matmul_coopmat): the four-subgroup kernel.
+constexpr uint32_t kMatmulCmDefault = 4;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
@@ -297,13 +303,13 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     int_dot_inputs_ = (bits & 2) != 0;
     int_dot_outputs_ = (bits & 4) != 0;
   }
-  // LOOM_VK_COOPMAT (A/B runs): 0 the tiled prefill matmul; 64 or 128 the
-  // cooperative-matrix kernel with that many tokens per tile; 1 (the
-  // default) the widest tiles the shared memory takes.
+  // LOOM_VK_COOPMAT (A/B runs): 0 the tiled prefill matmul; 1 (the default)
+  // the default cooperative-matrix kernel; 2, 4, 64 or 128 a variant of
+  // set_matmul_coopmat.
   if (const char* e = std::getenv("LOOM_VK_COOPMAT")) {
     const int v = std::atoi(e);
     coopmat_ = v != 0;
-    coopmat_bn_ = v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
+    coopmat_variant_ = v == 2 || v == 4 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
   }
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
   probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
@@ -1973,15 +1979,18 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
   } else if (coopmat_ && dev_->caps().coopmat && r->dtype != DType::kF32 &&
              dev_->caps().max_shared_bytes >= kMatmulCmShared[0]) {
     // Tensor cores: F16 tiles, F32 sums (F32 weights stay on the exact kernel).
-    // 128 x 128 tiles where the shared memory has room, else 128 x 64 (on the
-    // H200 128 x 64 tiles for the matrices whose 128 x 128 grid has fewer
-    // workgroups than two per SM were slower: Q4_K_M pp512 2817.7 t/s
-    // against 2965.6).
-    const bool wide = dev_->caps().max_shared_bytes >= kMatmulCmShared[1] && coopmat_bn_ != 64;
-    const uint32_t bn = wide ? 128 : 64;
-    dispatch(typed(wide ? "matmul_cm" : "matmul_cm_n64", r->dtype, false, true), Spec{kWgMatmulCm},
-             {wb, act_bind(x, false), act_bind(out, true), bb}, &pc, sizeof(pc),
-             (M + kMatmulTileM - 1) / kMatmulTileM, (T + bn - 1) / bn, 1);
+    // 128 x 128 tiles where the shared memory has room, else 128 x 64.
+    const uint32_t grid_m = (M + kMatmulTileM - 1) / kMatmulTileM;
+    uint32_t v = coopmat_variant_ ? coopmat_variant_ : kMatmulCmDefault;
+    if (v == 2) v = grid_m * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
+    if (dev_->caps().max_shared_bytes < kMatmulCmShared[1]) v = 64;
+    const uint32_t bn = v == 64 ? 64 : 128;
+    dispatch(typed(v == 64  ? "matmul_cm_n64"
+                   : v == 4 ? "matmul_cm4"
+                            : "matmul_cm",
+                   r->dtype, false, true),
+             Spec{v == 4 ? 128u : 256u}, {wb, act_bind(x, false), act_bind(out, true), bb}, &pc,
+             sizeof(pc), grid_m, (T + bn - 1) / bn, 1);
   } else {
     // 128 x 128 tiles (32 KiB of shared memory) where the device has room,
     // else 128 x 64 (24 KiB).

@@ -138,11 +138,13 @@ class VulkanBackend final : public Backend {
   /// than 32 KiB of shared memory (else 128 x 128 where there is room).
   void set_matmul_n64(bool on) { matmul_n64_ = on; }
   /// Test hook: prefill matmuls on cooperative matrices where the device has
-  /// them (the default; caps().coopmat), or the tiled kernel. `bn`: tokens per
-  /// tile of the cooperative-matrix kernel, 64 or 128 (0: the widest the shared memory takes).
-  void set_matmul_coopmat(bool on, uint32_t bn = 0) {
+  /// them (the default; caps().coopmat), or the tiled kernel. `variant`: 0 the
+  /// default; 4 128 tokens per tile in four subgroups (matmul_cm4); 64 or 128
+  /// tokens per tile in eight (matmul_cm_n64, matmul_cm); 2 eight subgroups,
+  /// 64 or 128 tokens by the shape.
+  void set_matmul_coopmat(bool on, uint32_t variant = 0) {
     coopmat_ = on;
-    coopmat_bn_ = bn;
+    coopmat_variant_ = variant;
   }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
@@ -360,7 +362,7 @@ class VulkanBackend final : public Backend {
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
   bool matmul_n64_ = false;              ///< set_matmul_n64()
   bool coopmat_ = true;                  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
-  uint32_t coopmat_bn_ = 0;              ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
+  uint32_t coopmat_variant_ = 0;         ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
   bool qkv_rope_ = true;                 ///< set_qkv_rope()
   bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;                  ///< set_int_dot()
