@@ -12,6 +12,7 @@
 #include "app/engine_bridge.h"
 #include "app/placement_panel.h"
 #include "app/theme.h"
+#include "engine/runtime/kv_cache.h"
 
 namespace {
 
@@ -123,7 +124,10 @@ void EnginePanel::setDevices(const QVector<DeviceInfo>& devices) {
   for (const DeviceInfo& d : devices) m_deviceList->addWidget(deviceCard(d, m_devices));
   auto* note = new QLabel(
       tr("Memory tiers: GPU memory for the weights and KV cache placed there, host RAM for "
-         "the rest, and SSD spill for long contexts (the SSD tier is not built yet)."),
+         "the rest, and an SSD spill file for the KV cache of long contexts: when a context's "
+         "KV would take more than half the free memory, older, little-attended blocks go to "
+         "%1 (loom run --kv-ram sets the budget by hand).")
+          .arg(QString::fromStdString(loom::default_kv_spill_dir())),
       m_devices);
   note->setObjectName(QStringLiteral("Muted"));
   note->setWordWrap(true);

@@ -341,6 +341,15 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   loom::SessionConfig sc;
   sc.n_ctx = nCtx;
   sc.kv_dtype = *dt;
+  // KV tiers: host RAM up to a budget, the rest in a spill file on the SSD.
+  // The budget is set only where the context's KV would not fit in half
+  // the free memory (the same default as `loom run`).
+  sc.kv_tiers.spill_dir = loom::default_kv_spill_dir();
+  {
+    const int64_t ctx = nCtx > 0 ? nCtx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
+    sc.kv_tiers.ram_budget = loom::default_kv_ram_budget(loom::kv_bytes_per_layer(model, ctx, *dt) *
+                                                         static_cast<uint64_t>(model.hp.n_layer));
+  }
   // On the GPU backend when there is one: the CPU is then the other unit.
   loom::Backend& primary = m_gpu ? *m_gpu : static_cast<loom::Backend&>(*m_cpu);
   auto session = loom::Session::create(model, primary, sc);
@@ -469,7 +478,8 @@ QString EngineWorker::placementNote() const {
 }
 
 void EngineWorker::publishMemory() {
-  TierBytes gpu, ram;
+  TierBytes gpu, ram, ssd;
+  bool ssdPresent = false;
   if (m_model && m_session) {
     // Weights as the placement holds them (re-quantized sizes); host weights
     // are memory-mapped or re-quantized copies, resident once read.
@@ -477,13 +487,13 @@ void EngineWorker::publishMemory() {
         loom::placement_bytes(*m_model, m_session->forward().placement(), 0);
     gpu.weights = b.weights[static_cast<size_t>(loom::Unit::kGpu)];
     ram.weights = b.weights[static_cast<size_t>(loom::Unit::kCpu)];
-    const loom::KvCache& kv = m_session->kv();
-    const uint64_t onDevice = kv.storage() ? kv.storage()->allocated_bytes() : 0;
-    gpu.kv = onDevice;
-    ram.kv = kv.allocated_bytes() - std::min(onDevice, kv.allocated_bytes());
+    const loom::KvTierStats t = m_session->kv().tier_stats();
+    gpu.kv = t.device_bytes;
+    ram.kv = t.ram_bytes + t.staging_bytes;
+    ssd.kv = t.ssd_bytes;
+    ssdPresent = m_session->kv().tiered();
   }
-  // No SSD KV tier in this engine yet: its row says so.
-  m_stats->setMemory(gpu, ram, TierBytes{}, /*gpuPresent=*/m_gpu != nullptr, /*ssdPresent=*/false);
+  m_stats->setMemory(gpu, ram, ssd, /*gpuPresent=*/m_gpu != nullptr, ssdPresent);
 }
 
 // ---- placement ------------------------------------------------------------------
@@ -679,6 +689,11 @@ void EngineWorker::generate(const GenerationRequest& req) {
     r.meta += tr(" · stopped");
   else if (st.reason != loom::StopReason::kEndOfGeneration)
     r.meta += QStringLiteral(" · ") + r.stopReason;
+  // What the KV tiers did to this reply: blocks the SSD could not give back
+  // (recomputed: the text is unaffected), or a full spill disk.
+  if (st.n_kv_recomputed > 0)
+    r.meta += tr(" · %1 KV blocks recomputed (SSD read failed)").arg(st.n_kv_recomputed);
+  if (!st.note.empty()) r.meta += QStringLiteral(" · ") + QString::fromStdString(st.note);
   save(r.cancelled ? loom::storage::MessageState::kStopped : loom::storage::MessageState::kComplete,
        r.meta.toStdString());
   emit textUpdated(req.requestId, req.messageId, r.text);

@@ -71,6 +71,7 @@ Status KvCache::grow_layer(size_t l, size_t n_blocks) {
 }
 
 void KvCache::free_layer(size_t l) {
+  drain_prefetch();
   for (size_t b = 0; b < blocks_[l].size(); ++b) {
     if (blocks_[l][b]) --n_ram_blocks_;
     if (slot_[l][b] >= 0 && spill_) spill_->release(static_cast<uint32_t>(slot_[l][b]));
@@ -88,6 +89,7 @@ Status KvCache::reserve(int64_t n) {
                       "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64, n,
                       cfg_.n_ctx);
   }
+  drain_prefetch();                              // slots may be released below
   if (storage_) LOOM_TRY(storage_->reserve(n));  // layers that live on the device backend
   const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
   if (tiered() && spill_full_ && need > static_cast<int64_t>(block_table_.size()) &&

@@ -56,14 +56,24 @@ struct KvTierStats {
   uint64_t staging_bytes = 0;  ///< RAM that holds spilled blocks while attention reads them
   uint64_t blocks_spilled = 0, blocks_promoted = 0;  ///< moves down and up, since creation
   uint64_t ssd_read_bytes = 0, ssd_written_bytes = 0;
-  uint64_t blocks_lost = 0;  ///< blocks that could not be read back (recomputed)
-  bool spill_full = false;   ///< the disk filled up: spilling stopped
-  std::string note;          ///< the spill file's I/O mode, or why spilling stopped
+  uint64_t blocks_lost = 0;        ///< blocks that could not be read back (recomputed)
+  uint64_t blocks_read_ahead = 0;  ///< spilled blocks read while the layer before computed
+  bool spill_full = false;         ///< the disk filled up: spilling stopped
+  std::string note;                ///< the spill file's I/O mode, or why spilling stopped
 };
+
+/// Bytes of memory the kernel says are available now (MemAvailable), or 0.
+uint64_t available_memory_bytes();
+/// $XDG_CACHE_HOME/loom/kv (or ~/.cache/loom/kv): where spill files go by default.
+std::string default_kv_spill_dir();
+/// The RAM budget to use when the user set none: no limit (0) while the
+/// whole context's KV fits in half the available memory, else that half.
+uint64_t default_kv_ram_budget(uint64_t kv_bytes_full_context);
 
 class KvCache {
  public:
   static Result<std::unique_ptr<KvCache>> create(const KvCacheConfig& cfg);
+  ~KvCache();
 
   const KvCacheConfig& config() const { return cfg_; }
   int64_t n_tokens() const { return n_tokens_; }
@@ -143,6 +153,9 @@ class KvCache {
   Status promote(std::vector<std::pair<size_t, size_t>>& blocks);
   Status unspill_layer(size_t l);
   Status open_spill_file();
+  std::vector<size_t> spilled_blocks(size_t l) const;
+  void start_prefetch(int64_t layer);
+  void drain_prefetch();
 
   KvCacheConfig cfg_;
   size_t head_bytes_ = 0;
@@ -160,7 +173,13 @@ class KvCache {
   std::vector<std::vector<int64_t>> slot_;
   std::vector<std::vector<float>> mass_;
   std::vector<std::pair<size_t, size_t>> lost_, recompute_;
-  std::vector<uint8_t> staging_;
+  // Spilled blocks being read: layer l's into staging_[l % 2], so that the
+  // next layer's read-ahead (begun when a layer's fetch is done, finished by
+  // its own fetch) never lands where the running attention reads.
+  std::vector<uint8_t> staging_[2];
+  int64_t prefetch_layer_ = -1;          ///< the layer whose read-ahead is in flight
+  std::vector<size_t> prefetch_blocks_;  ///< its blocks, in staging order
+  uint64_t n_prefetched_ = 0;            ///< blocks that came through a read-ahead
   bool recomputing_ = false, spill_full_ = false;
   uint64_t n_spilled_ = 0, n_promoted_ = 0, n_lost_ = 0;
   uint64_t n_ram_blocks_ = 0;  ///< host (layer, block) pairs in RAM

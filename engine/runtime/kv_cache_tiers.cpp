@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <string>
 
 #include "engine/runtime/kv_cache.h"
 
@@ -18,6 +21,27 @@ constexpr float kMassDecay = 0.9f;
 // Most blocks promoted in one rebalance (bounds the I/O between two tokens).
 constexpr size_t kMaxPromotions = 8;
 }  // namespace
+
+uint64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoull(line.substr(13)) * 1024ull;
+  }
+  return 0;
+}
+
+std::string default_kv_spill_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base = xdg && *xdg ? xdg : std::string(home ? home : "/tmp") + "/.cache";
+  return base + "/loom/kv";
+}
+
+uint64_t default_kv_ram_budget(uint64_t kv_bytes_full_context) {
+  const uint64_t avail = available_memory_bytes();
+  return avail > 0 && kv_bytes_full_context > avail / 2 ? avail / 2 : 0;
+}
 
 Status KvCache::configure_tiers(const KvTierConfig& t) {
   if (spill_ || n_tokens_ > 0) {
@@ -76,7 +100,8 @@ KvTierStats KvCache::tier_stats() const {
   s.device_bytes = storage_ ? storage_->allocated_bytes() : 0;
   s.ram_bytes = n_ram_blocks_ * pair_bytes();
   s.ssd_bytes = spill_ ? spill_->slots_used() * pair_bytes() : 0;
-  s.staging_bytes = staging_.capacity();
+  s.staging_bytes = staging_[0].capacity() + staging_[1].capacity();
+  s.blocks_read_ahead = n_prefetched_;
   s.blocks_spilled = n_spilled_;
   s.blocks_promoted = n_promoted_;
   s.blocks_lost = n_lost_;
@@ -108,6 +133,7 @@ void KvCache::add_mass(int64_t layer, const float* mass, int64_t n_blocks) {
 // Writes the given (layer, block) pairs to the SSD and frees their RAM.
 Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
   if (victims.empty()) return {};
+  drain_prefetch();
   LOOM_TRY(open_spill_file());
   std::vector<storage::SpillWrite> w;
   w.reserve(victims.size());
@@ -135,6 +161,7 @@ Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
 // back empty and go on the lost list.
 Status KvCache::promote(std::vector<std::pair<size_t, size_t>>& todo) {
   if (todo.empty()) return {};
+  drain_prefetch();
   std::vector<storage::SpillRead> reads;
   for (auto [l, b] : todo) {
     std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
@@ -181,22 +208,44 @@ Status KvCache::unspill_layer(size_t l) {
   return {};
 }
 
-Status KvCache::fetch_layer(int64_t layer) {
-  if (!spill_ || on_device(layer)) return {};
-  const auto l = static_cast<size_t>(layer);
+KvCache::~KvCache() {
+  drain_prefetch();
+}  // reads must not land in freed staging
+
+std::vector<size_t> KvCache::spilled_blocks(size_t l) const {
   const auto n_blocks =
       std::min(slot_[l].size(),
                static_cast<size_t>((n_tokens_ + cfg_.block_size - 1) / cfg_.block_size + 1));
-  std::vector<size_t> spilled;
+  std::vector<size_t> out;
   for (size_t b = 0; b < n_blocks; ++b)
-    if (slot_[l][b] >= 0) spilled.push_back(b);
-  if (spilled.empty()) return {};
-  const size_t need = spilled.size() * pair_bytes();
-  if (staging_.size() < need) {
-    staging_.clear();
-    staging_.shrink_to_fit();
-    staging_.resize(need);
+    if (slot_[l][b] >= 0) out.push_back(b);
+  return out;
+}
+
+// Waits for a read-ahead in flight and forgets it (its layer's blocks may
+// move before they are used).
+void KvCache::drain_prefetch() {
+  if (prefetch_layer_ < 0 || !spill_) return;
+  std::vector<Status> ignored;
+  spill_->finish_reads(&ignored);
+  prefetch_layer_ = -1;
+  prefetch_blocks_.clear();
+}
+
+// Begins reading the first spilled blocks of `layer` (as many as one batch
+// holds) into its staging buffer; fetch_layer(layer) completes them.
+void KvCache::start_prefetch(int64_t layer) {
+  if (!spill_ || layer >= cfg_.n_layer || on_device(layer)) return;
+  const auto l = static_cast<size_t>(layer);
+  std::vector<size_t> spilled = spilled_blocks(l);
+  if (spilled.empty()) return;
+  std::vector<uint8_t>& buf = staging_[l % 2];
+  if (buf.size() < spilled.size() * pair_bytes()) {
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(spilled.size() * pair_bytes());
   }
+  spilled.resize(std::min<size_t>(spilled.size(), 32));  // one batch (the file's queue depth)
   std::vector<storage::SpillRead> reads;
   for (size_t i = 0; i < spilled.size(); ++i) {
     const size_t b = spilled[i];
@@ -204,12 +253,59 @@ Status KvCache::fetch_layer(int64_t layer) {
                                static_cast<int64_t>(b) * cfg_.block_size,
                                static_cast<uint32_t>(cfg_.block_size),
                                static_cast<uint32_t>(cfg_.dtype)};
-    uint8_t* at = staging_.data() + i * pair_bytes();
-    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, at});
-    point_at(l, b, at);
+    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, buf.data() + i * pair_bytes()});
   }
+  if (spill_->begin_reads(reads).ok()) {
+    prefetch_layer_ = layer;
+    prefetch_blocks_ = std::move(spilled);
+  }
+}
+
+Status KvCache::fetch_layer(int64_t layer) {
+  if (!spill_ || on_device(layer)) return {};
+  const auto l = static_cast<size_t>(layer);
+  const std::vector<size_t> spilled = spilled_blocks(l);
+  // The read-ahead begun during the layer before covers the first blocks.
   std::vector<Status> res;
-  spill_->read(reads, &res);
+  size_t ahead = 0;
+  if (prefetch_layer_ == layer && prefetch_blocks_.size() <= spilled.size() &&
+      std::equal(prefetch_blocks_.begin(), prefetch_blocks_.end(), spilled.begin())) {
+    spill_->finish_reads(&res);
+    ahead = prefetch_blocks_.size();
+    n_prefetched_ += ahead;
+    prefetch_layer_ = -1;
+    prefetch_blocks_.clear();
+  } else {
+    drain_prefetch();
+  }
+  if (spilled.empty()) {
+    start_prefetch(layer + 1);
+    return {};
+  }
+  std::vector<uint8_t>& buf = staging_[l % 2];
+  const size_t need = spilled.size() * pair_bytes();
+  if (buf.size() < need) {  // (a read-ahead sized it already when there was one)
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(need);
+  }
+  std::vector<storage::SpillRead> reads;
+  for (size_t i = 0; i < spilled.size(); ++i) {
+    const size_t b = spilled[i];
+    uint8_t* at = buf.data() + i * pair_bytes();
+    point_at(l, b, at);
+    if (i < ahead) continue;
+    storage::SpillBlockKey key{static_cast<uint32_t>(l), static_cast<uint32_t>(b),
+                               static_cast<int64_t>(b) * cfg_.block_size,
+                               static_cast<uint32_t>(cfg_.block_size),
+                               static_cast<uint32_t>(cfg_.dtype)};
+    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, at});
+  }
+  std::vector<Status> rest;
+  spill_->read(reads, &rest);
+  for (auto& r : rest) res.push_back(std::move(r));
+  // This layer's attention runs next: the following layer's blocks are read meanwhile.
+  start_prefetch(layer + 1);
   std::string first_error;
   size_t n_bad = 0;
   for (size_t i = 0; i < spilled.size(); ++i) {

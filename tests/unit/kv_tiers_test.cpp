@@ -138,6 +138,7 @@ TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
     EXPECT_GT(ts.ssd_read_bytes, 0u);
     EXPECT_EQ(ts.blocks_lost, 0u);
     EXPECT_EQ(st.n_kv_recomputed, 0);
+    EXPECT_GT(ts.blocks_read_ahead, 0u);
     // A second turn reuses the cached prefix, spilled blocks and all.
     auto p2 = p;
     p2.insert(p2.end(), want.begin(), want.begin() + 30);

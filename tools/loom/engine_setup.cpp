@@ -23,28 +23,11 @@ bool parse_dtype_opt(const std::string& s, std::optional<DType>* out, const char
   *out = *d;
   return true;
 }
-// Bytes of memory the kernel says are available (MemAvailable), or 0.
-uint64_t available_memory() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0) return std::stoull(line.substr(13)) * 1024ull;
-  }
-  return 0;
-}
-
-std::string default_kv_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string base = xdg && *xdg ? xdg : std::string(home ? home : "/tmp") + "/.cache";
-  return base + "/loom/kv";
-}
-
 // --kv-ram / --kv-dir / --kv-policy; without --kv-ram, a budget only where
 // the whole context's KV would not fit in half the available memory.
 bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* who,
                            KvTierConfig* t) {
-  t->spill_dir = o.kv_dir.empty() ? default_kv_dir() : o.kv_dir;
+  t->spill_dir = o.kv_dir.empty() ? default_kv_spill_dir() : o.kv_dir;
   t->policy = o.kv_policy;
   if (!o.kv_ram.empty()) {
     auto b = parse_size(o.kv_ram);
@@ -60,9 +43,8 @@ bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* w
   const uint64_t need =
       kv_bytes_per_layer(m, n_ctx, o.kv_type == "q8_0" ? DType::kQ8_0 : DType::kF16) *
       static_cast<uint64_t>(m.hp.n_layer);
-  const uint64_t avail = available_memory();
-  if (avail > 0 && need > avail / 2) {
-    t->ram_budget = avail / 2;
+  t->ram_budget = default_kv_ram_budget(need);
+  if (t->ram_budget > 0) {
     std::fprintf(stderr,
                  "%s: note: the KV cache of %lld tokens takes %.0f MiB, more than half the free "
                  "memory: blocks beyond %.0f MiB spill to %s (--kv-ram sets this)\n",
