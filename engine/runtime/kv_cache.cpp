@@ -115,18 +115,7 @@ Status KvCache::reserve(int64_t n) {
         back.emplace_back(l, b);  // holds tokens still in use: read it back
         continue;
       }
-      // Holds only forgotten tokens: fresh RAM, nothing to read.
-      std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
-      if (!kv) {
-        return make_error(ErrorCode::kOutOfMemory,
-                          "KV cache: out of memory allocating block %zu of layer %zu", b, l);
-      }
-      spill_->release(static_cast<uint32_t>(slot_[l][b]));
-      slot_[l][b] = -1;
-      point_at(l, b, kv.get());
-      blocks_[l][b] = std::move(kv);
-      mass_[l][b] = 0.0f;
-      ++n_ram_blocks_;
+      LOOM_TRY(fresh_ram(l, b, false));  // holds only forgotten tokens: nothing to read
     }
   }
   if (!back.empty()) {

@@ -154,6 +154,10 @@ class KvCache {
   Status unspill_layer(size_t l);
   Status open_spill_file();
   std::vector<size_t> spilled_blocks(size_t l) const;
+  /// What the spill record of (layer l, block b) must say.
+  storage::SpillBlockKey spill_key(size_t l, size_t b) const;
+  /// Gives a spilled (l, b) fresh RAM (zeroed when asked) and frees its slot.
+  Status fresh_ram(size_t l, size_t b, bool zero);
   void start_prefetch(int64_t layer);
   void drain_prefetch();
 

@@ -138,10 +138,7 @@ Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
   std::vector<storage::SpillWrite> w;
   w.reserve(victims.size());
   for (auto [l, b] : victims) {
-    storage::SpillBlockKey key{static_cast<uint32_t>(l), static_cast<uint32_t>(b),
-                               static_cast<int64_t>(b) * cfg_.block_size,
-                               static_cast<uint32_t>(cfg_.block_size),
-                               static_cast<uint32_t>(cfg_.dtype)};
+    const storage::SpillBlockKey key = spill_key(l, b);
     w.push_back({key, blocks_[l][b].get()});
   }
   std::vector<uint32_t> slots;
@@ -170,10 +167,7 @@ Status KvCache::promote(std::vector<std::pair<size_t, size_t>>& todo) {
                         "KV cache: out of memory bringing block %zu of layer %zu back to RAM", b,
                         l);
     }
-    storage::SpillBlockKey key{static_cast<uint32_t>(l), static_cast<uint32_t>(b),
-                               static_cast<int64_t>(b) * cfg_.block_size,
-                               static_cast<uint32_t>(cfg_.block_size),
-                               static_cast<uint32_t>(cfg_.dtype)};
+    const storage::SpillBlockKey key = spill_key(l, b);
     reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, kv.get()});
     blocks_[l][b] = std::move(kv);
   }
@@ -205,6 +199,30 @@ Status KvCache::unspill_layer(size_t l) {
                       "back; they are recomputed",
                       lost_.size(), l);
   }
+  return {};
+}
+
+storage::SpillBlockKey KvCache::spill_key(size_t l, size_t b) const {
+  return {static_cast<uint32_t>(l), static_cast<uint32_t>(b),
+          static_cast<int64_t>(b) * cfg_.block_size, static_cast<uint32_t>(cfg_.block_size),
+          static_cast<uint32_t>(cfg_.dtype)};
+}
+
+Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
+  std::unique_ptr<uint8_t[]> kv(zero ? new (std::nothrow) uint8_t[pair_bytes()]()
+                                     : new (std::nothrow) uint8_t[pair_bytes()]);
+  if (!kv) {
+    return make_error(ErrorCode::kOutOfMemory,
+                      "KV cache: out of memory allocating block %zu of layer %zu (%" PRIu64
+                      " bytes)",
+                      b, l, pair_bytes());
+  }
+  spill_->release(static_cast<uint32_t>(slot_[l][b]));
+  slot_[l][b] = -1;
+  point_at(l, b, kv.get());
+  blocks_[l][b] = std::move(kv);
+  mass_[l][b] = 0.0f;
+  ++n_ram_blocks_;
   return {};
 }
 
@@ -249,10 +267,7 @@ void KvCache::start_prefetch(int64_t layer) {
   std::vector<storage::SpillRead> reads;
   for (size_t i = 0; i < spilled.size(); ++i) {
     const size_t b = spilled[i];
-    storage::SpillBlockKey key{static_cast<uint32_t>(l), static_cast<uint32_t>(b),
-                               static_cast<int64_t>(b) * cfg_.block_size,
-                               static_cast<uint32_t>(cfg_.block_size),
-                               static_cast<uint32_t>(cfg_.dtype)};
+    const storage::SpillBlockKey key = spill_key(l, b);
     reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, buf.data() + i * pair_bytes()});
   }
   if (spill_->begin_reads(reads).ok()) {
@@ -295,10 +310,7 @@ Status KvCache::fetch_layer(int64_t layer) {
     uint8_t* at = buf.data() + i * pair_bytes();
     point_at(l, b, at);
     if (i < ahead) continue;
-    storage::SpillBlockKey key{static_cast<uint32_t>(l), static_cast<uint32_t>(b),
-                               static_cast<int64_t>(b) * cfg_.block_size,
-                               static_cast<uint32_t>(cfg_.block_size),
-                               static_cast<uint32_t>(cfg_.dtype)};
+    const storage::SpillBlockKey key = spill_key(l, b);
     reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, at});
   }
   std::vector<Status> rest;
@@ -314,16 +326,7 @@ Status KvCache::fetch_layer(int64_t layer) {
     if (first_error.empty()) first_error = res[i].message();
     ++n_bad;
     // Never used unverified: the block gets fresh, empty RAM and is recomputed.
-    std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]());
-    if (!kv) {
-      return make_error(ErrorCode::kOutOfMemory,
-                        "KV cache: out of memory replacing lost block %zu of layer %zu", b, l);
-    }
-    spill_->release(static_cast<uint32_t>(slot_[l][b]));
-    slot_[l][b] = -1;
-    point_at(l, b, kv.get());
-    blocks_[l][b] = std::move(kv);
-    ++n_ram_blocks_;
+    LOOM_TRY(fresh_ram(l, b, true));
     lost_.emplace_back(l, b);
     ++n_lost_;
   }
