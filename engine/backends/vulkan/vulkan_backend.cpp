@@ -73,8 +73,10 @@ constexpr uint32_t kMatmulCmShared[2] = {30720, 40960};  // 64, 128 tokens
 // has fewer workgroups than this take 128 x 64 tiles (k and v at 512 tokens:
 // 32 workgroups for the H200's 132 SMs).
 constexpr uint32_t kMatmulCmNarrowBelow = 66;
-// The default variant (set_matmul_coopmat): the four-subgroup kernel.
-constexpr uint32_t kMatmulCmDefault = 4;
+// The default variant (set_matmul_coopmat): 2. H200, pp512 in one run
+// (Q4_0 / Q4_K_M t/s): four subgroups 3545.6 / 3462.8, eight with 128
+// tokens always 4484.9 / 4108.4, eight by the shape 4509.0 / 4146.2.
+constexpr uint32_t kMatmulCmDefault = 2;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
 constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
