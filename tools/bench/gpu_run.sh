@@ -22,9 +22,10 @@
 #   ab       decode ($AB_DTYPES, Q4_0) under each setting of $AB: the decode
 #            fusions (LOOM_VK_FUSE) and integer-dot matvecs (LOOM_VK_INT_DOT)
 #   probe    per-shape matvec times, and with the Q4_0 arithmetic left out
-#   prefill  prefill ($QUICK_DTYPES) under each prefill matmul (LOOM_VK_COOPMAT:
-#            0 tiled, 64 / 128 cooperative matrices with that tile width, 1 the
-#            default choice), then the default's per-shader profile
+#   prefill  prefill ($QUICK_DTYPES) under each prefill matmul in $PREFILL_AB
+#            (LOOM_VK_COOPMAT: 0 tiled; cooperative matrices: 4 four subgroups,
+#            64 / 128 eight with that many tokens per tile, 2 eight by the
+#            shape, 1 the default), then the default's per-shader profile
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
 # Models are written by `loom synth` into /tmp/models.
@@ -77,7 +78,7 @@ for s in $stages; do
     prefill)  # prefill A/B of the matmul kernels (LOOM_VK_COOPMAT), and the default's profile
       for d in ${QUICK_DTYPES:-q4_0 q4_k_m}; do
         m="$(model $d)"
-        for e in ${PREFILL_AB:-0 64 128 1}; do
+        for e in ${PREFILL_AB:-0 4 128 1}; do
           echo "--- $d LOOM_VK_COOPMAT=$e"
           LOOM_VK_COOPMAT=$e timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 4 -r 3 2>&1 | grep -E "^prefill"
         done
