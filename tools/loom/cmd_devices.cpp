@@ -23,10 +23,11 @@ int cmd_devices(const DevicesOptions&) {
   }
   if (devs->empty()) std::printf("vulkan:  no devices\n");
   for (const auto& d : *devs) {
-    std::printf("vulkan %d: %s (%s), %.1f GiB device memory, Vulkan %s, %s%s%s\n", d.index,
+    std::printf("vulkan %d: %s (%s), %.1f GiB device memory, Vulkan %s, %s%s%s%s\n", d.index,
                 d.name.c_str(), d.type.c_str(),
                 static_cast<double>(d.device_local_bytes) / (1024.0 * 1024.0 * 1024.0),
                 d.api_version.c_str(), d.driver.c_str(),
+                d.coopmat ? ", cooperative matrices (tensor-core prefill)" : "",
                 d.usable ? "" : " — not usable: ", d.usable ? "" : d.why_not.c_str());
   }
   std::printf("cuda:    not built into this binary\n");

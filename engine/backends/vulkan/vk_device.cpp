@@ -142,6 +142,7 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
               (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
               has_coopmat_shape(fn, phys);
 
+  i.coopmat = p.coopmat;
   i.driver = std::string(p12.driverName) + " " + p12.driverInfo;
   i.subgroup_size = p11.subgroupSize;
   p.subgroup_ops = p11.subgroupSupportedOperations;

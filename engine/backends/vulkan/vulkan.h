@@ -26,8 +26,11 @@ struct VulkanDeviceInfo {
   uint32_t subgroup_size = 0;
   bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
   bool storage_16bit = false;        ///< storageBuffer16BitAccess
-  bool usable = false;               ///< Loom can run on it (Vulkan 1.2+, a compute queue)
-  std::string why_not;               ///< when !usable: the reason
+  /// VK_NV_cooperative_matrix with the 16x16x16 F16 -> F32 subgroup shape and
+  /// what its shaders need: prefill matmuls on the tensor cores (mul_mat_cm.comp).
+  bool coopmat = false;
+  bool usable = false;  ///< Loom can run on it (Vulkan 1.2+, a compute queue)
+  std::string why_not;  ///< when !usable: the reason
 };
 
 /// How to set the Vulkan backend up.
