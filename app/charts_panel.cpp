@@ -310,7 +310,7 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
   m_memCats = new QBarCategoryAxis;
   // The longest labels first: the axis sizes its label column once, and
   // elides labels that later grow.
-  m_memCats->append({tr("GPU (none)"), tr("RAM"), tr("SSD (not yet)")});
+  m_memCats->append({tr("GPU (none)"), tr("RAM"), tr("SSD (off)")});
   styleAxis(m_memCats);
   m_memAxis = new QValueAxis;
   m_memAxis->setLabelFormat(QStringLiteral("%.0f"));
@@ -510,7 +510,7 @@ void ChartsPanel::buildMemory(const LiveSnapshot& s) {
   m_memKv->append({static_cast<qreal>(s.gpu.kv) / mib, static_cast<qreal>(s.ram.kv) / mib,
                    static_cast<qreal>(s.ssd.kv) / mib});
   const QStringList cats{s.gpuPresent ? tr("GPU") : tr("GPU (none)"), tr("RAM"),
-                         s.ssdPresent ? tr("SSD") : tr("SSD (not yet)")};
+                         s.ssdPresent ? tr("SSD") : tr("SSD (off)")};
   if (m_memCats->categories() != cats) {
     m_memCats->clear();
     m_memCats->append(cats);

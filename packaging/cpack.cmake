@@ -2,8 +2,9 @@
 # B/CPackConfig.cmake`, or `packaging/dev.sh deb`, gives loom_<version>_amd64.deb with
 # loom and loom-chat in /usr/bin, the desktop file, hicolor icons, AppStream
 # metainfo, man pages and the copyright and changelog files. Dependencies come
-# from dpkg-shlibdeps; only what is opened at run time (the Vulkan loader, a
-# Vulkan driver, the Inter font) is named by hand, as Recommends.
+# from dpkg-shlibdeps; only what is opened at run time is named by hand: Qt's
+# SVG plugin (Depends), the Vulkan loader, a Vulkan driver and the Inter font
+# (Recommends).
 include(GNUInstallDirs)
 set(CMAKE_INSTALL_DEFAULT_DIRECTORY_PERMISSIONS
     OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
@@ -74,6 +75,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+# Qt's SVG image plugin is loaded at run time (the app's icons are SVG), so
+# dpkg-shlibdeps cannot see it: it is the one dependency named by hand.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libqt6svg6")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libvulkan1, mesa-vulkan-drivers | vulkan-icd, fonts-inter")
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
     "local LLM workstation: chat with GGUF models on GPU and CPU at once
