@@ -83,6 +83,11 @@ void KvCache::free_layer(size_t l) {
   mass_[l].clear();
 }
 
+void KvCache::clear() {
+  n_tokens_ = 0;
+  for (auto& m : mass_) std::fill(m.begin(), m.end(), 0.0f);  // the next tokens start afresh
+}
+
 Status KvCache::reserve(int64_t n) {
   if (n > cfg_.n_ctx) {
     return make_error(ErrorCode::kOutOfRange,

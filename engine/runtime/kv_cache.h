@@ -89,7 +89,7 @@ class KvCache {
   /// Sets how many tokens are valid (after a store, or to drop a tail).
   void set_n_tokens(int64_t n) { n_tokens_ = n; }
   /// Forgets every token (blocks stay allocated for reuse).
-  void clear() { n_tokens_ = 0; }
+  void clear();
 
   /// Sets up the RAM and SSD tiers (before the first token). Removes spill
   /// files that crashed sessions left in the folder.

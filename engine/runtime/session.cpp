@@ -123,6 +123,8 @@ Status Session::recompute_lost(std::span<const int32_t> pending, int64_t pos0, G
 
 Status Session::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
                      GenerateStats* st) {
+  // Blocks lost outside a step (moving a layer's KV, say) hold zeros: recompute them first.
+  if (kv_->has_lost()) LOOM_TRY(recompute_lost(tokens.first(0), pos0, st));
   for (int attempt = 0;; ++attempt) {
     Status s = fwd_->eval(tokens, pos0, logits);
     if (s.ok() || attempt >= 8 || !kv_->has_lost()) return s;
