@@ -53,7 +53,12 @@ bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, b
   const QCommandLineOption threads(QStringLiteral("threads"),
                                    QStringLiteral("CPU threads for the engine (default: all)."),
                                    QStringLiteral("N"), QStringLiteral("0"));
-  for (const auto& o : {demo, shot, tab, data, cache, threads}) p.addOption(o);
+  const QCommandLineOption size(
+      QStringLiteral("size"),
+      QStringLiteral("Window size in pixels, e.g. 1000x700 (for --screenshot; default: the last "
+                     "size, or 1440x900)."),
+      QStringLiteral("WxH"));
+  for (const auto& o : {demo, shot, tab, data, cache, threads, size}) p.addOption(o);
   p.addPositionalArgument(QStringLiteral("model"), QStringLiteral("A GGUF model file to open."),
                           QStringLiteral("[MODEL.gguf]"));
 
@@ -93,6 +98,17 @@ bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, b
   if (!ok || out->threads < 0) {
     *error = QStringLiteral("--threads: a number of threads, 0 for all");
     return false;
+  }
+  if (p.isSet(size)) {
+    const QStringList wh = p.value(size).toLower().split(QLatin1Char('x'));
+    bool okW = false, okH = false;
+    const int w = wh.size() == 2 ? wh[0].toInt(&okW) : 0;
+    const int h = wh.size() == 2 ? wh[1].toInt(&okH) : 0;
+    if (!okW || !okH || w <= 0 || h <= 0) {
+      *error = QStringLiteral("--size: WIDTHxHEIGHT in pixels, e.g. 1000x700");
+      return false;
+    }
+    out->windowSize = QSize(w, h);
   }
   if (out->demo && !out->modelPath.isEmpty()) {
     *error = QStringLiteral("--demo and a model file: choose one");

@@ -1,9 +1,10 @@
 // loom-chat's command line, and where it keeps its files.
 //
 //   loom-chat [MODEL.gguf] [--demo] [--screenshot FILE.png [--tab NAME]]
-//             [--data-dir DIR] [--cache-dir DIR] [--threads N]
+//             [--data-dir DIR] [--cache-dir DIR] [--threads N] [--size WxH]
 #pragma once
 
+#include <QSize>
 #include <QString>
 #include <QStringList>
 
@@ -16,6 +17,7 @@ struct AppOptions {
   QString dataDir;                    ///< the store (loom.db); empty: the user's data directory
   QString cacheDir;                   ///< the demo model; empty: the user's cache directory
   int threads = 0;                    ///< CPU threads for the engine (0: all)
+  QSize windowSize;                   ///< --size; invalid: the saved size, or 1440x900
 
   QString dbPath() const;
   QString demoModelPath() const;

@@ -103,6 +103,7 @@ QLabel* tile(QGridLayout* grid, int col, const QString& label, QWidget* parent,
   value->setObjectName(QStringLiteral("StatValue"));
   auto* l = new QLabel(label, f);
   l->setObjectName(QStringLiteral("StatLabel"));
+  l->setWordWrap(true);  // "P99 token interval" in a quarter of the panel
   v->addWidget(value);
   v->addWidget(l);
   grid->addWidget(f, 0, col);
@@ -196,10 +197,16 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
   m_ttft = tile(tiles, 0, tr("first token"), content,
                 tr("Time to first token of the last reply (prompt evaluation)"));
   m_tps = tile(tiles, 1, tr("tokens / s"), content, tr("Decode speed of the last reply"));
-  m_p50 = tile(tiles, 2, tr("P50 latency"), content,
-               tr("Median time between tokens, every reply since the model loaded"));
-  m_p99 =
-      tile(tiles, 3, tr("P99 latency"), content, tr("99th percentile of the time between tokens"));
+  // The inter-token interval: from one token's text reaching the app to the
+  // next one's (the decode step plus sampling and detokenizing). Not the
+  // decode step alone: that is the Placement tab's "decode step" figure.
+  m_p50 = tile(tiles, 2, tr("P50 token interval"), content,
+               tr("Median inter-token interval: the time from one token's text to the next, "
+                  "every reply since the last Apply. It includes the decode step (Placement "
+                  "tab), sampling and detokenizing."));
+  m_p99 = tile(tiles, 3, tr("P99 token interval"), content,
+               tr("99th percentile of the inter-token interval (the time from one token's text "
+                  "to the next)"));
   v->addLayout(tiles);
 
   // Inter-token latency histogram. Latencies span decades (a 0.1 ms decode
@@ -237,7 +244,7 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
     s->attachAxis(m_histY);
   }
   m_histLegend = new QLabel;
-  v->addWidget(framed(makeView(m_histChart, 150, content), tr("Inter-token latency"), m_histLegend,
+  v->addWidget(framed(makeView(m_histChart, 150, content), tr("Inter-token interval"), m_histLegend,
                       content));
 
   // Per-layer decode time (the profiler's whole-layer figures).
@@ -460,10 +467,25 @@ void ChartsPanel::buildLayers(const LiveSnapshot& s) {
     p50 << std::max(l.p50_ms * k, lo);
     p99 << std::max(l.p99_ms * k, lo);
   }
-  m_layerP50->remove(0, m_layerP50->count());
-  m_layerP99->remove(0, m_layerP99->count());
-  m_layerP50->append(p50);
-  m_layerP99->append(p99);
+  // Every value the log axis sees must be > 0. Between `remove` and
+  // `append` on one set the other set's missing values read as 0 ("Logarithms
+  // of zero and negative values are undefined."), so the same number of layers
+  // is updated in place, and a new number with the series out of the chart.
+  if (m_layerP50->count() == p50.size() && m_layerP99->count() == p99.size()) {
+    for (int i = 0; i < p50.size(); ++i) {
+      if (m_layerP50->at(i) != p50[i]) m_layerP50->replace(i, p50[i]);
+      if (m_layerP99->at(i) != p99[i]) m_layerP99->replace(i, p99[i]);
+    }
+  } else {
+    m_layerChart->removeSeries(m_layerSeries);
+    m_layerP50->remove(0, m_layerP50->count());
+    m_layerP99->remove(0, m_layerP99->count());
+    m_layerP50->append(p50);
+    m_layerP99->append(p99);
+    m_layerChart->addSeries(m_layerSeries);
+    m_layerSeries->attachAxis(m_layerX);
+    m_layerSeries->attachAxis(m_layerY);
+  }
   if (m_layerY->min() != lo || m_layerY->max() != hi) {
     m_layerY->setRange(lo, hi);
     // Labels may have grown wider ("1000"): make Qt Charts measure them again.

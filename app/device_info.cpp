@@ -137,6 +137,21 @@ QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus) {
   return out;
 }
 
+QVector<DeviceInfo> devicesUnderPlacement(QVector<DeviceInfo> devices,
+                                          const QStringList& backendsUsed) {
+  for (DeviceInfo& d : devices) {
+    if (!d.inUse || d.backendId == QLatin1String("cpu") || backendsUsed.contains(d.backendId))
+      continue;
+    d.idle = true;
+    d.status = QObject::tr("open, idle");
+    d.details.prepend(backendsUsed.isEmpty()
+                          ? QObject::tr("Open and ready; no model is loaded.")
+                          : QObject::tr("Open and ready, but the applied placement runs every op "
+                                        "group on the CPU: move cells to the GPU in Placement."));
+  }
+  return devices;
+}
+
 QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices) {
   QVector<BackendInfo> out;
   QString gpuInUse;

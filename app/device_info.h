@@ -18,6 +18,7 @@ struct DeviceInfo {
   QString status;     ///< "in use", "not built", "none found"
   bool present = false;
   bool inUse = false;   ///< the engine runs on it (the CPU; the GPU backend the worker opened)
+  bool idle = false;    ///< opened, but the applied placement puts no op group on it
   QStringList details;  ///< one fact per line
   qint64 memTotal = 0, memAvailable = 0;  ///< bytes (host RAM for the CPU)
   QColor color;
@@ -30,6 +31,11 @@ Q_DECLARE_METATYPE(DeviceInfo)
 /// milliseconds, so the worker thread does it); without it GPU entries say
 /// "looking…" when the backend is built.
 QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus = true);
+/// The devices as the Devices tab shows them under the applied placement:
+/// a GPU the engine opened but on which `backendsUsed` (the applied plan's
+/// units; empty: no model) puts nothing is "open, idle", not "in use".
+QVector<DeviceInfo> devicesUnderPlacement(QVector<DeviceInfo> devices,
+                                          const QStringList& backendsUsed);
 /// One BackendInfo per device (those not in use unavailable, with the reason).
 QVector<BackendInfo> backendsFromDevices(const QVector<DeviceInfo>& devices);
 /// The strategy selector's entries, enabled as the backends allow.

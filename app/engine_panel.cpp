@@ -39,7 +39,8 @@ QFrame* deviceCard(const DeviceInfo& d, QWidget* parent) {
   auto* kind = new QLabel(d.kind, f);
   kind->setObjectName(QStringLiteral("CardTitle"));
   auto* status = new QLabel(d.status, f);
-  const bool inUse = d.present && d.inUse;
+  status->setObjectName(QStringLiteral("DeviceStatus"));
+  const bool inUse = d.present && d.inUse && !d.idle;
   status->setStyleSheet(
       inUse ? QStringLiteral("background:#e7f6f2;color:#0f766e;border-radius:6px;padding:2px 8px;"
                              "font-size:8.5pt;font-weight:600;")
@@ -110,7 +111,9 @@ EnginePanel::EnginePanel(PlacementModel* placement, PresetListModel* presets,
   m_deviceList = new QVBoxLayout(m_devices);
   m_deviceList->setContentsMargins(16, 16, 16, 16);
   m_deviceList->setSpacing(10);
-  addTab(m_placement, tr("Placement"));
+  // Scrolls when the window is shorter than the strategy, the grid (eight
+  // rows at least) and the cost together.
+  addTab(scrolled(m_placement, this), tr("Placement"));
   addTab(m_charts, tr("Performance"));
   addTab(scrolled(m_devices, this), tr("Devices"));
   addTab(scrolled(m_chatSettings, this), tr("Chat settings"));
@@ -133,4 +136,14 @@ void EnginePanel::setDevices(const QVector<DeviceInfo>& devices) {
   note->setWordWrap(true);
   m_deviceList->addWidget(note);
   m_deviceList->addStretch(1);
+}
+
+QStringList EnginePanel::deviceStatuses() const {
+  QStringList out;
+  for (const QFrame* card : m_devices->findChildren<QFrame*>(QStringLiteral("Card"))) {
+    const auto* kind = card->findChild<QLabel*>(QStringLiteral("CardTitle"));
+    const auto* status = card->findChild<QLabel*>(QStringLiteral("DeviceStatus"));
+    if (kind && status) out << QStringLiteral("%1: %2").arg(kind->text(), status->text());
+  }
+  return out;
 }

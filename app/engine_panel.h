@@ -28,6 +28,8 @@ class EnginePanel : public QTabWidget {
   ChartsPanel* chartsPanel() const { return m_charts; }
   ChatSettingsPanel* chatSettings() const { return m_chatSettings; }
   void setDevices(const QVector<DeviceInfo>& devices);
+  /// "Kind: status" of each device card, as shown (tests).
+  QStringList deviceStatuses() const;
 
  private:
   PlacementPanel* m_placement = nullptr;

@@ -11,23 +11,30 @@
 #include <QHBoxLayout>
 #include <QIcon>
 #include <QLabel>
+#include <QMenu>
+#include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProgressBar>
 #include <QPushButton>
+#include <QRegularExpression>
+#include <QSettings>
 #include <QShortcut>
 #include <QSplitter>
 #include <QStackedWidget>
+#include <QTabBar>
 #include <QTimer>
 #include <QVBoxLayout>
 #include <cstdio>
 
 #include "app/charts_panel.h"
 #include "app/chat_controller.h"
+#include "app/chat_export.h"
 #include "app/chat_list_model.h"
 #include "app/chat_settings_panel.h"
 #include "app/composer.h"
 #include "app/device_info.h"
+#include "app/elided_label.h"
 #include "app/engine_bridge.h"
 #include "app/engine_panel.h"
 #include "app/engine_worker.h"
@@ -51,6 +58,12 @@ void registerTypes() {
   qRegisterMetaType<QVector<DeviceInfo>>();
 }
 
+// Column minimums (px): the window's minimum size is their sum.
+constexpr int kSidebarMin = 240;
+constexpr int kCenterMin = 320;
+constexpr int kEngineMin = 420;
+constexpr int kWindowMinHeight = 640;
+
 bool isModelFile(const QUrl& url) {
   return url.isLocalFile() &&
          url.toLocalFile().endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
@@ -64,7 +77,6 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent)
   setWindowTitle(QStringLiteral("Loom"));
   setWindowIcon(QIcon(QStringLiteral(":/loom/loom.svg")));
   setAcceptDrops(true);
-  resize(1440, 900);
 
   // The store of this (GUI) thread. If it cannot be opened the app still
   // works, on a throw-away file, and says so.
@@ -98,6 +110,7 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent)
   m_presets = new PresetListModel(m_store.get(), this);
 
   buildUi();
+  restoreLayout();
   setDevices(devices);
   m_chat = new ChatController(m_store.get(), m_worker, m_chats, m_sidebar, m_transcript, m_composer,
                               m_engine->chatSettings(), this);
@@ -125,12 +138,14 @@ void MainWindow::buildUi() {
   h->setContentsMargins(0, 0, 0, 0);
   h->setSpacing(0);
   auto* split = new QSplitter(Qt::Horizontal, central);
+  m_split = split;
+  split->setObjectName(QStringLiteral("MainSplitter"));
   split->setHandleWidth(1);
   split->setChildrenCollapsible(false);
   h->addWidget(split);
 
   m_sidebar = new Sidebar(m_chats, split);
-  m_sidebar->setMinimumWidth(230);
+  m_sidebar->setMinimumWidth(kSidebarMin);
 
   auto* center = new QWidget(split);
   auto* cv = new QVBoxLayout(center);
@@ -186,13 +201,25 @@ void MainWindow::buildUi() {
   header->setAttribute(Qt::WA_StyledBackground, true);
   auto* hh = new QHBoxLayout(header);
   hh->setContentsMargins(24, 12, 20, 12);
-  m_chatTitle = new QLabel(header);
+  // Every label here elides (the whole text in its tooltip) and the status has
+  // the width of its longest word: what they say never moves the splitter.
+  m_chatTitle = new ElidedLabel(header);
   m_chatTitle->setObjectName(QStringLiteral("ChatTitle"));
-  m_modelChip = new QLabel(header);
+  m_modelDot = new QLabel(QStringLiteral("●"), header);
+  m_modelChip = new ElidedLabel(header);
+  m_modelChip->setObjectName(QStringLiteral("ModelChip"));
   m_status = new QLabel(header);
   m_status->setObjectName(QStringLiteral("Muted"));
-  hh->addWidget(m_chatTitle, 1);
-  hh->addWidget(m_modelChip);
+  m_status->setAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  {
+    const QFontMetrics fm(m_status->font());
+    m_status->setFixedWidth(
+        std::max(fm.horizontalAdvance(tr("Generating…")), fm.horizontalAdvance(tr("Ready"))) + 8);
+  }
+  hh->addWidget(m_chatTitle, 3);
+  hh->addSpacing(12);
+  hh->addWidget(m_modelDot);
+  hh->addWidget(m_modelChip, 2);
   hh->addSpacing(12);
   hh->addWidget(m_status);
   ca->addWidget(header);
@@ -208,29 +235,68 @@ void MainWindow::buildUi() {
   cv->addWidget(m_center, 1);
 
   m_engine = new EnginePanel(m_placement, m_presets, m_stats, split);
-  m_engine->setMinimumWidth(380);
+  // Wide enough for its four tabs without scroll arrows, and for the grid's columns.
+  m_engine->ensurePolished();
+  m_engine->setMinimumWidth(std::max(kEngineMin, m_engine->tabBar()->sizeHint().width() + 4));
+  center->setMinimumWidth(kCenterMin);
   split->addWidget(m_sidebar);
   split->addWidget(center);
   split->addWidget(m_engine);
+  // A window that grows or shrinks changes the chat's width only; the side
+  // panels keep theirs until the user drags a handle (saved, see saveLayout).
   split->setStretchFactor(0, 0);
   split->setStretchFactor(1, 1);
   split->setStretchFactor(2, 0);
   split->setSizes({260, 640, 540});
+  connect(split, &QSplitter::splitterMoved, this, [this] { m_userSizes = m_split->sizes(); });
   setCentralWidget(central);
+  // The smallest window the three columns fit (each at its minimum).
+  setMinimumSize(
+      m_sidebar->minimumWidth() + kCenterMin + m_engine->minimumWidth() + 2 * split->handleWidth(),
+      kWindowMinHeight);
+
+  // The menu bar: what the desktop expects (File > Quit is Ctrl+Q).
+  QMenu* file = menuBar()->addMenu(tr("&File"));
+  QMenu* help = menuBar()->addMenu(tr("&Help"));
 
   // Keyboard: Ctrl+N new chat, Ctrl+O open a model, Esc stops a reply.
   auto* newChat = new QAction(tr("New chat"), this);
   newChat->setShortcut(QKeySequence::New);
   connect(newChat, &QAction::triggered, this, [this] { m_chat->newChat(); });
   addAction(newChat);
+  file->addAction(newChat);
   auto* open = new QAction(tr("Open model…"), this);
   open->setShortcut(QKeySequence::Open);
   connect(open, &QAction::triggered, this, &MainWindow::openModelDialog);
   addAction(open);
+  file->addAction(open);
+  file->addSeparator();
+  // Exports read the store: they work with no model loaded.
+  auto* exportMd = new QAction(tr("Export chat as Markdown…"), this);
+  connect(exportMd, &QAction::triggered, this, [this] { exportChatDialog(false); });
+  file->addAction(exportMd);
+  auto* exportJson = new QAction(tr("Export chat as JSON…"), this);
+  connect(exportJson, &QAction::triggered, this, [this] { exportChatDialog(true); });
+  file->addAction(exportJson);
+  file->addSeparator();
+  m_quit = new QAction(QIcon::fromTheme(QStringLiteral("application-exit")), tr("&Quit"), this);
+  m_quit->setObjectName(QStringLiteral("QuitAction"));
+  // The platform's Quit keys; where the platform names none (the offscreen
+  // one, some desktops), Ctrl+Q.
+  QList<QKeySequence> quitKeys = QKeySequence::keyBindings(QKeySequence::Quit);
+  if (quitKeys.isEmpty()) quitKeys << QKeySequence(Qt::CTRL | Qt::Key_Q);
+  m_quit->setShortcuts(quitKeys);
+  m_quit->setShortcutContext(Qt::ApplicationShortcut);
+  m_quit->setMenuRole(QAction::QuitRole);
+  // Closing the window stops a reply at its next token and saves it (closeEvent).
+  connect(m_quit, &QAction::triggered, this, &QWidget::close);
+  addAction(m_quit);
+  file->addAction(m_quit);
   auto* about = new QAction(tr("About Loom"), this);
   about->setShortcut(QKeySequence::HelpContents);
   connect(about, &QAction::triggered, this, &MainWindow::showAbout);
   addAction(about);
+  help->addAction(about);
   connect(m_sidebar, &Sidebar::aboutRequested, this, &MainWindow::showAbout);
   auto* esc = new QShortcut(QKeySequence(Qt::Key_Escape), this);
   connect(esc, &QShortcut::activated, this, [this] { m_chat->stop(); });
@@ -242,6 +308,10 @@ void MainWindow::buildUi() {
   connect(m_sidebar, &Sidebar::recentModelRequested, this, &MainWindow::loadModel);
   connect(m_sidebar, &Sidebar::demoModelRequested, this, &MainWindow::loadDemoModel);
   connect(m_sidebar, &Sidebar::deleteChatRequested, this, &MainWindow::confirmDeleteChat);
+  connect(m_sidebar, &Sidebar::chatSelected, this, [this] {
+    m_browsing = true;
+    updateHeader();
+  });
   connect(m_chats, &ChatListModel::errorOccurred, this,
           [this](const QString& e) { showError(tr("Chats"), e); });
 
@@ -290,17 +360,30 @@ void MainWindow::connectWorker() {
 }
 
 void MainWindow::setDevices(const QVector<DeviceInfo>& devices) {
-  m_engine->setDevices(devices);
+  m_devices = devices;
   m_placement->setBackends(backendsFromDevices(devices));
   m_placement->setStrategies(strategiesFor(m_placement->backends()));
   m_engine->placementPanel()->refreshChoices();
+  showDevices();
+}
+
+void MainWindow::showDevices() {
+  // "In use" only where the applied placement puts an op group.
+  const QVector<DeviceInfo> devices = devicesUnderPlacement(
+      m_devices, m_hasModel ? m_placement->applied().backendsUsed() : QStringList());
+  m_engine->setDevices(devices);
   // What the engine runs on, in one line under the strategy (the details in its tooltip).
   QString units;
   QStringList whyNot, details;
   bool looking = false;
   for (const DeviceInfo& d : devices) {
     if (d.backendId == QLatin1String("cpu")) continue;
-    if (d.inUse) {
+    if (d.inUse && d.idle) {
+      units = tr("The CPU and the GPU %1 (%2%3) are open; the applied placement runs everything on "
+                 "the CPU, so the GPU is idle.")
+                  .arg(d.name, d.kind,
+                       d.memTotal > 0 ? tr(", %1").arg(formatBytes(d.memTotal)) : QString());
+    } else if (d.inUse) {
       units = tr("Runs on the CPU and the GPU: %1 (%2%3).")
                   .arg(d.name, d.kind,
                        d.memTotal > 0 ? tr(", %1").arg(formatBytes(d.memTotal)) : QString());
@@ -339,6 +422,29 @@ void MainWindow::showAbout() {
          "each layer placed where it serves best.</p>")
           .arg(QString::fromUtf8(loom::version()), QString::fromUtf8(loom::git_commit()),
                QString::fromUtf8(qVersion())));
+}
+
+bool MainWindow::exportCurrentChat(const QString& path, QString* error) {
+  QString e;
+  const qint64 id = m_chat->currentChat();
+  const bool ok =
+      id ? exportChat(m_store.get(), id, path, &e) : (e = tr("No chat is open."), false);
+  if (error) *error = e;
+  return ok;
+}
+
+void MainWindow::exportChatDialog(bool json) {
+  const auto* c = m_chats->chat(m_chat->currentChat());
+  if (!c) return showError(tr("Export"), tr("No chat is open."));
+  QString name = QString::fromStdString(c->title).simplified();
+  name.replace(QRegularExpression(QStringLiteral("[^\\w .-]")), QStringLiteral("_"));
+  const QString path = QFileDialog::getSaveFileName(
+      this, json ? tr("Export chat as JSON") : tr("Export chat as Markdown"),
+      QDir::home().filePath(name + (json ? QStringLiteral(".json") : QStringLiteral(".md"))),
+      json ? tr("JSON (*.json)") : tr("Markdown (*.md)"));
+  if (path.isEmpty()) return;
+  QString error;
+  if (!exportCurrentChat(path, &error)) showError(tr("Export"), error);
 }
 
 void MainWindow::loadModel(const QString& path) {
@@ -404,6 +510,7 @@ void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model,
   m_presets->setLayerCount(model.nLayer);
   m_engine->placementPanel()->setNote(note);
   m_sidebar->setModel(&m_model);
+  showDevices();
   m_engine->chatSettings()->setModelContext(model.nCtxTrain);
   m_chat->setModelReady(true, model.isDemo ? tr("Loom demo") : model.name);
   refreshRecent();
@@ -458,24 +565,27 @@ void MainWindow::hideError() {
 }
 
 void MainWindow::updateHeader() {
+  const auto* c = m_chats->chat(m_chat->currentChat());
+  m_chatTitle->setFullText(c ? QString::fromStdString(c->title) : tr("No chat open"));
   if (!m_hasModel) {
-    m_center->setCurrentWidget(m_start);
+    // Past chats stay readable, searchable and exportable without a model:
+    // a chat picked in the sidebar is shown; otherwise the start screen.
+    m_center->setCurrentWidget(m_browsing && c ? m_chatArea : static_cast<QWidget*>(m_start));
+    m_modelDot->setStyleSheet(QStringLiteral("color:%1;").arg(theme::css(theme::kBorder)));
+    m_modelChip->setFullText(tr("No model loaded: open one to reply"));
     m_status->clear();
     return;
   }
-  const auto* c = m_chats->chat(m_chat->currentChat());
-  m_chatTitle->setText(c ? QString::fromStdString(c->title) : tr("No chat open"));
   const QString name = m_model.isDemo ? tr("Loom demo") : m_model.name;
   const QStringList used = m_placement->applied().backendsUsed();
   const bool gpu = used.size() > 1 || (used.size() == 1 && used.first() != QLatin1String("cpu"));
   const QString units =
       gpu ? (used.contains(QStringLiteral("cpu")) ? tr("CPU + GPU") : tr("GPU")) : tr("CPU");
-  m_modelChip->setText(
-      QStringLiteral(
-          "<span style='color:%1'>●</span> %2 <span style='color:%3'>· %4 · KV %5 · %6</span>")
-          .arg(theme::css(gpu ? theme::kVulkan : theme::kCpu), name.toHtmlEscaped(),
-               theme::css(theme::kMuted), m_model.quant, m_model.kvDtype, units));
-  m_modelChip->setToolTip(m_model.path);
+  m_modelDot->setStyleSheet(
+      QStringLiteral("color:%1;").arg(theme::css(gpu ? theme::kVulkan : theme::kCpu)));
+  m_modelChip->setFullText(
+      tr("%1 · %2 · KV %3 · %4").arg(name, m_model.quant, m_model.kvDtype, units));
+  m_modelChip->setToolTip(m_modelChip->fullText() + QStringLiteral("\n") + m_model.path);
   m_status->setText(m_chat->isBusy() ? tr("Generating…") : tr("Ready"));
 }
 
@@ -484,6 +594,10 @@ void MainWindow::planStrategy(const QString& strategy, int gpuLayers, int budget
     m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB);
     return;
   }
+  // "First N layers on GPU", chosen anew: start at the largest N that fits
+  // the budget (N = 0 would be the placement in force, and Apply would do nothing).
+  if (strategy == QLatin1String("layers") && m_placement->pending().strategy != strategy)
+    gpuLayers = largestGpuLayersThatFit(budgetMiB);
   PlacementPlan planned;
   QString error;
   if (!m_planner->plan(strategy, gpuLayers, budgetMiB, m_placement->pending(), &planned, &error)) {
@@ -491,6 +605,21 @@ void MainWindow::planStrategy(const QString& strategy, int gpuLayers, int budget
     return;
   }
   m_placement->setPendingStrategy(strategy, gpuLayers, budgetMiB, &planned);
+}
+
+int MainWindow::largestGpuLayersThatFit(int budgetMiB) const {
+  if (!m_planner || !m_planner->hasGpu()) return 0;
+  const qint64 budget = qint64{budgetMiB} << 20;
+  for (int n = m_planner->layerCount(); n > 0; --n) {
+    PlacementPlan p;
+    QString error;
+    if (!m_planner->plan(QStringLiteral("layers"), n, budgetMiB, m_placement->pending(), &p,
+                         &error))
+      continue;
+    const PlanEstimate e = m_planner->estimate(p);
+    if (budget <= 0 || e.gpuWeights + e.gpuKv + e.gpuOverhead <= budget) return n;
+  }
+  return 0;
 }
 
 void MainWindow::updateEstimate() {
@@ -531,6 +660,7 @@ void MainWindow::onPlacementApplied(quint64 requestId, const PlacementPlan& plan
   m_engine->placementPanel()->setBusy(false);
   m_engine->placementPanel()->setNote(note);
   m_engine->placementPanel()->refreshMeasured();
+  showDevices();
   updateHeader();
   emit placementDone(true, note);
 }
@@ -609,7 +739,42 @@ void MainWindow::stopWorker() {
   m_worker = nullptr;
 }
 
+QString MainWindow::layoutFile() const {
+  return QFileInfo(m_options.dbPath()).absoluteDir().filePath(QStringLiteral("window.ini"));
+}
+
+void MainWindow::restoreLayout() {
+  // Next to the store (per data directory): a test's or a screenshot's window
+  // never changes the user's.
+  QSettings ini(layoutFile(), QSettings::IniFormat);
+  const QList<QVariant> saved = ini.value(QStringLiteral("main/panels")).toList();
+  if (saved.size() == 3) {
+    QList<int> sizes;
+    for (const QVariant& v : saved) sizes << v.toInt();
+    m_split->setSizes(sizes);
+    m_userSizes = sizes;
+  }
+  QSize size = ini.value(QStringLiteral("main/size"), QSize(1440, 900)).toSize();
+  if (m_options.windowSize.isValid()) size = m_options.windowSize;
+  resize(size.expandedTo(minimumSize()));
+}
+
+void MainWindow::saveLayout() {
+  QSettings ini(layoutFile(), QSettings::IniFormat);
+  if (!m_userSizes.isEmpty()) {
+    QList<QVariant> sizes;
+    for (int v : m_split->sizes()) sizes << v;
+    ini.setValue(QStringLiteral("main/panels"), sizes);
+  }
+  if (m_options.screenshotPath.isEmpty()) ini.setValue(QStringLiteral("main/size"), size());
+}
+
+QList<int> MainWindow::panelWidths() const {
+  return m_split->sizes();
+}
+
 void MainWindow::closeEvent(QCloseEvent* event) {
+  saveLayout();
   stopWorker();
   event->accept();
 }

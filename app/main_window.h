@@ -18,11 +18,14 @@
 class ChatController;
 class ChatListModel;
 class Composer;
+class ElidedLabel;
 class EnginePanel;
 class EngineWorker;
 class LiveStats;
 class PresetListModel;
+class QAction;
 class QLabel;
+class QSplitter;
 class QProgressBar;
 class QPushButton;
 class QFrame;
@@ -58,6 +61,12 @@ class MainWindow : public QMainWindow {
   const ModelSummary* model() const { return m_hasModel ? &m_model : nullptr; }
   bool isLoading() const { return m_loadRequest != 0; }
   QString errorText() const;
+  /// The three columns' widths (sidebar, chat, engine panel).
+  QList<int> panelWidths() const;
+  QSplitter* splitter() const { return m_split; }
+  QAction* quitAction() const { return m_quit; }
+  /// Where the window's size and the panels' widths are kept (window.ini next to the store).
+  QString layoutFile() const;
 
  public slots:
   void openModelDialog();
@@ -72,6 +81,9 @@ class MainWindow : public QMainWindow {
   /// Puts a preset in the grid and applies it.
   void applyPreset(qint64 presetId);
   void deletePreset(qint64 presetId);
+  /// Writes the open chat to `path` (JSON for *.json, else Markdown); no model needed.
+  bool exportCurrentChat(const QString& path, QString* error = nullptr);
+  void exportChatDialog(bool json);
 
  signals:
   void modelReady(const ModelSummary& model);
@@ -93,7 +105,10 @@ class MainWindow : public QMainWindow {
 
  private:
   void buildUi();
+  void restoreLayout();
+  void saveLayout();
   void setDevices(const QVector<DeviceInfo>& devices);
+  void showDevices();
   void connectWorker();
   void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
                      const PlannerPtr& planner, const QString& note);
@@ -107,6 +122,8 @@ class MainWindow : public QMainWindow {
   void refreshRecent();
   void updateHeader();
   void planStrategy(const QString& strategy, int gpuLayers, int budgetMiB);
+  /// The largest N for "First N layers on GPU" whose GPU bytes fit `budgetMiB` (0: none).
+  int largestGpuLayersThatFit(int budgetMiB) const;
   void confirmDeleteChat(qint64 chatId);
   void stopWorker();
   // --screenshot
@@ -125,14 +142,18 @@ class MainWindow : public QMainWindow {
   ChatController* m_chat = nullptr;
 
   Sidebar* m_sidebar = nullptr;
+  QSplitter* m_split = nullptr;
+  QAction* m_quit = nullptr;
+  QList<int> m_userSizes;  ///< the widths the user dragged to (empty: never dragged)
   QStackedWidget* m_center = nullptr;
   StartScreen* m_start = nullptr;
   QWidget* m_chatArea = nullptr;
   TranscriptView* m_transcript = nullptr;
   Composer* m_composer = nullptr;
   EnginePanel* m_engine = nullptr;
-  QLabel* m_chatTitle = nullptr;
-  QLabel* m_modelChip = nullptr;
+  ElidedLabel* m_chatTitle = nullptr;
+  QLabel* m_modelDot = nullptr;
+  ElidedLabel* m_modelChip = nullptr;
   QLabel* m_status = nullptr;
   QFrame* m_loadBanner = nullptr;
   QLabel* m_loadText = nullptr;
@@ -141,6 +162,7 @@ class MainWindow : public QMainWindow {
   QLabel* m_errorTitle = nullptr;
   QLabel* m_errorText = nullptr;
 
+  QVector<DeviceInfo> m_devices;  ///< as found (showDevices adds what the placement uses)
   ModelSummary m_model;
   bool m_hasModel = false;
   quint64 m_loadRequest = 0;  ///< the load the UI waits for (0: none)
@@ -149,5 +171,6 @@ class MainWindow : public QMainWindow {
   quint64 m_placeRequest = 0;  ///< the placement the UI waits for (0: none)
   quint64 m_nextPlace = 1;
   bool m_stopped = false;
+  bool m_browsing = false;  ///< a chat was picked in the sidebar (shown even with no model)
   int m_screenshotStage = 0;
 };

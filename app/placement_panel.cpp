@@ -78,13 +78,18 @@ class CellDelegate : public QStyledItemDelegate {
     p->setPen(theme::kText);
     // Narrow columns (many layers' worth of panel, a mixture's "+"): a smaller font before eliding.
     const QRectF textRect = r.adjusted(6, 0, -2, 0);
-    const QString text = index.data().toString();
+    QString text = index.data().toString();
     QFont f = theme::uiFont(8.5);
     f.setWeight(QFont::DemiBold);
     for (qreal pt : {8.0, 7.5, 7.0}) {
       if (QFontMetrics(f).horizontalAdvance(text) <= textRect.width()) break;
       f.setPointSizeF(pt);
     }
+    // Still too narrow (the panel at its minimum width): the precision alone;
+    // the unit is the colour and the bar, and the tooltip says both.
+    if (QFontMetrics(f).horizontalAdvance(text) > textRect.width() &&
+        text.contains(QLatin1Char(' ')))
+      text = text.section(QLatin1Char(' '), 1);
     p->setFont(f);
     p->drawText(
         textRect, Qt::AlignCenter,
@@ -137,17 +142,25 @@ class CellDelegate : public QStyledItemDelegate {
 };
 
 // As tall as its rows (so a small model's grid does not float in empty space),
-// shrinking to scroll when the panel is shorter than that.
+// never shorter than kGridMinRows rows (fewer only when the model has fewer):
+// it scrolls inside, and the panel around it scrolls when the window is shorter.
 class GridView : public QTableView {
  public:
   using QTableView::QTableView;
   QSize sizeHint() const override {
     const int rows = model() ? model()->rowCount() : 0;
-    const int h = horizontalHeader()->sizeHint().height() +
-                  rows * verticalHeader()->defaultSectionSize() + 2 * frameWidth() + 4;
-    return {QTableView::sizeHint().width(), h};
+    return {QTableView::sizeHint().width(), heightFor(rows)};
   }
-  QSize minimumSizeHint() const override { return {200, 140}; }
+  QSize minimumSizeHint() const override {
+    const int rows = model() ? model()->rowCount() : 0;
+    return {200, heightFor(std::min(rows, PlacementPanel::kGridMinRows))};
+  }
+
+ private:
+  int heightFor(int rows) const {
+    return horizontalHeader()->sizeHint().height() +
+           std::max(rows, 1) * verticalHeader()->defaultSectionSize() + 2 * frameWidth() + 4;
+  }
 };
 
 QFrame* card(QWidget* parent, const QString& title, QVBoxLayout** body) {
@@ -184,6 +197,10 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   auto* row1 = new QHBoxLayout;
   m_strategy = new QComboBox(this);
   m_strategy->setModel(new QStandardItemModel(m_strategy));
+  // Combo boxes as wide as the panel gives them, not as their longest entry:
+  // the panel fits its minimum width.
+  m_strategy->setSizeAdjustPolicy(QComboBox::AdjustToMinimumContentsLengthWithIcon);
+  m_strategy->setMinimumContentsLength(10);
   m_layers = new QSpinBox(this);
   m_layers->setPrefix(tr("GPU layers: "));
   row1->addWidget(m_strategy, 1);
@@ -210,6 +227,8 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   m_presetBox = new QComboBox(this);
   m_presetBox->setModel(m_presets);
   m_presetBox->setPlaceholderText(tr("Load a preset…"));
+  m_presetBox->setSizeAdjustPolicy(QComboBox::AdjustToMinimumContentsLengthWithIcon);
+  m_presetBox->setMinimumContentsLength(8);
   m_presetBox->setCurrentIndex(-1);
   m_presetBox->setToolTip(tr("Placements saved by name: choosing one applies it"));
   m_savePreset = new QPushButton(tr("Save as preset…"), this);
@@ -414,7 +433,7 @@ void PlacementPanel::syncFromModel() {
     if (m_model->pending().isEdgeRow(r)) m_grid->setSpan(r, 0, 1, kColCount);
   }
   m_grid->horizontalHeader()->setSectionResizeMode(kColTiming, QHeaderView::Fixed);
-  m_grid->horizontalHeader()->resizeSection(kColTiming, 96);
+  m_grid->horizontalHeader()->resizeSection(kColTiming, 88);
   m_hint->setText(
       gpu ? tr("One row per layer, one column per op group, coloured by the unit that runs it, "
                "with its "
@@ -466,7 +485,10 @@ void PlacementPanel::updateSummary() {
                .arg(theme::css(theme::kMuted))
                .arg(m_model->pending().nCtx);
   m_bytes->setText(bytes);
-  QString times = tr("Step predicted <b>%1 ms</b>").arg(msShort(e.stepMs));
+  // The decode step: one token's pass through every layer, as the profiler
+  // times it. Not the inter-token interval of the Performance tab (which adds
+  // sampling and detokenizing).
+  QString times = tr("Decode step predicted <b>%1 ms</b>").arg(msShort(e.stepMs));
   if (e.transfers > 0)
     times += e.transfers == 1 ? tr(" (1 transfer)") : tr(" (%1 transfers)").arg(e.transfers);
   times += m.steps > 0 ? tr(" &nbsp;·&nbsp; measured <b style='color:%1'>P50 %2</b> / <b "
@@ -475,6 +497,9 @@ void PlacementPanel::updateSummary() {
                                   theme::css(theme::kP99), msShort(m.stepP99Ms))
                              .arg(m.steps)
                        : tr(" &nbsp;·&nbsp; measured: no decode step since the last Apply");
+  times += tr("<br><span style='color:%1'>A decode step is one token's pass through the model; "
+              "the Performance tab's token interval adds sampling and detokenizing.</span>")
+               .arg(theme::css(theme::kMuted));
   times += tr("<br><span style='color:%1'>Cost model %2 at %3 tokens of context; per-layer figures "
               "in the grid's last "
               "column (≈ predicted, then P50 / P99 measured).</span>")

@@ -27,6 +27,9 @@ class QHBoxLayout;
 class PlacementPanel : public QWidget {
   Q_OBJECT
  public:
+  /// The grid shows at least this many rows (when the model has them), and scrolls.
+  static constexpr int kGridMinRows = 8;
+
   PlacementPanel(PlacementModel* model, PresetListModel* presets, std::shared_ptr<LiveStats> stats,
                  QWidget* parent = nullptr);
 

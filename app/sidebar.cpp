@@ -16,6 +16,7 @@
 #include <QVBoxLayout>
 
 #include "app/chat_list_model.h"
+#include "app/elided_label.h"
 #include "app/engine_bridge.h"
 #include "app/theme.h"
 
@@ -111,9 +112,14 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   m_list->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
   m_list->setUniformItemSizes(true);
   connect(m_list, &QListView::customContextMenuRequested, this, &Sidebar::showContextMenu);
+  // A reset (a search typed or cleared, a reload) drops the selection: the open
+  // chat gets its highlight back whenever it is listed.
+  connect(m_chats, &QAbstractItemModel::modelReset, this, [this] { selectChat(m_current); });
   connect(m_list->selectionModel(), &QItemSelectionModel::currentChanged, this,
           [this](const QModelIndex& cur) {
-            if (!m_selecting && cur.isValid()) emit chatSelected(m_chats->chatIdAt(cur.row()));
+            if (m_selecting || !cur.isValid()) return;
+            m_current = m_chats->chatIdAt(cur.row());
+            emit chatSelected(m_current);
           });
   // The selection model is replaced on reset; reconnecting is not needed for
   // QListView (it keeps its own), but the current row is restored by the owner.
@@ -137,9 +143,10 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   modelSection->setObjectName(QStringLiteral("SectionLabel"));
   mc->addWidget(modelSection);
   auto* nameRow = new QHBoxLayout;
-  m_modelName = new QLabel(m_modelCard);
+  // One line each, elided (the whole text in the tooltip): wrapped labels here
+  // were given too little height and drew over each other.
+  m_modelName = new ElidedLabel(m_modelCard);
   m_modelName->setObjectName(QStringLiteral("ModelName"));
-  m_modelName->setWordWrap(true);
   m_demoBadge = new QLabel(tr("random weights"), m_modelCard);
   m_demoBadge->setObjectName(QStringLiteral("DemoBadge"));
   m_demoBadge->setToolTip(
@@ -148,13 +155,18 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
   nameRow->addWidget(m_modelName, 1);
   nameRow->addWidget(m_demoBadge, 0, Qt::AlignTop);
   mc->addLayout(nameRow);
-  m_modelMeta = new QLabel(m_modelCard);
+  m_modelMeta = new ElidedLabel(m_modelCard);
   m_modelMeta->setObjectName(QStringLiteral("ModelMeta"));
-  m_modelMeta->setWordWrap(true);
   mc->addWidget(m_modelMeta);
+  m_modelMeta2 = new ElidedLabel(m_modelCard);
+  m_modelMeta2->setObjectName(QStringLiteral("ModelMeta"));
+  mc->addWidget(m_modelMeta2);
   auto* buttons = new QHBoxLayout;
   buttons->setSpacing(6);
   auto* open = new QPushButton(tr("Open model…"), m_modelCard);
+  open->setObjectName(QStringLiteral("OpenModelButton"));
+  // Never narrower than its label: the sidebar's minimum width follows.
+  open->setMinimumWidth(open->sizeHint().width());
   open->setToolTip(tr("Open a GGUF file (Ctrl+O), or drop one on the window"));
   connect(open, &QPushButton::clicked, this, &Sidebar::openModelRequested);
   m_recent = new QToolButton(m_modelCard);
@@ -176,6 +188,7 @@ Sidebar::Sidebar(ChatListModel* chats, QWidget* parent) : QWidget(parent), m_cha
 }
 
 void Sidebar::selectChat(qint64 chatId) {
+  m_current = chatId;
   m_selecting = true;
   const int row = m_chats->rowOf(chatId);
   if (row >= 0)
@@ -183,6 +196,12 @@ void Sidebar::selectChat(qint64 chatId) {
   else
     m_list->clearSelection();
   m_selecting = false;
+}
+
+qint64 Sidebar::highlightedChat() const {
+  const QModelIndex cur = m_list->currentIndex();
+  return cur.isValid() && m_list->selectionModel()->isSelected(cur) ? m_chats->chatIdAt(cur.row())
+                                                                    : 0;
 }
 
 void Sidebar::beginRename(qint64 chatId) {
@@ -202,20 +221,19 @@ void Sidebar::showContextMenu(const QPoint& pos) {
 
 void Sidebar::setModel(const ModelSummary* m) {
   if (!m) {
-    m_modelName->setText(tr("No model loaded"));
-    m_modelMeta->setText(tr("Open a GGUF file, or try the demo model."));
+    m_modelName->setFullText(tr("No model loaded"));
+    m_modelMeta->setFullText(tr("Open a GGUF file,"));
+    m_modelMeta2->setFullText(tr("or try the demo model."));
     m_demoBadge->hide();
     return;
   }
-  m_modelName->setText(m->isDemo ? tr("Loom demo model") : m->name);
-  m_modelName->setToolTip(m->path);
+  m_modelName->setFullText(m->isDemo ? tr("Loom demo model") : m->name);
+  m_modelName->setToolTip(m_modelName->fullText() + QStringLiteral("\n") + m->path);
   m_demoBadge->setVisible(m->isDemo);
-  m_modelMeta->setText(tr("%1 · %2 layers · %3\n%4 · context %5 · KV %6")
-                           .arg(m->arch)
-                           .arg(m->nLayer)
-                           .arg(m->quant, formatBytes(m->fileBytes))
-                           .arg(m->nCtx)
-                           .arg(m->kvDtype));
+  m_modelMeta->setFullText(tr("%1 · %2 layers · %3").arg(m->arch).arg(m->nLayer).arg(m->quant));
+  m_modelMeta2->setFullText(
+      tr("%1 · context %2 · KV %3").arg(formatBytes(m->fileBytes)).arg(m->nCtx).arg(m->kvDtype));
+  m_modelMeta2->setToolTip(m->description);
   m_modelMeta->setToolTip(m->description +
                           (m->warnings.isEmpty()
                                ? QString()

@@ -8,6 +8,7 @@
 #include "app/app_types.h"
 
 class ChatListModel;
+class ElidedLabel;
 class QLabel;
 class QLineEdit;
 class QListView;
@@ -28,6 +29,8 @@ class Sidebar : public QWidget {
   void setRecentModels(const QList<QPair<QString, QString>>& recent);
   QListView* chatView() const { return m_list; }
   QLineEdit* searchField() const { return m_search; }
+  /// The chat highlighted in the list (0: none).
+  qint64 highlightedChat() const;
   /// Starts inline renaming of a chat.
   void beginRename(qint64 chatId);
 
@@ -47,10 +50,12 @@ class Sidebar : public QWidget {
   QLineEdit* m_search = nullptr;
   QListView* m_list = nullptr;
   QFrame* m_modelCard = nullptr;
-  QLabel* m_modelName = nullptr;
-  QLabel* m_modelMeta = nullptr;
+  ElidedLabel* m_modelName = nullptr;
+  ElidedLabel* m_modelMeta = nullptr;   ///< architecture, layers, precision
+  ElidedLabel* m_modelMeta2 = nullptr;  ///< file size, context, KV precision
   QLabel* m_demoBadge = nullptr;
   QToolButton* m_recent = nullptr;
   QMenu* m_recentMenu = nullptr;
   bool m_selecting = false;
+  qint64 m_current = 0;  ///< the open chat (highlighted whenever it is listed)
 };

@@ -7,6 +7,7 @@
 #include <QToolButton>
 #include <QVBoxLayout>
 
+#include "app/elided_label.h"
 #include "app/markdown_view.h"
 #include "app/theme.h"
 
@@ -61,7 +62,7 @@ MessageWidget::MessageWidget(const MessageData& data, const QString& assistantNa
   v->setContentsMargins(0, 0, 0, 0);
   v->setSpacing(4);
   m_body = new MarkdownView(this);
-  m_meta = new QLabel(this);
+  m_meta = new ElidedLabel(this);
   m_meta->setObjectName(QStringLiteral("MessageMeta"));
   m_copy = actionButton(tr("Copy"), tr("Copy this message as Markdown"), this);
   connect(m_copy, &QToolButton::clicked, this, [this] { emit copyRequested(m_data.id); });
@@ -90,11 +91,13 @@ MessageWidget::MessageWidget(const MessageData& data, const QString& assistantNa
     avatar->setStyleSheet(
         QStringLiteral("background:%1;color:white;border-radius:12px;font-weight:700;")
             .arg(theme::css(theme::kAccent)));
-    auto* name = new QLabel(assistantName.isEmpty() ? tr("Assistant") : assistantName, this);
+    // A long model name elides: it never widens the transcript's column.
+    auto* name = new ElidedLabel(this);
+    name->setFullText(assistantName.isEmpty() ? tr("Assistant") : assistantName);
     name->setObjectName(QStringLiteral("RoleLabel"));
     header->addWidget(avatar);
-    header->addWidget(name);
-    header->addWidget(m_meta, 1);
+    header->addWidget(name, 1);
+    header->addWidget(m_meta, 2);
     v->addLayout(header);
     auto* indented = new QHBoxLayout;
     indented->setContentsMargins(32, 0, 0, 0);
@@ -148,7 +151,7 @@ void MessageWidget::updateMeta() {
     case MessageStatus::Complete: break;
   }
   if (m_data.role == QLatin1String("user")) text.clear();  // the user's own words need no stats
-  m_meta->setText(text);
+  m_meta->setFullText(text);
   m_meta->setStyleSheet(QStringLiteral("color:%1;").arg(color));
   m_meta->setVisible(!text.isEmpty());
 }

@@ -8,6 +8,7 @@
 #include <QScrollArea>
 
 class MarkdownView;
+class ElidedLabel;
 class QLabel;
 class QToolButton;
 class QVBoxLayout;
@@ -48,7 +49,7 @@ class MessageWidget : public QFrame {
   MessageData m_data;
   MarkdownView* m_body = nullptr;
   QFrame* m_bubble = nullptr;
-  QLabel* m_meta = nullptr;
+  ElidedLabel* m_meta = nullptr;  ///< generation notes (elided: never widens the column)
   QToolButton* m_copy = nullptr;
   QToolButton* m_regenerate = nullptr;
   QToolButton* m_edit = nullptr;

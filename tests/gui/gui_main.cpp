@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   // This process's models (see gui_test_util.h) are not needed by anyone else.
   const QString pid = QString::number(QCoreApplication::applicationPid());
   QDir(QStringLiteral(LOOM_GUI_TEST_TMP "/models-") + pid).removeRecursively();
+  QDir(QStringLiteral(LOOM_GUI_TEST_TMP "/models12-") + pid).removeRecursively();
   QDir(QStringLiteral(LOOM_GUI_TEST_TMP "/truncated-") + pid).removeRecursively();
   return rc;
 }
