@@ -9,6 +9,7 @@
 
 #include <QAbstractScrollArea>
 #include <QAction>
+#include <QComboBox>
 #include <QDir>
 #include <QHeaderView>
 #include <QJsonArray>
@@ -22,6 +23,7 @@
 #include <QPushButton>
 #include <QScrollArea>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QSplitter>
 #include <QTabBar>
 #include <QTableView>
@@ -38,6 +40,7 @@
 #include "app/elided_label.h"
 #include "app/engine_panel.h"
 #include "app/main_window.h"
+#include "app/placement_model.h"
 #include "app/placement_panel.h"
 #include "app/sidebar.h"
 #include "app/start_screen.h"
@@ -408,6 +411,30 @@ TEST(History, ReadableSearchableExportableWithoutAModel) {
             QStringLiteral("About **four hours** at 24 °C."));
   EXPECT_EQ(msgs[1].toObject().value(QStringLiteral("state")).toString(),
             QStringLiteral("complete"));
+}
+
+// "First N layers on GPU", chosen: N starts at the largest that fits the
+// budget, so Apply has something to do.
+TEST(Placement, FirstNLayersStartsAtTheLargestThatFits) {
+  MainWindow w(optionsFor(QStringLiteral("firstn")));
+  w.show();
+  w.start();
+  ASSERT_TRUE(loadAndWait(w, twelveLayerModel()));
+  PlacementModel* pm = w.placement();
+  if (!pm->gpuBackend()) GTEST_SKIP() << "no usable Vulkan device";
+  PlacementPanel* pp = w.enginePanel()->placementPanel();
+  QComboBox* strategies = pp->strategyBox();
+  const int at = strategies->findData(QStringLiteral("layers"));
+  ASSERT_GE(at, 0);
+  strategies->setCurrentIndex(at);
+  EXPECT_EQ(pm->pending().strategy, QStringLiteral("layers"));
+  // A 12-layer model of half a megabyte fits any GPU's budget whole.
+  EXPECT_EQ(pm->pending().gpuLayers, 12);
+  EXPECT_EQ(pp->layersBox()->value(), 12);
+  EXPECT_TRUE(pm->isDirty());
+  EXPECT_TRUE(pp->applyButton()->isEnabled());
+  const PlanEstimate& e = pm->estimate();
+  EXPECT_LE(e.gpuWeights + e.gpuKv + e.gpuOverhead, qint64{pm->pending().vramBudgetMiB} << 20);
 }
 
 TEST(AppOptions, SizeOption) {
