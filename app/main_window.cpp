@@ -24,6 +24,7 @@
 #include <QStackedWidget>
 #include <QTabBar>
 #include <QTimer>
+#include <QToolButton>
 #include <QVBoxLayout>
 #include <cstdio>
 
@@ -222,6 +223,12 @@ void MainWindow::buildUi() {
   hh->addWidget(m_modelChip, 2);
   hh->addSpacing(12);
   hh->addWidget(m_status);
+  // Narrow windows: the engine panel folds away (View > Engine panel, F9, or
+  // this button) and the window may then be as narrow as the chat allows.
+  m_panelToggle = new QToolButton(header);
+  m_panelToggle->setObjectName(QStringLiteral("PanelToggle"));
+  m_panelToggle->setAutoRaise(true);
+  hh->addWidget(m_panelToggle);
   ca->addWidget(header);
   m_transcript = new TranscriptView(m_chatArea);
   ca->addWidget(m_transcript, 1);
@@ -250,14 +257,23 @@ void MainWindow::buildUi() {
   split->setSizes({260, 640, 540});
   connect(split, &QSplitter::splitterMoved, this, [this] { m_userSizes = m_split->sizes(); });
   setCentralWidget(central);
-  // The smallest window the three columns fit (each at its minimum).
-  setMinimumSize(
-      m_sidebar->minimumWidth() + kCenterMin + m_engine->minimumWidth() + 2 * split->handleWidth(),
-      kWindowMinHeight);
+  updateMinimumSize();
 
   // The menu bar: what the desktop expects (File > Quit is Ctrl+Q).
   QMenu* file = menuBar()->addMenu(tr("&File"));
+  QMenu* view = menuBar()->addMenu(tr("&View"));
   QMenu* help = menuBar()->addMenu(tr("&Help"));
+  m_panelAction = new QAction(tr("Engine panel"), this);
+  m_panelAction->setObjectName(QStringLiteral("EnginePanelAction"));
+  m_panelAction->setCheckable(true);
+  m_panelAction->setChecked(true);
+  m_panelAction->setShortcut(QKeySequence(Qt::Key_F9));
+  m_panelAction->setToolTip(
+      tr("Show or hide the engine panel: placement, performance, devices, chat settings (F9)"));
+  connect(m_panelAction, &QAction::toggled, this, &MainWindow::setEnginePanelShown);
+  addAction(m_panelAction);
+  view->addAction(m_panelAction);
+  m_panelToggle->setDefaultAction(m_panelAction);
 
   // Keyboard: Ctrl+N new chat, Ctrl+O open a model, Esc stops a reply.
   auto* newChat = new QAction(tr("New chat"), this);
@@ -754,6 +770,7 @@ void MainWindow::restoreLayout() {
     m_split->setSizes(sizes);
     m_userSizes = sizes;
   }
+  if (!ini.value(QStringLiteral("main/enginePanel"), true).toBool()) setEnginePanelShown(false);
   QSize size = ini.value(QStringLiteral("main/size"), QSize(1440, 900)).toSize();
   if (m_options.windowSize.isValid()) size = m_options.windowSize;
   resize(size.expandedTo(minimumSize()));
@@ -766,7 +783,29 @@ void MainWindow::saveLayout() {
     for (int v : m_split->sizes()) sizes << v;
     ini.setValue(QStringLiteral("main/panels"), sizes);
   }
-  if (m_options.screenshotPath.isEmpty()) ini.setValue(QStringLiteral("main/size"), size());
+  if (m_options.screenshotPath.isEmpty()) {
+    ini.setValue(QStringLiteral("main/size"), size());
+    ini.setValue(QStringLiteral("main/enginePanel"), isEnginePanelShown());
+  }
+}
+
+void MainWindow::updateMinimumSize() {
+  // The smallest window the shown columns fit (each at its minimum).
+  int w = m_sidebar->minimumWidth() + kCenterMin + m_split->handleWidth();
+  // (isVisibleTo: before the window is first shown, every child isHidden().)
+  if (m_engine->isVisibleTo(this)) w += m_engine->minimumWidth() + m_split->handleWidth();
+  setMinimumSize(w, kWindowMinHeight);
+}
+
+void MainWindow::setEnginePanelShown(bool shown) {
+  if (m_panelAction->isChecked() != shown) m_panelAction->setChecked(shown);  // toggles back here
+  if (m_engine->isVisibleTo(this) == shown) return;
+  m_engine->setVisible(shown);
+  updateMinimumSize();  // grows the window when it is too narrow for the panel
+}
+
+bool MainWindow::isEnginePanelShown() const {
+  return m_engine->isVisibleTo(this);
 }
 
 QList<int> MainWindow::panelWidths() const {

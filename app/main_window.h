@@ -30,6 +30,7 @@ class QProgressBar;
 class QPushButton;
 class QFrame;
 class QStackedWidget;
+class QToolButton;
 class Sidebar;
 class StartScreen;
 class TranscriptView;
@@ -65,6 +66,9 @@ class MainWindow : public QMainWindow {
   QList<int> panelWidths() const;
   QSplitter* splitter() const { return m_split; }
   QAction* quitAction() const { return m_quit; }
+  /// View > Engine panel (F9): whether the right panel is shown.
+  QAction* enginePanelAction() const { return m_panelAction; }
+  bool isEnginePanelShown() const;
   /// Where the window's size and the panels' widths are kept (window.ini next to the store).
   QString layoutFile() const;
 
@@ -84,6 +88,8 @@ class MainWindow : public QMainWindow {
   /// Writes the open chat to `path` (JSON for *.json, else Markdown); no model needed.
   bool exportCurrentChat(const QString& path, QString* error = nullptr);
   void exportChatDialog(bool json);
+  /// Shows or folds away the engine panel (the window's minimum width follows).
+  void setEnginePanelShown(bool shown);
 
  signals:
   void modelReady(const ModelSummary& model);
@@ -106,6 +112,7 @@ class MainWindow : public QMainWindow {
  private:
   void buildUi();
   void restoreLayout();
+  void updateMinimumSize();
   void saveLayout();
   void setDevices(const QVector<DeviceInfo>& devices);
   void showDevices();
@@ -144,6 +151,8 @@ class MainWindow : public QMainWindow {
   Sidebar* m_sidebar = nullptr;
   QSplitter* m_split = nullptr;
   QAction* m_quit = nullptr;
+  QAction* m_panelAction = nullptr;
+  QToolButton* m_panelToggle = nullptr;
   QList<int> m_userSizes;  ///< the widths the user dragged to (empty: never dragged)
   QStackedWidget* m_center = nullptr;
   StartScreen* m_start = nullptr;

@@ -289,6 +289,40 @@ TEST(Layout, PanelWidthsChangeOnlyByTheUser) {
   EXPECT_NEAR(again[2], dragged[2], 2);
 }
 
+// The engine panel folds away (F9, View > Engine panel): the window may then be
+// narrower, the chat takes the width, and the choice is kept for the next window.
+TEST(Layout, EnginePanelFoldsAwayForNarrowWindows) {
+  const AppOptions opts = optionsFor(QStringLiteral("fold"), QSize(1000, 700));
+  {
+    MainWindow w(opts);
+    w.show();
+    w.start();
+    QTest::qWait(50);
+    const int withPanel = w.minimumWidth();
+    EXPECT_TRUE(w.isEnginePanelShown());
+    w.enginePanelAction()->trigger();
+    EXPECT_FALSE(w.isEnginePanelShown());
+    EXPECT_FALSE(w.enginePanel()->isVisible());
+    EXPECT_LT(w.minimumWidth(), withPanel - 300);
+    w.resize(700, 700);
+    QTest::qWait(50);
+    EXPECT_EQ(w.width(), 700);
+    EXPECT_LE(rectIn(w.composer(), &w).right(), w.width());
+    // Back: the window grows to fit the panel at its minimum.
+    w.enginePanelAction()->trigger();
+    QTest::qWait(50);
+    EXPECT_TRUE(w.enginePanel()->isVisible());
+    EXPECT_GE(w.width(), withPanel);
+    EXPECT_GE(w.panelWidths()[2], w.enginePanel()->minimumWidth());
+    w.enginePanelAction()->trigger();
+    w.close();
+  }
+  MainWindow w2(opts);
+  w2.show();
+  w2.start();
+  EXPECT_FALSE(w2.isEnginePanelShown());
+}
+
 TEST(Layout, CtrlQQuits) {
   MainWindow w(optionsFor(QStringLiteral("quit")));
   w.show();
