@@ -273,7 +273,15 @@ void MainWindow::buildUi() {
   connect(m_panelAction, &QAction::toggled, this, &MainWindow::setEnginePanelShown);
   addAction(m_panelAction);
   view->addAction(m_panelAction);
-  m_panelToggle->setDefaultAction(m_panelAction);
+  // The header's button: two characters, so the title keeps the room.
+  auto syncToggle = [this](bool shown) {
+    m_panelToggle->setText(shown ? QStringLiteral("»") : QStringLiteral("«"));
+    m_panelToggle->setToolTip(shown ? tr("Fold the engine panel away (F9)")
+                                    : tr("Show the engine panel (F9)"));
+  };
+  connect(m_panelAction, &QAction::toggled, this, syncToggle);
+  connect(m_panelToggle, &QToolButton::clicked, m_panelAction, &QAction::trigger);
+  syncToggle(true);
 
   // Keyboard: Ctrl+N new chat, Ctrl+O open a model, Esc stops a reply.
   auto* newChat = new QAction(tr("New chat"), this);
