@@ -497,6 +497,7 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
     kv_.set_n_tokens(pos0 + c + n);
     LOOM_TRY(kv_.rebalance());
   }
+  kv_.prefetch_first_layer();  // read while the caller samples the next token
   // Device backends queue ops: wait for them, and report what went wrong on the way.
   for (Unit u : kUnits) {
     if (unit(u) && placement_.uses(u)) LOOM_TRY(be(u).synchronize());

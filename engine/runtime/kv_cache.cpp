@@ -94,7 +94,6 @@ Status KvCache::reserve(int64_t n) {
                       "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64, n,
                       cfg_.n_ctx);
   }
-  drain_prefetch();                              // slots may be released below
   if (storage_) LOOM_TRY(storage_->reserve(n));  // layers that live on the device backend
   const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
   if (tiered() && spill_full_ && need > static_cast<int64_t>(block_table_.size()) &&
@@ -120,6 +119,7 @@ Status KvCache::reserve(int64_t n) {
         back.emplace_back(l, b);  // holds tokens still in use: read it back
         continue;
       }
+      drain_prefetch();                  // (its slot is released)
       LOOM_TRY(fresh_ram(l, b, false));  // holds only forgotten tokens: nothing to read
     }
   }

@@ -101,6 +101,9 @@ class KvCache {
   /// into staging). Blocks that cannot be read back are re-allocated empty and
   /// reported by take_lost(); then this returns an kIo error naming them.
   Status fetch_layer(int64_t layer);
+  /// Begins reading the first layer's spilled blocks (after a step, while
+  /// the caller samples), so that the next step finds them read.
+  void prefetch_first_layer() { start_prefetch(0); }
   /// Enforces the RAM budget between two steps: moves the lowest-ranked
   /// blocks to the SSD, and hot ones back up. A full disk stops spilling
   /// (tier_stats().spill_full) and the budget then bounds the context.

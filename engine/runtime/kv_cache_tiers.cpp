@@ -20,6 +20,9 @@ namespace {
 constexpr float kMassDecay = 0.9f;
 // Most blocks promoted in one rebalance (bounds the I/O between two tokens).
 constexpr size_t kMaxPromotions = 8;
+// Records per io_uring submission, and so the most blocks one read-ahead
+// covers: enough for a layer's spilled blocks at a few thousand tokens.
+constexpr unsigned kSpillQueueDepth = 64;
 }  // namespace
 
 uint64_t available_memory_bytes() {
@@ -86,7 +89,7 @@ Status KvCache::open_spill_file() {
   o.dir = tiers_.spill_dir;
   o.session = tiers_.session;
   o.payload_bytes = pair_bytes();
-  o.queue_depth = 32;
+  o.queue_depth = kSpillQueueDepth;
   auto f = storage::KvSpillFile::open(o);
   if (!f.ok()) return f.error();
   spill_ = std::move(f).value();
@@ -263,7 +266,7 @@ void KvCache::start_prefetch(int64_t layer) {
     buf.shrink_to_fit();
     buf.resize(spilled.size() * pair_bytes());
   }
-  spilled.resize(std::min<size_t>(spilled.size(), 32));  // one batch (the file's queue depth)
+  spilled.resize(std::min<size_t>(spilled.size(), kSpillQueueDepth));  // one batch
   std::vector<storage::SpillRead> reads;
   for (size_t i = 0; i < spilled.size(); ++i) {
     const size_t b = spilled[i];
