@@ -13,6 +13,7 @@
 #include <QLabel>
 #include <QLineSeries>
 #include <QLogValueAxis>
+#include <QResizeEvent>
 #include <QScrollArea>
 #include <QStackedBarSeries>
 #include <QTimer>
@@ -77,7 +78,10 @@ QFrame* framed(QWidget* inner, const QString& title, QLabel* legend, QWidget* pa
   if (legend) {
     legend->setParent(f);
     legend->setObjectName(QStringLiteral("StatLabel"));
-    head->addWidget(legend);
+    // Wraps in a narrow panel rather than widening the card past it.
+    legend->setWordWrap(true);
+    legend->setAlignment(Qt::AlignRight | Qt::AlignVCenter);
+    head->addWidget(legend, 1);
   }
   l->addLayout(head);
   l->addWidget(inner);
@@ -208,6 +212,7 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
                tr("99th percentile of the inter-token interval (the time from one token's text "
                   "to the next)"));
   v->addLayout(tiles);
+  m_tiles = tiles;
 
   // Inter-token latency histogram. Latencies span decades (a 0.1 ms decode
   // step next to a 30 ms stall), so x is log10(ms), labelled at 1-2-5 values
@@ -344,6 +349,21 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
 }
 
 ChartsPanel::~ChartsPanel() = default;
+
+void ChartsPanel::resizeEvent(QResizeEvent* event) {
+  QWidget::resizeEvent(event);
+  // Four tiles in a row where they fit, two by two in a narrow panel (a
+  // row of four would be wider than the panel, and cut on the right).
+  const int columns = width() >= kTilesInOneRowWidth ? 4 : 2;
+  if (columns == m_tileColumns) return;
+  m_tileColumns = columns;
+  QList<QWidget*> items;
+  while (QLayoutItem* li = m_tiles->takeAt(0)) {
+    items << li->widget();
+    delete li;
+  }
+  for (int i = 0; i < items.size(); ++i) m_tiles->addWidget(items[i], i / columns, i % columns);
+}
 
 void ChartsPanel::showEvent(QShowEvent* event) {
   QWidget::showEvent(event);

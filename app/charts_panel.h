@@ -11,6 +11,7 @@
 
 class QChart;
 class QChartView;
+class QGridLayout;
 class QLabel;
 class QLineSeries;
 class QAreaSeries;
@@ -45,6 +46,7 @@ class ChartsPanel : public QWidget {
 
  protected:
   void showEvent(QShowEvent* event) override;
+  void resizeEvent(QResizeEvent* event) override;
 
  private:
   /// Makes every axis lay its labels out again (see showEvent).
@@ -58,7 +60,10 @@ class ChartsPanel : public QWidget {
   std::shared_ptr<LiveStats> m_stats;
   QTimer* m_timer = nullptr;
   Shown m_shown;
-  // Tiles.
+  // Tiles: four in a row from this panel width (px), else two by two.
+  static constexpr int kTilesInOneRowWidth = 520;
+  QGridLayout* m_tiles = nullptr;
+  int m_tileColumns = 4;
   QLabel* m_ttft = nullptr;
   QLabel* m_tps = nullptr;
   QLabel* m_p50 = nullptr;

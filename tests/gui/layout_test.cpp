@@ -9,8 +9,10 @@
 
 #include <QAbstractScrollArea>
 #include <QAction>
+#include <QApplication>
 #include <QComboBox>
 #include <QDir>
+#include <QFrame>
 #include <QHeaderView>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -129,7 +131,10 @@ TEST_P(LayoutAtSize, NothingClippedGridKeepsEightRows) {
   const QSize size = GetParam();
   const QString model = twelveLayerModel();
   ASSERT_FALSE(model.isEmpty());
-  const QString tag = QStringLiteral("%1x%2").arg(size.width()).arg(size.height());
+  // "@2x" when run at a device pixel ratio of 2 (its own directories and pictures).
+  const qreal dpr = qApp->devicePixelRatio();
+  const QString tag = QStringLiteral("%1x%2").arg(size.width()).arg(size.height()) +
+                      (dpr > 1 ? QStringLiteral("@%1x").arg(dpr) : QString());
   g_logWarnings = 0;
   g_previous = qInstallMessageHandler(countLogWarnings);
   MainWindow w(optionsFor(QStringLiteral("layout-") + tag, size));
@@ -234,6 +239,15 @@ TEST_P(LayoutAtSize, NothingClippedGridKeepsEightRows) {
   QTest::qWait(300);
   EXPECT_TRUE(
       w.grab().save(dir + QStringLiteral("/layout-") + tag + QStringLiteral("-performance.png")));
+  // The Performance tab's cards (tiles and charts) fit its width.
+  ChartsPanel* charts = w.enginePanel()->chartsPanel();
+  for (QFrame* card : charts->findChildren<QFrame*>(QStringLiteral("Card"))) {
+    const QRect r = visibleInScroll(card);
+    const QScrollArea* area = scrollOf(card);
+    ASSERT_NE(area, nullptr);
+    EXPECT_GE(r.left(), 0);
+    EXPECT_LE(r.right(), area->viewport()->width()) << "a Performance card is cut on the right";
+  }
   // The log axis of the per-layer chart is never given a zero.
   EXPECT_EQ(g_logWarnings.load(), 0);
   qInstallMessageHandler(g_previous);
