@@ -200,14 +200,17 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
   tiles->setSpacing(8);
   m_ttft = tile(tiles, 0, tr("first token"), content,
                 tr("Time to first token of the last reply (prompt evaluation)"));
-  m_tps = tile(tiles, 1, tr("tokens / s"), content, tr("Decode speed of the last reply"));
+  m_tps = tile(tiles, 1, tr("tokens / s"), content,
+               tr("Decode speed: of the latest ¼ s while a reply streams, of the whole last "
+                  "reply once it ends"));
   // The inter-token interval: from one token's text reaching the app to the
   // next one's (the decode step plus sampling and detokenizing). Not the
   // decode step alone: that is the Placement tab's "decode step" figure.
   m_p50 = tile(tiles, 2, tr("P50 token interval"), content,
                tr("Median inter-token interval: the time from one token's text to the next, "
                   "every reply since the last Apply. It includes the decode step (Placement "
-                  "tab), sampling and detokenizing."));
+                  "tab), sampling and detokenizing. Counted per piece of text: a token whose "
+                  "bytes are held back (part of a character) adds no interval."));
   m_p99 = tile(tiles, 3, tr("P99 token interval"), content,
                tr("99th percentile of the inter-token interval (the time from one token's text "
                   "to the next)"));
@@ -397,9 +400,12 @@ void ChartsPanel::refresh() {
 
 void ChartsPanel::buildTiles(const LiveSnapshot& s) {
   m_ttft->setText(msText(s.lastTtftMs));
-  m_tps->setText(s.lastTokensPerSecond > 0 ? QString::number(s.lastTokensPerSecond, 'f',
-                                                             s.lastTokensPerSecond < 100 ? 1 : 0)
-                                           : QStringLiteral("—"));
+  // While a reply streams: the speed of its latest window (¼ s or 32 tokens),
+  // not "—" or the previous reply's figure; once it ends, the reply's average.
+  double tps = s.lastTokensPerSecond;
+  if (s.generating && !s.tokensPerSecond.empty()) tps = s.tokensPerSecond.back().second;
+  m_shown.tokensPerSecond = tps;
+  m_tps->setText(tps > 0 ? QString::number(tps, 'f', tps < 100 ? 1 : 0) : QStringLiteral("—"));
   m_shown.itlSamples = s.itl.count;
   m_shown.p50Ms = s.itl.percentile_ms(0.50);
   m_shown.p99Ms = s.itl.percentile_ms(0.99);

@@ -36,6 +36,7 @@ class ChartsPanel : public QWidget {
     uint64_t version = 0;
     uint64_t itlSamples = 0;
     double p50Ms = 0, p99Ms = 0;
+    double tokensPerSecond = 0;  ///< the tile's figure
     int layersWithData = 0;
     int tpsPoints = 0;
     uint64_t ramBytes = 0;

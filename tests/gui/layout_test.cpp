@@ -41,6 +41,7 @@
 #include "app/device_info.h"
 #include "app/elided_label.h"
 #include "app/engine_panel.h"
+#include "app/live_stats.h"
 #include "app/main_window.h"
 #include "app/placement_model.h"
 #include "app/placement_panel.h"
@@ -483,6 +484,25 @@ TEST(Placement, FirstNLayersStartsAtTheLargestThatFits) {
   EXPECT_TRUE(pp->applyButton()->isEnabled());
   const PlanEstimate& e = pm->estimate();
   EXPECT_LE(e.gpuWeights + e.gpuKv + e.gpuOverhead, qint64{pm->pending().vramBudgetMiB} << 20);
+}
+
+// While a reply streams, the tokens/s tile shows the latest window's speed, not "—".
+TEST(Charts, TokensPerSecondWhileStreaming) {
+  auto stats = std::make_shared<LiveStats>();
+  ChartsPanel charts(stats);
+  charts.refresh();
+  EXPECT_EQ(charts.shown().tokensPerSecond, 0.0);
+  stats->generationStarted();
+  stats->tokenGenerated(0);
+  for (int i = 0; i < 40; ++i) {
+    QTest::qWait(1);
+    stats->tokenGenerated(1000000);
+  }
+  charts.refresh();
+  EXPECT_GT(charts.shown().tokensPerSecond, 0.0) << "no figure while the reply streams";
+  stats->generationFinished(5.0, 123.0);
+  charts.refresh();
+  EXPECT_EQ(charts.shown().tokensPerSecond, 123.0);
 }
 
 TEST(AppOptions, SizeOption) {
