@@ -42,10 +42,14 @@ struct KvTierConfig {
   uint64_t ram_budget = 0;  ///< bytes of host K/V kept in RAM; 0: no limit, nothing spills
   std::string spill_dir;    ///< the spill file's folder (needed with a budget)
   std::string policy = "importance";  ///< lru | importance (kv_policy.h)
-  int64_t sink_tokens = 32;           ///< the first tokens never leave RAM (attention sinks)
-  int64_t window_tokens = 128;        ///< nor do the newest ones (at least one block's worth)
-  uint64_t session = 0;               ///< names the spill file; 0: from the process id and time
-  storage::SpillFaults faults;        ///< injected storage faults (tests)
+  /// Precision on the SSD: empty or the cache's own (bytes as they are), or
+  /// "q8_0" under an F16 cache (requantized on the way down: half the bytes
+  /// to read back, at Q8_0's error).
+  std::string spill_type;
+  int64_t sink_tokens = 32;     ///< the first tokens never leave RAM (attention sinks)
+  int64_t window_tokens = 128;  ///< nor do the newest ones (at least one block's worth)
+  uint64_t session = 0;         ///< names the spill file; 0: from the process id and time
+  storage::SpillFaults faults;  ///< injected storage faults (tests)
 };
 
 /// Where the KV bytes are now, and what moved.
@@ -151,6 +155,11 @@ class KvCache {
   Status grow_layer(size_t l, size_t n_blocks);
   void free_layer(size_t l);
   void point_at(size_t l, size_t b, uint8_t* kv_pair);
+  /// Bytes of one (layer, block) pair on the SSD, and its conversion from and
+  /// to the cache's dtype (when the spill precision differs).
+  uint64_t spill_pair_bytes() const;
+  bool converts() const { return spill_dtype_ != cfg_.dtype; }
+  void convert_pair(const uint8_t* src, DType from, uint8_t* dst, DType to) const;
   bool pinned(int64_t block) const;
   Status spill(std::vector<std::pair<size_t, size_t>>& victims);
   Status promote(std::vector<std::pair<size_t, size_t>>& blocks);
@@ -162,6 +171,8 @@ class KvCache {
   /// Gives a spilled (l, b) fresh RAM (zeroed when asked) and frees its slot.
   Status fresh_ram(size_t l, size_t b, bool zero);
   void start_prefetch(int64_t layer);
+  void size_staging(size_t l, size_t n);
+  uint8_t* read_target(size_t l, size_t i);
   void drain_prefetch();
 
   KvCacheConfig cfg_;
@@ -176,6 +187,8 @@ class KvCache {
   // attention mass; lost (layer, block) pairs waiting for a recompute.
   KvTierConfig tiers_;
   std::unique_ptr<KvTierPolicy> policy_;
+  DType spill_dtype_ = DType::kF16;  ///< set by configure_tiers (the cache's dtype by default)
+  std::vector<uint8_t> spill_buf_;   ///< converted payloads on their way to or from the SSD
   std::unique_ptr<storage::KvSpillFile> spill_;
   std::vector<std::vector<int64_t>> slot_;
   std::vector<std::vector<float>> mass_;
@@ -184,9 +197,10 @@ class KvCache {
   // next layer's read-ahead (begun when a layer's fetch is done, finished by
   // its own fetch) never lands where the running attention reads.
   std::vector<uint8_t> staging_[2];
-  int64_t prefetch_layer_ = -1;          ///< the layer whose read-ahead is in flight
-  std::vector<size_t> prefetch_blocks_;  ///< its blocks, in staging order
-  uint64_t n_prefetched_ = 0;            ///< blocks that came through a read-ahead
+  std::vector<uint8_t> spill_staging_[2];  ///< the same blocks as read, where precisions differ
+  int64_t prefetch_layer_ = -1;            ///< the layer whose read-ahead is in flight
+  std::vector<size_t> prefetch_blocks_;    ///< its blocks, in staging order
+  uint64_t n_prefetched_ = 0;              ///< blocks that came through a read-ahead
   bool recomputing_ = false, spill_full_ = false;
   uint64_t n_spilled_ = 0, n_promoted_ = 0, n_lost_ = 0;
   uint64_t n_ram_blocks_ = 0;  ///< host (layer, block) pairs in RAM

@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "cpu/ref/quants.h"
 #include "engine/runtime/kv_cache.h"
 
 namespace loom {
@@ -60,6 +61,20 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
   }
   auto policy = make_kv_policy(t.policy);
   if (!policy.ok()) return policy.error();
+  DType spill_dtype = cfg_.dtype;
+  if (!t.spill_type.empty()) {
+    const auto d = dtype_from_name(t.spill_type);
+    const bool ok = d && (*d == cfg_.dtype || (cfg_.dtype == DType::kF16 && *d == DType::kQ8_0 &&
+                                               cfg_.head_dim % 32 == 0));
+    if (!ok) {
+      return make_error(ErrorCode::kUnsupported,
+                        "KV cache: spill precision '%s' is not available under a %s cache (%s, "
+                        "or q8_0 under F16)",
+                        t.spill_type.c_str(), std::string(dtype_name(cfg_.dtype)).c_str(),
+                        std::string(dtype_name(cfg_.dtype)).c_str());
+    }
+    spill_dtype = *d;
+  }
   const int64_t bs = cfg_.block_size;
   if (t.ram_budget < pair_bytes() * static_cast<uint64_t>(cfg_.n_layer) *
                          static_cast<uint64_t>((t.window_tokens + bs - 1) / bs + 1)) {
@@ -78,6 +93,7 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
     tiers_.session = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(now);
   }
   policy_ = std::move(policy).value();
+  spill_dtype_ = spill_dtype;
   // Files of sessions that crashed: their lock is free.
   storage::remove_stale_spill_files(tiers_.spill_dir);
   return {};
@@ -88,7 +104,7 @@ Status KvCache::open_spill_file() {
   storage::SpillOptions o;
   o.dir = tiers_.spill_dir;
   o.session = tiers_.session;
-  o.payload_bytes = pair_bytes();
+  o.payload_bytes = spill_pair_bytes();
   o.queue_depth = kSpillQueueDepth;
   auto f = storage::KvSpillFile::open(o);
   if (!f.ok()) return f.error();
@@ -102,8 +118,9 @@ KvTierStats KvCache::tier_stats() const {
   KvTierStats s;
   s.device_bytes = storage_ ? storage_->allocated_bytes() : 0;
   s.ram_bytes = n_ram_blocks_ * pair_bytes();
-  s.ssd_bytes = spill_ ? spill_->slots_used() * pair_bytes() : 0;
-  s.staging_bytes = staging_[0].capacity() + staging_[1].capacity();
+  s.ssd_bytes = spill_ ? spill_->slots_used() * spill_pair_bytes() : 0;
+  s.staging_bytes = staging_[0].capacity() + staging_[1].capacity() + spill_staging_[0].capacity() +
+                    spill_staging_[1].capacity();
   s.blocks_read_ahead = n_prefetched_;
   s.blocks_spilled = n_spilled_;
   s.blocks_promoted = n_promoted_;
@@ -134,15 +151,44 @@ void KvCache::add_mass(int64_t layer, const float* mass, int64_t n_blocks) {
 }
 
 // Writes the given (layer, block) pairs to the SSD and frees their RAM.
+uint64_t KvCache::spill_pair_bytes() const {
+  return 2ull * cpu::kv_head_bytes(spill_dtype_, cfg_.block_size, cfg_.head_dim) *
+         static_cast<uint64_t>(cfg_.n_kv_heads);
+}
+
+// Row by row through floats: [K|V][kv_head][row] in each dtype's layout.
+void KvCache::convert_pair(const uint8_t* src, DType from, uint8_t* dst, DType to) const {
+  const size_t hb_from = cpu::kv_head_bytes(from, cfg_.block_size, cfg_.head_dim);
+  const size_t hb_to = cpu::kv_head_bytes(to, cfg_.block_size, cfg_.head_dim);
+  const size_t rb_from = hb_from / static_cast<size_t>(cfg_.block_size);
+  const size_t rb_to = hb_to / static_cast<size_t>(cfg_.block_size);
+  std::vector<float> row(static_cast<size_t>(cfg_.head_dim));
+  const auto heads = static_cast<size_t>(2 * cfg_.n_kv_heads);  // K's heads, then V's
+  for (size_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < cfg_.block_size; ++r) {
+      const size_t ri = static_cast<size_t>(r);
+      (void)ref::dequantize_row(from, src + h * hb_from + ri * rb_from, row.data(), cfg_.head_dim);
+      (void)ref::quantize_row(to, row.data(), dst + h * hb_to + ri * rb_to, cfg_.head_dim);
+    }
+  }
+}
+
 Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
   if (victims.empty()) return {};
   drain_prefetch();
   LOOM_TRY(open_spill_file());
   std::vector<storage::SpillWrite> w;
   w.reserve(victims.size());
-  for (auto [l, b] : victims) {
-    const storage::SpillBlockKey key = spill_key(l, b);
-    w.push_back({key, blocks_[l][b].get()});
+  if (converts()) spill_buf_.resize(victims.size() * spill_pair_bytes());
+  for (size_t i = 0; i < victims.size(); ++i) {
+    auto [l, b] = victims[i];
+    const uint8_t* payload = blocks_[l][b].get();
+    if (converts()) {
+      uint8_t* q = spill_buf_.data() + i * spill_pair_bytes();
+      convert_pair(payload, cfg_.dtype, q, spill_dtype_);
+      payload = q;
+    }
+    w.push_back({spill_key(l, b), payload});
   }
   std::vector<uint32_t> slots;
   LOOM_TRY(spill_->write(w, &slots));
@@ -163,21 +209,26 @@ Status KvCache::promote(std::vector<std::pair<size_t, size_t>>& todo) {
   if (todo.empty()) return {};
   drain_prefetch();
   std::vector<storage::SpillRead> reads;
-  for (auto [l, b] : todo) {
+  if (converts()) spill_buf_.resize(todo.size() * spill_pair_bytes());
+  for (size_t i = 0; i < todo.size(); ++i) {
+    auto [l, b] = todo[i];
     std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
     if (!kv) {
       return make_error(ErrorCode::kOutOfMemory,
                         "KV cache: out of memory bringing block %zu of layer %zu back to RAM", b,
                         l);
     }
-    const storage::SpillBlockKey key = spill_key(l, b);
-    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, kv.get()});
+    uint8_t* to = converts() ? spill_buf_.data() + i * spill_pair_bytes() : kv.get();
+    reads.push_back({static_cast<uint32_t>(slot_[l][b]), spill_key(l, b), to});
     blocks_[l][b] = std::move(kv);
   }
   std::vector<Status> res;
   spill_->read(reads, &res);
   for (size_t i = 0; i < todo.size(); ++i) {
     auto [l, b] = todo[i];
+    if (converts() && res[i].ok())
+      convert_pair(static_cast<const uint8_t*>(reads[i].out), spill_dtype_, blocks_[l][b].get(),
+                   cfg_.dtype);
     spill_->release(static_cast<uint32_t>(slot_[l][b]));
     slot_[l][b] = -1;
     point_at(l, b, blocks_[l][b].get());
@@ -208,7 +259,7 @@ Status KvCache::unspill_layer(size_t l) {
 storage::SpillBlockKey KvCache::spill_key(size_t l, size_t b) const {
   return {static_cast<uint32_t>(l), static_cast<uint32_t>(b),
           static_cast<int64_t>(b) * cfg_.block_size, static_cast<uint32_t>(cfg_.block_size),
-          static_cast<uint32_t>(cfg_.dtype)};
+          static_cast<uint32_t>(spill_dtype_)};
 }
 
 Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
@@ -253,6 +304,25 @@ void KvCache::drain_prefetch() {
   prefetch_blocks_.clear();
 }
 
+// Room in layer l's staging for n spilled blocks (and their SSD form when
+// that is another precision).
+void KvCache::size_staging(size_t l, size_t n) {
+  auto grow = [](std::vector<uint8_t>& v, size_t bytes) {
+    if (v.size() >= bytes) return;
+    v.clear();
+    v.shrink_to_fit();
+    v.resize(bytes);
+  };
+  grow(staging_[l % 2], n * pair_bytes());
+  if (converts()) grow(spill_staging_[l % 2], n * spill_pair_bytes());
+}
+
+// Where the i-th spilled block of layer l is read to.
+uint8_t* KvCache::read_target(size_t l, size_t i) {
+  return converts() ? spill_staging_[l % 2].data() + i * spill_pair_bytes()
+                    : staging_[l % 2].data() + i * pair_bytes();
+}
+
 // Begins reading the first spilled blocks of `layer` (as many as one batch
 // holds) into its staging buffer; fetch_layer(layer) completes them.
 void KvCache::start_prefetch(int64_t layer) {
@@ -260,18 +330,12 @@ void KvCache::start_prefetch(int64_t layer) {
   const auto l = static_cast<size_t>(layer);
   std::vector<size_t> spilled = spilled_blocks(l);
   if (spilled.empty()) return;
-  std::vector<uint8_t>& buf = staging_[l % 2];
-  if (buf.size() < spilled.size() * pair_bytes()) {
-    buf.clear();
-    buf.shrink_to_fit();
-    buf.resize(spilled.size() * pair_bytes());
-  }
+  size_staging(l, spilled.size());
   spilled.resize(std::min<size_t>(spilled.size(), kSpillQueueDepth));  // one batch
   std::vector<storage::SpillRead> reads;
   for (size_t i = 0; i < spilled.size(); ++i) {
     const size_t b = spilled[i];
-    const storage::SpillBlockKey key = spill_key(l, b);
-    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, buf.data() + i * pair_bytes()});
+    reads.push_back({static_cast<uint32_t>(slot_[l][b]), spill_key(l, b), read_target(l, i)});
   }
   if (spill_->begin_reads(reads).ok()) {
     prefetch_layer_ = layer;
@@ -300,25 +364,24 @@ Status KvCache::fetch_layer(int64_t layer) {
     start_prefetch(layer + 1);
     return {};
   }
+  size_staging(l, spilled.size());  // (a read-ahead sized it already when there was one)
   std::vector<uint8_t>& buf = staging_[l % 2];
-  const size_t need = spilled.size() * pair_bytes();
-  if (buf.size() < need) {  // (a read-ahead sized it already when there was one)
-    buf.clear();
-    buf.shrink_to_fit();
-    buf.resize(need);
-  }
   std::vector<storage::SpillRead> reads;
   for (size_t i = 0; i < spilled.size(); ++i) {
     const size_t b = spilled[i];
-    uint8_t* at = buf.data() + i * pair_bytes();
-    point_at(l, b, at);
+    point_at(l, b, buf.data() + i * pair_bytes());
     if (i < ahead) continue;
-    const storage::SpillBlockKey key = spill_key(l, b);
-    reads.push_back({static_cast<uint32_t>(slot_[l][b]), key, at});
+    reads.push_back({static_cast<uint32_t>(slot_[l][b]), spill_key(l, b), read_target(l, i)});
   }
   std::vector<Status> rest;
   spill_->read(reads, &rest);
   for (auto& r : rest) res.push_back(std::move(r));
+  if (converts()) {  // back to the cache's precision, where attention reads it
+    for (size_t i = 0; i < spilled.size(); ++i) {
+      if (res[i].ok())
+        convert_pair(read_target(l, i), spill_dtype_, buf.data() + i * pair_bytes(), cfg_.dtype);
+    }
+  }
   // This layer's attention runs next: the following layer's blocks are read meanwhile.
   start_prefetch(layer + 1);
   std::string first_error;

@@ -148,6 +148,73 @@ TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
   }
 }
 
+TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
+  // The cache alone: random K/V rows, most blocks spilled as Q8_0, read back.
+  KvCacheConfig kc{2, 2, 64, 1024, 32, DType::kF16};
+  auto kv = KvCache::create(kc);
+  ASSERT_TRUE(kv.ok());
+  KvTierConfig t = tiers(8);
+  t.spill_type = "q8_0";
+  ASSERT_TRUE((*kv)->configure_tiers(t).ok());
+  const int64_t n = 300;
+  ASSERT_TRUE((*kv)->reserve(n).ok());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> rows(static_cast<size_t>(2 * n * 2 * 64));  // [layer][token][kv_head*64]
+  for (auto& x : rows) x = nd(rng);
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t p = 0; p < n; ++p) {
+      const float* r = rows.data() + (l * n + p) * 128;
+      (*kv)->store(l, p, r, r);
+    }
+  }
+  (*kv)->set_n_tokens(n);
+  ASSERT_TRUE((*kv)->rebalance().ok());
+  const KvTierStats ts = (*kv)->tier_stats();
+  ASSERT_GT(ts.ssd_bytes, 0u);
+  const uint64_t q8_pair = 2ull * 32 * 2 * (64 / 32 * 34);
+  EXPECT_EQ(ts.ssd_bytes % q8_pair, 0u);
+  EXPECT_EQ(ts.ssd_bytes / q8_pair, ts.blocks_spilled);
+  for (int64_t l = 0; l < 2; ++l) {
+    ASSERT_TRUE((*kv)->fetch_layer(l).ok());
+    const cpu::KvView v = (*kv)->view(l);
+    double worst = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const float* want = rows.data() + (l * n + p) * 128;
+      for (int64_t h = 0; h < 2; ++h) {
+        const auto* k =
+            reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(v.k_blocks[p / 32]) +
+                                              h * v.head_stride_bytes + (p % 32) * 64 * 2);
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(want[h * 64 + i]));
+        for (int i = 0; i < 32; ++i) {
+          const double err = std::fabs(ref::fp16_to_fp32(k[i]) - want[h * 64 + i]);
+          worst = std::max(worst, err / amax);
+        }
+      }
+    }
+    // Q8_0: half a step of amax/127, plus F16 rounding on both sides.
+    EXPECT_LT(worst, 0.5 / 127 + 2e-3) << "layer " << l;
+    EXPECT_GT(worst, 0.0) << "nothing went through Q8_0";
+  }
+
+  // A session with the Q8 spill generates as it should.
+  auto s = session(t);
+  ASSERT_TRUE(s);
+  GenerateStats st;
+  const auto got = greedy(*s, prompt(200), 30, &st);
+  EXPECT_EQ(got.size(), 29u);
+  EXPECT_GT(s->kv().tier_stats().blocks_spilled, 0u);
+  EXPECT_EQ(s->kv().tier_stats().blocks_lost, 0u);
+
+  t.spill_type = "q4_0";
+  auto bad = KvCache::create(kc);
+  Status e = (*bad)->configure_tiers(t);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("spill precision 'q4_0' is not available"), std::string::npos)
+      << e.message();
+}
+
 TEST_F(KvTiersTest, TheSpillFileIsDeletedWithItsSession) {
   {
     auto s = session(tiers(8));

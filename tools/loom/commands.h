@@ -61,6 +61,7 @@ struct EngineOptions {
   std::string kv_ram;            ///< "2G": host RAM for KV blocks, the rest spills to the SSD
   std::string kv_dir;            ///< spill folder (default: the user cache folder)
   std::string kv_policy = "importance";  ///< lru | importance
+  std::string kv_spill_type;             ///< precision on the SSD: the cache's, or q8_0
 };
 
 struct PlanOptions {

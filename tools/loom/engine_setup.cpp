@@ -29,6 +29,7 @@ bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* w
                            KvTierConfig* t) {
   t->spill_dir = o.kv_dir.empty() ? default_kv_spill_dir() : o.kv_dir;
   t->policy = o.kv_policy;
+  t->spill_type = o.kv_spill_type;
   if (!o.kv_ram.empty()) {
     auto b = parse_size(o.kv_ram);
     if (!b) {

@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
     c->add_option("--kv-policy", e.kv_policy,
                   "Which KV blocks go to the SSD first: importance (least attention) | lru "
                   "(oldest)");
+    c->add_option("--kv-spill-type", e.kv_spill_type,
+                  "KV precision on the SSD: q8_0 requantizes an F16 cache's blocks as they go "
+                  "down (half the bytes to read back); default: as in RAM");
     c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
                   "Experimental: while the CPU works in a hybrid step, N workgroups spin on the "
                   "GPU so its clocks may stay up (one per SM keeps all busy and draws power "
