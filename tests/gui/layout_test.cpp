@@ -287,6 +287,16 @@ TEST(Layout, PanelWidthsChangeOnlyByTheUser) {
     ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 0; }, kWaitMs));
     QTest::qWait(50);
     EXPECT_EQ(w.panelWidths(), before) << "after the reply";
+    // The model label goes from "CPU" to "CPU + GPU" (where a GPU is usable).
+    if (w.placement()->gpuBackend()) {
+      PlacementPanel* pp = w.enginePanel()->placementPanel();
+      pp->strategyBox()->setCurrentIndex(pp->strategyBox()->findData(QStringLiteral("layers")));
+      QSignalSpy placed(&w, &MainWindow::placementDone);
+      w.applyPlacement();
+      ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+      QTest::qWait(50);
+      EXPECT_EQ(w.panelWidths(), before) << "after the model label changed";
+    }
 
     // The user drags: saved on close.
     w.splitter()->setSizes({320, before[1] - 60 - 40, before[2] + 40});
