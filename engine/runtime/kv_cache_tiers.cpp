@@ -66,12 +66,17 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
     const auto d = dtype_from_name(t.spill_type);
     const bool ok = d && (*d == cfg_.dtype || (cfg_.dtype == DType::kF16 && *d == DType::kQ8_0 &&
                                                cfg_.head_dim % 32 == 0));
+    if (!ok && d && *d == DType::kQ8_0 && cfg_.dtype == DType::kF16) {
+      return make_error(ErrorCode::kUnsupported,
+                        "KV cache: a q8_0 spill needs a head size that is a multiple of 32 (this "
+                        "model's is %" PRId64 ")",
+                        cfg_.head_dim);
+    }
     if (!ok) {
       return make_error(ErrorCode::kUnsupported,
-                        "KV cache: spill precision '%s' is not available under a %s cache (%s, "
-                        "or q8_0 under F16)",
-                        t.spill_type.c_str(), std::string(dtype_name(cfg_.dtype)).c_str(),
-                        std::string(dtype_name(cfg_.dtype)).c_str());
+                        "KV cache: spill precision '%s' is not available under a %s cache (the "
+                        "cache's own, or q8_0 under F16)",
+                        t.spill_type.c_str(), std::string(dtype_name(cfg_.dtype)).c_str());
     }
     spill_dtype = *d;
   }
