@@ -76,6 +76,8 @@ void ChatController::setModelReady(bool ready, const QString& assistantName) {
   m_modelReady = ready;
   m_transcript->setAssistantName(assistantName);
   m_composer->setReady(ready, tr("Open a model to start chatting"));
+  // Regenerate and Edit need a model: without one, past chats are read only.
+  m_transcript->refreshActions(isBusy() || !m_modelReady);
 }
 
 void ChatController::newChat() {
@@ -120,7 +122,7 @@ void ChatController::openChat(qint64 chatId) {
 void ChatController::reloadTranscript() {
   m_transcript->clear();
   if (!m_chatId) {
-    m_transcript->refreshActions(isBusy());
+    m_transcript->refreshActions(isBusy() || !m_modelReady);
     return;
   }
   auto msgs = m_store->list_messages(m_chatId);
@@ -138,7 +140,7 @@ void ChatController::reloadTranscript() {
       d.status = MessageStatus::Stopped;
     m_transcript->addMessage(d);
   }
-  m_transcript->refreshActions(isBusy());
+  m_transcript->refreshActions(isBusy() || !m_modelReady);
   m_transcript->scrollToBottom();
 }
 
@@ -217,7 +219,7 @@ void ChatController::setBusy(quint64 requestId, qint64 chatId, qint64 messageId)
   const bool was = isBusy();
   m_request = {requestId, chatId, messageId};
   m_composer->setBusy(isBusy());
-  m_transcript->refreshActions(isBusy());
+  m_transcript->refreshActions(isBusy() || !m_modelReady);
   if (was != isBusy()) emit busyChanged(isBusy());
 }
 

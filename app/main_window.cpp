@@ -786,7 +786,8 @@ void MainWindow::restoreLayout() {
 
 void MainWindow::saveLayout() {
   QSettings ini(layoutFile(), QSettings::IniFormat);
-  if (!m_userSizes.isEmpty()) {
+  // (Folded away, the engine panel's width reads 0: the last one shown is kept.)
+  if (!m_userSizes.isEmpty() && isEnginePanelShown()) {
     QList<QVariant> sizes;
     for (int v : m_split->sizes()) sizes << v;
     ini.setValue(QStringLiteral("main/panels"), sizes);

@@ -447,6 +447,15 @@ TEST(History, ReadableSearchableExportableWithoutAModel) {
   EXPECT_FALSE(w.startScreen()->isVisible());
   EXPECT_EQ(w.transcript()->messageCount(), 2);
   EXPECT_TRUE(w.transcript()->plainText().contains(QStringLiteral("four hours")));
+  // Read only: Regenerate and Edit need a model.
+  for (QAbstractButton* b : w.transcript()->findChildren<QAbstractButton*>()) {
+    if (b->text() == QStringLiteral("Regenerate") || b->text() == QStringLiteral("Edit")) {
+      EXPECT_FALSE(b->isVisibleTo(w.transcript())) << b->text().toStdString();
+    }
+  }
+  QDir().mkpath(QStringLiteral(LOOM_GUI_TEST_TMP "/screens"));
+  QTest::qWait(100);
+  EXPECT_TRUE(w.grab().save(QStringLiteral(LOOM_GUI_TEST_TMP "/screens/history-no-model.png")));
   // Exportable.
   const QString dir = guitest::freshDir(QStringLiteral("history-export"));
   QString error;
