@@ -429,6 +429,10 @@ void PlacementPanel::syncFromModel() {
           : tr("Needs a GPU (%1)").arg(whyNoGpu));
   m_budgetLabel->setText(gpu ? bytesText(qint64{m_budget->value()} << 20) : tr("no GPU"));
   m_budgetLabel->setToolTip(m_budget->toolTip());
+  // Spans belong to rows, not to a model: the previous model's output row
+  // (row 6 after the 5-layer demo) would otherwise stay merged as one cell of
+  // the next model's layer 5.
+  m_grid->clearSpans();
   for (int r = 0; r < m_model->rowCount(); ++r) {
     if (m_model->pending().isEdgeRow(r)) m_grid->setSpan(r, 0, 1, kColCount);
   }

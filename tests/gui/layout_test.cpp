@@ -524,6 +524,22 @@ TEST(Charts, TokensPerSecondWhileStreaming) {
   EXPECT_EQ(charts.shown().tokensPerSecond, 123.0);
 }
 
+// A model after a smaller one: the smaller one's output row was merged into
+// one cell, and that row is a layer of the next model (issue 22's "layer 5
+// shows one merged cell" after the 5-layer demo): every layer row has its cells.
+TEST(Placement, NoMergedLayerCellAfterASmallerModel) {
+  MainWindow w(optionsFor(QStringLiteral("spans")));
+  w.show();
+  w.start();
+  ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));  // 3 layers: output is row 4
+  QTableView* grid = w.enginePanel()->placementPanel()->grid();
+  EXPECT_EQ(grid->columnSpan(4, 0), kColCount);
+  ASSERT_TRUE(loadAndWait(w, twelveLayerModel()));  // row 4 is layer 3 now
+  for (int r = 1; r <= 12; ++r) EXPECT_EQ(grid->columnSpan(r, 0), 1) << "row " << r;
+  EXPECT_EQ(grid->columnSpan(0, 0), kColCount);
+  EXPECT_EQ(grid->columnSpan(13, 0), kColCount);
+}
+
 TEST(AppOptions, SizeOption) {
   AppOptions o;
   QString error;
