@@ -141,6 +141,8 @@ class CellDelegate : public QStyledItemDelegate {
   }
 };
 
+constexpr int kGridMaxRows = 24;
+
 // As tall as its rows (so a small model's grid does not float in empty space),
 // never shorter than kGridMinRows rows (fewer only when the model has fewer):
 // it scrolls inside, and the panel around it scrolls when the window is shorter.
@@ -148,8 +150,11 @@ class GridView : public QTableView {
  public:
   using QTableView::QTableView;
   QSize sizeHint() const override {
+    // At most kGridMaxRows tall: an 80-layer model's grid scrolls inside,
+    // and Apply and the cost stay near (the panel's scroll area takes the
+    // preferred height of what it holds).
     const int rows = model() ? model()->rowCount() : 0;
-    return {QTableView::sizeHint().width(), heightFor(rows)};
+    return {QTableView::sizeHint().width(), heightFor(std::min(rows, kGridMaxRows))};
   }
   QSize minimumSizeHint() const override {
     const int rows = model() ? model()->rowCount() : 0;
