@@ -1,9 +1,12 @@
 #include "tests/test_util.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string>
 
 namespace fs = std::filesystem;
 
@@ -29,12 +32,19 @@ std::optional<std::string> fixture_path(const std::string& relative) {
 std::string temp_dir(const std::string& name) {
   // One folder per test: ctest runs tests as parallel processes, so folders
   // shared between tests would be removed under each other's feet.
-  std::string owner = "no-test";
-  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+  // Outside a test (a suite's SetUpTestSuite) the folder is per process:
+  // ctest starts one process per test of the suite, each running that set-up,
+  // and a file one of them has mapped must not be rewritten by another.
+  auto* unit = ::testing::UnitTest::GetInstance();
+  std::string owner;
+  if (const auto* info = unit->current_test_info()) {
     owner = std::string(info->test_suite_name()) + "." + info->name();
-    for (char& c : owner) {
-      if (c == '/') c = '_';
-    }
+  } else {
+    const auto* suite = unit->current_test_suite();
+    owner = std::string(suite ? suite->name() : "no-test") + ".pid" + std::to_string(::getpid());
+  }
+  for (char& c : owner) {
+    if (c == '/') c = '_';
   }
   fs::path p = fs::path(LOOM_BINARY_DIR) / "test-tmp" / owner / name;
   std::error_code ec;

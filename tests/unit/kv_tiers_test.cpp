@@ -41,7 +41,8 @@ class KvTiersTest : public ::testing::Test {
     s.n_ctx = 1024;
     s.weight_type = "q8_0";
     s.seed = 11;
-    const std::string path = test::temp_dir("kv_tiers_model") + "/m.gguf";
+    model_dir_ = new std::string(test::temp_dir("kv_tiers_model"));
+    const std::string path = *model_dir_ + "/m.gguf";
     ASSERT_TRUE(write_synthetic_model(s, path).ok());
     auto m = load_model(path);
     ASSERT_TRUE(m.ok()) << m.message();
@@ -50,6 +51,12 @@ class KvTiersTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
+    if (model_dir_) {
+      std::error_code ec;
+      fs::remove_all(fs::path(*model_dir_).parent_path(), ec);  // the per-process folder
+      delete model_dir_;
+      model_dir_ = nullptr;
+    }
   }
   void SetUp() override {
     be_ = std::make_unique<CpuBackend>(2);
@@ -113,10 +120,12 @@ class KvTiersTest : public ::testing::Test {
   }
 
   static Model* model_;
+  static std::string* model_dir_;
   std::unique_ptr<CpuBackend> be_;
   std::string dir_;
 };
 Model* KvTiersTest::model_ = nullptr;
+std::string* KvTiersTest::model_dir_ = nullptr;
 
 TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
   const auto p = prompt(200);
