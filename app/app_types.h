@@ -54,6 +54,16 @@ struct SamplingSettings {
   int nCtx = 0;         ///< 0: the model's own (capped by the engine)
 };
 
+/// Where the KV cache may live beyond the GPU: host RAM up to a budget, the
+/// rest in a spill file on the SSD (engine: loom::KvTierConfig).
+struct KvTierSettings {
+  qint64 ramBudgetMiB = -1;  ///< < 0: automatic (from free memory); 0: no limit (nothing spills)
+  QString spillDir;          ///< empty: the user cache folder (default_kv_spill_dir)
+  QString policy = QStringLiteral("importance");  ///< importance | lru
+  QString spillType;  ///< empty: the cache's own precision; "q8_0": requantized on the SSD
+  bool operator==(const KvTierSettings&) const = default;
+};
+
 /// A request to generate one assistant message.
 struct GenerationRequest {
   quint64 requestId = 0;
@@ -79,3 +89,4 @@ struct GenerationResult {
 Q_DECLARE_METATYPE(ModelSummary)
 Q_DECLARE_METATYPE(GenerationRequest)
 Q_DECLARE_METATYPE(GenerationResult)
+Q_DECLARE_METATYPE(KvTierSettings)

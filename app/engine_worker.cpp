@@ -3,6 +3,7 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
+#include <QLocale>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -118,6 +119,41 @@ void EngineWorker::ensureGpu() {
   m_gpuName = qstr(best->name);
   m_gpuType = qstr(best->type);
   m_gpuMemory = static_cast<qint64>(best->device_local_bytes);
+}
+
+namespace {
+// What a session's KV may use, in words: "RAM up to 2.0 GiB, then the SSD (folder)".
+QString tiersText(const loom::KvTierConfig& t) {
+  if (t.ram_budget == 0)
+    return EngineWorker::tr("KV cache: host RAM without a limit (no SSD spill)");
+  QString s =
+      EngineWorker::tr("KV cache: RAM up to %1, then the SSD in %2 (%3 blocks spill first%4)")
+          .arg(QLocale::system().formattedDataSize(static_cast<qint64>(t.ram_budget), 1,
+                                                   QLocale::DataSizeTraditionalFormat),
+               QString::fromStdString(t.spill_dir),
+               t.policy == "lru" ? EngineWorker::tr("least recently used")
+                                 : EngineWorker::tr("least attended"),
+               t.spill_type.empty()
+                   ? QString()
+                   : EngineWorker::tr("; %1 on the SSD").arg(QString::fromStdString(t.spill_type)));
+  return s;
+}
+}  // namespace
+
+void EngineWorker::setKvTiers(quint64 requestId, const KvTierSettings& tiers) {
+  const KvTierSettings old = m_kvTiers;
+  m_kvTiers = tiers;
+  if (!m_model || !m_session) {
+    emit kvTiersApplied(requestId, true, tr("Used from the next model loaded."));
+    return;
+  }
+  QString error;
+  if (!rebuildSession(m_sessionCtx, m_kvDtype, nullptr, &error, &old)) {
+    emit kvTiersApplied(requestId, false, error);
+    return;
+  }
+  publishMemory();
+  emit kvTiersApplied(requestId, true, tiersText(m_session->kv().tier_config()));
 }
 
 void EngineWorker::probeDevices() {
@@ -342,13 +378,18 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   sc.n_ctx = nCtx;
   sc.kv_dtype = *dt;
   // KV tiers: host RAM up to a budget, the rest in a spill file on the SSD.
-  // The budget is set only where the context's KV would not fit in half
-  // the free memory (the same default as `loom run`).
-  sc.kv_tiers.spill_dir = loom::default_kv_spill_dir();
-  {
+  // The automatic budget is set only where the context's KV would not fit in
+  // half the free memory (the same default as `loom run`).
+  sc.kv_tiers.spill_dir = m_kvTiers.spillDir.isEmpty() ? loom::default_kv_spill_dir()
+                                                       : m_kvTiers.spillDir.toStdString();
+  sc.kv_tiers.policy = m_kvTiers.policy.toStdString();
+  sc.kv_tiers.spill_type = m_kvTiers.spillType.toStdString();
+  if (m_kvTiers.ramBudgetMiB < 0) {
     const int64_t ctx = nCtx > 0 ? nCtx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
     sc.kv_tiers.ram_budget = loom::default_kv_ram_budget(loom::kv_bytes_per_layer(model, ctx, *dt) *
                                                          static_cast<uint64_t>(model.hp.n_layer));
+  } else {
+    sc.kv_tiers.ram_budget = static_cast<uint64_t>(m_kvTiers.ramBudgetMiB) << 20;
   }
   // On the GPU backend when there is one: the CPU is then the other unit.
   loom::Backend& primary = m_gpu ? *m_gpu : static_cast<loom::Backend&>(*m_cpu);
@@ -409,7 +450,8 @@ void EngineWorker::dropSession() {
 }
 
 bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype,
-                                  const loom::Placement* placement, QString* error) {
+                                  const loom::Placement* placement, QString* error,
+                                  const KvTierSettings* oldTiers) {
   if (!m_model) {
     *error = tr("No model is loaded.");
     return false;
@@ -430,6 +472,7 @@ bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype,
     return true;
   }
   // Back to what there was, so the model stays usable (the chat lives in the store).
+  if (oldTiers) m_kvTiers = *oldTiers;
   if (m_gpu) m_gpu->release_weights();
   QString ignored;
   auto back = makeSession(*m_model, oldCtx, oldKv, old, &ignored);

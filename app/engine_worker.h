@@ -90,6 +90,11 @@ class EngineWorker : public QObject {
   void generate(const GenerationRequest& request);
   /// Opens the worker's own store connection (on this thread).
   void openStore();
+  /// Where the KV cache spills (RAM budget, SSD folder, policy). Used by every
+  /// session made from now on; a loaded model's session is made again at
+  /// once (the chat's context is prefilled again at the next reply), and
+  /// kvTiersApplied answers.
+  void setKvTiers(quint64 requestId, const KvTierSettings& tiers);
   /// Asks every backend for its devices and opens the GPU backend on the best
   /// usable Vulkan device (slow: here, not on the GUI thread).
   void probeDevices();
@@ -112,6 +117,9 @@ class EngineWorker : public QObject {
   /// How far the placement being applied is (weights re-quantized and moved), 0..100.
   void placementProgress(int percent);
   void devicesFound(const QVector<DeviceInfo>& devices);
+  /// setKvTiers() is in force (ok), or could not be (the previous settings stay);
+  /// `note` says what the session's KV may use now, or why not.
+  void kvTiersApplied(quint64 requestId, bool ok, const QString& note);
   /// A problem that is not tied to a request (the store could not be opened...).
   void warning(const QString& message);
 
@@ -132,8 +140,9 @@ class EngineWorker : public QObject {
   /// Replaces the session (same model): new context or KV precision. The old
   /// one goes first (the GPU holds one copy of the weights); on failure a
   /// session like the old one is made again, so the model stays usable.
+  /// `oldTiers`: the KV tier settings to go back to when the new session fails.
   bool rebuildSession(int nCtx, const QString& kvDtype, const loom::Placement* placement,
-                      QString* error);
+                      QString* error, const KvTierSettings* oldTiers = nullptr);
   void setSession(std::unique_ptr<loom::Session> s, const QString& kvDtype, int nCtxAsked);
   /// Lets the current session go, releasing its GPU memory.
   void dropSession();
@@ -171,7 +180,8 @@ class EngineWorker : public QObject {
   std::shared_ptr<loom::Profiler> m_profiler;
   PlannerPtr m_planner;
   ModelSummary m_summary;
-  int m_sessionCtx = 0;  ///< the n_ctx asked for when the session was made (0: default)
+  int m_sessionCtx = 0;      ///< the n_ctx asked for when the session was made (0: default)
+  KvTierSettings m_kvTiers;  ///< what the user set (worker thread only)
 
   // Shared with requestPlacement (any thread).
   mutable std::mutex m_mu;

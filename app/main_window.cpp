@@ -39,6 +39,7 @@
 #include "app/engine_bridge.h"
 #include "app/engine_panel.h"
 #include "app/engine_worker.h"
+#include "app/kv_tiers_dialog.h"
 #include "app/live_stats.h"
 #include "app/placement_panel.h"
 #include "app/preset_list_model.h"
@@ -47,6 +48,7 @@
 #include "app/theme.h"
 #include "app/transcript_view.h"
 #include "engine/core/version.h"
+#include "engine/runtime/kv_cache.h"
 
 namespace {
 
@@ -54,6 +56,7 @@ void registerTypes() {
   qRegisterMetaType<ModelSummary>();
   qRegisterMetaType<GenerationRequest>();
   qRegisterMetaType<GenerationResult>();
+  qRegisterMetaType<KvTierSettings>();
   qRegisterMetaType<PlacementPlan>();
   qRegisterMetaType<PlannerPtr>();
   qRegisterMetaType<QVector<DeviceInfo>>();
@@ -122,6 +125,11 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent)
   updateHeader();
   emit workerOpenStore();
   emit workerProbeDevices();
+  // Before any model loads (the worker takes its queued calls in order).
+  m_kvTiers = KvTiersDialog::load(layoutFile());
+  emit workerSetKvTiers(0, m_kvTiers);
+  m_engine->placementPanel()->setKvTiersSummary(
+      KvTiersDialog::summary(m_kvTiers, QString::fromStdString(loom::default_kv_spill_dir())));
   if (!storeError.isEmpty()) {
     showError(tr("Chats cannot be saved"),
               tr("%1\nThis session uses a temporary file instead.").arg(storeError));
@@ -342,6 +350,7 @@ void MainWindow::buildUi() {
   PlacementPanel* pp = m_engine->placementPanel();
   connect(pp, &PlacementPanel::strategyChosen, this, &MainWindow::planStrategy);
   connect(pp, &PlacementPanel::applyRequested, this, &MainWindow::applyPlacement);
+  connect(pp, &PlacementPanel::kvTiersRequested, this, &MainWindow::editKvTiers);
   connect(pp, &PlacementPanel::savePresetRequested, this, &MainWindow::savePreset);
   connect(pp, &PlacementPanel::presetChosen, this, &MainWindow::applyPreset);
   connect(pp, &PlacementPanel::deletePresetRequested, this, &MainWindow::deletePreset);
@@ -356,6 +365,23 @@ void MainWindow::connectWorker() {
   connect(this, &MainWindow::workerLoadDemo, w, &EngineWorker::loadDemoModel);
   connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
   connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
+  connect(this, &MainWindow::workerSetKvTiers, w, &EngineWorker::setKvTiers);
+  connect(w, &EngineWorker::kvTiersApplied, this, [this](quint64 id, bool ok, const QString& note) {
+    if (id == 0 || id != m_kvRequest) return;
+    m_kvRequest = 0;
+    PlacementPanel* panel = m_engine->placementPanel();
+    if (!ok) {
+      // The engine kept the previous settings: so does the window.
+      m_kvTiers = KvTiersDialog::load(layoutFile());
+      panel->setKvTiersSummary(
+          KvTiersDialog::summary(m_kvTiers, QString::fromStdString(loom::default_kv_spill_dir())));
+      panel->setNote(tr("KV memory not changed: %1").arg(note), true);
+      showError(tr("KV cache memory"), note);
+      return;
+    }
+    KvTiersDialog::save(layoutFile(), m_kvTiers);
+    panel->setNote(note);
+  });
   connect(w, &EngineWorker::devicesFound, this, &MainWindow::setDevices);
   connect(m_chat, &ChatController::generateRequested, w, &EngineWorker::generate);
 
@@ -761,6 +787,19 @@ void MainWindow::stopWorker() {
   m_thread.wait();
   delete m_worker;
   m_worker = nullptr;
+}
+
+void MainWindow::editKvTiers() {
+  const QString defaultDir = QString::fromStdString(loom::default_kv_spill_dir());
+  KvTiersDialog dialog(m_kvTiers, defaultDir, this);
+  if (dialog.exec() != QDialog::Accepted) return;
+  const KvTierSettings s = dialog.settings();
+  if (s == m_kvTiers) return;
+  m_kvTiers = s;  // saved once the engine has taken them
+  m_engine->placementPanel()->setKvTiersSummary(KvTiersDialog::summary(s, defaultDir));
+  m_kvRequest = m_nextPlace++;
+  if (m_hasModel) m_engine->placementPanel()->setNote(tr("Making the session again…"));
+  emit workerSetKvTiers(m_kvRequest, s);
 }
 
 QString MainWindow::layoutFile() const {

@@ -103,6 +103,7 @@ class MainWindow : public QMainWindow {
   void workerLoadDemo(quint64 requestId, const QString& path);
   void workerOpenStore();
   void workerProbeDevices();
+  void workerSetKvTiers(quint64 requestId, const KvTierSettings& tiers);
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -125,6 +126,8 @@ class MainWindow : public QMainWindow {
   void onLoadFailed(quint64 requestId, const QString& message);
   void onLoadProgress(quint64 requestId, const QString& stage, int percent);
   void showError(const QString& title, const QString& message);
+  /// "KV memory…": the dialog, then the worker makes the session again.
+  void editKvTiers();
   void hideError();
   void refreshRecent();
   void updateHeader();
@@ -179,6 +182,8 @@ class MainWindow : public QMainWindow {
   bool m_placing = false;
   quint64 m_placeRequest = 0;  ///< the placement the UI waits for (0: none)
   quint64 m_nextPlace = 1;
+  KvTierSettings m_kvTiers;  ///< the KV tier settings in force (window.ini)
+  quint64 m_kvRequest = 0;   ///< the KV tier change the UI waits for (0: none)
   bool m_stopped = false;
   bool m_browsing = false;  ///< a chat was picked in the sidebar (shown even with no model)
   int m_screenshotStage = 0;

@@ -24,6 +24,7 @@
 #include <QVBoxLayout>
 #include <algorithm>
 
+#include "app/elided_label.h"
 #include "app/live_stats.h"
 #include "app/placement_model.h"
 #include "app/preset_list_model.h"
@@ -300,9 +301,20 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   m_times->setTextFormat(Qt::RichText);
   cv->addWidget(m_bytes);
   cv->addWidget(m_times);
+  auto* kvRow = new QHBoxLayout;
+  m_kvTiers = new ElidedLabel(this);
+  m_kvTiers->setObjectName(QStringLiteral("KvTiersSummary"));
+  m_kvTiersButton = new QPushButton(tr("KV memory…"), this);
+  m_kvTiersButton->setObjectName(QStringLiteral("KvTiersButton"));
+  m_kvTiersButton->setToolTip(
+      tr("Where a long context's KV cache may go beyond the GPU: host RAM, then the SSD"));
+  kvRow->addWidget(m_kvTiers, 1);
+  kvRow->addWidget(m_kvTiersButton);
+  cv->addLayout(kvRow);
   v->addStretch(1);
 
   connect(m_apply, &QPushButton::clicked, this, &PlacementPanel::applyRequested);
+  connect(m_kvTiersButton, &QPushButton::clicked, this, &PlacementPanel::kvTiersRequested);
   connect(m_revert, &QPushButton::clicked, m_model, &PlacementModel::revertPending);
   connect(m_strategy, &QComboBox::currentIndexChanged, this, &PlacementPanel::emitStrategy);
   connect(m_layers, &QSpinBox::valueChanged, this, &PlacementPanel::emitStrategy);
@@ -652,4 +664,8 @@ void PlacementPanel::showPresetMenu() {
     connect(a, &QAction::triggered, this, [this, id] { emit deletePresetRequested(id); });
   }
   menu.exec(m_presetMenu->mapToGlobal(QPoint(0, m_presetMenu->height())));
+}
+
+void PlacementPanel::setKvTiersSummary(const QString& text) {
+  m_kvTiers->setFullText(text);
 }

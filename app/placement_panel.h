@@ -14,6 +14,7 @@
 class LiveStats;
 class PlacementModel;
 class PresetListModel;
+class ElidedLabel;
 class QComboBox;
 class QLabel;
 class QPushButton;
@@ -48,6 +49,8 @@ class PlacementPanel : public QWidget {
   void openCellMenu(int row, int column);
   /// A line under the grid: the engine's answer to the last Apply.
   void setNote(const QString& text, bool isError = false);
+  /// The line under the cost that says where the KV cache may go beyond the GPU.
+  void setKvTiersSummary(const QString& text);
   /// While a placement is being applied, Apply waits.
   void setBusy(bool busy);
   /// What the engine runs on: "… and the GPU: …" or "CPU only: why" (`details` in the tooltip).
@@ -60,6 +63,8 @@ class PlacementPanel : public QWidget {
 
  signals:
   void applyRequested();
+  /// "KV memory…": the owner opens the KV tier settings.
+  void kvTiersRequested();
   /// The user picked a strategy; the owner plans it (or not) into the model.
   void strategyChosen(const QString& strategyId, int gpuLayers, int vramBudgetMiB);
   void presetChosen(qint64 presetId);
@@ -86,6 +91,8 @@ class PlacementPanel : public QWidget {
   QPushButton* m_savePreset = nullptr;
   QToolButton* m_presetMenu = nullptr;
   QPushButton* m_apply = nullptr;
+  ElidedLabel* m_kvTiers = nullptr;
+  QPushButton* m_kvTiersButton = nullptr;
   QPushButton* m_revert = nullptr;
   QTableView* m_grid = nullptr;
   QLabel* m_hint = nullptr;

@@ -115,9 +115,9 @@ cmd_test() {
 
   # 2. AddressSanitizer + UndefinedBehaviorSanitizer (clang) on the engine and storage
   #    tests, with libFuzzer coverage so the same objects serve the GGUF fuzzer. The GUI
-  #    is left out (its tests ran above).
+  #    and CUDA (nvcc, no device here) are left out: their tests ran above.
   CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DLOOM_WERROR=ON -DLOOM_SANITIZE=ON -DLOOM_FUZZ=ON -DLOOM_GUI=OFF >/dev/null
+    -DLOOM_WERROR=ON -DLOOM_SANITIZE=ON -DLOOM_FUZZ=ON -DLOOM_GUI=OFF -DLOOM_CUDA=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"

@@ -1,0 +1,67 @@
+// The CUDA backend's KV cache and attention (loom_cuda_attention): the K/V of
+// the layers whose attention runs on the GPU, stored on the device, and
+// causal GQA attention over them: split-K flash decoding for a few query
+// tokens, flash attention on the tensor cores for prompts. Host-callable; no
+// CUDA syntax here, so the backend's .cpp files include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/backends/backend.h"
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+#include "engine/runtime/kv_cache.h"
+
+namespace loom::cuda {
+
+/// One layer's K and V on the device, each [n_kv_heads][capacity][row]: a row
+/// is head_dim F16 values, or head_dim / 32 Q8_0 blocks of 34 bytes (the host
+/// row format of KvStorage, so export/import copy rows as they are).
+struct DevKvLayer {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::kF16;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t capacity = 0;    ///< tokens room is made for
+  uint64_t row_bytes = 0;  ///< bytes of one token's row of one head
+};
+
+/// Stores k and v [T, n_kv_heads * head_dim] (f32, device) at positions
+/// pos[t] (device int32[T]), converting to the layer's dtype.
+Status kv_store(const DevKvLayer& layer, const float* k, const float* v, int64_t T,
+                const int32_t* pos, cudaStream_t s);
+
+/// Scratch of the attention kernels (split-K partial results), owned by the
+/// backend, grown as needed.
+class AttentionScratch {
+ public:
+  static std::unique_ptr<AttentionScratch> create();
+  virtual ~AttentionScratch() = default;
+  virtual uint64_t bytes() const = 0;
+};
+
+/// Causal GQA attention: query t (q [T, n_heads * head_dim], f32, device)
+/// attends to cached tokens 0 .. pos[t] inclusive (pos: device int32[T];
+/// `max_pos` is the largest pos[t], known on the host), query head h to KV
+/// head h / (n_heads / n_kv_heads); scores q.k * scale, softmax, sum of v.
+/// out [T, n_heads * head_dim] f32. Semantics of cpu::attention (cpu/ops.h).
+Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
+                 int64_t max_pos, int64_t n_heads, float scale, float* out,
+                 AttentionScratch& scratch, cudaStream_t s);
+
+/// The device K/V of a KvCache (Backend::create_kv_storage of the CUDA
+/// backend): the layers made resident here, each as a DevKvLayer.
+class CudaKvStorage : public KvStorage {
+ public:
+  /// `stream`: the backend's stream, which export/import order themselves on.
+  static Result<std::unique_ptr<CudaKvStorage>> create(const KvCacheConfig& cfg,
+                                                       cudaStream_t stream);
+  /// The device K/V of a resident layer (null pointers when not resident).
+  virtual DevKvLayer layer(int64_t l) const = 0;
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,58 @@
+// The CUDA backend's matrix products (loom_cuda_matmul): weights in device
+// memory as their GGUF rows, decode matvecs on Q8 activations with int8 dot
+// products, and prefill GEMMs on the tensor cores through cuBLAS (opened at
+// run time, cublas_loader.h). Host-callable; no CUDA syntax here, so the
+// backend's .cpp files include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+
+namespace loom::cuda {
+
+/// A weight matrix in device memory: n_out rows of n_in values, each row
+/// `row_bytes` of GGUF blocks exactly as in the file (no repacking, so any
+/// kernel that knows the GGUF block formats can read it).
+struct DevMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t n_out = 0;
+  int64_t n_in = 0;
+  uint64_t row_bytes = 0;
+};
+
+/// Whether weights of `dtype` can be multiplied (and dequantized) on CUDA.
+bool matmul_supported(DType dtype);
+
+/// out[t] = dequantized row ids[t] of `w` (ids: device int32[T]); out [T, n_in].
+Status dequantize_rows(const DevMatrix& w, const int32_t* ids, int64_t T, float* out,
+                       cudaStream_t s);
+
+/// Runs the products of one backend on one stream. Owns the cuBLAS handle and
+/// the scratch (Q8 activations, dequantized F16 weight tiles), grown as needed.
+/// Errors (kernel launch, cuBLAS, out of memory) come back as a Status.
+class Matmul {
+ public:
+  /// Opens cuBLAS (kUnsupported, naming the library, when it cannot be opened).
+  static Result<std::unique_ptr<Matmul>> create(int device);
+  virtual ~Matmul() = default;
+
+  /// y [T, w.n_out] = x [T, w.n_in] W^T (+ bias [n_out] when not null); with
+  /// `accumulate`, y += instead. Small T (decode): matvec kernels; large T:
+  /// a GEMM on the tensor cores. All pointers are device memory.
+  virtual Status run(const DevMatrix& w, const float* x, int64_t T, float* y, const float* bias,
+                     bool accumulate, cudaStream_t s) = 0;
+  /// y [T, n_out] = silu(x gate^T) * (x up^T) (the FFN's first half);
+  /// gate and up have the same shape and dtype.
+  virtual Status run_glu(const DevMatrix& gate, const DevMatrix& up, const float* x, int64_t T,
+                         float* y, cudaStream_t s) = 0;
+  /// Device bytes of scratch held.
+  virtual uint64_t scratch_bytes() const = 0;
+};
+
+}  // namespace loom::cuda
