@@ -4,6 +4,7 @@
 #include <array>
 #include <queue>
 
+#include "engine/tokenizer/bpe_merge.h"
 #include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -65,100 +66,59 @@ void byte_level_decode_text(std::string_view text, std::string* out) {
   }
 }
 
-namespace {
+BpeMerger::BpeMerger(const Vocab& vocab) : vocab_(vocab) {}
 
-// Merges one pre-tokenized word. Symbols start as one per byte and only ever
-// grow to the right, so a queued pair is still current exactly when both
-// symbols are alive, adjacent, and have the ids they had when it was queued.
-class BpeWordEncoder {
- public:
-  BpeWordEncoder(const Vocab& vocab, const std::array<int32_t, 256>& byte_chars)
-      : vocab_(vocab), byte_chars_(byte_chars) {}
-
-  void encode(std::string_view word, std::vector<int32_t>* out) {
-    symbols_.clear();
-    queue_ = Queue();
-    const auto n = static_cast<int64_t>(word.size());
-    symbols_.reserve(word.size());
-    for (int64_t i = 0; i < n; ++i) {
-      symbols_.push_back({byte_chars_[static_cast<uint8_t>(word[static_cast<size_t>(i)])], i - 1,
-                          i + 1 < n ? i + 1 : -1, true});
-    }
-    for (int64_t i = 1; i < n; ++i) try_add(i - 1, i);
-
-    while (!queue_.empty()) {
-      const Pair p = queue_.top();
-      queue_.pop();
-      Symbol& left = symbols_[static_cast<size_t>(p.left)];
-      Symbol& right = symbols_[static_cast<size_t>(p.right)];
-      if (!left.alive || !right.alive || left.next != p.right || left.id != p.left_id ||
-          right.id != p.right_id) {
-        continue;  // stale: one side was merged since
-      }
-      left.id = vocab_.merge(p.rank).result;
-      right.alive = false;
-      left.next = right.next;
-      if (right.next >= 0) symbols_[static_cast<size_t>(right.next)].prev = p.left;
-      try_add(left.prev, p.left);
-      try_add(p.left, left.next);
-    }
-
-    for (const Symbol& s : symbols_) {
-      if (!s.alive) continue;
-      if (s.id >= 0) {
-        out->push_back(s.id);
-      } else if (vocab_.special().unk >= 0) {
-        // A byte whose character is not in the vocabulary (not a real GPT-2 style vocab).
-        out->push_back(vocab_.special().unk);
-      }
-    }
+void BpeMerger::merge(std::vector<int32_t>* ids, std::vector<uint32_t>* counts) {
+  symbols_.clear();
+  queue_ = Queue();
+  const auto n = static_cast<int64_t>(ids->size());
+  symbols_.reserve(ids->size());
+  for (int64_t i = 0; i < n; ++i) {
+    symbols_.push_back({(*ids)[static_cast<size_t>(i)], 1, i - 1, i + 1 < n ? i + 1 : -1, true});
   }
-
- private:
-  struct Symbol {
-    int32_t id;  ///< token id, -1 when the byte's character is not a token
-    int64_t prev;
-    int64_t next;
-    bool alive;
-  };
-  struct Pair {
-    int32_t rank;
-    int64_t left;
-    int64_t right;
-    int32_t left_id;
-    int32_t right_id;
-  };
-  struct LaterFirst {
-    // priority_queue pops the largest: make that the lowest rank, then the leftmost.
-    bool operator()(const Pair& a, const Pair& b) const {
-      return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+  for (int64_t i = 1; i < n; ++i) try_add(i - 1, i);
+  while (!queue_.empty()) {
+    const Pair p = queue_.top();
+    queue_.pop();
+    Symbol& left = symbols_[static_cast<size_t>(p.left)];
+    Symbol& right = symbols_[static_cast<size_t>(p.right)];
+    if (!left.alive || !right.alive || left.next != p.right || left.id != p.left_id ||
+        right.id != p.right_id) {
+      continue;  // stale: one side was merged since
     }
-  };
-  using Queue = std::priority_queue<Pair, std::vector<Pair>, LaterFirst>;
-
-  void try_add(int64_t left, int64_t right) {
-    if (left < 0 || right < 0) return;
-    const int32_t left_id = symbols_[static_cast<size_t>(left)].id;
-    const int32_t right_id = symbols_[static_cast<size_t>(right)].id;
-    if (left_id < 0 || right_id < 0) return;
-    const int32_t rank = vocab_.merge_rank(left_id, right_id);
-    if (rank < 0) return;
-    queue_.push({rank, left, right, left_id, right_id});
+    left.id = vocab_.merge(p.rank).result;
+    left.count += right.count;
+    right.alive = false;
+    left.next = right.next;
+    if (right.next >= 0) symbols_[static_cast<size_t>(right.next)].prev = p.left;
+    try_add(left.prev, p.left);
+    try_add(p.left, left.next);
   }
+  ids->clear();
+  if (counts) counts->clear();
+  for (const Symbol& s : symbols_) {
+    if (!s.alive) continue;
+    ids->push_back(s.id);
+    if (counts) counts->push_back(s.count);
+  }
+}
 
-  const Vocab& vocab_;
-  const std::array<int32_t, 256>& byte_chars_;
-  std::vector<Symbol> symbols_;
-  Queue queue_;
-};
-
-}  // namespace
+void BpeMerger::try_add(int64_t left, int64_t right) {
+  if (left < 0 || right < 0) return;
+  const int32_t left_id = symbols_[static_cast<size_t>(left)].id;
+  const int32_t right_id = symbols_[static_cast<size_t>(right)].id;
+  if (left_id < 0 || right_id < 0) return;
+  const int32_t rank = vocab_.merge_rank(left_id, right_id);
+  if (rank < 0) return;
+  queue_.push({rank, left, right, left_id, right_id});
+}
 
 void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<std::string_view> words;
   pre_->split(text, &words);
-  BpeWordEncoder encoder(vocab_, byte_chars_);
+  BpeMerger merger(vocab_);
   std::string mapped;
+  std::vector<int32_t> ids;
   for (std::string_view word : words) {
     if (pre_->ignore_merges()) {
       // Llama 3: a word that is a token as a whole is that token, whatever the merges say.
@@ -170,7 +130,18 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>* out) con
         continue;
       }
     }
-    encoder.encode(word, out);
+    // One symbol per byte, as its GPT-2 character's token.
+    ids.clear();
+    for (char c : word) ids.push_back(byte_chars_[static_cast<uint8_t>(c)]);
+    merger.merge(&ids, nullptr);
+    for (int32_t id : ids) {
+      if (id >= 0) {
+        out->push_back(id);
+      } else if (vocab_.special().unk >= 0) {
+        // A byte whose character is not in the vocabulary (not a real GPT-2 style vocab).
+        out->push_back(vocab_.special().unk);
+      }
+    }
   }
 }
 

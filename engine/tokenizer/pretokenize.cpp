@@ -114,9 +114,11 @@ PreTokenizer::PreTokenizer(PreTokenizer&&) noexcept = default;
 PreTokenizer& PreTokenizer::operator=(PreTokenizer&&) noexcept = default;
 PreTokenizer::~PreTokenizer() = default;
 
-Result<PreTokenizer> PreTokenizer::from_regexes(const std::vector<std::string>& regexes) {
+Result<PreTokenizer> PreTokenizer::from_regexes(const std::vector<std::string>& regexes,
+                                                bool ignore_merges) {
   PreTokenizer pt;
   pt.name_ = "custom";
+  pt.ignore_merges_ = ignore_merges;
   for (const std::string& pattern : regexes) {
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;

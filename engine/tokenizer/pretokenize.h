@@ -35,7 +35,9 @@ class PreTokenizer {
   /// and sets warning(); only a PCRE2 failure (a bug) is an error.
   static Result<PreTokenizer> create(std::string_view name);
   /// Compiles arbitrary expressions (tests, tokenizer.json pre-tokenizers).
-  static Result<PreTokenizer> from_regexes(const std::vector<std::string>& regexes);
+  /// `ignore_merges`: a word that is a whole token is emitted as is (Llama 3).
+  static Result<PreTokenizer> from_regexes(const std::vector<std::string>& regexes,
+                                           bool ignore_merges = false);
 
   PreTokenizer(PreTokenizer&&) noexcept;
   PreTokenizer& operator=(PreTokenizer&&) noexcept;

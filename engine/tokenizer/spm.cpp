@@ -3,6 +3,7 @@
 // highest score; what is left over and not a token becomes byte tokens.
 #include <queue>
 
+#include "engine/tokenizer/bpe_merge.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/utf8.h"
 
@@ -101,7 +102,43 @@ class SpmEncoder {
 }  // namespace
 
 void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>* out) const {
-  SpmEncoder(vocab_, text).encode(byte_tokens_, out);
+  if (vocab_.n_merges() == 0) {
+    SpmEncoder(vocab_, text).encode(byte_tokens_, out);
+    return;
+  }
+  // SentencePiece-style BPE from a tokenizer.json (Phi-3, Llama 2, Mistral):
+  // the same symbols (UTF-8 characters), but merged by the file's merge ranks,
+  // as Hugging Face's BPE model does; characters that are no token fall back
+  // to their bytes.
+  std::vector<size_t> starts;
+  std::vector<int32_t> ids;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t n = utf8_char_length(text, pos);
+    starts.push_back(pos);
+    ids.push_back(vocab_.find(text.substr(pos, n)));
+    pos += n;
+  }
+  starts.push_back(text.size());
+  std::vector<uint32_t> counts;
+  BpeMerger(vocab_).merge(&ids, &counts);
+  size_t first = 0;  // index of the symbol's first character
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= 0) {
+      out->push_back(ids[i]);
+    } else {
+      const std::string_view ch = text.substr(starts[first], starts[first + 1] - starts[first]);
+      for (char c : ch) {
+        const int32_t byte_id = byte_tokens_[static_cast<uint8_t>(c)];
+        if (byte_id >= 0) {
+          out->push_back(byte_id);
+        } else if (vocab_.special().unk >= 0) {
+          out->push_back(vocab_.special().unk);
+          break;  // one unk for the whole character
+        }
+      }
+    }
+    first += counts[i];
+  }
 }
 
 }  // namespace loom

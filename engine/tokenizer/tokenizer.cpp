@@ -69,7 +69,11 @@ Result<Tokenizer> Tokenizer::create(Vocab vocab) {
   Tokenizer t;
   t.vocab_ = std::move(vocab);
   if (t.vocab_.model() == TokenizerModel::kBpe) {
-    LOOM_ASSIGN_OR_RETURN(PreTokenizer pre, PreTokenizer::create(t.vocab_.pre()));
+    LOOM_ASSIGN_OR_RETURN(
+        PreTokenizer pre,
+        t.vocab_.has_pre_regexes()
+            ? PreTokenizer::from_regexes(t.vocab_.pre_regexes(), t.vocab_.pre_ignore_merges())
+            : PreTokenizer::create(t.vocab_.pre()));
     t.warning_ = pre.warning();
     t.pre_ = std::make_unique<PreTokenizer>(std::move(pre));
   }

@@ -139,7 +139,7 @@ Status read_flag(const GgufFile& gguf, const char* key, bool* flag) {
 }
 
 // Chat models often lack an explicit eot id; these texts mark one (as llama.cpp does).
-int32_t find_eot_by_text(const Vocab& vocab) {
+int32_t find_eot_text_id(const Vocab& vocab) {
   for (const char* text :
        {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
         "<\xEF\xBD\x9C"
@@ -262,7 +262,7 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
   // llama.cpp's converters spell it "seperator"; accept the correct spelling too.
   LOOM_TRY(read_special_id(gguf, "tokenizer.ggml.seperator_token_id", n_tokens, &sp.sep));
   LOOM_TRY(read_special_id(gguf, "tokenizer.ggml.separator_token_id", n_tokens, &sp.sep));
-  if (sp.eot < 0 && !gguf.has("tokenizer.ggml.eot_token_id")) sp.eot = find_eot_by_text(vocab);
+  if (sp.eot < 0 && !gguf.has("tokenizer.ggml.eot_token_id")) sp.eot = find_eot_text_id(vocab);
 
   // Flag defaults: SPM adds BOS; Llama 3 style BPE too; the file has the last word.
   bool add_bos = vocab.add_bos();
@@ -284,6 +284,14 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
     return make_error(valid.error().code(), "%s: %s", path, valid.message().c_str());
   }
   return vocab;
+}
+
+}  // namespace loom
+
+namespace loom {
+
+int32_t find_eot_by_text(const Vocab& vocab) {
+  return find_eot_text_id(vocab);
 }
 
 }  // namespace loom

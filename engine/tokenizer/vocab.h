@@ -69,6 +69,16 @@ class Vocab {
   /// Pre-tokenizer name (`tokenizer.ggml.pre`), "default" when the file has none.
   const std::string& pre() const { return pre_; }
   void set_pre(std::string pre) { pre_ = std::move(pre); }
+  /// Pre-tokenizer expressions given as they are (tokenizer.json's Split
+  /// patterns); once set, they are used instead of the named pre().
+  bool has_pre_regexes() const { return has_pre_regexes_; }
+  const std::vector<std::string>& pre_regexes() const { return pre_regexes_; }
+  bool pre_ignore_merges() const { return pre_ignore_merges_; }
+  void set_pre_regexes(std::vector<std::string> regexes, bool ignore_merges) {
+    pre_regexes_ = std::move(regexes);
+    pre_ignore_merges_ = ignore_merges;
+    has_pre_regexes_ = true;
+  }
 
   /// Appends a token and returns its id. A text already present keeps mapping to
   /// its first id; validate() reports the duplicate.
@@ -126,6 +136,9 @@ class Vocab {
 
   TokenizerModel model_;
   std::string pre_ = "default";
+  std::vector<std::string> pre_regexes_;
+  bool pre_ignore_merges_ = false;
+  bool has_pre_regexes_ = false;
   std::vector<std::string> texts_;
   std::vector<float> scores_;
   std::vector<TokenType> types_;
@@ -138,6 +151,10 @@ class Vocab {
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
 };
+
+/// The id of a control or user-defined token whose text marks an end of turn
+/// (<|eot_id|>, <|im_end|>, <|end|>, ...), or -1: for vocabularies that do not say.
+int32_t find_eot_by_text(const Vocab& vocab);
 
 /// Reads the vocabulary from a GGUF file's `tokenizer.ggml.*` metadata and validates it.
 /// Errors name the file and the key; an unknown `tokenizer.ggml.model` is kUnsupported.

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/tokenizer_json.h"
 #include "engine/tokenizer/vocab.h"
 #include "tests/test_util.h"
 
@@ -315,6 +318,118 @@ TEST(TokenizerVectors, TenKilobytesTiming) {
     if (tok->vocab().model() == TokenizerModel::kSpm) decoded.erase(0, 1);
     EXPECT_EQ(decoded, text);
   }
+}
+
+// ---- tokenizer.json --------------------------------------------------------
+
+// Phi-3-mini's own tokenizer.json (SentencePiece-style BPE: Prepend + Replace
+// normalizers, byte fallback, merges by rank) with the phi-3 vectors.
+TEST(TokenizerJsonVectors, Phi3) {
+  LOOM_FIXTURE_OR_SKIP(json_path, "tokenizers/phi-3-mini/tokenizer.json");
+  LOOM_FIXTURE_OR_SKIP(config_path, "tokenizers/phi-3-mini/tokenizer_config.json");
+  LOOM_FIXTURE_OR_SKIP(inp_path, "llama.cpp-vocab/ggml-vocab-phi-3.gguf.inp");
+  LOOM_FIXTURE_OR_SKIP(out_path, "llama.cpp-vocab/ggml-vocab-phi-3.gguf.out");
+  auto config = load_hf_tokenizer_config(config_path);
+  ASSERT_TRUE(config.ok()) << config.message();
+  auto hf = load_tokenizer_json(json_path, &*config);
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_TRUE(hf->notes.empty());
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  EXPECT_EQ(tok->vocab().model(), TokenizerModel::kSpm);
+  EXPECT_EQ(tok->n_tokens(), 32011);             // the GGUF pads to 32064 with unused tokens
+  EXPECT_FALSE(tok->vocab().add_bos());          // add_bos_token: false
+  EXPECT_EQ(tok->vocab().special().eos, 32000);  // <|endoftext|>
+  EXPECT_EQ(tok->vocab().special().eot, tok->vocab().find("<|end|>"));
+  EXPECT_EQ(tok->vocab().special().unk, 0);
+  EXPECT_FALSE(config->chat_template.empty());
+  check_cases("phi-3 (tokenizer.json)", *tok, load_cases(inp_path, out_path));
+
+  // The same ids as the GGUF vocabulary (scores) where that fixture exists.
+  auto gguf_path = test::fixture_path("llama.cpp-vocab/ggml-vocab-phi-3.gguf");
+  if (gguf_path) {
+    auto gguf_tok = tokenizer_from_gguf(*gguf_path);
+    ASSERT_TRUE(gguf_tok.ok()) << gguf_tok.message();
+    const std::string chat = "<|user|>\nHow are you? \xF0\x9F\x98\x80<|end|>\n<|assistant|>";
+    // (without BOS: the GGUF adds one, tokenizer_config.json says add_bos_token: false)
+    EXPECT_EQ(tok->encode(chat, false, true), gguf_tok->encode(chat, false, true));
+  }
+}
+
+// Llama 3: a tokenizer.json written here from the Llama 3.2 vocabulary and
+// merges (encoder.json, vocab.bpe), with the Split expression, ByteLevel,
+// ignore_merges and the BOS post-processor as Meta's file has them.
+TEST(TokenizerJsonVectors, Llama3) {
+  LOOM_FIXTURE_OR_SKIP(encoder_path, "tokenizers/llama3.2-bpe/encoder.json");
+  LOOM_FIXTURE_OR_SKIP(merges_path, "tokenizers/llama3.2-bpe/vocab.bpe");
+  LOOM_FIXTURE_OR_SKIP(inp_path, "llama.cpp-vocab/ggml-vocab-llama-bpe.gguf.inp");
+  LOOM_FIXTURE_OR_SKIP(out_path, "llama.cpp-vocab/ggml-vocab-llama-bpe.gguf.out");
+  using nlohmann::json;
+  json model = {{"type", "BPE"}, {"ignore_merges", true}, {"byte_fallback", false}};
+  model["vocab"] = json::parse(read_text(encoder_path));
+  json merges = json::array();
+  std::istringstream lines(read_text(merges_path));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty()) merges.push_back(line);
+  }
+  model["merges"] = std::move(merges);
+  json added = json::array();
+  for (int i = 0; i < 256; ++i) {
+    std::string text;
+    switch (i) {
+      case 0: text = "<|begin_of_text|>"; break;
+      case 1: text = "<|end_of_text|>"; break;
+      case 6: text = "<|start_header_id|>"; break;
+      case 7: text = "<|end_header_id|>"; break;
+      case 8: text = "<|eom_id|>"; break;
+      case 9: text = "<|eot_id|>"; break;
+      default: text = "<|reserved_special_token_" + std::to_string(i) + "|>"; break;
+    }
+    added.push_back({{"id", 128000 + i}, {"content", text}, {"special", true}});
+  }
+  const char* split =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  json root = {{"version", "1.0"},
+               {"added_tokens", added},
+               {"normalizer", nullptr},
+               {"pre_tokenizer",
+                {{"type", "Sequence"},
+                 {"pretokenizers",
+                  {{{"type", "Split"},
+                    {"pattern", {{"Regex", split}}},
+                    {"behavior", "Isolated"},
+                    {"invert", false}},
+                   {{"type", "ByteLevel"},
+                    {"add_prefix_space", false},
+                    {"trim_offsets", true},
+                    {"use_regex", false}}}}}},
+               {"post_processor",
+                {{"type", "TemplateProcessing"},
+                 {"single",
+                  {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                   {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
+               {"decoder", {{"type", "ByteLevel"}}},
+               {"model", model}};
+  auto hf = parse_tokenizer_json(root.dump(), "llama3/tokenizer.json");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  EXPECT_EQ(tok->vocab().model(), TokenizerModel::kBpe);
+  EXPECT_EQ(tok->n_tokens(), 128256);
+  EXPECT_TRUE(tok->vocab().add_bos());
+  EXPECT_EQ(tok->vocab().special().bos, 128000);
+  EXPECT_EQ(tok->vocab().special().eos, 128001);
+  EXPECT_EQ(tok->vocab().special().eot, 128009);
+  EXPECT_EQ(tok->vocab().special().eom, 128008);
+  check_cases("llama-bpe (tokenizer.json)", *tok, load_cases(inp_path, out_path));
+  const std::string chat = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>";
+  const std::vector<int32_t> parsed = tok->encode(chat, true, true);
+  ASSERT_GE(parsed.size(), 4u);
+  EXPECT_EQ(parsed.front(), 128000);
+  EXPECT_EQ(parsed[1], 128006);
+  EXPECT_EQ(parsed.back(), 128009);
 }
 
 }  // namespace

@@ -1,0 +1,112 @@
+// tokenizer.json / tokenizer_config.json: small files written here, both BPE
+// kinds, and the errors for what is not supported or not well formed.
+#include "engine/tokenizer/tokenizer_json.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+namespace {
+
+// A byte-level BPE over "a", "b", "ab", "Ġ" (space) and "Ġab", one added special token.
+std::string byte_level_json(const std::string& model_type = "BPE") {
+  return R"({"version": "1.0",
+    "added_tokens": [{"id": 5, "content": "<|end|>", "special": true},
+                     {"id": 6, "content": "<tool>", "special": false}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": ")" +
+         model_type + R"(", "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120ab": 4},
+              "merges": ["a b", ["\u0120", "ab"]]}})";
+}
+
+TEST(TokenizerJson, ByteLevel) {
+  auto hf = parse_tokenizer_json(byte_level_json(), "t.json");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  EXPECT_EQ(tok->vocab().model(), TokenizerModel::kBpe);
+  EXPECT_EQ(tok->encode("ab ab<|end|>", false, true), (std::vector<int32_t>{2, 4, 5}));
+  // The special token is text unless parsed; the user-defined one always matches.
+  EXPECT_EQ(tok->encode("ab<tool>", false, false), (std::vector<int32_t>{2, 6}));
+  EXPECT_EQ(tok->decode(tok->encode("ab ab", false, false)), "ab ab");
+  EXPECT_EQ(tok->vocab().special().eot, 5);
+}
+
+TEST(TokenizerJson, SentencePieceStyleWithByteFallback) {
+  // "▁" + "a" merge first (rank 0), then "▁a" + "b"; "é" is no token: bytes.
+  const std::string text = R"({"added_tokens": [{"id": 0, "content": "<unk>", "special": true},
+                                  {"id": 1, "content": "<s>", "special": true}],
+    "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": null,
+    "model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+      "vocab": {"<unk>": 0, "<s>": 1, "<0xC3>": 2, "<0xA9>": 3, "\u2581": 4, "a": 5, "b": 6,
+                "\u2581a": 7, "\u2581ab": 8, "ab": 9},
+      "merges": ["\u2581 a", "\u2581a b", "a b"]}})";
+  HfTokenizerConfig config;
+  config.add_bos = true;
+  auto hf = parse_tokenizer_json(text, "spm.json", &config);
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  EXPECT_EQ(tok->vocab().model(), TokenizerModel::kSpm);
+  EXPECT_EQ(tok->vocab().type(2), TokenType::kByte);
+  EXPECT_EQ(tok->vocab().special().unk, 0);
+  // "ab ab é" -> ▁ab ▁ab ▁ <0xC3> <0xA9>, BOS first.
+  EXPECT_EQ(tok->encode("ab ab \xC3\xA9", true, false), (std::vector<int32_t>{1, 8, 8, 4, 2, 3}));
+  EXPECT_EQ(tok->decode(tok->encode("ab ab \xC3\xA9", false, false)), " ab ab \xC3\xA9");
+}
+
+TEST(TokenizerJson, Errors) {
+  auto expect_error = [](const std::string& text, ErrorCode code, const std::string& part) {
+    auto hf = parse_tokenizer_json(text, "bad/tokenizer.json");
+    ASSERT_FALSE(hf.ok()) << part;
+    EXPECT_EQ(hf.error().code(), code) << hf.message();
+    EXPECT_NE(hf.message().find("bad/tokenizer.json"), std::string::npos) << hf.message();
+    EXPECT_NE(hf.message().find(part), std::string::npos) << hf.message();
+  };
+  expect_error(byte_level_json("Unigram"), ErrorCode::kUnsupported, "model type 'Unigram'");
+  expect_error(byte_level_json("WordPiece"), ErrorCode::kUnsupported, "'WordPiece'");
+  expect_error("{\"model\": ", ErrorCode::kFormat, "does not parse");
+  expect_error("[]", ErrorCode::kFormat, "not a JSON object");
+  std::string s = byte_level_json();
+  s.replace(s.find("\"a b\""), 5, "\"a c\"");
+  expect_error(s, ErrorCode::kFormat, "merges[0]");
+  s = byte_level_json();
+  s.replace(s.find("\"id\": 6"), 7, "\"id\": 9");
+  expect_error(s, ErrorCode::kFormat, "id");
+  s = byte_level_json();
+  s.replace(s.find("\"id\": 6"), 7, "\"id\": 2");
+  expect_error(s, ErrorCode::kFormat, "both 'ab' and '<tool>'");
+  s = byte_level_json();
+  const std::string pre = R"("type": "ByteLevel", "add_prefix_space": false, "use_regex": true)";
+  s.replace(s.find(pre), pre.size(), R"("type": "Whitespace")");
+  // Still byte-level through the decoder; the pre-tokenizer is refused by name.
+  expect_error(s, ErrorCode::kUnsupported, "'Whitespace'");
+}
+
+TEST(TokenizerJson, Config) {
+  auto c = parse_hf_tokenizer_config(
+      R"({"add_bos_token": false, "bos_token": {"content": "<s>", "lstrip": false},
+          "eos_token": "</s>", "chat_template": [{"name": "tool_use", "template": "x"},
+                                                {"name": "default", "template": "{{ y }}"}]})",
+      "tokenizer_config.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->add_bos, false);
+  EXPECT_FALSE(c->add_eos.has_value());
+  EXPECT_EQ(c->bos_token, "<s>");
+  EXPECT_EQ(c->eos_token, "</s>");
+  EXPECT_EQ(c->chat_template, "{{ y }}");
+  auto bad = parse_hf_tokenizer_config("{", "cfg.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("cfg.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
