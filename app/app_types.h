@@ -60,7 +60,7 @@ struct KvTierSettings {
   qint64 ramBudgetMiB = -1;  ///< < 0: automatic (from free memory); 0: no limit (nothing spills)
   QString spillDir;          ///< empty: the user cache folder (default_kv_spill_dir)
   QString policy = QStringLiteral("importance");  ///< importance | lru
-  QString spillType;  ///< empty: the cache's own precision; "q8_0": requantized on the SSD
+  QString spillType;  ///< empty: the cache's own precision; "q8_0" or "fp8": requantized on the SSD
   bool operator==(const KvTierSettings&) const = default;
 };
 

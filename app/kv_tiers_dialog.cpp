@@ -76,6 +76,8 @@ KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defau
   m_spillType->addItem(tr("As in RAM (the cache's precision)"), QString());
   m_spillType->addItem(tr("Q8_0: half the bytes of an F16 cache to read back"),
                        QStringLiteral("q8_0"));
+  m_spillType->addItem(tr("FP8 (E4M3, a scale per block): about half the bytes of F16"),
+                       QStringLiteral("fp8"));
   form->addRow(tr("Precision on the SSD"), m_spillType);
   v->addLayout(form);
 
@@ -163,7 +165,8 @@ KvTierSettings KvTiersDialog::load(const QString& path) {
   const QString policy = ini.value(QStringLiteral("kv/policy"), s.policy).toString();
   if (policy == QLatin1String("lru") || policy == QLatin1String("importance")) s.policy = policy;
   const QString type = ini.value(QStringLiteral("kv/spillType")).toString();
-  if (type.isEmpty() || type == QLatin1String("q8_0")) s.spillType = type;
+  if (type.isEmpty() || type == QLatin1String("q8_0") || type == QLatin1String("fp8"))
+    s.spillType = type;
   return s;
 }
 

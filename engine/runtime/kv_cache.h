@@ -42,9 +42,10 @@ struct KvTierConfig {
   uint64_t ram_budget = 0;  ///< bytes of host K/V kept in RAM; 0: no limit, nothing spills
   std::string spill_dir;    ///< the spill file's folder (needed with a budget)
   std::string policy = "importance";  ///< lru | importance (kv_policy.h)
-  /// Precision on the SSD: empty or the cache's own (bytes as they are), or
+  /// Precision on the SSD: empty or the cache's own (bytes as they are),
   /// "q8_0" under an F16 cache (requantized on the way down: half the bytes
-  /// to read back, at Q8_0's error).
+  /// to read back, at Q8_0's error), or "fp8" (E4M3 with one scale per head
+  /// and block: about half an F16 cache's bytes, 3 mantissa bits).
   std::string spill_type;
   int64_t sink_tokens = 32;     ///< the first tokens never leave RAM (attention sinks)
   int64_t window_tokens = 128;  ///< nor do the newest ones (at least one block's worth)
@@ -158,8 +159,11 @@ class KvCache {
   /// Bytes of one (layer, block) pair on the SSD, and its conversion from and
   /// to the cache's dtype (when the spill precision differs).
   uint64_t spill_pair_bytes() const;
-  bool converts() const { return spill_dtype_ != cfg_.dtype; }
+  bool converts() const { return spill_fp8_ || spill_dtype_ != cfg_.dtype; }
   void convert_pair(const uint8_t* src, DType from, uint8_t* dst, DType to) const;
+  /// A pair in the cache's dtype to its SSD precision, and back.
+  void to_spill(const uint8_t* src, uint8_t* dst) const;
+  void from_spill(const uint8_t* src, uint8_t* dst) const;
   bool pinned(int64_t block) const;
   Status spill(std::vector<std::pair<size_t, size_t>>& victims);
   Status promote(std::vector<std::pair<size_t, size_t>>& blocks);
@@ -188,7 +192,9 @@ class KvCache {
   KvTierConfig tiers_;
   std::unique_ptr<KvTierPolicy> policy_;
   DType spill_dtype_ = DType::kF16;  ///< set by configure_tiers (the cache's dtype by default)
-  std::vector<uint8_t> spill_buf_;   ///< converted payloads on their way to or from the SSD
+  /// FP8 E4M3 on the SSD: per head and block a float scale, then one byte a value.
+  bool spill_fp8_ = false;
+  std::vector<uint8_t> spill_buf_;  ///< converted payloads on their way to or from the SSD
   std::unique_ptr<storage::KvSpillFile> spill_;
   std::vector<std::vector<int64_t>> slot_;
   std::vector<std::vector<float>> mass_;

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
 #include <string>
 
+#include "cpu/ref/fp8.h"
 #include "cpu/ref/quants.h"
 #include "engine/runtime/kv_cache.h"
 
@@ -24,6 +26,8 @@ constexpr size_t kMaxPromotions = 8;
 // Records per io_uring submission, and so the most blocks one read-ahead
 // covers: enough for a layer's spilled blocks at a few thousand tokens.
 constexpr unsigned kSpillQueueDepth = 64;
+// The dtype field of an FP8 spill record's header (no DType has this value).
+constexpr uint32_t kSpillFp8Code = 0xF8;
 }  // namespace
 
 uint64_t available_memory_bytes() {
@@ -62,7 +66,8 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
   auto policy = make_kv_policy(t.policy);
   if (!policy.ok()) return policy.error();
   DType spill_dtype = cfg_.dtype;
-  if (!t.spill_type.empty()) {
+  const bool fp8 = t.spill_type == "fp8" || t.spill_type == "fp8_e4m3";
+  if (!t.spill_type.empty() && !fp8) {
     const auto d = dtype_from_name(t.spill_type);
     const bool ok = d && (*d == cfg_.dtype || (cfg_.dtype == DType::kF16 && *d == DType::kQ8_0 &&
                                                cfg_.head_dim % 32 == 0));
@@ -75,7 +80,7 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
     if (!ok) {
       return make_error(ErrorCode::kUnsupported,
                         "KV cache: spill precision '%s' is not available under a %s cache (the "
-                        "cache's own, or q8_0 under F16)",
+                        "cache's own, fp8, or q8_0 under F16)",
                         t.spill_type.c_str(), std::string(dtype_name(cfg_.dtype)).c_str());
     }
     spill_dtype = *d;
@@ -99,6 +104,7 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
   }
   policy_ = std::move(policy).value();
   spill_dtype_ = spill_dtype;
+  spill_fp8_ = fp8;
   // Files of sessions that crashed: their lock is free.
   storage::remove_stale_spill_files(tiers_.spill_dir);
   return {};
@@ -157,6 +163,10 @@ void KvCache::add_mass(int64_t layer, const float* mass, int64_t n_blocks) {
 
 // Writes the given (layer, block) pairs to the SSD and frees their RAM.
 uint64_t KvCache::spill_pair_bytes() const {
+  if (spill_fp8_) {
+    return 2ull * static_cast<uint64_t>(cfg_.n_kv_heads) *
+           (sizeof(float) + static_cast<uint64_t>(cfg_.block_size * cfg_.head_dim));
+  }
   return 2ull * cpu::kv_head_bytes(spill_dtype_, cfg_.block_size, cfg_.head_dim) *
          static_cast<uint64_t>(cfg_.n_kv_heads);
 }
@@ -178,6 +188,48 @@ void KvCache::convert_pair(const uint8_t* src, DType from, uint8_t* dst, DType t
   }
 }
 
+// FP8: per head of K and of V, the block's largest magnitude maps to 448.
+void KvCache::to_spill(const uint8_t* src, uint8_t* dst) const {
+  if (!spill_fp8_) return convert_pair(src, cfg_.dtype, dst, spill_dtype_);
+  const size_t hb = cpu::kv_head_bytes(cfg_.dtype, cfg_.block_size, cfg_.head_dim);
+  const size_t rb = hb / static_cast<size_t>(cfg_.block_size);
+  const auto n = static_cast<size_t>(cfg_.block_size * cfg_.head_dim);
+  std::vector<float> vals(n);
+  for (size_t h = 0; h < static_cast<size_t>(2 * cfg_.n_kv_heads); ++h) {
+    float amax = 0.0f;
+    for (int64_t r = 0; r < cfg_.block_size; ++r) {
+      float* row = vals.data() + static_cast<size_t>(r * cfg_.head_dim);
+      (void)ref::dequantize_row(cfg_.dtype, src + h * hb + static_cast<size_t>(r) * rb, row,
+                                cfg_.head_dim);
+      for (int64_t i = 0; i < cfg_.head_dim; ++i) amax = std::max(amax, std::fabs(row[i]));
+    }
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    uint8_t* out = dst + h * (sizeof(float) + n);
+    std::memcpy(out, &scale, sizeof(float));
+    for (size_t i = 0; i < n; ++i) out[sizeof(float) + i] = ref::fp32_to_fp8_e4m3(vals[i] / scale);
+  }
+}
+
+void KvCache::from_spill(const uint8_t* src, uint8_t* dst) const {
+  if (!spill_fp8_) return convert_pair(src, spill_dtype_, dst, cfg_.dtype);
+  const size_t hb = cpu::kv_head_bytes(cfg_.dtype, cfg_.block_size, cfg_.head_dim);
+  const size_t rb = hb / static_cast<size_t>(cfg_.block_size);
+  const auto n = static_cast<size_t>(cfg_.block_size * cfg_.head_dim);
+  std::vector<float> row(static_cast<size_t>(cfg_.head_dim));
+  for (size_t h = 0; h < static_cast<size_t>(2 * cfg_.n_kv_heads); ++h) {
+    const uint8_t* in = src + h * (sizeof(float) + n);
+    float scale = 1.0f;
+    std::memcpy(&scale, in, sizeof(float));
+    for (int64_t r = 0; r < cfg_.block_size; ++r) {
+      const uint8_t* q = in + sizeof(float) + static_cast<size_t>(r * cfg_.head_dim);
+      for (int64_t i = 0; i < cfg_.head_dim; ++i)
+        row[static_cast<size_t>(i)] = ref::fp8_e4m3_to_fp32(q[i]) * scale;
+      (void)ref::quantize_row(cfg_.dtype, row.data(), dst + h * hb + static_cast<size_t>(r) * rb,
+                              cfg_.head_dim);
+    }
+  }
+}
+
 Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
   if (victims.empty()) return {};
   drain_prefetch();
@@ -190,7 +242,7 @@ Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
     const uint8_t* payload = blocks_[l][b].get();
     if (converts()) {
       uint8_t* q = spill_buf_.data() + i * spill_pair_bytes();
-      convert_pair(payload, cfg_.dtype, q, spill_dtype_);
+      to_spill(payload, q);
       payload = q;
     }
     w.push_back({spill_key(l, b), payload});
@@ -232,8 +284,7 @@ Status KvCache::promote(std::vector<std::pair<size_t, size_t>>& todo) {
   for (size_t i = 0; i < todo.size(); ++i) {
     auto [l, b] = todo[i];
     if (converts() && res[i].ok())
-      convert_pair(static_cast<const uint8_t*>(reads[i].out), spill_dtype_, blocks_[l][b].get(),
-                   cfg_.dtype);
+      from_spill(static_cast<const uint8_t*>(reads[i].out), blocks_[l][b].get());
     spill_->release(static_cast<uint32_t>(slot_[l][b]));
     slot_[l][b] = -1;
     point_at(l, b, blocks_[l][b].get());
@@ -264,7 +315,7 @@ Status KvCache::unspill_layer(size_t l) {
 storage::SpillBlockKey KvCache::spill_key(size_t l, size_t b) const {
   return {static_cast<uint32_t>(l), static_cast<uint32_t>(b),
           static_cast<int64_t>(b) * cfg_.block_size, static_cast<uint32_t>(cfg_.block_size),
-          static_cast<uint32_t>(spill_dtype_)};
+          spill_fp8_ ? kSpillFp8Code : static_cast<uint32_t>(spill_dtype_)};
 }
 
 Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
@@ -383,8 +434,7 @@ Status KvCache::fetch_layer(int64_t layer) {
   for (auto& r : rest) res.push_back(std::move(r));
   if (converts()) {  // back to the cache's precision, where attention reads it
     for (size_t i = 0; i < spilled.size(); ++i) {
-      if (res[i].ok())
-        convert_pair(read_target(l, i), spill_dtype_, buf.data() + i * pair_bytes(), cfg_.dtype);
+      if (res[i].ok()) from_spill(read_target(l, i), buf.data() + i * pair_bytes());
     }
   }
   // This layer's attention runs next: the following layer's blocks are read meanwhile.

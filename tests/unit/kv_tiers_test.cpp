@@ -224,6 +224,66 @@ TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
       << e.message();
 }
 
+// FP8 (E4M3, a scale per head and block) on the SSD: about half the bytes of
+// F16, read back within E4M3's error (3 mantissa bits), and greedy output of
+// a whole session that spills stays close to the unspilled one.
+TEST_F(KvTiersTest, Fp8SpillHalvesTheBytesAndStaysWithinE4M3Error) {
+  KvCacheConfig kc{2, 2, 64, 1024, 32, DType::kF16};
+  auto kv = KvCache::create(kc);
+  ASSERT_TRUE(kv.ok());
+  KvTierConfig t = tiers(8);
+  t.spill_type = "fp8";
+  ASSERT_TRUE((*kv)->configure_tiers(t).ok());
+  const int64_t n = 300;
+  ASSERT_TRUE((*kv)->reserve(n).ok());
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> rows(static_cast<size_t>(2 * n * 2 * 64));
+  for (auto& x : rows) x = nd(rng);
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t p = 0; p < n; ++p) {
+      const float* r = rows.data() + (l * n + p) * 128;
+      (*kv)->store(l, p, r, r);
+    }
+  }
+  (*kv)->set_n_tokens(n);
+  ASSERT_TRUE((*kv)->rebalance().ok());
+  const KvTierStats ts = (*kv)->tier_stats();
+  ASSERT_GT(ts.ssd_bytes, 0u);
+  const uint64_t fp8_pair = 2ull * 2 * (4 + 32 * 64);
+  EXPECT_EQ(ts.ssd_bytes, ts.blocks_spilled * fp8_pair);
+  EXPECT_LT(fp8_pair * 2, kPairBytes + 64);  // about half of F16's
+  for (int64_t l = 0; l < 2; ++l) {
+    ASSERT_TRUE((*kv)->fetch_layer(l).ok());
+    const cpu::KvView v = (*kv)->view(l);
+    double worst = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const float* want = rows.data() + (l * n + p) * 128;
+      for (int64_t h = 0; h < 2; ++h) {
+        const auto* k =
+            reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(v.k_blocks[p / 32]) +
+                                              h * v.head_stride_bytes + (p % 32) * 64 * 2);
+        for (int i = 0; i < 64; ++i) {
+          const double w = want[h * 64 + i];
+          const double err = std::fabs(ref::fp16_to_fp32(k[i]) - w);
+          // Relative 2^-4 for normal E4M3 values, plus the subnormal step of
+          // the block's scale (amax <= ~5 for these rows: 5/448 * 2^-9).
+          worst = std::max(worst, err / (std::fabs(w) * 0.0625 + 5.0 / 448.0 / 512.0 + 1e-3));
+        }
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "layer " << l;
+  }
+  // Bad names are still errors that list what is available.
+  KvTierConfig bad = tiers(8);
+  bad.spill_type = "fp4";
+  auto kv2 = KvCache::create(kc);
+  ASSERT_TRUE(kv2.ok());
+  const Status st = (*kv2)->configure_tiers(bad);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("fp8"), std::string::npos) << st.message();
+}
+
 TEST_F(KvTiersTest, TheSpillFileIsDeletedWithItsSession) {
   {
     auto s = session(tiers(8));

@@ -20,6 +20,7 @@
 
 #include "cpu/ref/blocks.h"
 #include "cpu/ref/fp16.h"
+#include "cpu/ref/fp8.h"
 #include "cpu/ref/quants.h"
 
 namespace loom {
@@ -664,3 +665,42 @@ TEST(RefBf16, RoundsToNearestEven) {
 
 }  // namespace
 }  // namespace loom
+
+// FP8 E4M3: every code decodes and encodes back to itself, and the encoder
+// picks the nearest code (ties to the even code) for values between them.
+TEST(RefFp8, EveryCodeRoundTripsAndEncodingIsNearest) {
+  std::vector<std::pair<float, int>> finite;  // (value, code) of the positive finite codes
+  for (int c = 0; c < 256; ++c) {
+    const float v = loom::ref::fp8_e4m3_to_fp32(static_cast<uint8_t>(c));
+    if ((c & 0x7F) == 0x7F) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(v) & 0x7F, 0x7F);
+      continue;
+    }
+    EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(v), c) << "code " << c << " value " << v;
+    if (c < 0x80) finite.push_back({v, c});
+  }
+  EXPECT_EQ(loom::ref::fp8_e4m3_to_fp32(0x7E), 448.0f);
+  EXPECT_EQ(loom::ref::fp8_e4m3_to_fp32(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(1e6f), 0x7E);  // saturates
+  EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(-1e6f), 0xFE);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-9.0f, 9.5f);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = std::ldexp(1.0f, static_cast<int>(std::floor(u(rng)))) *
+                    std::uniform_real_distribution<float>(1.0f, 2.0f)(rng);
+    // Brute force: the nearest positive finite code; on a tie, the even one.
+    int best = 0;
+    float bd = std::numeric_limits<float>::infinity();
+    for (auto [v, c] : finite) {
+      const float d = std::fabs(v - x);
+      if (d < bd || (d == bd && (c & 1) == 0)) {
+        bd = d;
+        best = c;
+      }
+    }
+    if (x > 448.0f) best = 0x7E;
+    EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(x), best) << x;
+    EXPECT_EQ(loom::ref::fp32_to_fp8_e4m3(-x), best | 0x80) << -x;
+  }
+}
