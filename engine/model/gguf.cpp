@@ -315,6 +315,21 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
   return f;
 }
 
+std::unique_ptr<GgufFile> GgufFile::from_parts(std::string path,
+                                               std::vector<std::pair<std::string, GgufValue>> kv,
+                                               std::vector<GgufTensor> tensors,
+                                               std::shared_ptr<const void> storage, uint64_t size) {
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->path_ = std::move(path);
+  f->size_ = size;
+  f->storage_ = std::move(storage);
+  f->kv_ = std::move(kv);
+  for (size_t i = 0; i < f->kv_.size(); ++i) f->kv_index_.emplace(f->kv_[i].first, i);
+  f->tensors_ = std::move(tensors);
+  for (size_t i = 0; i < f->tensors_.size(); ++i) f->tensor_index_.emplace(f->tensors_[i].name, i);
+  return f;
+}
+
 Status GgufFile::parse() {
   const std::string& name = path_;
   Cursor c(base_, size_, name);

@@ -68,6 +68,9 @@ struct GgufTensor {
   uint64_t offset = 0;  ///< from the start of the data section
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  ///< into the mapping; valid while the GgufFile lives
+  /// Where an assembled tensor came from ("model-00001-of-00002.safetensors:
+  /// model.layers.0.self_attn.q_proj.weight"); empty for a GGUF file's own tensors.
+  std::string origin;
 
   uint64_t n_elements() const { return static_cast<uint64_t>(ne[0]) * ne[1] * ne[2] * ne[3]; }
   std::string shape_string() const;  ///< "[4096, 32000]"
@@ -82,6 +85,14 @@ class GgufFile {
   /// `name` is used in error messages.
   static Result<std::unique_ptr<GgufFile>> from_memory(const uint8_t* data, size_t size,
                                                        std::string name);
+  /// A model source assembled in memory from another format (a Hugging Face
+  /// folder): metadata and tensors as given (GGUF names and keys), tensor data
+  /// pointing into `storage`, which the result keeps alive. `size` is the
+  /// source's size in bytes (file_size()).
+  static std::unique_ptr<GgufFile> from_parts(std::string path,
+                                              std::vector<std::pair<std::string, GgufValue>> kv,
+                                              std::vector<GgufTensor> tensors,
+                                              std::shared_ptr<const void> storage, uint64_t size);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -121,7 +132,8 @@ class GgufFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  void* mapping_ = nullptr;  ///< owned mmap, or null for from_memory
+  void* mapping_ = nullptr;              ///< owned mmap, or null for from_memory
+  std::shared_ptr<const void> storage_;  ///< what from_parts' tensors point into
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   uint64_t data_offset_ = 0;

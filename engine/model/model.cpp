@@ -2,14 +2,22 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include "engine/model/arch/arch.h"
+#include "engine/model/hf_model.h"
 
 namespace loom {
 
 namespace {
 const std::string kEmptyName;
+
+// " (from model.safetensors: model.norm.weight)" for tensors of an assembled source.
+std::string origin_note(const GgufTensor& t) {
+  return t.origin.empty() ? "" : " (from " + t.origin + ")";
 }
+}  // namespace
 
 const std::string& Weight::name() const {
   return tensor ? tensor->name : kEmptyName;
@@ -59,13 +67,15 @@ Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vect
     std::string want = "[";
     for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
     want += "]";
-    return make_error(ErrorCode::kFormat, "%s: tensor '%s' has shape %s, expected %s",
-                      f.path().c_str(), name.c_str(), t->shape_string().c_str(), want.c_str());
+    return make_error(ErrorCode::kFormat, "%s: tensor '%s'%s has shape %s, expected %s",
+                      f.path().c_str(), name.c_str(), origin_note(*t).c_str(),
+                      t->shape_string().c_str(), want.c_str());
   }
   if (!traits(t->dtype).has_reference) {
     return make_error(ErrorCode::kUnsupported,
-                      "%s: tensor '%s' has dtype %s, which Loom cannot compute with yet",
-                      f.path().c_str(), name.c_str(), std::string(dtype_name(t->dtype)).c_str());
+                      "%s: tensor '%s'%s has dtype %s, which Loom cannot compute with yet",
+                      f.path().c_str(), name.c_str(), origin_note(*t).c_str(),
+                      std::string(dtype_name(t->dtype)).c_str());
   }
   Weight w;
   w.data = t->data;
@@ -167,10 +177,33 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
 }  // namespace detail
 
 Result<std::unique_ptr<Model>> load_model(const std::string& path) {
-  auto file = GgufFile::open(path);
-  if (!file.ok()) return file.error();
+  // Two sources, one path: a GGUF file, or a Hugging Face folder presented as
+  // GGUF metadata and tensor names (engine/model/hf_model.h).
   auto m = std::make_unique<Model>();
-  m->file = std::move(file).value();
+  std::optional<Vocab> vocab;
+  std::optional<std::string> tmpl;
+  bool rope_neox_layout = false;
+  if (is_hf_folder(path)) {
+    LOOM_ASSIGN_OR_RETURN(HfFolder hf, open_hf_folder(path));
+    m->file = std::move(hf.file);
+    vocab = std::move(hf.vocab);
+    tmpl = std::move(hf.chat_template);
+    rope_neox_layout = hf.rope_neox_layout;
+    for (std::string& n : hf.notes) m->warnings.push_back("tokenizer.json: " + n);
+  } else {
+    auto file = GgufFile::open(path);
+    if (!file.ok()) {
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec)) {
+        return make_error(ErrorCode::kFormat,
+                          "%s: a folder without config.json: neither a GGUF file nor a Hugging "
+                          "Face model folder",
+                          path.c_str());
+      }
+      return file.error();
+    }
+    m->file = std::move(file).value();
+  }
   const GgufFile& f = *m->file;
   m->hp.arch = f.architecture();
   if (m->hp.arch.empty()) {
@@ -186,9 +219,12 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path) {
   LOOM_TRY(detail::read_common_hparams(f, &m->hp));
 
   // Tokenizer first: the vocabulary size shapes the embedding.
-  auto vocab = load_vocab(f);
-  if (!vocab.ok()) return vocab.error();
-  auto tok = Tokenizer::create(std::move(vocab).value());
+  if (!vocab) {
+    auto v = load_vocab(f);
+    if (!v.ok()) return v.error();
+    vocab = std::move(v).value();
+  }
+  auto tok = Tokenizer::create(std::move(*vocab));
   if (!tok.ok()) return tok.error();
   m->tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
   const GgufTensor* emb = f.find_tensor("token_embd.weight");
@@ -202,14 +238,20 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path) {
   }
 
   LOOM_TRY(arch->bind(f, m.get()));
+  // HF's llama-family q/k rows pair dims (i, i + d/2) (rotate_half), where a
+  // GGUF conversion pairs (2i, 2i + 1): the NeoX order rotates the HF pairs.
+  if (rope_neox_layout) m->hp.rope_neox = true;
 
   // Chat template (absent: the ChatML-like fallback, with its warning).
-  auto tmpl = f.get_string("tokenizer.chat_template");
-  if (!tmpl.ok()) return tmpl.error();
+  if (!tmpl) {
+    auto t = f.get_string("tokenizer.chat_template");
+    if (!t.ok()) return t.error();
+    tmpl = t->value_or("");
+  }
   const Vocab& v = m->tokenizer->vocab();
   std::string bos = v.is_valid_id(v.special().bos) ? v.text(v.special().bos) : "";
   std::string eos = v.is_valid_id(v.special().eos) ? v.text(v.special().eos) : "";
-  m->chat_template = make_chat_template(tmpl->value_or(""), bos, eos);
+  m->chat_template = make_chat_template(*tmpl, bos, eos);
   if (!m->chat_template.warning().empty()) m->warnings.push_back(m->chat_template.warning());
   return m;
 }

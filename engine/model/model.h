@@ -91,8 +91,11 @@ struct Model {
   std::string describe() const;
 };
 
-/// Loads and validates a model file (GGUF). Errors name the tensor and the
-/// expected and found shapes, the unknown architecture, or the bad key.
+/// Loads and validates a model: a GGUF file, or a Hugging Face folder
+/// (config.json, *.safetensors, tokenizer.json; see hf_model.h), whose weights
+/// are bound by the same architecture code under GGUF names. Errors name the
+/// tensor and the expected and found shapes, the unknown architecture, or the
+/// bad key.
 Result<std::unique_ptr<Model>> load_model(const std::string& path);
 
 namespace detail {

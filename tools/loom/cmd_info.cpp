@@ -1,10 +1,15 @@
-// `loom info FILE`: what a GGUF file holds, without loading any weights.
+// `loom info FILE|DIR`: what a GGUF file or a Hugging Face folder holds,
+// without reading any weights.
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/model/gguf.h"
+#include "engine/model/hf_model.h"
+#include "engine/tokenizer/vocab.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -45,17 +50,37 @@ std::string value_string(const GgufValue& v) {
 }  // namespace
 
 int cmd_info(const InfoOptions& o) {
-  auto opened = GgufFile::open(o.model);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "loom info: %s\n", opened.message().c_str());
-    return 1;
+  // A Hugging Face folder is shown through the same GGUF view the engine
+  // loads it as (GGUF keys and tensor names; --tensors gives each one's origin).
+  std::unique_ptr<GgufFile> file;
+  std::optional<HfFolder> hf;
+  if (is_hf_folder(o.model)) {
+    auto opened = open_hf_folder(o.model);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "loom info: %s\n", opened.message().c_str());
+      return 1;
+    }
+    hf = std::move(opened).value();
+    file = std::move(hf->file);
+  } else {
+    auto opened = GgufFile::open(o.model);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "loom info: %s\n", opened.message().c_str());
+      return 1;
+    }
+    file = std::move(opened).value();
   }
-  const GgufFile& f = **opened;
+  const GgufFile& f = *file;
   const std::string arch = f.architecture();
 
   std::printf("file:          %s\n", f.path().c_str());
-  std::printf("format:        GGUF v%u, %s, alignment %u, data at byte %" PRIu64 "\n", f.version(),
-              human_bytes(f.file_size()).c_str(), f.alignment(), f.data_offset());
+  if (hf) {
+    std::printf("format:        Hugging Face folder, %s of safetensors\n",
+                human_bytes(f.file_size()).c_str());
+  } else {
+    std::printf("format:        GGUF v%u, %s, alignment %u, data at byte %" PRIu64 "\n",
+                f.version(), human_bytes(f.file_size()).c_str(), f.alignment(), f.data_offset());
+  }
   if (const GgufValue* n = f.find("general.name"); n && n->type == GgufType::kString) {
     std::printf("name:          %s\n", n->s.c_str());
   }
@@ -92,7 +117,13 @@ int cmd_info(const InfoOptions& o) {
   const GgufValue* model = f.find("tokenizer.ggml.model");
   const GgufValue* pre = f.find("tokenizer.ggml.pre");
   const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
-  if (model && model->type == GgufType::kString) {
+  if (hf) {
+    std::printf(
+        "tokenizer:     tokenizer.json, %s, %d tokens, %d merges\n",
+        hf->vocab.model() == TokenizerModel::kBpe ? "byte-level BPE" : "SentencePiece-style BPE",
+        hf->vocab.n_tokens(), hf->vocab.n_merges());
+    for (const std::string& n : hf->notes) std::printf("  note: %s\n", n.c_str());
+  } else if (model && model->type == GgufType::kString) {
     std::printf("tokenizer:     %s", model->s.c_str());
     if (pre && pre->type == GgufType::kString) std::printf(" (pre: %s)", pre->s.c_str());
     if (tokens && tokens->is_array()) std::printf(", %" PRIu64 " tokens", tokens->array_size());
@@ -101,8 +132,8 @@ int cmd_info(const InfoOptions& o) {
     std::printf("tokenizer:     (none)\n");
   }
   const GgufValue* tmpl = f.find("tokenizer.chat_template");
-  std::printf("chat template: %s\n",
-              tmpl && tmpl->type == GgufType::kString ? "present" : "absent");
+  const bool has_tmpl = hf ? !hf->chat_template.empty() : tmpl && tmpl->type == GgufType::kString;
+  std::printf("chat template: %s\n", has_tmpl ? "present" : "absent");
 
   if (o.list_metadata) {
     std::printf("metadata (%zu keys):\n", f.metadata().size());
@@ -112,6 +143,12 @@ int cmd_info(const InfoOptions& o) {
   if (o.list_tensors) {
     std::printf("tensor list:\n");
     for (const GgufTensor& t : f.tensors()) {
+      if (!t.origin.empty()) {  // an HF tensor: its file and name, its absolute offset
+        std::printf("  %-40s %-6s %-22s %12s  %s @%" PRIu64 "\n", t.name.c_str(),
+                    std::string(dtype_name(t.dtype)).c_str(), t.shape_string().c_str(),
+                    human_bytes(t.n_bytes).c_str(), t.origin.c_str(), t.offset);
+        continue;
+      }
       std::printf("  %-40s %-6s %-22s %12s  @%" PRIu64 "\n", t.name.c_str(),
                   std::string(dtype_name(t.dtype)).c_str(), t.shape_string().c_str(),
                   human_bytes(t.n_bytes).c_str(), f.data_offset() + t.offset);

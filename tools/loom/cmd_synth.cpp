@@ -1,7 +1,11 @@
-// `loom synth`: writes a synthetic (random-weight) model as GGUF.
+// `loom synth`: writes a synthetic (random-weight) model as GGUF, or as a
+// Hugging Face folder (--format safetensors: written as GGUF next to it first,
+// then converted by engine/model/hf_export.h).
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
+#include "engine/model/hf_export.h"
 #include "engine/model/synth.h"
 #include "tools/loom/commands.h"
 
@@ -40,7 +44,23 @@ int cmd_synth(const SynthOptions& o) {
     }
     last_pct = pct;
   };
-  auto r = write_synthetic_model(spec, o.out, progress);
+  if (o.format != "gguf" && o.format != "safetensors") {
+    std::fprintf(stderr, "loom synth: --format %s: expected gguf or safetensors\n",
+                 o.format.c_str());
+    return 2;
+  }
+  const bool hf = o.format == "safetensors";
+  std::error_code ec;
+  if (hf) std::filesystem::create_directories(o.out, ec);
+  const std::string gguf_path = hf ? o.out + "/.loom-synth.gguf" : o.out;
+  auto r = write_synthetic_model(spec, gguf_path, progress);
+  if (r.ok() && hf) {
+    HfExportOptions eo;
+    eo.shard_bytes = o.shard_mib << 20;
+    Status s = write_hf_folder(gguf_path, o.out, eo);
+    std::filesystem::remove(gguf_path, ec);
+    if (!s.ok()) r = s.error();
+  }
   if (!r.ok()) {
     std::fprintf(stderr, "\nloom synth: %s\n", r.message().c_str());
     return 1;

@@ -37,6 +37,8 @@ struct SynthOptions {
   std::string dtype = "f32";
   uint64_t seed = 1;
   std::string vocab_from;  ///< GGUF to copy the tokenizer from; empty: built-in byte-level vocab
+  std::string format = "gguf";  ///< gguf | safetensors (a Hugging Face folder; f32/f16/bf16)
+  uint64_t shard_mib = 0;       ///< safetensors: shards of about this size; 0: one file
   // Which of the above were given explicitly (they override a preset).
   bool set_arch = false, set_layers = false, set_dim = false, set_ffn = false, set_heads = false,
        set_kv_heads = false, set_vocab = false, set_ctx = false;

@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
                     "Weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k..q6_k");
   c_syn->add_option("--seed", syn.seed, "Random seed");
   c_syn->add_option("--vocab-from", syn.vocab_from, "Copy the tokenizer from this GGUF");
+  c_syn->add_option("--format", syn.format,
+                    "gguf (a file) or safetensors (a Hugging Face folder: --out is the folder)");
+  c_syn->add_option("--shard-mib", syn.shard_mib, "safetensors: shards of at most this size");
 
   auto engine_opts = [](CLI::App* c, EngineOptions& e) {
     c->add_option("-m,--model", e.model, "GGUF model file")->required();
