@@ -9,6 +9,7 @@
 #include "app/engine_bridge.h"
 #include "app/theme.h"
 #include "cpu/matmul.h"
+#include "engine/backends/cuda/cuda.h"
 #include "engine/backends/vulkan/vulkan.h"
 
 namespace {
@@ -125,15 +126,48 @@ QVector<DeviceInfo> vulkanDevices(bool probe) {
   return out;
 }
 
+QVector<DeviceInfo> cudaDevices(bool probe) {
+  const QString kind = QStringLiteral("CUDA");
+  if (!loom::cuda_built())
+    return {absentGpu(kind, QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("not built"))};
+  if (!probe)
+    return {absentGpu(kind, QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("looking…"))};
+  auto list = loom::list_cuda_devices();
+  if (!list.ok() || list->empty()) {
+    DeviceInfo d =
+        absentGpu(kind, QStringLiteral("cuda:0"), theme::kCuda, QObject::tr("none found"));
+    if (!list.ok()) d.details << QString::fromStdString(list.message());
+    return {d};
+  }
+  QVector<DeviceInfo> out;
+  for (const loom::CudaDeviceInfo& c : *list) {
+    DeviceInfo d;
+    d.kind = kind;
+    d.backendId = QStringLiteral("cuda:%1").arg(c.index);
+    d.name = QString::fromStdString(c.name);
+    d.color = theme::kCuda;
+    d.present = c.usable;
+    d.status = c.usable ? QObject::tr("found") : QObject::tr("not usable");
+    d.details << QObject::tr("Compute capability %1.%2 · %3 SMs")
+                     .arg(c.cc_major)
+                     .arg(c.cc_minor)
+                     .arg(c.sm_count);
+    if (!c.driver.empty())
+      d.details << QObject::tr("Driver: CUDA %1").arg(QString::fromStdString(c.driver));
+    if (!c.usable && !c.why_not.empty()) d.details << QString::fromStdString(c.why_not);
+    if (c.total_bytes) d.memTotal = static_cast<qint64>(c.total_bytes);
+    out << d;
+  }
+  return out;
+}
+
 }  // namespace
 
 QVector<DeviceInfo> detectDevices(int nThreads, bool probeGpus) {
   QVector<DeviceInfo> out;
   out << cpuDevice(nThreads);
   out << vulkanDevices(probeGpus);
-  // The engine has no CUDA backend yet; when it has, its devices go here the same way.
-  out << absentGpu(QStringLiteral("CUDA"), QStringLiteral("cuda:0"), theme::kCuda,
-                   QObject::tr("not built"));
+  out << cudaDevices(probeGpus);
   return out;
 }
 

@@ -1,12 +1,39 @@
-// `loom devices`: the CPU and every Vulkan device, with what Loom can use.
+// `loom devices`: the CPU and every Vulkan and CUDA device, with what Loom can use.
 #include <cstdio>
 #include <thread>
 
 #include "cpu/matmul.h"
+#include "engine/backends/cuda/cuda.h"
 #include "engine/backends/vulkan/vulkan.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
+
+namespace {
+
+void print_cuda() {
+  if (!cuda_built()) {
+    std::printf("cuda:    not built into this binary\n");
+    return;
+  }
+  auto devs = list_cuda_devices();
+  if (!devs.ok()) {
+    std::printf("cuda:    none (%s)\n", devs.message().c_str());
+    return;
+  }
+  if (devs->empty()) std::printf("cuda:    no devices\n");
+  for (const auto& d : *devs) {
+    std::printf(
+        "cuda %d:  %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), driver "
+        "CUDA %s%s%s\n",
+        d.index, d.name.c_str(), d.cc_major, d.cc_minor, d.sm_count,
+        static_cast<double>(d.total_bytes) / (1024.0 * 1024.0 * 1024.0),
+        static_cast<double>(d.free_bytes) / (1024.0 * 1024.0 * 1024.0), d.driver.c_str(),
+        d.usable ? "" : " — not usable: ", d.usable ? "" : d.why_not.c_str());
+  }
+}
+
+}  // namespace
 
 int cmd_devices(const DevicesOptions&) {
   std::printf("cpu:     %u threads, kernels %s (best available: %s)\n",
@@ -14,11 +41,13 @@ int cmd_devices(const DevicesOptions&) {
               cpu::isa_name(cpu::detected_isa()));
   if (!vulkan_built()) {
     std::printf("vulkan:  not built into this binary\n");
+    print_cuda();
     return 0;
   }
   auto devs = list_vulkan_devices();
   if (!devs.ok()) {
     std::printf("vulkan:  none (%s)\n", devs.message().c_str());
+    print_cuda();
     return 0;
   }
   if (devs->empty()) std::printf("vulkan:  no devices\n");
@@ -30,7 +59,7 @@ int cmd_devices(const DevicesOptions&) {
                 d.coopmat ? ", cooperative matrices (tensor-core prefill)" : "",
                 d.usable ? "" : " — not usable: ", d.usable ? "" : d.why_not.c_str());
   }
-  std::printf("cuda:    not built into this binary\n");
+  print_cuda();
   return 0;
 }
 

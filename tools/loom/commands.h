@@ -52,9 +52,9 @@ struct EngineOptions {
   int64_t ctx = 0;  ///< 0: the model's (capped at 4096)
   std::string kv_type = "f16";
   int64_t batch = 256;          ///< prefill chunk
-  std::string backend = "cpu";  ///< cpu | vulkan
-  int device = -1;              ///< Vulkan device index (loom devices); -1: the best
-  std::string strategy;         ///< placement strategy; empty: gpu with --backend vulkan, else cpu
+  std::string backend = "cpu";  ///< cpu | vulkan | cuda
+  int device = -1;              ///< GPU device index (loom devices); -1: the best
+  std::string strategy;         ///< placement strategy; empty: gpu with a GPU --backend, else cpu
   std::string placement;        ///< placement JSON file (strategy custom)
   std::string vram_budget;      ///< "8G": the GPU behaves as if it had this much memory
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit

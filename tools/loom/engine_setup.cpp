@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/backends/cuda/cuda.h"
 #include "engine/backends/vulkan/vulkan.h"
 
 namespace loom::cli {
@@ -73,13 +74,14 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   e->backend = e->cpu.get();
 
   StrategyOptions& so = e->strategy;
-  if (o.backend != "cpu" && o.backend != "vulkan") {
-    std::fprintf(stderr, "%s: unknown backend '%s' (cpu, vulkan)\n", who, o.backend.c_str());
+  if (o.backend != "cpu" && o.backend != "vulkan" && o.backend != "cuda") {
+    std::fprintf(stderr, "%s: unknown backend '%s' (cpu, vulkan, cuda)\n", who, o.backend.c_str());
     return nullptr;
   }
+  const bool gpu_backend = o.backend == "vulkan" || o.backend == "cuda";
   so.strategy = !o.strategy.empty()
                     ? o.strategy
-                    : (!o.placement.empty() ? "custom" : (o.backend == "vulkan" ? "gpu" : "cpu"));
+                    : (!o.placement.empty() ? "custom" : (gpu_backend ? "gpu" : "cpu"));
   so.placement_file = o.placement;
   if (!o.vram_budget.empty()) {
     auto b = parse_size(o.vram_budget);
@@ -104,20 +106,37 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   so.n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
   so.max_chunk = o.batch;
 
-  // The GPU, when the strategy or the backend asks for it.
-  if (so.strategy != "cpu" || o.backend == "vulkan") {
-    VulkanOptions vo;
-    vo.device = o.device;
-    vo.profile = o.gpu_profile;
-    vo.keep_busy_groups = o.gpu_keep_groups;
-    vo.memory_limit = so.vram_budget;
-    auto vb = create_vulkan_backend(vo);
-    if (vb.ok()) {
-      e->gpu = std::move(vb).value();
+  // The GPU, when the strategy or the backend asks for it: CUDA with
+  // --backend cuda, else Vulkan. The gpu and hybrid strategies place op
+  // groups on whichever one this is.
+  if (so.strategy != "cpu" || gpu_backend) {
+    Result<std::unique_ptr<Backend>> gb = make_error(ErrorCode::kInternal, "no GPU backend");
+    const char* label = "Vulkan";
+    if (o.backend == "cuda") {
+      label = "CUDA";
+      CudaOptions co;
+      co.device = o.device;
+      co.profile = o.gpu_profile;
+      co.memory_limit = so.vram_budget;
+      gb = create_cuda_backend(co);
+    } else {
+      VulkanOptions vo;
+      vo.device = o.device;
+      vo.profile = o.gpu_profile;
+      vo.keep_busy_groups = o.gpu_keep_groups;
+      vo.memory_limit = so.vram_budget;
+      auto vb = create_vulkan_backend(vo);
+      if (vb.ok())
+        gb = std::unique_ptr<Backend>(std::move(vb).value());
+      else
+        gb = vb.error();
+    }
+    if (gb.ok()) {
+      e->gpu = std::move(gb).value();
       e->backend = e->gpu.get();
     } else {
-      std::fprintf(stderr, "%s: Vulkan unavailable: %s; using the CPU\n", who,
-                   vb.message().c_str());
+      std::fprintf(stderr, "%s: %s unavailable: %s; using the CPU\n", who, label,
+                   gb.message().c_str());
       so.strategy = "cpu";
       so.placement_file.clear();
     }

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "engine/backends/backend.h"
+#include "engine/backends/cuda/cuda_util.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/runtime/kv_cache.h"
@@ -36,12 +37,36 @@ Status kv_store(const DevKvLayer& layer, const float* k, const float* v, int64_t
                 const int32_t* pos, cudaStream_t s);
 
 /// Scratch of the attention kernels (split-K partial results), owned by the
-/// backend, grown as needed.
+/// backend, grown as needed; also the kernel choice and its test hooks.
 class AttentionScratch {
  public:
   static std::unique_ptr<AttentionScratch> create();
-  virtual ~AttentionScratch() = default;
-  virtual uint64_t bytes() const = 0;
+  AttentionScratch() = default;
+  ~AttentionScratch();
+  AttentionScratch(const AttentionScratch&) = delete;
+  AttentionScratch& operator=(const AttentionScratch&) = delete;
+  uint64_t bytes() const { return bytes_; }
+  /// Test hook: keys per split of the decode kernel (0: chosen from the
+  /// context length and the SM count).
+  void set_split_keys(int64_t keys) { split_keys_ = keys; }
+  int64_t split_keys() const { return split_keys_; }
+  /// Test hook: 0 picks by T (split-K decoding for T <= 8, tiles beyond);
+  /// 1 forces the tiled prefill kernel, 2 the split-K decode kernel.
+  void set_kernel(int k) { kernel_ = k; }
+  int kernel() const { return kernel_; }
+
+  /// At least `bytes` of device memory (synchronizes `s` before growing).
+  Status ensure(uint64_t bytes, cudaStream_t s);
+  void* data() const { return data_; }
+  /// Multiprocessors of the current device (cached).
+  int sm_count();
+
+ private:
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+  int64_t split_keys_ = 0;
+  int kernel_ = 0;
+  int sm_count_ = 0;
 };
 
 /// Causal GQA attention: query t (q [T, n_heads * head_dim], f32, device)
@@ -57,9 +82,14 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
 /// backend): the layers made resident here, each as a DevKvLayer.
 class CudaKvStorage : public KvStorage {
  public:
-  /// `stream`: the backend's stream, which export/import order themselves on.
+  /// `stream`: the backend's stream, which export/import order themselves on;
+  /// `budget` (optional, outliving the storage): the device memory limit the
+  /// layers count against. Layers hold room for the tokens reserved so far
+  /// (at least 256, at most n_ctx); reserve() grows every resident layer,
+  /// copying its rows. kInvalidArgument for a dtype other than F16 or Q8_0.
   static Result<std::unique_ptr<CudaKvStorage>> create(const KvCacheConfig& cfg,
-                                                       cudaStream_t stream);
+                                                       cudaStream_t stream,
+                                                       DeviceBudget* budget = nullptr);
   /// The device K/V of a resident layer (null pointers when not resident).
   virtual DevKvLayer layer(int64_t l) const = 0;
 };

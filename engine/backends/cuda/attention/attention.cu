@@ -1,0 +1,367 @@
+// Causal GQA attention over a layer's device K/V (cuda_attention.h), with
+// the semantics of cpu::attention: query t sees positions 0 .. pos[t].
+//
+// Two kernels, both with an online softmax (running max m, sum l, and the
+// weighted sum o of V, rescaled as the max grows), all in float:
+//  - split (decode, T <= kMaxSplitTokens): grid (head, token, split). A
+//    split is a range of keys; its 4 warps take every 4th key, a warp
+//    computing one key's score with its lanes over head_dim (lane d, d + 32,
+//    ...) and a shuffle sum. The warps' (m, l, o) are combined in shared
+//    memory; with one split the result is written, else a partial goes to
+//    scratch and the merge kernel combines the splits. The split count grows
+//    with the context until the grid covers the SMs about twice.
+//  - tile (prefill): grid (head, 16-query tile). The block's 16 queries
+//    share each tile of 16 keys and values, dequantized once into shared
+//    memory; each warp runs 4 of the queries over the tile.
+// head_dim up to 256 (8 values per lane); K/V rows F16 or Q8_0.
+#include <cuda_fp16.h>
+
+#include <cinttypes>
+#include <cmath>
+
+#include "engine/backends/cuda/attention/cuda_attention.h"
+#include "engine/backends/cuda/cuda_util.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kTileQ = 16;  // queries per tile block (kWarps x kQPerWarp)
+constexpr int kQPerWarp = kTileQ / kWarps;
+constexpr int kTileK = 16;  // keys per shared-memory tile
+constexpr int64_t kMaxSplitTokens = 8;
+
+struct KvFmt {
+  int64_t capacity;
+  uint64_t row_bytes;
+  int head_dim;
+  bool q8;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// Value d of a K or V row.
+__device__ __forceinline__ float kv_at(const uint8_t* row, int d, bool q8) {
+  if (!q8) return __half2float(reinterpret_cast<const __half*>(row)[d]);
+  const uint8_t* blk = row + (d / 32) * 34;
+  const float scale = __half2float(*reinterpret_cast<const __half*>(blk));
+  return scale * static_cast<float>(static_cast<int8_t>(blk[2 + d % 32]));
+}
+
+__device__ __forceinline__ const uint8_t* kv_row(const uint8_t* base, const KvFmt& f, int kvh,
+                                                 int64_t j) {
+  return base + (static_cast<int64_t>(kvh) * f.capacity + j) * f.row_bytes;
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_split_kernel(const uint8_t* kc, const uint8_t* vc, KvFmt f, const float* q,
+                      const int32_t* pos, int n_heads, int group, float scale, int64_t chunk,
+                      float* part, float2* part_ml, float* out) {
+  const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int kvh = h / group;
+  const int hd = f.head_dim;
+  const int64_t n_keys = static_cast<int64_t>(pos[t]) + 1;
+  const int64_t k0 = s * chunk;
+  const int64_t k1 = k0 + chunk < n_keys ? k0 + chunk : n_keys;
+  const float* qt = q + (static_cast<int64_t>(t) * n_heads + h) * hd;
+  float qr[kD], o[kD];
+#pragma unroll
+  for (int i = 0; i < kD; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < hd ? qt[d] * scale : 0.0f;
+    o[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = k0 + warp; j < k1; j += kWarps) {
+    const uint8_t* kr = kv_row(kc, f, kvh, j);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kD; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) dot += qr[i] * kv_at(kr, d, f.q8);
+    }
+    dot = warp_sum(dot);
+    const float m_new = fmaxf(m, dot);
+    const float corr = expf(m - m_new);  // 0 while m is -inf
+    const float p = expf(dot - m_new);
+    l = l * corr + p;
+    const uint8_t* vr = kv_row(vc, f, kvh, j);
+#pragma unroll
+    for (int i = 0; i < kD; ++i) {
+      const int d = lane + 32 * i;
+      o[i] = o[i] * corr + (d < hd ? p * kv_at(vr, d, f.q8) : 0.0f);
+    }
+    m = m_new;
+  }
+  // Combine the warps.
+  __shared__ float sm[kWarps], sl[kWarps];
+  __shared__ float so[kWarps][kD * 32];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kD; ++i) so[warp][lane + 32 * i] = o[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w]);
+  float wt[kWarps], L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    wt[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
+    L += sl[w] * wt[w];
+  }
+  const int64_t row = (static_cast<int64_t>(t) * n_heads + h);
+#pragma unroll
+  for (int i = 0; i < kD; ++i) {
+    const int d = lane + 32 * i;
+    if (d >= hd) continue;
+    float O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) O += so[w][d] * wt[w];
+    if (n_splits == 1)
+      out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
+    else
+      part[(row * n_splits + s) * hd + d] = O;
+  }
+  if (n_splits > 1 && lane == 0) part_ml[row * n_splits + s] = make_float2(M, L);
+}
+
+// out = the splits' partials combined. Grid (head, token); thread d.
+__global__ void attn_merge_kernel(const float* part, const float2* part_ml, int n_heads,
+                                  int n_splits, int hd, float* out) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int64_t row = static_cast<int64_t>(t) * n_heads + h;
+  const float2* ml = part_ml + row * n_splits;
+  float M = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[s].x);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float O = 0.0f, L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float w = ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - M);
+      L += ml[s].y * w;
+      O += part[(row * n_splits + s) * hd + d] * w;
+    }
+    out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
+  }
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_tile_kernel(const uint8_t* kc, const uint8_t* vc, KvFmt f, const float* q,
+                     const int32_t* pos, int T, int n_heads, int group, float scale, float* out) {
+  __shared__ float ks[kTileK][kD * 32];
+  __shared__ float vs[kTileK][kD * 32];
+  __shared__ int max_pos_s;
+  const int h = blockIdx.x, q0 = blockIdx.y * kTileQ;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int kvh = h / group;
+  const int hd = f.head_dim;
+  if (threadIdx.x == 0) {
+    int mp = -1;
+    for (int i = 0; i < kTileQ && q0 + i < T; ++i) mp = max(mp, pos[q0 + i]);
+    max_pos_s = mp;
+  }
+  float qr[kQPerWarp][kD], o[kQPerWarp][kD], m[kQPerWarp], l[kQPerWarp];
+  int qpos[kQPerWarp];
+#pragma unroll
+  for (int a = 0; a < kQPerWarp; ++a) {
+    const int tq = q0 + warp * kQPerWarp + a;
+    qpos[a] = tq < T ? pos[tq] : -1;  // -1: no query (sees no key)
+    m[a] = -INFINITY;
+    l[a] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kD; ++i) {
+      const int d = lane + 32 * i;
+      qr[a][i] =
+          tq < T && d < hd ? q[(static_cast<int64_t>(tq) * n_heads + h) * hd + d] * scale : 0.0f;
+      o[a][i] = 0.0f;
+    }
+  }
+  __syncthreads();
+  const int max_pos = max_pos_s;
+  for (int j0 = 0; j0 <= max_pos; j0 += kTileK) {
+    for (int idx = threadIdx.x; idx < kTileK * kD * 32; idx += kWarps * 32) {
+      const int key = idx / (kD * 32), d = idx % (kD * 32);
+      const int j = j0 + key;
+      const bool in = j <= max_pos && d < hd;
+      ks[key][d] = in ? kv_at(kv_row(kc, f, kvh, j), d, f.q8) : 0.0f;
+      vs[key][d] = in ? kv_at(kv_row(vc, f, kvh, j), d, f.q8) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < kQPerWarp; ++a) {
+      // Uniform across the warp: the query and its position are the warp's.
+      const int n = qpos[a] - j0 + 1 < kTileK ? qpos[a] - j0 + 1 : kTileK;
+      for (int key = 0; key < n; ++key) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kD; ++i) dot += qr[a][i] * ks[key][lane + 32 * i];
+        dot = warp_sum(dot);
+        const float m_new = fmaxf(m[a], dot);
+        const float corr = expf(m[a] - m_new);
+        const float p = expf(dot - m_new);
+        l[a] = l[a] * corr + p;
+#pragma unroll
+        for (int i = 0; i < kD; ++i) o[a][i] = o[a][i] * corr + p * vs[key][lane + 32 * i];
+        m[a] = m_new;
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int a = 0; a < kQPerWarp; ++a) {
+    const int tq = q0 + warp * kQPerWarp + a;
+    if (tq >= T) continue;
+#pragma unroll
+    for (int i = 0; i < kD; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd)
+        out[(static_cast<int64_t>(tq) * n_heads + h) * hd + d] =
+            l[a] > 0.0f ? o[a][i] / l[a] : 0.0f;
+    }
+  }
+}
+
+template <typename F>
+bool with_kd(int64_t head_dim, F&& f) {
+  if (head_dim <= 32) return f.template operator()<1>(), true;
+  if (head_dim <= 64) return f.template operator()<2>(), true;
+  if (head_dim <= 128) return f.template operator()<4>(), true;
+  if (head_dim <= 256) return f.template operator()<8>(), true;
+  return false;
+}
+
+}  // namespace
+
+// ---- scratch --------------------------------------------------------------------
+
+AttentionScratch::~AttentionScratch() {
+  if (data_) (void)cudaFree(data_);
+}
+
+std::unique_ptr<AttentionScratch> AttentionScratch::create() {
+  return std::make_unique<AttentionScratch>();
+}
+
+Status AttentionScratch::ensure(uint64_t bytes, cudaStream_t s) {
+  if (bytes <= bytes_) return {};
+  LOOM_CUDA_TRY(cudaStreamSynchronize(s), "synchronize before growing attention scratch");
+  if (data_) (void)cudaFree(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+  const uint64_t grown = bytes + bytes / 2;
+  LOOM_TRY(device_alloc(&data_, grown, "attention partial results (scratch)"));
+  bytes_ = grown;
+  return {};
+}
+
+int AttentionScratch::sm_count() {
+  if (sm_count_ == 0) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
+      sm_count_ = n;
+    else
+      sm_count_ = 132;
+  }
+  return sm_count_;
+}
+
+// ---- attention ------------------------------------------------------------------
+
+Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
+                 int64_t max_pos, int64_t n_heads, float scale, float* out,
+                 AttentionScratch& scratch, cudaStream_t s) {
+  if (T <= 0) return {};
+  if (!layer.k || !layer.v)
+    return make_error(ErrorCode::kInternal, "CUDA attention: the layer is not on the device");
+  if (layer.n_kv_heads <= 0 || n_heads % layer.n_kv_heads != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "CUDA attention: %" PRId64 " query heads over %" PRId64 " KV heads", n_heads,
+                      layer.n_kv_heads);
+  if (max_pos < 0 || max_pos >= layer.capacity)
+    return make_error(ErrorCode::kOutOfRange,
+                      "CUDA attention: position %" PRId64 " outside the cache (%" PRId64
+                      " tokens reserved)",
+                      max_pos, layer.capacity);
+  if (T > 65535 || n_heads > 65535)
+    return make_error(ErrorCode::kUnsupported,
+                      "CUDA attention: %" PRId64 " tokens x %" PRId64 " heads in one call", T,
+                      n_heads);
+  if (layer.dtype != DType::kF16 && !(layer.dtype == DType::kQ8_0 && layer.head_dim % 32 == 0))
+    return make_error(ErrorCode::kUnsupported, "CUDA attention: a %s cache of head_dim %" PRId64,
+                      std::string(dtype_name(layer.dtype)).c_str(), layer.head_dim);
+  const KvFmt f{layer.capacity, layer.row_bytes, static_cast<int>(layer.head_dim),
+                layer.dtype == DType::kQ8_0};
+  const auto* kc = static_cast<const uint8_t*>(layer.k);
+  const auto* vc = static_cast<const uint8_t*>(layer.v);
+  const int group = static_cast<int>(n_heads / layer.n_kv_heads);
+  const int nh = static_cast<int>(n_heads);
+
+  const bool split = scratch.kernel() == 2 || (scratch.kernel() == 0 && T <= kMaxSplitTokens);
+  if (!split) {
+    const dim3 grid(static_cast<unsigned>(n_heads),
+                    static_cast<unsigned>((T + kTileQ - 1) / kTileQ));
+    const bool ok = with_kd(layer.head_dim, [&]<int kD>() {
+      attn_tile_kernel<kD><<<grid, kWarps * 32, 0, s>>>(kc, vc, f, q, pos, static_cast<int>(T), nh,
+                                                        group, scale, out);
+    });
+    if (!ok)
+      return make_error(ErrorCode::kUnsupported,
+                        "CUDA attention: head_dim %" PRId64 " (at most 256)", layer.head_dim);
+    return launch_status("attention (tile)");
+  }
+
+  // Keys per split: enough splits that heads x tokens x splits covers the SMs
+  // about twice, each split at least 64 keys (a forced size in tests).
+  const int64_t n_ctx = max_pos + 1;
+  int64_t chunk = scratch.split_keys();
+  if (chunk <= 0) {
+    const int64_t want = 2 * scratch.sm_count();
+    int64_t n_splits = (want + n_heads * T - 1) / (n_heads * T);
+    const int64_t most = (n_ctx + 63) / 64;
+    n_splits = n_splits < 1 ? 1 : (n_splits > most ? most : n_splits);
+    chunk = (n_ctx + n_splits - 1) / n_splits;
+  }
+  const int64_t n_splits = (n_ctx + chunk - 1) / chunk;
+  if (n_splits > 65535)
+    return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
+  float* part = nullptr;
+  float2* part_ml = nullptr;
+  if (n_splits > 1) {
+    const uint64_t rows = static_cast<uint64_t>(T * n_heads * n_splits);
+    const uint64_t part_bytes = rows * static_cast<uint64_t>(layer.head_dim) * sizeof(float);
+    LOOM_TRY(scratch.ensure(part_bytes + rows * sizeof(float2), s));
+    part = static_cast<float*>(scratch.data());
+    part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);
+  }
+  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(T),
+                  static_cast<unsigned>(n_splits));
+  const bool ok = with_kd(layer.head_dim, [&]<int kD>() {
+    attn_split_kernel<kD><<<grid, kWarps * 32, 0, s>>>(kc, vc, f, q, pos, nh, group, scale, chunk,
+                                                       part, part_ml, out);
+  });
+  if (!ok)
+    return make_error(ErrorCode::kUnsupported, "CUDA attention: head_dim %" PRId64 " (at most 256)",
+                      layer.head_dim);
+  LOOM_TRY(launch_status("attention (split)"));
+  if (n_splits > 1) {
+    attn_merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0,
+                        s>>>(part, part_ml, nh, static_cast<int>(n_splits),
+                             static_cast<int>(layer.head_dim), out);
+    LOOM_TRY(launch_status("attention (merge)"));
+  }
+  return {};
+}
+
+}  // namespace loom::cuda

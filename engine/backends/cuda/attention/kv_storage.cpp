@@ -1,0 +1,239 @@
+// CudaKvStorage: the K/V of the layers whose attention runs on the GPU, one
+// device allocation per resident layer for K and one for V, each
+// [n_kv_heads][capacity][row]. Rows are the host cache's rows byte for byte
+// (F16 values, or Q8_0 blocks), so export/import are strided copies.
+#include <cinttypes>
+#include <vector>
+
+#include "engine/backends/cuda/attention/cuda_attention.h"
+#include "engine/backends/cuda/cuda_util.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int64_t kMinCapacity = 256;  // tokens a layer first has room for
+
+class KvStorageImpl final : public CudaKvStorage {
+ public:
+  KvStorageImpl(const KvCacheConfig& cfg, cudaStream_t stream, DeviceBudget* budget,
+                uint64_t row_bytes)
+      : cfg_(cfg),
+        stream_(stream),
+        budget_(budget),
+        row_bytes_(row_bytes),
+        k_(static_cast<size_t>(cfg.n_layer), nullptr),
+        v_(static_cast<size_t>(cfg.n_layer), nullptr) {}
+  ~KvStorageImpl() override {
+    (void)cudaStreamSynchronize(stream_);
+    for (size_t l = 0; l < k_.size(); ++l) free_layer(l);
+  }
+
+  Status reserve(int64_t n) override {
+    // The KvCache checks n against n_ctx; it may ask for whole blocks past
+    // it (move_layer), which need no room here.
+    if (n > cfg_.n_ctx) n = cfg_.n_ctx;
+    if (n <= capacity_) return {};
+    int64_t cap = capacity_ * 2 > n ? capacity_ * 2 : n;
+    if (cap < kMinCapacity) cap = kMinCapacity;
+    if (cap > cfg_.n_ctx) cap = cfg_.n_ctx;
+    // New allocations for every resident layer first, so that a failure
+    // leaves the cache as it was.
+    std::vector<std::pair<void*, void*>> fresh(k_.size(), {nullptr, nullptr});
+    const uint64_t bytes = layer_bytes(cap);
+    Status st;
+    for (size_t l = 0; l < k_.size() && st.ok(); ++l) {
+      if (k_[l]) st = alloc_pair(bytes, &fresh[l].first, &fresh[l].second);
+    }
+    if (!st.ok()) {
+      for (auto& [k, v] : fresh) {
+        if (!k) continue;
+        (void)cudaFree(k);
+        (void)cudaFree(v);
+        if (budget_) budget_->give(2 * bytes);
+      }
+      return st;
+    }
+    const uint64_t old_pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
+    const uint64_t new_pitch = static_cast<uint64_t>(cap) * row_bytes_;
+    for (size_t l = 0; l < k_.size(); ++l) {
+      if (!k_[l]) continue;
+      if (capacity_ > 0) {
+        LOOM_CUDA_TRY(cudaMemcpy2DAsync(fresh[l].first, new_pitch, k_[l], old_pitch, old_pitch,
+                                        static_cast<size_t>(cfg_.n_kv_heads),
+                                        cudaMemcpyDeviceToDevice, stream_),
+                      "KV cache growth (K)");
+        LOOM_CUDA_TRY(cudaMemcpy2DAsync(fresh[l].second, new_pitch, v_[l], old_pitch, old_pitch,
+                                        static_cast<size_t>(cfg_.n_kv_heads),
+                                        cudaMemcpyDeviceToDevice, stream_),
+                      "KV cache growth (V)");
+      }
+    }
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV cache growth");
+    for (size_t l = 0; l < k_.size(); ++l) {
+      if (!k_[l]) continue;
+      free_layer(l);
+      k_[l] = fresh[l].first;
+      v_[l] = fresh[l].second;
+    }
+    capacity_ = cap;
+    return {};
+  }
+
+  uint64_t allocated_bytes() const override {
+    uint64_t b = 0;
+    for (size_t l = 0; l < k_.size(); ++l)
+      if (k_[l]) b += 2 * layer_bytes(capacity_);
+    return b;
+  }
+
+  bool layer_resident(int64_t layer) const override {
+    return layer >= 0 && layer < cfg_.n_layer && k_[static_cast<size_t>(layer)] != nullptr;
+  }
+
+  Status set_layer_resident(int64_t layer, bool resident) override {
+    LOOM_TRY(check_layer(layer, "set_layer_resident"));
+    const auto l = static_cast<size_t>(layer);
+    if (resident == (k_[l] != nullptr)) return {};
+    if (!resident) {
+      // Queued kernels may still read or write the layer.
+      const cudaError_t e = cudaStreamSynchronize(stream_);
+      free_layer(l);
+      return cuda_status(e, "KV cache release");
+    }
+    if (capacity_ == 0) capacity_ = kMinCapacity < cfg_.n_ctx ? kMinCapacity : cfg_.n_ctx;
+    void *k = nullptr, *v = nullptr;
+    LOOM_TRY(alloc_pair(layer_bytes(capacity_), &k, &v));
+    k_[l] = k;
+    v_[l] = v;
+    // Defined contents (zeros) until rows are stored or imported.
+    LOOM_CUDA_TRY(cudaMemsetAsync(k, 0, layer_bytes(capacity_), stream_), "KV cache clear");
+    LOOM_CUDA_TRY(cudaMemsetAsync(v, 0, layer_bytes(capacity_), stream_), "KV cache clear");
+    return {};
+  }
+
+  Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) override {
+    LOOM_TRY(check_transfer(layer, n, "export_layer"));
+    if (n == 0) return {};
+    const auto l = static_cast<size_t>(layer);
+    const uint64_t width = static_cast<uint64_t>(n) * row_bytes_;
+    const uint64_t pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
+    const auto heads = static_cast<size_t>(cfg_.n_kv_heads);
+    LOOM_CUDA_TRY(
+        cudaMemcpy2DAsync(k, width, k_[l], pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
+        "KV export (K)");
+    LOOM_CUDA_TRY(
+        cudaMemcpy2DAsync(v, width, v_[l], pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
+        "KV export (V)");
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV export");
+    return {};
+  }
+
+  Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) override {
+    LOOM_TRY(check_transfer(layer, n, "import_layer"));
+    if (n == 0) return {};
+    const auto l = static_cast<size_t>(layer);
+    const uint64_t width = static_cast<uint64_t>(n) * row_bytes_;
+    const uint64_t pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
+    const auto heads = static_cast<size_t>(cfg_.n_kv_heads);
+    LOOM_CUDA_TRY(
+        cudaMemcpy2DAsync(k_[l], pitch, k, width, width, heads, cudaMemcpyHostToDevice, stream_),
+        "KV import (K)");
+    LOOM_CUDA_TRY(
+        cudaMemcpy2DAsync(v_[l], pitch, v, width, width, heads, cudaMemcpyHostToDevice, stream_),
+        "KV import (V)");
+    // The caller may free its rows when this returns.
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV import");
+    return {};
+  }
+
+  DevKvLayer layer(int64_t l) const override {
+    DevKvLayer d;
+    d.dtype = cfg_.dtype;
+    d.n_kv_heads = cfg_.n_kv_heads;
+    d.head_dim = cfg_.head_dim;
+    d.capacity = capacity_;
+    d.row_bytes = row_bytes_;
+    if (layer_resident(l)) {
+      d.k = k_[static_cast<size_t>(l)];
+      d.v = v_[static_cast<size_t>(l)];
+    }
+    return d;
+  }
+
+ private:
+  uint64_t layer_bytes(int64_t cap) const {
+    return static_cast<uint64_t>(cfg_.n_kv_heads) * static_cast<uint64_t>(cap) * row_bytes_;
+  }
+  Status alloc_pair(uint64_t bytes, void** k, void** v) {
+    if (budget_) LOOM_TRY(budget_->take(2 * bytes, "the KV cache"));
+    Status st = device_alloc(k, bytes, "the KV cache (K)");
+    if (st.ok()) {
+      st = device_alloc(v, bytes, "the KV cache (V)");
+      if (!st.ok()) {
+        (void)cudaFree(*k);
+        *k = nullptr;
+      }
+    }
+    if (!st.ok() && budget_) budget_->give(2 * bytes);
+    return st;
+  }
+  void free_layer(size_t l) {
+    if (!k_[l]) return;
+    (void)cudaFree(k_[l]);
+    (void)cudaFree(v_[l]);
+    k_[l] = v_[l] = nullptr;
+    if (budget_) budget_->give(2 * layer_bytes(capacity_));
+  }
+  Status check_layer(int64_t layer, const char* op) const {
+    if (layer < 0 || layer >= cfg_.n_layer)
+      return make_error(ErrorCode::kOutOfRange,
+                        "CUDA KV cache %s: layer %" PRId64 " does not exist (%" PRId64 " layers)",
+                        op, layer, cfg_.n_layer);
+    return {};
+  }
+  Status check_transfer(int64_t layer, int64_t n, const char* op) const {
+    LOOM_TRY(check_layer(layer, op));
+    if (!k_[static_cast<size_t>(layer)])
+      return make_error(ErrorCode::kInternal,
+                        "CUDA KV cache %s: layer %" PRId64 " is not resident on the GPU", op,
+                        layer);
+    if (n < 0 || n > capacity_)
+      return make_error(ErrorCode::kOutOfRange,
+                        "CUDA KV cache %s: %" PRId64 " tokens (room is made for %" PRId64 ")", op,
+                        n, capacity_);
+    return {};
+  }
+
+  KvCacheConfig cfg_;
+  cudaStream_t stream_;
+  DeviceBudget* budget_;
+  uint64_t row_bytes_;
+  int64_t capacity_ = 0;  ///< tokens each resident layer has room for
+  std::vector<void*> k_, v_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaKvStorage>> CudaKvStorage::create(const KvCacheConfig& cfg,
+                                                             cudaStream_t stream,
+                                                             DeviceBudget* budget) {
+  if (cfg.n_layer <= 0 || cfg.n_kv_heads <= 0 || cfg.head_dim <= 0 || cfg.n_ctx <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "CUDA KV cache: empty configuration");
+  uint64_t row_bytes = 0;
+  if (cfg.dtype == DType::kF16) {
+    row_bytes = static_cast<uint64_t>(cfg.head_dim) * 2;
+  } else if (cfg.dtype == DType::kQ8_0 && cfg.head_dim % 32 == 0) {
+    row_bytes = static_cast<uint64_t>(cfg.head_dim / 32) * 34;
+  } else {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "CUDA KV cache: a %s cache of head_dim %" PRId64
+                      " (F16, or Q8_0 with "
+                      "head_dim a multiple of 32)",
+                      std::string(dtype_name(cfg.dtype)).c_str(), cfg.head_dim);
+  }
+  return std::unique_ptr<CudaKvStorage>(
+      std::make_unique<KvStorageImpl>(cfg, stream, budget, row_bytes));
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,160 @@
+// The CUDA backend: every forward-pass op as CUDA kernels on one stream of
+// one device (compute capability 9.0 and later; code for sm_90 plus PTX).
+//
+// How work flows: ops queue kernels on the backend's stream and return;
+// download()/synchronize() wait. Host inputs of ops (token ids, positions,
+// RoPE cos/sin) are written to a pinned host ring and copied to a device
+// ring of the same size by cudaMemcpyAsync on the stream, so the kernels
+// that read them are ordered after the copy; the ring starts over after a
+// synchronize (a full ring synchronizes first).
+//
+// Memory: weights are copied as their GGUF rows (no repacking; the kernels
+// decode the block formats, quant_device.cuh), one allocation per tensor,
+// keyed by the host address range of the tensor (upload_weight,
+// release_weight). Activations are cudaMalloc'd buffers; an Act names one
+// by `buffer` (the allocation's device address) plus `offset`. A KV storage
+// (attention/cuda_attention.h) holds the layers made resident in it.
+// CudaOptions::memory_limit bounds weights plus KV (kOutOfMemory naming the
+// bytes past it; the placement then runs those ops elsewhere).
+//
+// Errors: an op cannot return one, so the first failure is kept and every
+// later op is skipped; the next download()/synchronize() reports it.
+//
+// Timing: scope timing (the profiler) records a CUDA event per scope
+// boundary; times are read after a synchronize.
+//
+// Use from one thread at a time (each entry point makes the backend's
+// device current on the calling thread). ActBuffers and KvStorages it hands
+// out must be destroyed before it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/attention/cuda_attention.h"
+#include "engine/backends/cuda/cuda.h"
+#include "engine/backends/cuda/cuda_util.h"
+#include "engine/backends/cuda/matmul/cuda_matmul.h"
+
+namespace loom {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const CudaOptions& opts);
+  ~CudaBackend() override;
+
+  std::string name() const override;
+  bool supports(OpKind op, DType dtype) const override;
+
+  bool host_memory() const override { return false; }
+  Result<std::unique_ptr<ActBuffer>> alloc_act(int64_t n_floats) override;
+  Status upload(const float* src, Act dst) override;
+  Status download(Act src, float* dst) override;
+  Status synchronize() override;
+  Status upload_weight(const Weight& w) override;
+  void release_weights() override;
+  void release_weight(const Weight& w) override;
+  uint64_t weight_bytes() const override { return weight_bytes_; }
+  bool has_weight(OpKind op, const Weight& w) const override;
+  Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
+
+  bool device_timing() const override { return true; }
+  void set_scope_timing(bool on) override;
+  void begin_scope(int32_t id) override;
+  void take_scope_times(std::vector<ScopeTime>* out) override;
+
+  void get_rows(const Weight& w, const int32_t* ids, Act out) override;
+  void rms_norm(Act x, const Weight& w, float eps, Act out) override;
+  void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
+  void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+            const cpu::RopeParams& p) override;
+  void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                 float scale, Act out) override;
+  void silu_mul(Act gate, Act up, Act out) override;
+  void add(Act a, Act b, Act out) override;
+  /// y += W x in one product (the matvec's or the GEMM's accumulate).
+  void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  /// silu(gate x) * (up x) in one matvec when gate and up match; else the default.
+  void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
+
+  const CudaDeviceInfo& device_info() const { return info_; }
+  /// Device memory held: weights, KV (through the budget), scratch.
+  uint64_t device_bytes() const;
+  /// Test hooks of the attention kernels (AttentionScratch).
+  cuda::AttentionScratch& attention_scratch() { return *attn_scratch_; }
+  /// Test hook: the next op fails as a lost device would, and every later one is skipped.
+  void simulate_failure(const std::string& why) {
+    fail(make_error(ErrorCode::kInternal, "%s", why.c_str()));
+  }
+
+ private:
+  CudaBackend() = default;
+  Status init(const CudaOptions& opts);
+  void fail(const Status& s) {
+    if (status_.ok() && !s.ok()) status_ = s;
+  }
+  // Makes the device current; false (nothing to do) after a failure.
+  bool ready();
+  float* dev(const Act& a) const {
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(a.buffer) + a.offset);
+  }
+  bool check_act(const Act& a, const char* op);
+  // The device address of w's first byte (uploading its tensor when it is
+  // not resident yet), or null after recording the failure.
+  const void* weight_ptr(const Weight& w, const char* op);
+  bool dev_matrix(const Weight& w, const char* op, cuda::DevMatrix* m);
+  // Copies n bytes of host input into the ring; its device address, or null.
+  const void* put(const void* data, uint64_t bytes);
+  // The device KV layer of `layer` in kv's storage, or a failure.
+  bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
+
+  struct Resident {
+    const uint8_t* end = nullptr;  ///< end of the host range it mirrors
+    void* dev = nullptr;
+    uint64_t bytes = 0;
+    uint64_t fingerprint = 0;  ///< size and sampled bytes: a new tensor at the same address differs
+  };
+  struct Source {
+    const uint8_t* begin = nullptr;
+    uint64_t bytes = 0, fingerprint = 0;
+  };
+  static Source weight_source(const Weight& w);
+  const Resident* find_weight(const void* p, const uint8_t** begin) const;
+  void drop(std::map<const uint8_t*, Resident>::iterator it);
+
+  int device_ = 0;
+  CudaDeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  Status status_;
+  std::unique_ptr<cuda::Matmul> matmul_;
+  std::unique_ptr<cuda::AttentionScratch> attn_scratch_;
+  cuda::DeviceBudget budget_;
+  std::map<const uint8_t*, Resident> weights_;  ///< by host begin address
+  uint64_t weight_bytes_ = 0;
+
+  // Host inputs: pinned host ring and its device mirror.
+  void* ring_host_ = nullptr;
+  void* ring_dev_ = nullptr;
+  uint64_t ring_bytes_ = 0, ring_used_ = 0;
+  std::vector<float> rope_cs_;  ///< host cos/sin table, reused
+
+  // Scope timing: an event per boundary since the last take_scope_times.
+  bool scope_on_ = false;
+  struct Mark {
+    int32_t starts;  ///< the scope this event opens (-1: none)
+    cudaEvent_t ev;
+  };
+  std::vector<Mark> marks_;
+  std::vector<cudaEvent_t> free_events_;
+
+  friend class CudaActBuffer;
+};
+
+}  // namespace loom

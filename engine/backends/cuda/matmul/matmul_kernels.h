@@ -1,0 +1,38 @@
+// Launchers of the matmul kernels (matvec.cu, dequant.cu), called by the
+// Matmul class (matmul.cpp). Host-callable; each returns the launch error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "engine/backends/cuda/matmul/cuda_matmul.h"
+
+namespace loom::cuda {
+
+/// Rows [r0, r0 + n) of w dequantized to F16 (IEEE half bits), [n, w.n_in].
+Status dequant_f16(const DevMatrix& w, int64_t r0, int64_t n, uint16_t* out, cudaStream_t s);
+/// out[n] = F16 of x[n].
+Status to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t s);
+/// Q8 activations of x [T, n] (n a multiple of 32): per 32 values a float
+/// scale xd = amax / 127 and int8 quants xq = round(x / xd).
+/// xq [T, n] bytes, xd [T, n / 32].
+Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, cudaStream_t s);
+/// Decode products, T <= kMaxMatvecTokens. y [T, w.n_out] = x W^T (+ bias)
+/// (+ y when accumulate). With `up` (same shape and dtype as w):
+/// y = silu(x W^T) * (x up^T) instead (bias and accumulate unused).
+/// Quantized types read xq/xd (quantize_q8 of x), float types read x.
+Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int8_t* xq,
+              const float* xd, int64_t T, float* y, const float* bias, bool accumulate,
+              cudaStream_t s);
+/// y[t][r] += bias[r] for y [T, n].
+Status add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s);
+/// out[i] = silu(g[i]) * u[i], n values (out may alias g or u).
+Status silu_mul_f32(const float* g, const float* u, float* out, int64_t n, cudaStream_t s);
+
+/// Most tokens the matvec kernels take; beyond, the GEMM path.
+inline constexpr int64_t kMaxMatvecTokens = 8;
+/// Whether w's dtype has an int8 dot-product matvec (reads Q8 activations).
+bool matvec_uses_q8(DType d);
+
+}  // namespace loom::cuda

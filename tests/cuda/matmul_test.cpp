@@ -1,0 +1,215 @@
+// The CUDA matmul kernels (loom_cuda_matmul) against cpu/ref: every weight
+// dtype x odd shapes (n_in tails, odd n_out) x T in {1, 3, 8} (the matvec
+// kernels, on Q8 activations for quantized types) and {9, 64, 130} (F16
+// GEMMs through cuBLAS), with bias and accumulate; the fused gate/up product;
+// dequantize_rows. The reference dequantizes with cpu/ref and multiplies in
+// double. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/ref/quants.h"
+#include "engine/backends/cuda/matmul/cublas_loader.h"
+#include "engine/backends/cuda/matmul/cuda_matmul.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace loom {
+namespace {
+
+using test::DevBuf;
+
+// A weight quantized by cpu/ref: its bytes and what they dequantize to.
+struct HostMatrix {
+  DType dtype;
+  int64_t n_out, n_in;
+  uint64_t row_bytes;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [n_out, n_in]
+};
+
+HostMatrix make_matrix(DType dt, int64_t n_out, int64_t n_in, uint64_t seed) {
+  HostMatrix m{dt, n_out, n_in, *dtype_row_bytes(dt, static_cast<uint64_t>(n_in)), {}, {}};
+  const std::vector<float> src = test::random_floats(static_cast<size_t>(n_out * n_in), seed);
+  m.bytes.resize(m.row_bytes * static_cast<uint64_t>(n_out));
+  m.deq.resize(src.size());
+  for (int64_t r = 0; r < n_out; ++r) {
+    void* row = m.bytes.data() + static_cast<uint64_t>(r) * m.row_bytes;
+    EXPECT_TRUE(ref::quantize_row(dt, src.data() + r * n_in, row, n_in).ok());
+    EXPECT_TRUE(ref::dequantize_row(dt, row, m.deq.data() + r * n_in, n_in).ok());
+  }
+  return m;
+}
+
+// y [T, n_out] = x W^T (+ bias) (+ y0), in double.
+std::vector<double> reference(const HostMatrix& m, const std::vector<float>& x, int64_t T,
+                              const std::vector<float>* bias, const std::vector<float>* y0) {
+  std::vector<double> y(static_cast<size_t>(T * m.n_out));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t r = 0; r < m.n_out; ++r) {
+      double s = 0.0;
+      for (int64_t i = 0; i < m.n_in; ++i)
+        s += static_cast<double>(m.deq[static_cast<size_t>(r * m.n_in + i)]) *
+             static_cast<double>(x[static_cast<size_t>(t * m.n_in + i)]);
+      if (bias) s += (*bias)[static_cast<size_t>(r)];
+      if (y0) s += (*y0)[static_cast<size_t>(t * m.n_out + r)];
+      y[static_cast<size_t>(t * m.n_out + r)] = s;
+    }
+  }
+  return y;
+}
+
+bool quantized(DType d) {
+  return d != DType::kF32 && d != DType::kF16 && d != DType::kBF16;
+}
+
+// Relative error bounds: Q8 activations (about 0.4% per value, averaging
+// down over a row) for the quantized matvecs; F16 weights and activations
+// with F32 accumulation for the GEMMs; float products otherwise.
+double tolerance(DType d, int64_t T) {
+  if (T > 8) return d == DType::kF32 ? 2e-3 : 3e-3;
+  return quantized(d) ? 1.5e-2 : 1e-5;
+}
+
+// Row lengths per dtype: several blocks, a group count that is not a
+// multiple of the 32 lanes, and (for float types) lengths with tails.
+std::vector<int64_t> row_lengths(DType d) {
+  const uint32_t bs = traits(d).block_size;
+  if (bs == 256) return {256, 768, 2816};
+  if (bs == 32) return {32, 416, 1056, 4160};
+  return {1, 7, 33, 264, 1000, 4096};
+}
+
+class CudaMatmul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
+  LOOM_CUDA_OR_SKIP();
+  const DType dt = GetParam();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  uint64_t seed = 1;
+  for (const int64_t n_in : row_lengths(dt)) {
+    for (const int64_t n_out : {1, 67, 130}) {
+      const HostMatrix hm = make_matrix(dt, n_out, n_in, seed++);
+      DevBuf<uint8_t> wd(hm.bytes);
+      const cuda::DevMatrix w{wd.p, dt, n_out, n_in, hm.row_bytes};
+      const std::vector<float> bias = test::random_floats(static_cast<size_t>(n_out), seed++);
+      DevBuf<float> bd(bias);
+      for (const int64_t T : {1, 3, 8, 9, 64, 130}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " n_out " + std::to_string(n_out) + " n_in " +
+                     std::to_string(n_in) + " T " + std::to_string(T));
+        const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), seed++);
+        const std::vector<float> y0 =
+            test::random_floats(static_cast<size_t>(T * n_out), seed++, 0.5f);
+        DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
+        // Plain.
+        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, false, s).ok());
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        std::vector<float> y = yd.download();
+        EXPECT_TRUE(test::all_finite(y));
+        EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, nullptr)), tolerance(dt, T));
+        // With a bias.
+        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, bd.p, false, s).ok());
+        y = yd.download();
+        EXPECT_LT(test::rel_error(y, reference(hm, x, T, &bias, nullptr)), tolerance(dt, T));
+        // Accumulating into y0.
+        yd.upload(y0);
+        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, true, s).ok());
+        y = yd.download();
+        EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, &y0)), tolerance(dt, T));
+      }
+    }
+  }
+  EXPECT_GT((*mm)->scratch_bytes(), 0u);
+  (void)cudaStreamDestroy(s);
+}
+
+TEST_P(CudaMatmul, GluIsSiluOfGateTimesUp) {
+  LOOM_CUDA_OR_SKIP();
+  const DType dt = GetParam();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  const int64_t n_in = row_lengths(dt)[1], n_out = 75;
+  const HostMatrix g = make_matrix(dt, n_out, n_in, 11), u = make_matrix(dt, n_out, n_in, 12);
+  DevBuf<uint8_t> gd(g.bytes), ud(u.bytes);
+  const cuda::DevMatrix gw{gd.p, dt, n_out, n_in, g.row_bytes},
+      uw{ud.p, dt, n_out, n_in, u.row_bytes};
+  for (const int64_t T : {1, 5, 8, 9, 70}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 13 + T);
+    DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
+    ASSERT_TRUE((*mm)->run_glu(gw, uw, xd.p, T, yd.p, nullptr).ok());
+    const std::vector<float> y = yd.download();
+    const std::vector<double> a = reference(g, x, T, nullptr, nullptr);
+    const std::vector<double> b = reference(u, x, T, nullptr, nullptr);
+    std::vector<double> want(a.size());
+    for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
+    EXPECT_LT(test::rel_error(y, want), 2 * tolerance(dt, T));
+  }
+}
+
+TEST_P(CudaMatmul, DequantizeRowsMatchesReference) {
+  LOOM_CUDA_OR_SKIP();
+  const DType dt = GetParam();
+  const int64_t n_in = row_lengths(dt).back(), n_out = 19;
+  const HostMatrix m = make_matrix(dt, n_out, n_in, 21);
+  DevBuf<uint8_t> wd(m.bytes);
+  const cuda::DevMatrix w{wd.p, dt, n_out, n_in, m.row_bytes};
+  const std::vector<int32_t> ids = {18, 0, 7, 7, 3};
+  DevBuf<int32_t> idd(ids);
+  DevBuf<float> out(ids.size() * static_cast<size_t>(n_in));
+  ASSERT_TRUE(
+      cuda::dequantize_rows(w, idd.p, static_cast<int64_t>(ids.size()), out.p, nullptr).ok());
+  const std::vector<float> got = out.download();
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int64_t i = 0; i < n_in; ++i) {
+      const float want = m.deq[static_cast<size_t>(ids[t] * n_in + i)];
+      // The same products as cpu/ref, up to a fused multiply-add.
+      ASSERT_NEAR(got[t * static_cast<size_t>(n_in) + static_cast<size_t>(i)], want,
+                  1e-6f * (1.0f + std::fabs(want)))
+          << "token " << t << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMatmul,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                           DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
+                         [](const auto& pi) { return std::string(dtype_name(pi.param)); });
+
+// No device needed: what is supported, and cuBLAS found or the paths named.
+TEST(CudaMatmulHost, SupportedTypes) {
+  EXPECT_TRUE(cuda::matmul_supported(DType::kQ4_K));
+  EXPECT_TRUE(cuda::matmul_supported(DType::kBF16));
+  EXPECT_FALSE(cuda::matmul_supported(DType::kQ2_K));
+  EXPECT_FALSE(cuda::matmul_supported(DType::kIQ4_XS));
+}
+
+TEST(CudaMatmulHost, CublasLoadsOrSaysWhere) {
+  auto api = cuda::load_cublas();
+  if (api.ok()) {
+    EXPECT_NE((*api)->gemm_ex, nullptr);
+    EXPECT_FALSE((*api)->path.empty());
+  } else {
+    EXPECT_NE(api.message().find("libcublas"), std::string::npos) << api.message();
+  }
+}
+
+TEST(CudaMatmulErrors, UnsupportedTypeIsAnError) {
+  LOOM_CUDA_OR_SKIP();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  DevBuf<uint8_t> wd(84 * 4);
+  DevBuf<float> x(256), y(4);
+  const cuda::DevMatrix w{wd.p, DType::kQ2_K, 4, 256, 84};
+  const Status st = (*mm)->run(w, x.p, 1, y.p, nullptr, false, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kUnsupported);
+}
+
+}  // namespace
+}  // namespace loom
