@@ -1,4 +1,5 @@
-# End-to-end check of the loom CLI: synth -> info -> tokenize, and a bad file.
+# End-to-end check of the loom CLI: synth -> info -> tokenize (GGUF and an HF folder),
+# and bad files.
 # Invoked by ctest with -DLOOM=<path to loom> -DWORK=<scratch dir>.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -23,6 +24,24 @@ endif()
 run_ok(${LOOM} tokenize -m ${WORK}/tiny.gguf -p "Hello world")
 if(NOT LAST_OUT MATCHES "^[0-9]+( [0-9]+)*\n?$")
   message(FATAL_ERROR "unexpected tokenize output:\n${LAST_OUT}")
+endif()
+
+# The same model as a Hugging Face folder (sharded): info, tokenize and run take the folder.
+run_ok(${LOOM} synth --preset stories-like --dtype bf16 --seed 7 --format safetensors
+       --shard-mib 1 --out ${WORK}/hf)
+run_ok(${LOOM} info ${WORK}/hf)
+if(NOT LAST_OUT MATCHES "Hugging Face folder" OR NOT LAST_OUT MATCHES "architecture: +llama")
+  message(FATAL_ERROR "unexpected info output for the folder:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} tokenize -m ${WORK}/hf -p "Hello world")
+if(NOT LAST_OUT MATCHES "^[0-9]+( [0-9]+)*\n?$")
+  message(FATAL_ERROR "unexpected tokenize output for the folder:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} run -m ${WORK}/hf -p "Once" -n 4 --temp 0)
+file(WRITE ${WORK}/hf/config.json "{\"model_type\": \"gemma2\"}")
+execute_process(COMMAND ${LOOM} info ${WORK}/hf RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "unknown architecture")
+  message(FATAL_ERROR "unknown architecture: rc=${rc} stderr=${err}")
 endif()
 
 # A truncated copy must fail with a message naming the cause, not crash.

@@ -160,7 +160,7 @@ std::string hf_supported_architectures() {
 
 namespace {
 
-Result<HfFolder> open_folder(const std::string& dir) {
+Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
   const fs::path root(dir);
   const std::string config_path = (root / "config.json").string();
   LOOM_ASSIGN_OR_RETURN(json config, read_json(config_path));
@@ -339,7 +339,13 @@ Result<HfFolder> open_folder(const std::string& dir) {
     LOOM_ASSIGN_OR_RETURN(tok_config, load_hf_tokenizer_config(tok_config_path.string()));
   }
   const fs::path tok_path = root / "tokenizer.json";
-  if (!fs::is_regular_file(tok_path, ec)) {
+  const bool has_tokenizer = fs::is_regular_file(tok_path, ec);
+  if (!has_tokenizer && !need_tokenizer) {
+    const uint64_t n = storage->set.total_bytes();
+    out.file = GgufFile::from_parts(dir, std::move(kv), std::move(tensors), std::move(storage), n);
+    return out;
+  }
+  if (!has_tokenizer) {
     return make_error(ErrorCode::kFormat,
                       "%s: no tokenizer.json (tokenizer.model alone is not supported yet)",
                       dir.c_str());
@@ -356,9 +362,9 @@ Result<HfFolder> open_folder(const std::string& dir) {
 
 }  // namespace
 
-Result<HfFolder> open_hf_folder(const std::string& dir) {
+Result<HfFolder> open_hf_folder(const std::string& dir, bool need_tokenizer) {
   try {
-    return open_folder(dir);
+    return open_folder(dir, need_tokenizer);
   } catch (const nlohmann::json::exception& e) {
     // A config value of the wrong type (json::value() throws on those).
     return make_error(ErrorCode::kFormat, "%s/config.json: %s", dir.c_str(), e.what());

@@ -43,7 +43,9 @@ bool is_hf_folder(const std::string& path);
 /// 'Gemma2ForCausalLM'"), a missing field, bad or missing weights (see
 /// SafetensorsSet), a tensor in a dtype Loom does not compute in, a missing
 /// or unsupported tokenizer.json.
-Result<HfFolder> open_hf_folder(const std::string& dir);
+/// `need_tokenizer` false: a folder without tokenizer.json opens (the caller
+/// brings a tokenizer; `vocab` stays empty).
+Result<HfFolder> open_hf_folder(const std::string& dir, bool need_tokenizer = true);
 
 /// Architectures a folder may have: "llama, mistral, qwen2, phi3".
 std::string hf_supported_architectures();

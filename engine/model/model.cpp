@@ -7,6 +7,7 @@
 
 #include "engine/model/arch/arch.h"
 #include "engine/model/hf_model.h"
+#include "engine/tokenizer/tokenizer_json.h"
 
 namespace loom {
 
@@ -176,20 +177,65 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
 
 }  // namespace detail
 
+Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  TokenizerSource out;
+  fs::path json_path;
+  if (fs::is_directory(path, ec)) {
+    json_path = fs::path(path) / "tokenizer.json";
+  } else if (fs::path(path).extension() == ".json") {
+    json_path = path;
+  }
+  if (!json_path.empty()) {
+    HfTokenizerConfig config;
+    const fs::path config_path = json_path.parent_path() / "tokenizer_config.json";
+    if (fs::is_regular_file(config_path, ec)) {
+      LOOM_ASSIGN_OR_RETURN(config, load_hf_tokenizer_config(config_path.string()));
+    }
+    LOOM_ASSIGN_OR_RETURN(HfVocab hv, load_tokenizer_json(json_path.string(), &config));
+    out.vocab = std::move(hv.vocab);
+    out.notes = std::move(hv.notes);
+    out.chat_template = config.chat_template;
+    return out;
+  }
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::open(path));
+  LOOM_ASSIGN_OR_RETURN(out.vocab, load_vocab(*f));
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> t, f->get_string("tokenizer.chat_template"));
+  out.chat_template = t.value_or("");
+  return out;
+}
+
 Result<std::unique_ptr<Model>> load_model(const std::string& path) {
+  return load_model(path, LoadOptions{});
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& options) {
   // Two sources, one path: a GGUF file, or a Hugging Face folder presented as
   // GGUF metadata and tensor names (engine/model/hf_model.h).
   auto m = std::make_unique<Model>();
   std::optional<Vocab> vocab;
   std::optional<std::string> tmpl;
   bool rope_neox_layout = false;
+  if (!options.tokenizer.empty()) {
+    auto src = load_tokenizer_source(options.tokenizer);
+    if (!src.ok()) {
+      return make_error(src.error().code(), "tokenizer %s: %s", options.tokenizer.c_str(),
+                        src.message().c_str());
+    }
+    vocab = std::move(src->vocab);
+    tmpl = std::move(src->chat_template);
+    for (std::string& n : src->notes) m->warnings.push_back("tokenizer.json: " + n);
+  }
   if (is_hf_folder(path)) {
-    LOOM_ASSIGN_OR_RETURN(HfFolder hf, open_hf_folder(path));
+    LOOM_ASSIGN_OR_RETURN(HfFolder hf, open_hf_folder(path, /*need_tokenizer=*/!vocab));
     m->file = std::move(hf.file);
-    vocab = std::move(hf.vocab);
-    tmpl = std::move(hf.chat_template);
     rope_neox_layout = hf.rope_neox_layout;
-    for (std::string& n : hf.notes) m->warnings.push_back("tokenizer.json: " + n);
+    if (!vocab) {
+      vocab = std::move(hf.vocab);
+      tmpl = std::move(hf.chat_template);
+      for (std::string& n : hf.notes) m->warnings.push_back("tokenizer.json: " + n);
+    }
   } else {
     auto file = GgufFile::open(path);
     if (!file.ok()) {

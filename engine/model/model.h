@@ -98,6 +98,25 @@ struct Model {
 /// bad key.
 Result<std::unique_ptr<Model>> load_model(const std::string& path);
 
+/// What load_model may take from elsewhere.
+struct LoadOptions {
+  /// Another file's tokenizer and chat template (`--tokenizer`): a GGUF, a
+  /// tokenizer.json or a model folder; empty: the model's own. A folder
+  /// without tokenizer.json loads with one.
+  std::string tokenizer;
+};
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& options);
+
+/// A tokenizer with its chat template, read from a GGUF file, a
+/// tokenizer.json (with the tokenizer_config.json beside it, if any) or a
+/// Hugging Face folder.
+struct TokenizerSource {
+  Vocab vocab;
+  std::string chat_template;  ///< Jinja text, "" when none
+  std::vector<std::string> notes;
+};
+Result<TokenizerSource> load_tokenizer_source(const std::string& path);
+
 namespace detail {
 // Shared by the architecture files.
 Result<Weight> bind_weight(const GgufFile& f, const std::string& name, std::vector<int64_t> shape,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/model/gguf.h"
+#include "engine/model/model.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_json.h"
@@ -354,6 +355,22 @@ TEST(TokenizerJsonVectors, Phi3) {
     // (without BOS: the GGUF adds one, tokenizer_config.json says add_bos_token: false)
     EXPECT_EQ(tok->encode(chat, false, true), gguf_tok->encode(chat, false, true));
   }
+}
+
+// The Phi-3 folder's chat template (tokenizer_config.json) goes through the
+// same recognition as a GGUF's; load_tokenizer_source takes the folder.
+TEST(TokenizerJsonVectors, Phi3ChatTemplate) {
+  LOOM_FIXTURE_OR_SKIP(json_path, "tokenizers/phi-3-mini/tokenizer.json");
+  const std::string dir = json_path.substr(0, json_path.rfind('/'));
+  auto src = load_tokenizer_source(dir);
+  ASSERT_TRUE(src.ok()) << src.message();
+  EXPECT_EQ(src->vocab.n_tokens(), 32011);
+  const ChatTemplate t = make_chat_template(src->chat_template, "<s>", "<|endoftext|>");
+  EXPECT_EQ(t.family(), ChatFamily::kPhi3);
+  EXPECT_EQ(t.warning(), "");
+  auto text = t.apply({{"user", "Hi"}}, true);
+  ASSERT_TRUE(text.ok()) << text.message();
+  EXPECT_EQ(*text, "<|user|>\nHi<|end|>\n<|assistant|>\n");
 }
 
 // Llama 3: a tokenizer.json written here from the Llama 3.2 vocabulary and

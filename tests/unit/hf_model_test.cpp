@@ -146,6 +146,50 @@ INSTANTIATE_TEST_SUITE_P(
              (p.param.shard_bytes ? "_sharded" : "");
     });
 
+// The chat template comes from tokenizer_config.json, through the same
+// recognition as a GGUF's tokenizer.chat_template.
+TEST(HfFolder, ChatTemplateFromTokenizerConfig) {
+  const auto [gguf, folder] = write_both(Case{"qwen2", "f32", 0, false}, "chat");
+  auto a = load_model(gguf);
+  auto b = load_model(folder);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*b)->chat_template.family(), (*a)->chat_template.family());
+  EXPECT_EQ((*b)->chat_template.family(), ChatFamily::kChatML);
+  const std::vector<ChatMessage> chat = {{"system", "Be brief."}, {"user", "Hi"}};
+  auto ra = (*a)->chat_template.apply(chat, true);
+  auto rb = (*b)->chat_template.apply(chat, true);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(*rb, *ra);
+}
+
+// --tokenizer: another file's tokenizer, for a folder that has none.
+TEST(HfFolder, TokenizerFromAnotherFile) {
+  const auto [gguf, folder] = write_both(Case{"llama", "f16", 0, false}, "tok_override");
+  const std::string saved = folder + "/../tokenizer.json";
+  fs::rename(folder + "/tokenizer.json", saved);
+  fs::remove(folder + "/tokenizer_config.json");
+  {
+    auto m = load_model(folder);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.message().find("no tokenizer.json"), std::string::npos) << m.message();
+  }
+  auto ref = load_model(gguf);
+  ASSERT_TRUE(ref.ok()) << ref.message();
+  for (const std::string& tok : {gguf, saved}) {
+    LoadOptions o;
+    o.tokenizer = tok;
+    auto m = load_model(folder, o);
+    ASSERT_TRUE(m.ok()) << tok << ": " << m.message();
+    EXPECT_EQ((*m)->tokenizer->n_tokens(), (*ref)->tokenizer->n_tokens());
+    EXPECT_EQ(greedy(**m, "The robot"), greedy(**ref, "The robot")) << tok;
+  }
+  LoadOptions bad;
+  bad.tokenizer = folder + "/missing.json";
+  auto m = load_model(folder, bad);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("missing.json"), std::string::npos) << m.message();
+}
+
 // ---- errors ------------------------------------------------------------------
 
 std::string read_text(const std::string& path) {

@@ -1,8 +1,9 @@
-// `loom tokenize -m FILE -p TEXT`: the token ids of a text, as the model's tokenizer makes them.
+// `loom tokenize -m FILE -p TEXT`: the token ids of a text, as the model's tokenizer makes them
+// (FILE: a GGUF, a tokenizer.json or a Hugging Face folder).
 #include <cstdio>
 #include <string>
 
-#include "engine/model/gguf.h"
+#include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/vocab.h"
 #include "tools/loom/commands.h"
@@ -53,17 +54,15 @@ std::string printable_piece(const std::string& piece) {
 }  // namespace
 
 int cmd_tokenize(const TokenizeOptions& o) {
-  auto file = GgufFile::open(o.model);
-  if (!file.ok()) {
-    std::fprintf(stderr, "loom tokenize: %s\n", file.message().c_str());
+  // A GGUF file, a tokenizer.json, or a Hugging Face folder.
+  auto src = load_tokenizer_source(o.model);
+  if (!src.ok()) {
+    std::fprintf(stderr, "loom tokenize: %s\n", src.message().c_str());
     return 1;
   }
-  auto vocab = load_vocab(**file);
-  if (!vocab.ok()) {
-    std::fprintf(stderr, "loom tokenize: %s\n", vocab.message().c_str());
-    return 1;
-  }
-  auto tokenizer = Tokenizer::create(std::move(vocab).value());
+  for (const std::string& n : src->notes)
+    std::fprintf(stderr, "loom tokenize: note: %s\n", n.c_str());
+  auto tokenizer = Tokenizer::create(std::move(src->vocab));
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "loom tokenize: %s: %s\n", o.model.c_str(), tokenizer.message().c_str());
     return 1;
