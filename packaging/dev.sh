@@ -16,7 +16,7 @@ jobs="${LOOM_JOBS:-$(nproc)}"
 # only recommends.
 packages=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
-  libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
+  libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libxxhash-dev libcli11-dev libdnnl-dev
   ocl-icd-opencl-dev
   mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers
   libsqlite3-dev liburing-dev qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev fonts-inter xvfb xauth

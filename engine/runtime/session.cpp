@@ -137,6 +137,29 @@ Status Session::eval(std::span<const int32_t> tokens, int64_t pos0, float* logit
   }
 }
 
+int64_t Session::keep_prefix(std::span<const int32_t> prompt) {
+  size_t common = 0;
+  while (common < tokens_.size() && common + 1 < prompt.size() && tokens_[common] == prompt[common])
+    ++common;
+  tokens_.resize(common);
+  kv_->set_n_tokens(static_cast<int64_t>(common));
+  return static_cast<int64_t>(common);
+}
+
+Status Session::append(std::span<const int32_t> tokens, float* logits, GenerateStats* st) {
+  if (tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "nothing to evaluate");
+  const int64_t pos0 = static_cast<int64_t>(tokens_.size());
+  if (pos0 + static_cast<int64_t>(tokens.size()) > kv_->capacity()) {
+    return make_error(ErrorCode::kOutOfRange,
+                      "%zu more tokens do not fit: the context holds %" PRId64 " and has %" PRId64,
+                      tokens.size(), kv_->capacity(), pos0);
+  }
+  (void)apply_pending_placement();  // errors went to the requester; the old placement stays
+  LOOM_TRY(eval(tokens, pos0, logits, st));
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  return {};
+}
+
 void Session::request_placement(const Placement& p, std::function<void(const Status&)> done) {
   std::function<void(const Status&)> replaced;
   {

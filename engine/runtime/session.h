@@ -80,6 +80,17 @@ class Session {
                                  const PieceCallback& on_piece,
                                  const std::atomic<bool>* cancel = nullptr);
 
+  /// Step-level use, for a scheduler that interleaves several sessions on one
+  /// thread (the server's slots). Keeps the cached tokens that `prompt` starts
+  /// with, at most all but its last token (so that one is evaluated and gives
+  /// logits), drops the rest, and returns how many were kept; the remainder of
+  /// the prompt then goes through append().
+  int64_t keep_prefix(std::span<const int32_t> prompt);
+  /// Evaluates `tokens` after the cached ones (in one forward step of at most
+  /// the session's chunk, or several), writing the last one's logits [n_vocab].
+  /// Errors: more tokens than the context has room for, or the forward's.
+  Status append(std::span<const int32_t> tokens, float* logits, GenerateStats* st = nullptr);
+
   /// Asks for a new placement: applied between two tokens of a running
   /// generate() (or at the start of the next one), moving weights and KV;
   /// generation then continues. `done` is called on the generating thread

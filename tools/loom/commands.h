@@ -104,4 +104,29 @@ struct BenchOptions {
 };
 int cmd_bench(const BenchOptions& o);
 
+struct ServeOptions {
+  EngineOptions engine;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;  ///< empty: no authentication
+  std::string alias;    ///< model name in the API; empty: the file's name
+  int parallel = 1;     ///< slots (sequences generated at once)
+  int64_t queue = 64;   ///< requests waiting for a slot; more get 429
+  int64_t max_body_kib = 4096;
+};
+int cmd_serve(const ServeOptions& o);
+
+struct LoadtestOptions {
+  std::string url = "http://127.0.0.1:8080";
+  std::string api_key;
+  std::string model;   ///< "model" in requests; empty: left out
+  std::string prompt;  ///< empty: a built-in one
+  int64_t max_tokens = 64;
+  int64_t requests = 20;          ///< sequential requests of the steady phase
+  std::string levels = "1,8,32";  ///< clients of each concurrency level
+  double seconds = 10;            ///< length of each concurrency level
+  bool json = false;
+};
+int cmd_loadtest(const LoadtestOptions& o);
+
 }  // namespace loom::cli

@@ -132,7 +132,35 @@ int main(int argc, char** argv) {
   c_bench->add_flag("--no-profiler", bench.no_profiler,
                     "Run without the per-layer profiler (to measure its overhead)");
 
+  ServeOptions serve;
+  auto* c_serve = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  engine_opts(c_serve, serve.engine);
+  c_serve->add_option("--host", serve.host, "Address to listen on (default: loopback only)");
+  c_serve->add_option("--port", serve.port, "TCP port");
+  c_serve->add_option("--api-key", serve.api_key,
+                      "Require 'Authorization: Bearer KEY' on every route but /health");
+  c_serve->add_option("--alias", serve.alias, "Model name in the API (default: the file name)");
+  c_serve->add_option("--parallel", serve.parallel,
+                      "Sequences generated at once (slots; each has its own KV cache)");
+  c_serve->add_option("--queue", serve.queue, "Requests that may wait for a slot (then 429)");
+  c_serve->add_option("--max-body", serve.max_body_kib, "Largest request body in KiB (then 413)");
+
+  LoadtestOptions lt;
+  auto* c_lt = app.add_subcommand(
+      "loadtest", "Load-test an OpenAI-compatible server: first request, steady, concurrency");
+  c_lt->add_option("--url", lt.url, "Server address (http://host:port)");
+  c_lt->add_option("--api-key", lt.api_key, "Sent as 'Authorization: Bearer KEY'");
+  c_lt->add_option("--model", lt.model, "Model name in the requests (default: none)");
+  c_lt->add_option("-p,--prompt", lt.prompt, "User message of every request");
+  c_lt->add_option("-n,--max-tokens", lt.max_tokens, "Tokens per answer");
+  c_lt->add_option("--requests", lt.requests, "Sequential requests of the steady phase");
+  c_lt->add_option("--levels", lt.levels, "Clients of each concurrency level, e.g. 1,8,32,64");
+  c_lt->add_option("--seconds", lt.seconds, "Length of each concurrency level");
+  c_lt->add_flag("--json", lt.json, "Print JSON instead of a table");
+
   CLI11_PARSE(app, argc, argv);
+  if (c_serve->parsed()) return cmd_serve(serve);
+  if (c_lt->parsed()) return cmd_loadtest(lt);
   if (c_run->parsed()) return cmd_run(run);
   if (c_dev->parsed()) return cmd_devices(dev);
   if (c_bench->parsed()) return cmd_bench(bench);

@@ -1,0 +1,95 @@
+// `loom serve`: an OpenAI-compatible HTTP server (tools/serve/) over --parallel
+// sessions of one model, until SIGINT or SIGTERM.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "tools/loom/engine_setup.h"
+#include "tools/serve/server.h"
+
+namespace loom::cli {
+
+namespace {
+serve::Server* g_server = nullptr;
+extern "C" void on_stop_signal(int) {
+  if (g_server) g_server->stop();  // httplib's stop() only shuts the listening socket down
+}
+}  // namespace
+
+int cmd_serve(const ServeOptions& o) {
+  const char* who = "loom serve";
+  if (o.parallel < 1 || o.parallel > 256) {
+    std::fprintf(stderr, "%s: --parallel must be between 1 and 256\n", who);
+    return 2;
+  }
+  auto e = open_engine(o.engine, who);
+  if (!e) return 1;
+  for (const auto& w : e->model->warnings)
+    std::fprintf(stderr, "%s: warning: %s\n", who, w.c_str());
+
+  // One session per slot: the first is open_engine's, the others run the same placement.
+  std::vector<std::unique_ptr<Session>> slots;
+  slots.push_back(std::move(e->session));
+  for (int i = 1; i < o.parallel; ++i) {
+    SessionConfig sc;
+    sc.n_ctx = slots[0]->n_ctx();
+    sc.max_chunk = o.engine.batch;
+    sc.kv_dtype = slots[0]->kv().config().dtype;
+    sc.kv_tiers = e->kv_tiers;
+    sc.kv_tiers.session = (static_cast<uint64_t>(getpid()) << 16) + static_cast<uint64_t>(i);
+    auto s = Session::create(*e->model, *e->backend, sc);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s: slot %d: %s\n", who, i, s.message().c_str());
+      return 1;
+    }
+    ForwardPass& fwd = (*s)->forward();
+    fwd.set_fallback(e->cpu.get());
+    Status st = fwd.set_placement(e->planned);
+    if (st.ok()) st = fwd.prepare();
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s: slot %d: %s\n", who, i, st.message().c_str());
+      return 1;
+    }
+    slots.push_back(std::move(s).value());
+  }
+
+  serve::Metrics metrics;
+  serve::SchedulerOptions so;
+  so.n_slots = o.parallel;
+  so.queue_max = o.queue;
+  so.prefill_chunk = o.engine.batch;
+  const int64_t n_ctx = slots[0]->n_ctx();
+  serve::Scheduler sched(std::move(slots), so, &metrics);
+
+  serve::ServerOptions sv;
+  sv.host = o.host;
+  sv.port = o.port;
+  sv.api_key = o.api_key;
+  sv.model_id =
+      o.alias.empty() ? std::filesystem::path(o.engine.model).filename().string() : o.alias;
+  sv.max_body_bytes = static_cast<size_t>(o.max_body_kib) * 1024;
+  serve::Server server(sched, metrics, sv);
+  g_server = &server;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::fprintf(stderr, "%s: %s | %s | %d slot%s of %lld tokens, queue %lld\n", who,
+               e->model->describe().c_str(), e->backend_name().c_str(), o.parallel,
+               o.parallel == 1 ? "" : "s", static_cast<long long>(n_ctx),
+               static_cast<long long>(o.queue));
+  std::fprintf(stderr, "%s: model '%s' at http://%s:%d/v1%s\n", who, sv.model_id.c_str(),
+               o.host.c_str(), o.port, o.api_key.empty() ? "" : " (API key required)");
+  if (o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1" && o.api_key.empty())
+    std::fprintf(stderr, "%s: warning: listening on %s without --api-key\n", who, o.host.c_str());
+  Status st = server.run();
+  g_server = nullptr;
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, st.message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%s: stopped\n", who);
+  return 0;
+}
+
+}  // namespace loom::cli

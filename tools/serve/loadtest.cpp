@@ -1,0 +1,170 @@
+#include "tools/serve/loadtest.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace loom::serve {
+
+namespace {
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  return v[i];
+}
+
+/// One streamed request's timings.
+struct Sample {
+  bool ok = false;
+  double ttft_ms = 0;
+  std::vector<double> itl_ms;
+  int64_t tokens = 0;  ///< content chunks received (one per token on Loom and llama-server)
+};
+
+Sample one_request(const LoadtestOptions& o, const std::string& body) {
+  httplib::Client c(o.url);
+  c.set_read_timeout(300, 0);
+  c.set_connection_timeout(10, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  if (!o.api_key.empty()) req.set_header("Authorization", "Bearer " + o.api_key);
+  Sample s;
+  std::string buf;
+  bool done = false;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    buf.append(d, n);
+    size_t p;
+    while ((p = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, p);
+      buf.erase(0, p + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      ev.erase(0, 6);
+      if (ev == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json j = json::parse(ev, nullptr, false);
+      if (!j.is_object() || !j.contains("choices") || j["choices"].empty()) continue;
+      const json& delta = j["choices"][0].value("delta", json::object());
+      if (!delta.contains("content") || !delta["content"].is_string() ||
+          delta["content"].get<std::string>().empty())
+        continue;
+      const auto now = Clock::now();
+      if (s.tokens == 0)
+        s.ttft_ms = ms_between(t0, now);
+      else
+        s.itl_ms.push_back(ms_between(last, now));
+      last = now;
+      ++s.tokens;
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  s.ok = c.send(req, res, err) && res.status == 200 && done;
+  return s;
+}
+
+PhaseResult summarize(const std::string& name, int clients, const std::vector<Sample>& ss,
+                      double seconds) {
+  PhaseResult r;
+  r.name = name;
+  r.clients = clients;
+  r.seconds = seconds;
+  std::vector<double> ttft, itl;
+  for (const auto& s : ss) {
+    ++r.requests;
+    if (!s.ok) {
+      ++r.failed;
+      continue;
+    }
+    r.tokens += s.tokens;
+    ttft.push_back(s.ttft_ms);
+    itl.insert(itl.end(), s.itl_ms.begin(), s.itl_ms.end());
+  }
+  r.tokens_per_s = seconds > 0 ? static_cast<double>(r.tokens) / seconds : 0;
+  r.ttft_p50 = percentile(ttft, 0.50);
+  r.ttft_p99 = percentile(ttft, 0.99);
+  r.itl_p50 = percentile(itl, 0.50);
+  r.itl_p99 = percentile(itl, 0.99);
+  return r;
+}
+}  // namespace
+
+Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
+                                              void (*log)(const PhaseResult&)) {
+  auto body_for = [&](int client, int64_t i) {
+    json b = {
+        {"messages",
+         {{{"role", "user"},
+           {"content", o.prompt + " (" + std::to_string(client) + "." + std::to_string(i) + ")"}}}},
+        {"max_tokens", o.max_tokens},
+        {"stream", true},
+        {"temperature", 0.7},
+        {"seed", client * 100003 + i}};
+    if (!o.model.empty()) b["model"] = o.model;
+    return b.dump();
+  };
+  std::vector<PhaseResult> out;
+  auto add = [&](PhaseResult r) {
+    if (log) log(r);
+    out.push_back(std::move(r));
+  };
+
+  // 1. The first request.
+  auto t0 = Clock::now();
+  Sample first = one_request(o, body_for(0, 0));
+  if (!first.ok)
+    return make_error(ErrorCode::kIo, "the first request to %s failed: is the server up?",
+                      o.url.c_str());
+  add(summarize("first request", 1, {first}, ms_between(t0, Clock::now()) * 1e-3));
+
+  // 2. Steady: sequential requests.
+  std::vector<Sample> seq;
+  t0 = Clock::now();
+  for (int64_t i = 0; i < o.steady_requests; ++i) seq.push_back(one_request(o, body_for(0, i + 1)));
+  add(summarize("steady", 1, seq, ms_between(t0, Clock::now()) * 1e-3));
+
+  // 3. Concurrency levels: C clients back to back for level_seconds.
+  for (int c : o.levels) {
+    if (c < 1) continue;
+    std::mutex mu;
+    std::vector<Sample> all;
+    const auto start = Clock::now();
+    const auto end = start + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(o.level_seconds));
+    std::vector<std::thread> ts;
+    for (int k = 0; k < c; ++k) {
+      ts.emplace_back([&, k] {
+        for (int64_t i = 0; Clock::now() < end; ++i) {
+          Sample s = one_request(o, body_for(k + 1, i));
+          std::lock_guard<std::mutex> lock(mu);
+          all.push_back(std::move(s));
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    add(summarize("concurrency", c, all, ms_between(start, Clock::now()) * 1e-3));
+  }
+  return out;
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,43 @@
+// `loom loadtest`: an OpenAI-compatible server measured in three phases, over
+// real HTTP (streaming chat completions):
+//   1. first request: time to first token and total time of the very first
+//      request (a cold server: caches empty, weights maybe not paged in);
+//   2. steady: N sequential requests, P50/P99 of TTFT and ITL;
+//   3. concurrency: for each level C, C clients each sending requests back to
+//      back for a while: tokens/s over all, TTFT and ITL P50/P99.
+// Works against any server with /v1/chat/completions (Loom, llama-server, vLLM).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace loom::serve {
+
+struct LoadtestOptions {
+  std::string url = "http://127.0.0.1:8080";  ///< scheme, host and port
+  std::string api_key;
+  std::string model;  ///< "model" in requests; empty: left out
+  std::string prompt = "Write a short story about a lighthouse keeper.";
+  int64_t max_tokens = 64;
+  int64_t steady_requests = 20;
+  std::vector<int> levels = {1, 8, 32};
+  double level_seconds = 10;  ///< each concurrency level runs this long
+};
+
+/// Figures of one phase, in milliseconds (and tokens/s).
+struct PhaseResult {
+  std::string name;
+  int clients = 1;
+  int64_t requests = 0, failed = 0, tokens = 0;
+  double seconds = 0, tokens_per_s = 0;
+  double ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
+};
+
+/// Runs the three phases; `log` gets a line per phase as it ends.
+Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
+                                              void (*log)(const PhaseResult&) = nullptr);
+
+}  // namespace loom::serve

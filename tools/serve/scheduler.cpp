@@ -1,0 +1,349 @@
+#include "tools/serve/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace loom::serve {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+/// log-softmax of the chosen token and the `top` most likely ones, from raw logits [n].
+TokenLogprob logprobs_of(const Tokenizer& tok, const float* logits, int64_t n, int32_t id,
+                         int top) {
+  float mx = logits[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  TokenLogprob lp;
+  lp.token = tok.token_to_piece(id);
+  lp.logprob = logits[id] - lse;
+  if (top > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t k = std::min<size_t>(static_cast<size_t>(top), idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    for (size_t i = 0; i < k; ++i)
+      lp.top.emplace_back(tok.token_to_piece(idx[i]), logits[idx[i]] - lse);
+  }
+  return lp;
+}
+}  // namespace
+
+const char* finish_reason_text(Finish f) {
+  switch (f) {
+    case Finish::kStop: return "stop";
+    case Finish::kLength: return "length";
+    case Finish::kCancelled: return "cancelled";
+    case Finish::kError: return "error";
+    case Finish::kNone: break;
+  }
+  return "";
+}
+
+bool Request::wait_events(std::vector<Event>* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait_for(lock, timeout, [&] { return !events.empty() || finish != Finish::kNone; });
+  for (auto& e : events) out->push_back(std::move(e));
+  events.clear();
+  return !(finish != Finish::kNone && out->empty());
+}
+
+Scheduler::Scheduler(std::vector<std::unique_ptr<Session>> slots, const SchedulerOptions& o,
+                     Metrics* metrics)
+    : opt_(o), metrics_(metrics) {
+  for (auto& s : slots) {
+    auto slot = std::make_unique<Slot>();
+    slot->session = std::move(s);
+    slots_.push_back(std::move(slot));
+  }
+  n_ctx_ = slots_.front()->session->n_ctx();
+  chunk_ = o.prefill_chunk > 0 ? o.prefill_chunk : 256;
+  logits_.resize(static_cast<size_t>(model().hp.n_vocab));
+  if (metrics_) metrics_->set_slots(n_slots());
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Scheduler::submit(std::shared_ptr<Request> r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return make_error(ErrorCode::kCancelled, "the server is shutting down");
+    // Free slots take requests at the next round: only the excess waits.
+    const int64_t free_slots = n_slots() - n_active_;
+    if (static_cast<int64_t>(queue_.size()) - free_slots >= opt_.queue_max) {
+      return make_error(ErrorCode::kOutOfRange,
+                        "the server is busy: %zu requests are waiting (at most %lld)",
+                        queue_.size(), static_cast<long long>(opt_.queue_max));
+    }
+    queue_.push_back(std::move(r));
+    if (metrics_) metrics_->set_queue_depth(static_cast<int64_t>(queue_.size()));
+  }
+  cv_.notify_all();
+  return {};
+}
+
+int64_t Scheduler::queue_depth() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+int64_t Scheduler::active() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return n_active_;
+}
+
+void Scheduler::set_paused(bool paused) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = paused;
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || (!paused_ && (!queue_.empty() || n_active_ > 0)); });
+      if (stop_) break;
+    }
+    admit();
+    for (auto& s : slots_)
+      if (s->req) step(*s);
+    publish_kv();
+  }
+  // Shutting down: whoever waits hears that it ended.
+  for (auto& s : slots_)
+    if (s->req) finish(*s, Finish::kCancelled);
+  std::deque<std::shared_ptr<Request>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(queue_);
+  }
+  for (auto& r : left) {
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->finish = Finish::kCancelled;
+    r->cv.notify_all();
+  }
+}
+
+void Scheduler::admit() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!queue_.empty()) {
+    std::shared_ptr<Request> r = queue_.front();
+    // The free slot whose cache shares the longest prefix with the prompt.
+    Slot* best = nullptr;
+    size_t best_common = 0;
+    for (auto& s : slots_) {
+      if (s->req) continue;
+      const auto& toks = s->session->tokens();
+      size_t c = 0;
+      while (c < toks.size() && c < r->prompt.size() && toks[c] == r->prompt[c]) ++c;
+      if (!best || c > best_common) {
+        best = s.get();
+        best_common = c;
+      }
+    }
+    if (!best) break;
+    queue_.pop_front();
+    ++n_active_;
+    lock.unlock();
+
+    Slot& s = *best;
+    s.req = std::move(r);
+    Request& q = *s.req;
+    s.sampler = std::make_unique<Sampler>(q.sampling, model().hp.n_vocab);
+    s.detok = std::make_unique<StreamingDetokenizer>(*model().tokenizer);
+    s.held.clear();
+    s.held_lp.clear();
+    s.next = -1;
+    const int64_t kept = q.prompt.empty() ? 0 : s.session->keep_prefix(q.prompt);
+    s.prefill_pos = kept;
+    {
+      std::lock_guard<std::mutex> ql(q.mu);
+      q.n_prompt = static_cast<int64_t>(q.prompt.size());
+      q.n_reused = kept;
+    }
+    if (metrics_) metrics_->add_prompt_tokens(static_cast<int64_t>(q.prompt.size()));
+    if (q.prompt.empty() || static_cast<int64_t>(q.prompt.size()) >= n_ctx_) {
+      finish(s, Finish::kError, "the prompt is empty or does not fit the context");
+    }
+    lock.lock();
+  }
+  if (metrics_) {
+    metrics_->set_queue_depth(static_cast<int64_t>(queue_.size()));
+    metrics_->set_active(n_active_);
+  }
+}
+
+void Scheduler::step(Slot& s) {
+  Request& q = *s.req;
+  if (q.cancel.load(std::memory_order_relaxed)) {
+    finish(s, Finish::kCancelled);
+    return;
+  }
+  const int64_t n_prompt = static_cast<int64_t>(q.prompt.size());
+  Status st;
+  if (s.prefill_pos < n_prompt) {
+    const int64_t n = std::min(chunk_, n_prompt - s.prefill_pos);
+    st = s.session->append(
+        std::span<const int32_t>(q.prompt.data() + s.prefill_pos, static_cast<size_t>(n)),
+        logits_.data());
+    if (st.ok()) s.prefill_pos += n;
+    if (st.ok() && s.prefill_pos < n_prompt) return;  // more prompt next round
+  } else {
+    st = s.session->append(std::span<const int32_t>(&s.next, 1), logits_.data());
+  }
+  if (!st.ok()) {
+    finish(s, Finish::kError, st.message());
+    return;
+  }
+  on_logits(s);
+}
+
+void Scheduler::on_logits(Slot& s) {
+  Request& q = *s.req;
+  Session& ses = *s.session;
+  const int32_t id = s.sampler->sample(logits_.data(), ses.tokens());
+  const auto now = Clock::now();
+  if (q.n_generated == 0 && s.next < 0) {
+    const double ttft = ms_between(q.t_arrival, now);
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      q.ttft_ms = ttft;
+    }
+    if (metrics_) metrics_->ttft().record(ttft * 1e-3);
+  } else {
+    const double itl = ms_between(s.t_last, now);
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      q.itl_ms.push_back(itl);
+    }
+    if (metrics_) metrics_->itl().record(itl * 1e-3);
+  }
+  s.t_last = now;
+  s.next = id;
+  const Tokenizer& tok = *model().tokenizer;
+  if (!q.ignore_eos && tok.vocab().is_end_of_generation(id)) {
+    finish(s, Finish::kStop);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    ++q.n_generated;
+  }
+  if (metrics_) metrics_->add_generated_tokens(1);
+  std::optional<TokenLogprob> lp;
+  if (q.top_logprobs >= 0)
+    lp = logprobs_of(tok, logits_.data(), model().hp.n_vocab, id, q.top_logprobs);
+  if (emit(s, s.detok->push(id), std::move(lp))) {
+    finish(s, Finish::kStop, {}, /*flush=*/false);
+    return;
+  }
+  if (q.max_tokens >= 0 && q.n_generated >= q.max_tokens) {
+    finish(s, Finish::kLength);
+    return;
+  }
+  if (static_cast<int64_t>(ses.tokens().size()) >= n_ctx_) finish(s, Finish::kLength);
+}
+
+bool Scheduler::emit(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp) {
+  Request& q = *s.req;
+  s.held += piece;
+  if (lp) s.held_lp.push_back(std::move(*lp));
+  size_t release = s.held.size();
+  bool stopped = false;
+  size_t stop_at = std::string::npos;
+  for (const auto& stop : q.stop) {
+    if (stop.empty()) continue;
+    const size_t p = s.held.find(stop);
+    if (p != std::string::npos) stop_at = std::min(stop_at, p);
+  }
+  if (stop_at != std::string::npos) {
+    release = stop_at;
+    stopped = true;
+  } else {
+    // Hold back the longest tail that is the start of a stop string.
+    size_t keep = 0;
+    for (const auto& stop : q.stop) {
+      const size_t m = std::min(stop.size() - (stop.empty() ? 0 : 1), s.held.size());
+      for (size_t k = m; k > keep; --k) {
+        if (s.held.compare(s.held.size() - k, k, stop, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+      }
+    }
+    release = s.held.size() - keep;
+  }
+  if (release > 0 || stopped || (!s.held_lp.empty() && release == s.held.size())) {
+    Event e;
+    e.text = s.held.substr(0, release);
+    e.logprobs = std::move(s.held_lp);
+    s.held_lp.clear();
+    s.held.erase(0, stopped ? s.held.size() : release);
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.events.push_back(std::move(e));
+    q.cv.notify_all();
+  }
+  return stopped;
+}
+
+void Scheduler::finish(Slot& s, Finish f, const std::string& error, bool flush) {
+  Request& q = *s.req;
+  if (flush && (f == Finish::kStop || f == Finish::kLength)) {
+    // The detokenizer's and the stop check's held-back text is part of the answer.
+    std::string rest = s.detok->flush();
+    if (!rest.empty()) (void)emit(s, rest, std::nullopt);
+    if (!s.held.empty() || !s.held_lp.empty()) {
+      Event e;
+      e.text = std::move(s.held);
+      e.logprobs = std::move(s.held_lp);
+      std::lock_guard<std::mutex> lock(q.mu);
+      q.events.push_back(std::move(e));
+    }
+  }
+  s.held.clear();
+  s.held_lp.clear();
+  if (f == Finish::kCancelled && metrics_) metrics_->count_cancelled();
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.finish = f;
+    q.error = error;
+    q.cv.notify_all();
+  }
+  s.req.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  --n_active_;
+  if (metrics_) metrics_->set_active(n_active_);
+}
+
+void Scheduler::publish_kv() {
+  if (!metrics_) return;
+  KvTierStats sum;
+  for (const auto& s : slots_) {
+    const KvTierStats t = s->session->kv().tier_stats();
+    sum.device_bytes += t.device_bytes;
+    sum.ram_bytes += t.ram_bytes;
+    sum.ssd_bytes += t.ssd_bytes;
+    sum.staging_bytes += t.staging_bytes;
+  }
+  metrics_->set_kv(sum);
+}
+
+}  // namespace loom::serve

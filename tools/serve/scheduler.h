@@ -1,0 +1,151 @@
+// The server's scheduler: --parallel N slots, each a Session (its own KV cache
+// and forward pass over the one model and backend), run by one engine thread.
+// Each round gives every active slot one forward step: a decode step (one
+// token), or the next chunk of its prompt (chunked prefill, interleaved with
+// the others' decode steps). Sequences are NOT batched into one matmul: each
+// step is a separate forward pass, round-robin. A bounded queue holds requests
+// waiting for a slot; a slot whose cached tokens share the longest prefix with
+// a request's prompt takes it (the prefix is not evaluated again).
+//
+// Requests report through a Request object that the HTTP thread waits on:
+// pieces of text (after stop strings are cut), per-token logprobs, and the end.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/runtime/sampler.h"
+#include "engine/runtime/session.h"
+#include "tools/serve/metrics.h"
+
+namespace loom::serve {
+
+/// One token's log-probability, with the most likely alternatives (OpenAI's logprobs).
+struct TokenLogprob {
+  std::string token;  ///< the token's text (its bytes may be part of a character)
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  ///< the `top_logprobs` most likely
+};
+
+/// What the HTTP thread gets, in order.
+struct Event {
+  std::string text;                    ///< may be empty (a token whose text is held back)
+  std::vector<TokenLogprob> logprobs;  ///< tokens whose text is in `text` (when asked for)
+};
+
+enum class Finish { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_text(Finish f);  ///< "stop", "length", ...
+
+struct Request {
+  // ---- filled in by the HTTP thread before submit()
+  std::vector<int32_t> prompt;
+  SamplerParams sampling;
+  int64_t max_tokens = -1;        ///< < 0: until the context is full
+  std::vector<std::string> stop;  ///< the text stops before the first of these
+  int top_logprobs = -1;          ///< < 0: no logprobs; 0..20: that many alternatives
+  bool ignore_eos = false;
+
+  // ---- the request's side: set from any thread
+  std::atomic<bool> cancel{false};  ///< the client left: stop at the next step
+
+  // ---- the scheduler's side, under mu
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> events;
+  Finish finish = Finish::kNone;
+  std::string error;  ///< with Finish::kError
+  int64_t n_prompt = 0, n_reused = 0, n_generated = 0;
+  double ttft_ms = 0;
+  std::vector<double> itl_ms;
+
+  std::chrono::steady_clock::time_point t_arrival = std::chrono::steady_clock::now();
+
+  /// Waits until an event or the end is there (or `timeout` passed); moves the
+  /// events out. Returns false once the request finished and nothing is left.
+  bool wait_events(std::vector<Event>* out, std::chrono::milliseconds timeout);
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu);
+    return finish != Finish::kNone;
+  }
+};
+
+struct SchedulerOptions {
+  int n_slots = 1;            ///< sequences run at once
+  int64_t queue_max = 64;     ///< requests waiting for a slot beyond this get 429
+  int64_t prefill_chunk = 0;  ///< tokens per prefill step; 0: the sessions' own chunk
+};
+
+class Scheduler {
+ public:
+  /// Takes the sessions (one per slot; at least one), all over the same model.
+  Scheduler(std::vector<std::unique_ptr<Session>> slots, const SchedulerOptions& o,
+            Metrics* metrics);
+  ~Scheduler();  ///< stops the engine thread; unfinished requests end as cancelled
+
+  int64_t n_ctx() const { return n_ctx_; }
+  int n_slots() const { return static_cast<int>(slots_.size()); }
+  const Model& model() const { return slots_[0]->session->model(); }
+
+  /// Queues a request. Errors: kOutOfRange when the queue is full (HTTP 429).
+  Status submit(std::shared_ptr<Request> r);
+  /// Requests waiting for a slot.
+  int64_t queue_depth();
+  /// Requests holding a slot.
+  int64_t active();
+  /// While paused the engine thread admits and runs nothing (tests; a drain).
+  void set_paused(bool paused);
+
+ private:
+  struct Slot {
+    std::unique_ptr<Session> session;
+    std::shared_ptr<Request> req;
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<StreamingDetokenizer> detok;
+    int64_t prefill_pos = 0;  ///< prompt tokens in the cache
+    int32_t next = -1;        ///< sampled token still to be evaluated (decode)
+    std::string held;         ///< text held back: it may be the start of a stop string
+    std::vector<TokenLogprob> held_lp;
+    std::chrono::steady_clock::time_point t_last;
+  };
+
+  void run();
+  void admit();
+  /// One forward step of slot `s`; ends its request when it is done.
+  void step(Slot& s);
+  /// Samples from logits_ after the slot's latest step and handles the token.
+  void on_logits(Slot& s);
+  /// Ends the slot's request; `flush`: what the detokenizer and the stop check
+  /// hold back is part of the answer (not after a stop string, an error or a cancel).
+  void finish(Slot& s, Finish f, const std::string& error = {}, bool flush = true);
+  /// Adds text to what is held, releases what cannot start a stop string;
+  /// returns true when a stop string was found (the text ends before it).
+  bool emit(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp);
+  void publish_kv();
+
+  std::vector<std::unique_ptr<Slot>> slots_;
+  SchedulerOptions opt_;
+  Metrics* metrics_;
+  int64_t n_ctx_ = 0;
+  int64_t chunk_ = 0;
+  std::vector<float> logits_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  int64_t n_active_ = 0;
+  bool stop_ = false;
+  bool paused_ = false;
+  std::thread thread_;
+};
+
+}  // namespace loom::serve
