@@ -74,6 +74,7 @@ bool ChatController::check(const loom::Status& st) {
 
 void ChatController::setModelReady(bool ready, const QString& assistantName) {
   m_modelReady = ready;
+  m_assistantName = assistantName;
   m_transcript->setAssistantName(assistantName);
   m_composer->setReady(ready, tr("Open a model to start chatting"));
   // Regenerate and Edit need a model: without one, past chats are read only.
@@ -134,6 +135,8 @@ void ChatController::reloadTranscript() {
     d.role = QString::fromStdString(m.role);
     d.content = QString::fromStdString(m.content);
     d.meta = QString::fromStdString(m.meta);
+    d.model = QString::fromStdString(m.model);
+    d.origin = QString::fromStdString(m.origin);
     d.status = statusOf(m.state);
     // Only this process's live request streams; an old "streaming" row was interrupted.
     if (d.status == MessageStatus::Streaming && m.id != m_request.messageId)
@@ -204,9 +207,13 @@ void ChatController::startReply() {
   if (!replyId.ok()) return emit errorOccurred(QString::fromStdString(replyId.message()));
   req.messageId = *replyId;
   req.requestId = m_nextRequest++;
+  // The model that writes it, kept with it (the worker adds placement, KV
+  // cache and sampling when it starts): a later model does not relabel it.
+  (void)m_store->set_message_origin(req.messageId, m_assistantName.toStdString(), "");
   MessageData d;
   d.id = req.messageId;
   d.role = QStringLiteral("assistant");
+  d.model = m_assistantName;
   d.status = MessageStatus::Streaming;
   m_transcript->addMessage(d);
   setBusy(req.requestId, m_chatId, req.messageId);
@@ -246,6 +253,11 @@ void ChatController::onGenerationFinished(const GenerationResult& r) {
       st = MessageStatus::Stopped;
     m_transcript->setMessageText(r.messageId, r.text);
     m_transcript->setMessageStatus(r.messageId, st, r.meta);
+    // What the worker recorded when it started (placement, KV, sampling).
+    if (auto row = m_store->get_message(r.messageId); row.ok()) {
+      m_transcript->setMessageOrigin(r.messageId, QString::fromStdString(row->model),
+                                     QString::fromStdString(row->origin));
+    }
     m_transcript->refreshActions(false);
   }
   if (!r.error.isEmpty()) emit errorOccurred(tr("The reply failed: %1").arg(r.error));

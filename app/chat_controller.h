@@ -79,6 +79,7 @@ class ChatController : public QObject {
   qint64 m_chatId = 0;
   qint64 m_editingId = 0;  ///< user message being edited (0: none)
   bool m_modelReady = false;
+  QString m_assistantName;  ///< the loaded model's name, kept with each reply
   quint64 m_nextRequest = 1;
   struct Pending {
     quint64 requestId = 0;

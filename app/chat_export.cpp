@@ -38,7 +38,12 @@ QString chatToMarkdown(const loom::storage::ChatRow& chat,
   QString out = QStringLiteral("# %1\n\n").arg(QString::fromStdString(chat.title));
   out += QObject::tr("_Exported from Loom; chat started %1._\n").arg(isoTime(chat.created_ms));
   for (const auto& m : messages) {
-    out += QStringLiteral("\n## %1\n\n").arg(roleTitle(m.role));
+    // An assistant message is titled with the model that wrote it, where recorded.
+    const QString title =
+        m.role == "assistant" && !m.model.empty()
+            ? QStringLiteral("%1 (%2)").arg(roleTitle(m.role), QString::fromStdString(m.model))
+            : roleTitle(m.role);
+    out += QStringLiteral("\n## %1\n\n").arg(title);
     out += QString::fromStdString(m.content);
     if (!out.endsWith(QLatin1Char('\n'))) out += QLatin1Char('\n');
     QString note = QString::fromStdString(m.meta);
@@ -64,13 +69,18 @@ QByteArray chatToJson(const loom::storage::ChatRow& chat,
   };
   QJsonArray list;
   for (const auto& m : messages) {
-    list.append(QJsonObject{
+    QJsonObject o{
         {QStringLiteral("role"), QString::fromStdString(m.role)},
         {QStringLiteral("content"), QString::fromStdString(m.content)},
         {QStringLiteral("state"), stateName(m.state)},
         {QStringLiteral("meta"), QString::fromStdString(m.meta)},
         {QStringLiteral("created"), isoTime(m.created_ms)},
-    });
+    };
+    if (!m.model.empty()) o[QStringLiteral("model")] = QString::fromStdString(m.model);
+    const QJsonObject origin =
+        QJsonDocument::fromJson(QByteArray::fromStdString(m.origin)).object();
+    if (!origin.isEmpty()) o[QStringLiteral("origin")] = origin;
+    list.append(o);
   }
   const QJsonObject doc{
       {QStringLiteral("format"), QStringLiteral("loom-chat")},

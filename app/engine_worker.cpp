@@ -3,6 +3,8 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QLocale>
 #include <chrono>
 #include <string>
@@ -625,6 +627,33 @@ void EngineWorker::onPlacementDone(quint64 requestId, bool ok, const QString& er
 
 // ---- generation -----------------------------------------------------------------
 
+void EngineWorker::recordOrigin(const GenerationRequest& req) {
+  if (!m_store || req.messageId <= 0) return;
+  QJsonObject o;
+  o[QStringLiteral("file")] = m_summary.path;
+  o[QStringLiteral("quant")] = m_summary.quant;
+  o[QStringLiteral("placement")] = placementNote().section(QLatin1Char('\n'), 0, 0);
+  o[QStringLiteral("kv")] = m_kvDtype;
+  o[QStringLiteral("ctx")] = static_cast<qint64>(m_session->n_ctx());
+  const SamplingSettings& s = req.sampling;
+  o[QStringLiteral("sampling")] = QJsonObject{{QStringLiteral("temperature"), s.temperature},
+                                              {QStringLiteral("top_k"), s.topK},
+                                              {QStringLiteral("top_p"), s.topP},
+                                              {QStringLiteral("min_p"), s.minP},
+                                              {QStringLiteral("repeat_penalty"), s.repeatPenalty},
+                                              {QStringLiteral("seed"), s.seed},
+                                              {QStringLiteral("max_tokens"), s.maxTokens}};
+  const loom::Status st =
+      m_store->set_message_origin(req.messageId, modelDisplayName(m_summary).toStdString(),
+                                  QJsonDocument(o).toJson(QJsonDocument::Compact).toStdString());
+  if (!st.ok() && st.error().code() != loom::ErrorCode::kInvalidArgument)
+    emit warning(tr("Could not save what wrote the reply: %1").arg(qstr(st.message())));
+}
+
+QString modelDisplayName(const ModelSummary& m) {
+  return m.isDemo ? EngineWorker::tr("Loom demo") : m.name;
+}
+
 void EngineWorker::generate(const GenerationRequest& req) {
   openStore();
   GenerationResult r;
@@ -668,6 +697,7 @@ void EngineWorker::generate(const GenerationRequest& req) {
     messages.push_back({t.role.toStdString(), t.content.toStdString()});
   auto prompt = m_session->tokenize_chat(messages);
   if (!prompt.ok()) return fail(qstr(prompt.message()));
+  recordOrigin(req);
 
   loom::GenerateParams gp;
   gp.sampling = toSamplerParams(req.sampling);

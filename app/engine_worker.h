@@ -130,6 +130,8 @@ class EngineWorker : public QObject {
     QString kvDtype;
   };
   void ensureGpu();
+  /// Saves with the reply what writes it: model, placement, KV cache, sampling.
+  void recordOrigin(const GenerationRequest& req);
   /// A session for the current model: KV `kvDtype` for `nCtx` tokens, running
   /// `placement`. Null with the reason in `error`.
   /// `progress` (optional) hears the weights' placement (0..1) and may cancel it.
@@ -196,3 +198,6 @@ class EngineWorker : public QObject {
   std::atomic<bool> m_shutdown{false};
   std::atomic<bool> m_generating{false};
 };
+
+/// The name a model's replies carry: its own, or "Loom demo".
+QString modelDisplayName(const ModelSummary& m);

@@ -562,7 +562,7 @@ void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model,
   m_sidebar->setModel(&m_model);
   showDevices();
   m_engine->chatSettings()->setModelContext(model.nCtxTrain);
-  m_chat->setModelReady(true, model.isDemo ? tr("Loom demo") : model.name);
+  m_chat->setModelReady(true, modelDisplayName(model));
   refreshRecent();
   m_center->setCurrentWidget(m_chatArea);
   m_chat->openChat(m_chat->currentChat());  // re-signs the replies with the new model's name

@@ -1,6 +1,8 @@
 #include "app/transcript_view.h"
 
 #include <QHBoxLayout>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QLabel>
 #include <QResizeEvent>
 #include <QScrollBar>
@@ -92,11 +94,12 @@ MessageWidget::MessageWidget(const MessageData& data, const QString& assistantNa
         QStringLiteral("background:%1;color:white;border-radius:12px;font-weight:700;")
             .arg(theme::css(theme::kAccent)));
     // A long model name elides: it never widens the transcript's column.
-    auto* name = new ElidedLabel(this);
-    name->setFullText(assistantName.isEmpty() ? tr("Assistant") : assistantName);
-    name->setObjectName(QStringLiteral("RoleLabel"));
+    (void)assistantName;
+    m_name = new ElidedLabel(this);
+    m_name->setObjectName(QStringLiteral("RoleLabel"));
+    setOrigin(data.model, data.origin);
     header->addWidget(avatar);
-    header->addWidget(name, 1);
+    header->addWidget(m_name, 1);
     header->addWidget(m_meta, 2);
     v->addLayout(header);
     auto* indented = new QHBoxLayout;
@@ -120,6 +123,47 @@ void MessageWidget::setText(const QString& markdown) {
   m_data.content = markdown;
   m_body->setMarkdownText(markdown);
   if (m_bubble) m_bubble->updateGeometry();
+}
+
+void MessageWidget::setOrigin(const QString& model, const QString& originJson) {
+  m_data.model = model;
+  m_data.origin = originJson;
+  if (!m_name) return;
+  m_name->setFullText(model.isEmpty() ? tr("Assistant") : model);
+  m_name->setToolTip(describeOrigin(model, originJson));
+}
+
+QString describeOrigin(const QString& model, const QString& originJson) {
+  if (model.isEmpty()) {
+    return MessageWidget::tr(
+        "The model that wrote this was not recorded (a chat from an older Loom).");
+  }
+  QStringList lines{MessageWidget::tr("Written by %1").arg(model)};
+  const QJsonObject o = QJsonDocument::fromJson(originJson.toUtf8()).object();
+  if (o.isEmpty()) return lines.join(QLatin1Char('\n'));
+  if (o.contains(QLatin1String("file")))
+    lines << MessageWidget::tr("File: %1 (%2)")
+                 .arg(o.value(QLatin1String("file")).toString(),
+                      o.value(QLatin1String("quant")).toString());
+  if (o.contains(QLatin1String("placement")))
+    lines << MessageWidget::tr("Placement: %1").arg(o.value(QLatin1String("placement")).toString());
+  if (o.contains(QLatin1String("kv")))
+    lines << MessageWidget::tr("KV cache: %1, context %2 tokens")
+                 .arg(o.value(QLatin1String("kv")).toString())
+                 .arg(o.value(QLatin1String("ctx")).toInteger());
+  const QJsonObject sm = o.value(QLatin1String("sampling")).toObject();
+  if (!sm.isEmpty()) {
+    const qint64 seed = sm.value(QLatin1String("seed")).toInteger(-1);
+    lines << MessageWidget::tr(
+                 "Sampling: temperature %1 · top-k %2 · top-p %3 · min-p %4 · repeat %5 · seed %6")
+                 .arg(sm.value(QLatin1String("temperature")).toDouble())
+                 .arg(sm.value(QLatin1String("top_k")).toInteger())
+                 .arg(sm.value(QLatin1String("top_p")).toDouble())
+                 .arg(sm.value(QLatin1String("min_p")).toDouble())
+                 .arg(sm.value(QLatin1String("repeat_penalty")).toDouble())
+                 .arg(seed < 0 ? MessageWidget::tr("random") : QString::number(seed));
+  }
+  return lines.join(QLatin1Char('\n'));
 }
 
 void MessageWidget::setStatus(MessageStatus status, const QString& meta) {
@@ -240,6 +284,10 @@ MessageWidget* TranscriptView::addMessage(const MessageData& data) {
 
 void TranscriptView::setMessageText(qint64 id, const QString& markdown) {
   if (MessageWidget* w = m_byId.value(id)) w->setText(markdown);
+}
+
+void TranscriptView::setMessageOrigin(qint64 id, const QString& model, const QString& originJson) {
+  if (MessageWidget* w = m_byId.value(id)) w->setOrigin(model, originJson);
 }
 
 void TranscriptView::setMessageStatus(qint64 id, MessageStatus status, const QString& meta) {

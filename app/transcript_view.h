@@ -22,12 +22,21 @@ struct MessageData {
   QString content;  ///< Markdown
   MessageStatus status = MessageStatus::Complete;
   QString meta;
+  QString model;   ///< the model that wrote an assistant message (empty: not recorded)
+  QString origin;  ///< JSON: file, placement, KV cache and sampling it was written with
 };
+
+/// The origin JSON of a message as tooltip lines ("Placement: …", "Sampling: …").
+QString describeOrigin(const QString& model, const QString& originJson);
 
 class MessageWidget : public QFrame {
   Q_OBJECT
  public:
+  /// `assistantName` is not used for the name shown: that is data.model, the
+  /// model that wrote the message ("Assistant" when it was not recorded).
   MessageWidget(const MessageData& data, const QString& assistantName, QWidget* parent = nullptr);
+  /// Updates what the name's tooltip says produced the message.
+  void setOrigin(const QString& model, const QString& originJson);
   qint64 messageId() const { return m_data.id; }
   const QString& role() const { return m_data.role; }
   const QString& text() const { return m_data.content; }
@@ -50,6 +59,7 @@ class MessageWidget : public QFrame {
   MarkdownView* m_body = nullptr;
   QFrame* m_bubble = nullptr;
   ElidedLabel* m_meta = nullptr;  ///< generation notes (elided: never widens the column)
+  ElidedLabel* m_name = nullptr;  ///< the model that wrote it (assistant messages)
   QToolButton* m_copy = nullptr;
   QToolButton* m_regenerate = nullptr;
   QToolButton* m_edit = nullptr;
@@ -66,6 +76,7 @@ class TranscriptView : public QScrollArea {
   /// Replaces a message's text (a reply streaming in).
   void setMessageText(qint64 id, const QString& markdown);
   void setMessageStatus(qint64 id, MessageStatus status, const QString& meta);
+  void setMessageOrigin(qint64 id, const QString& model, const QString& originJson);
   /// Offers Regenerate on the last reply and Edit on the last user message, unless `busy`.
   void refreshActions(bool busy);
   void setAssistantName(const QString& name) { m_assistantName = name; }

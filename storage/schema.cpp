@@ -70,7 +70,15 @@ ALTER TABLE placement_presets ADD COLUMN n_layer INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE placement_presets ADD COLUMN model   TEXT    NOT NULL DEFAULT '';
 )sql";
 
-constexpr const char* kSteps[] = {kStep1, kStep2, kStep3};
+// Version 4: an assistant message remembers what produced it: the model's
+// name, and its origin (JSON written by the app: file, placement, KV cache,
+// sampling), so a later model does not relabel it. Messages of version 3
+// read as "model not recorded".
+constexpr const char* kStep4 = R"sql(
+ALTER TABLE messages ADD COLUMN model  TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN origin TEXT NOT NULL DEFAULT '';
+)sql";
+constexpr const char* kSteps[] = {kStep1, kStep2, kStep3, kStep4};
 static_assert(sizeof(kSteps) / sizeof(kSteps[0]) == kSchemaVersion, "one step per schema version");
 
 Result<int> user_version(sqlite3* db) {

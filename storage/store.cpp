@@ -48,7 +48,8 @@ ChatRow read_chat(const Stmt& st) {
 #define LOOM_NEXT_UPDATED_AT(now) \
   "MAX(" now ", COALESCE((SELECT MAX(updated_at) FROM chats), 0) + 1)"
 
-constexpr const char* kMessageColumns = "id, chat_id, role, content, state, meta, created_at";
+constexpr const char* kMessageColumns =
+    "id, chat_id, role, content, state, meta, created_at, model, origin";
 
 MessageRow read_message(const Stmt& st) {
   MessageRow m;
@@ -61,6 +62,8 @@ MessageRow read_message(const Stmt& st) {
   m.state = state >= 0 && state <= 3 ? static_cast<MessageState>(state) : MessageState::kComplete;
   m.meta = st.text(5);
   m.created_ms = st.i64(6);
+  m.model = st.text(7);
+  m.origin = st.text(8);
   return m;
 }
 
@@ -277,6 +280,16 @@ Status Store::update_message(int64_t message_id, const std::string& content, Mes
   Stmt st(db_, "UPDATE messages SET content = ?2, state = ?3, meta = ?4 WHERE id = ?1");
   st.bind(1, message_id).bind(2, content).bind(3, static_cast<int64_t>(state)).bind(4, meta);
   LOOM_TRY(st.run("updating a message"));
+  if (sqlite3_changes(db_) == 0) return not_found("message", message_id);
+  return {};
+}
+
+Status Store::set_message_origin(int64_t message_id, const std::string& model,
+                                 const std::string& origin) {
+  LOOM_TRY(check_thread());
+  Stmt st(db_, "UPDATE messages SET model = ?2, origin = ?3 WHERE id = ?1");
+  st.bind(1, message_id).bind(2, model).bind(3, origin);
+  LOOM_TRY(st.run("recording what wrote a message"));
   if (sqlite3_changes(db_) == 0) return not_found("message", message_id);
   return {};
 }

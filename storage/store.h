@@ -28,7 +28,7 @@ struct sqlite3_stmt;
 namespace loom::storage {
 
 /// The schema this build writes. Older files are migrated on open.
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 /// Where a message stands. Stored as an integer: never renumber.
 enum class MessageState : int {
@@ -70,6 +70,8 @@ struct MessageRow {
   MessageState state = MessageState::kComplete;
   std::string meta;  ///< free text for the UI: generation stats, the error message
   int64_t created_ms = 0;
+  std::string model;   ///< the model that wrote it (assistant messages; empty: not recorded)
+  std::string origin;  ///< what else produced it, as the app wrote it (JSON; may be empty)
 };
 
 struct RecentModel {
@@ -125,6 +127,10 @@ class Store {
   /// Rewrites a message (called repeatedly while it streams).
   Status update_message(int64_t message_id, const std::string& content, MessageState state,
                         const std::string& meta = {});
+  /// Records the model (and the app's description of placement, KV cache and
+  /// sampling) that writes `message_id`.
+  Status set_message_origin(int64_t message_id, const std::string& model,
+                            const std::string& origin);
   Result<std::vector<MessageRow>> list_messages(int64_t chat_id);
   Result<MessageRow> get_message(int64_t message_id);
   /// Deletes `message_id` and every later message of its chat (regenerate, edit-and-resend).

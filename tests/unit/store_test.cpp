@@ -137,6 +137,11 @@ TEST(Store, MessagesAddUpdateListTruncate) {
   EXPECT_EQ(msgs[1].state, MessageState::kComplete);
   EXPECT_EQ(msgs[1].meta, "12 tokens");
   EXPECT_EQ(s->get_message(a1)->role, "assistant");
+  EXPECT_EQ(msgs[1].model, "");  // not recorded yet
+  ASSERT_TRUE(s->set_message_origin(a1, "Model A", R"({"kv":"F16"})").ok());
+  EXPECT_EQ(s->get_message(a1)->model, "Model A");
+  EXPECT_EQ(s->get_message(a1)->origin, R"({"kv":"F16"})");
+  EXPECT_FALSE(s->set_message_origin(12345, "x", "").ok());  // no such message
 
   // Regenerate / edit-and-resend: drop a message and everything after it.
   ASSERT_TRUE(s->delete_messages_from(u2).ok());
@@ -211,6 +216,8 @@ TEST(Store, MigratesFromVersion1) {
   EXPECT_EQ(msgs[0].content, "hello from v1");
   EXPECT_EQ(msgs[1].state, MessageState::kComplete);
   EXPECT_EQ(msgs[1].meta, "");
+  EXPECT_EQ(msgs[1].model, "");  // version 4: the model was not recorded
+  EXPECT_EQ(msgs[1].origin, "");
   EXPECT_EQ(**s->get_setting("last_model"), "/m/x.gguf");
   // The tables of version 2 work.
   EXPECT_TRUE(s->touch_recent_model({"/m/x.gguf", "x", "d", 1, 0}).ok());
