@@ -12,6 +12,7 @@
 #include "engine/model/synth.h"
 #include "engine/runtime/session.h"
 #include "tests/test_util.h"
+#include "tools/serve/loadtest.h"
 #include "tools/serve/server.h"
 
 namespace loom {
@@ -443,6 +444,29 @@ TEST_F(ServeTest, ConcurrentStreamsAllComplete) {
     EXPECT_EQ(Harness::chat_text(s), want[static_cast<size_t>(i)]) << i;
   }
   EXPECT_EQ(h.metrics.ttft().count(), static_cast<uint64_t>(kClients)) << h.metrics.render();
+}
+
+TEST_F(ServeTest, LoadtestRunsItsPhases) {
+  Harness h(*model_, 2, 16);
+  serve::LoadtestOptions o;
+  o.url = "http://127.0.0.1:" + std::to_string(h.server->port());
+  o.model = "synth";
+  o.max_tokens = 6;
+  o.steady_requests = 3;
+  o.levels = {1, 4};
+  o.level_seconds = 0.2;
+  auto r = serve::run_loadtest(o);
+  ASSERT_TRUE(r.ok()) << r.message();
+  ASSERT_EQ(r->size(), 4u);  // first request, steady, two levels
+  EXPECT_EQ((*r)[1].requests, 3);
+  EXPECT_EQ((*r)[3].clients, 4);
+  for (const auto& p : *r) {
+    EXPECT_EQ(p.failed, 0) << p.name;
+    EXPECT_GT(p.tokens, 0) << p.name;
+  }
+  // A server that is not there: an error, not a crash.
+  o.url = "http://127.0.0.1:1";
+  EXPECT_FALSE(serve::run_loadtest(o).ok());
 }
 
 }  // namespace

@@ -11,6 +11,11 @@ namespace loom::cli {
 
 namespace {
 void print_row(const serve::PhaseResult& r) {
+  if (r.start_ms > 0)
+    std::printf(
+        "(cold start: the server answered /health %.1f ms after it was started; TTFT "
+        "below counts from its start)\n",
+        r.start_ms);
   std::printf("%-14s %7d %8lld %6lld %9.1f %9.1f %9.1f %8.2f %8.2f\n", r.name.c_str(), r.clients,
               static_cast<long long>(r.requests), static_cast<long long>(r.failed), r.tokens_per_s,
               r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99);
@@ -28,6 +33,7 @@ int cmd_loadtest(const LoadtestOptions& o) {
   lo.max_tokens = o.max_tokens;
   lo.steady_requests = o.requests;
   lo.level_seconds = o.seconds;
+  lo.server_cmd = o.server_cmd;
   lo.levels.clear();
   std::stringstream ss(o.levels);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -56,6 +62,7 @@ int cmd_loadtest(const LoadtestOptions& o) {
                    {"failed", p.failed},
                    {"tokens", p.tokens},
                    {"seconds", p.seconds},
+                   {"server_start_ms", p.start_ms},
                    {"tokens_per_s", p.tokens_per_s},
                    {"ttft_ms_p50", p.ttft_p50},
                    {"ttft_ms_p99", p.ttft_p99},

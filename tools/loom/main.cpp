@@ -156,6 +156,9 @@ int main(int argc, char** argv) {
   c_lt->add_option("--requests", lt.requests, "Sequential requests of the steady phase");
   c_lt->add_option("--levels", lt.levels, "Clients of each concurrency level, e.g. 1,8,32,64");
   c_lt->add_option("--seconds", lt.seconds, "Length of each concurrency level");
+  c_lt->add_option("--server-cmd", lt.server_cmd,
+                   "Shell command that starts the server at --url: the first phase then measures "
+                   "from its start to the first token, and the server is stopped at the end");
   c_lt->add_flag("--json", lt.json, "Print JSON instead of a table");
 
   CLI11_PARSE(app, argc, argv);

@@ -1,7 +1,8 @@
 // `loom loadtest`: an OpenAI-compatible server measured in three phases, over
 // real HTTP (streaming chat completions):
-//   1. first request: time to first token and total time of the very first
-//      request (a cold server: caches empty, weights maybe not paged in);
+//   1. cold start: with a server command, from starting that process to the
+//      first token of the first request (the process is stopped at the end);
+//      without one, the first request to the running server;
 //   2. steady: N sequential requests, P50/P99 of TTFT and ITL;
 //   3. concurrency: for each level C, C clients each sending requests back to
 //      back for a while: tokens/s over all, TTFT and ITL P50/P99.
@@ -25,6 +26,9 @@ struct LoadtestOptions {
   int64_t steady_requests = 20;
   std::vector<int> levels = {1, 8, 32};
   double level_seconds = 10;  ///< each concurrency level runs this long
+  /// A shell command that starts the server at `url` (e.g. "loom serve -m M --port 8080");
+  /// empty: the server is already running.
+  std::string server_cmd;
 };
 
 /// Figures of one phase, in milliseconds (and tokens/s).
@@ -33,6 +37,7 @@ struct PhaseResult {
   int clients = 1;
   int64_t requests = 0, failed = 0, tokens = 0;
   double seconds = 0, tokens_per_s = 0;
+  double start_ms = 0;  ///< cold start: process start to the server answering /health
   double ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
 };
 
