@@ -454,7 +454,7 @@ void ChartsPanel::buildHistogram(const LiveSnapshot& s) {
   m_histLegend->setText(
       swatch(theme::kP50, tr("P50 %1").arg(msText(p50))) + QStringLiteral("&nbsp;&nbsp; ") +
       swatch(theme::kP99, tr("P99 %1").arg(msText(p99))) + QStringLiteral("&nbsp;&nbsp; ") +
-      (s.itl.count == 1 ? tr("1 interval") : tr("%1 intervals").arg(s.itl.count)));
+      (s.itl.count == 1 ? tr("1 interval") : tr("%1 intervals (every token)").arg(s.itl.count)));
 }
 
 void ChartsPanel::buildLayers(const LiveSnapshot& s) {

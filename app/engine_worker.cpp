@@ -706,20 +706,23 @@ void EngineWorker::generate(const GenerationRequest& req) {
   // Pieces are gathered and sent (and saved) about once a frame: the GUI
   // redraws once per batch, not per token, and the store sees ~60 writes/s at most.
   auto lastFlush = Clock::now();
-  auto lastPiece = Clock::now();
+  auto lastToken = Clock::now();
   bool first = true;
   auto flush = [&] {
     save(loom::storage::MessageState::kStreaming, {});
     emit textUpdated(req.requestId, req.messageId, QString::fromStdString(text));
   };
+  // Every token counts in tokens/s and the intervals, also one whose text
+  // is not out yet (part of a UTF-8 character that spans tokens).
+  gp.on_token = [&](int32_t) {
+    const auto now = Clock::now();
+    m_stats->tokenGenerated(
+        first ? 0 : static_cast<uint64_t>(std::chrono::nanoseconds(now - lastToken).count()));
+    first = false;
+    lastToken = now;
+  };
   auto onPiece = [&](std::string_view piece) {
     const auto now = Clock::now();
-    // Time between pieces (one per token, except where a UTF-8 character
-    // spans tokens): the inter-token latency the user sees.
-    m_stats->tokenGenerated(
-        first ? 0 : static_cast<uint64_t>(std::chrono::nanoseconds(now - lastPiece).count()));
-    first = false;
-    lastPiece = now;
     text.append(piece);
     if (now - lastFlush >= std::chrono::milliseconds(kBatchMs)) {
       flush();

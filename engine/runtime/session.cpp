@@ -243,6 +243,7 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
       break;
     }
     ++st.n_generated;
+    if (params.on_token) params.on_token(id);
     std::string piece = detok.push(id);
     if (!piece.empty() && on_piece && !on_piece(piece)) {
       st.reason = StopReason::kCancelled;

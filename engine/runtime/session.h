@@ -35,6 +35,10 @@ struct GenerateParams {
   int64_t max_tokens = 256;    ///< < 0: until the context is full
   bool context_shift = false;  ///< when full: drop the older half of the context and go on
   bool stop_at_eog = true;     ///< stop at an end-of-generation token (EOS, EOT...)
+  /// Called for every generated token (the end-of-generation one excepted),
+  /// also those whose text is not out yet (part of a UTF-8 character): what
+  /// token rates and inter-token intervals count. May be empty.
+  std::function<void(int32_t token)> on_token;
 };
 
 enum class StopReason { kEndOfGeneration, kMaxTokens, kContextFull, kCancelled };
