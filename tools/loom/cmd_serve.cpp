@@ -29,6 +29,11 @@ int cmd_serve(const ServeOptions& o) {
   for (const auto& w : e->model->warnings)
     std::fprintf(stderr, "%s: warning: %s\n", who, w.c_str());
 
+  if (e->gpu && o.parallel > 1)
+    std::fprintf(stderr,
+                 "%s: note: each of the %d slots uploads its own copy of the GPU's weights "
+                 "(slots do not share them yet)\n",
+                 who, o.parallel);
   // One session per slot: the first is open_engine's, the others run the same placement.
   std::vector<std::unique_ptr<Session>> slots;
   slots.push_back(std::move(e->session));
