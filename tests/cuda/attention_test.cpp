@@ -127,8 +127,9 @@ TEST_P(CudaAttention, StoreExportsHostRows) {
   LOOM_CUDA_OR_SKIP();
   const Case c = GetParam();
   const KvCacheConfig cfg{1, c.n_kv_heads, c.head_dim, 600, 32, c.dtype};
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  test::Stream stream;  // declared first: destroyed after what uses it
+  ASSERT_NE(stream.s, nullptr);
+  cudaStream_t s = stream.s;
   const int64_t n = 300;  // past the first capacity (256): reserve grew the layer
   Filled f = fill(cfg, n, s, 5);
   const uint64_t rb = row_bytes(c.dtype, c.head_dim);
@@ -151,7 +152,6 @@ TEST_P(CudaAttention, StoreExportsHostRows) {
   EXPECT_GT(f.st->allocated_bytes(), 0u);
   ASSERT_TRUE(f.st->set_layer_resident(0, false).ok());
   EXPECT_EQ(f.st->allocated_bytes(), 0u);
-  (void)cudaStreamDestroy(s);
 }
 
 // Attention of queries at `pos` over a context of n stored tokens, with the
@@ -163,8 +163,9 @@ void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, 
                std::to_string(n) + " T " + std::to_string(pos.size()) + " kernel " +
                std::to_string(kernel) + " split " + std::to_string(split_keys));
   const KvCacheConfig cfg{1, c.n_kv_heads, c.head_dim, std::max<int64_t>(n, 1), 32, c.dtype};
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  test::Stream stream;  // declared first: destroyed after what uses it
+  ASSERT_NE(stream.s, nullptr);
+  cudaStream_t s = stream.s;
   Filled f = fill(cfg, n, s, 100 + static_cast<uint64_t>(n));
   const uint64_t rb = row_bytes(c.dtype, c.head_dim);
   std::vector<uint8_t> kb(static_cast<size_t>(c.n_kv_heads * n) * rb), vb(kb.size());
@@ -187,7 +188,6 @@ void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, 
   const std::vector<float> got = od.download();
   EXPECT_TRUE(test::all_finite(got));
   EXPECT_LT(test::rel_error(got, reference(cfg, kf, vf, n, q, pos, c.n_heads, scale)), 1e-4);
-  (void)cudaStreamDestroy(s);
 }
 
 std::vector<int32_t> positions(int64_t from, int64_t count) {
@@ -238,8 +238,9 @@ TEST(CudaAttentionHost, RejectsBadConfigs) {
 TEST(CudaAttentionErrors, PositionPastTheCacheIsAnError) {
   LOOM_CUDA_OR_SKIP();
   const KvCacheConfig cfg{1, 2, 64, 64, 32, DType::kF16};
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  test::Stream stream;  // declared first: destroyed after what uses it
+  ASSERT_NE(stream.s, nullptr);
+  cudaStream_t s = stream.s;
   Filled f = fill(cfg, 10, s, 3);
   DevBuf<float> q(8 * 64), o(8 * 64);
   DevBuf<int32_t> pd(std::vector<int32_t>{64});
@@ -247,7 +248,6 @@ TEST(CudaAttentionErrors, PositionPastTheCacheIsAnError) {
   const Status st = cuda::attention(f.st->layer(0), q.p, 1, pd.p, 64, 8, 0.125f, o.p, *scratch, s);
   EXPECT_FALSE(st.ok());
   EXPECT_FALSE(f.st->export_layer(1, 5, nullptr, nullptr).ok());  // no such layer
-  (void)cudaStreamDestroy(s);
 }
 
 }  // namespace

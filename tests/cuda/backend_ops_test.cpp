@@ -126,6 +126,37 @@ TEST(CudaBackendOps, MatmulGluEqualsCpu) {
   }
 }
 
+TEST(CudaBackendOps, MatmulQkvEqualsCpu) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  CpuBackend cpu(2);
+  const int64_t n_in = 512, nq = 128, nkv = 64;
+  HostWeight wq(DType::kQ4_K, nq, n_in, 1), wk(DType::kQ4_K, nkv, n_in, 2),
+      wv(DType::kQ6_K, nkv, n_in, 3);
+  HostWeight bq(DType::kF32, 1, nq, 4), bk(DType::kF32, 1, nkv, 5), bv(DType::kF32, 1, nkv, 6);
+  bq.w.n_in = nq;
+  bk.w.n_in = nkv;
+  bv.w.n_in = nkv;
+  for (const bool with_bias : {false, true}) {
+    for (const int64_t T : {1, 6, 20}) {
+      SCOPED_TRACE(std::string(with_bias ? "biases" : "no biases") + " T " + std::to_string(T));
+      const Weight none;
+      const Weight& b0 = with_bias ? bq.w : none;
+      const Weight& b1 = with_bias ? bk.w : none;
+      const Weight& b2 = with_bias ? bv.w : none;
+      auto x = test::random_floats(static_cast<size_t>(T * n_in), 7 + T);
+      std::vector<float> q(static_cast<size_t>(T * nq)), k(static_cast<size_t>(T * nkv)),
+          v(k.size());
+      cpu.matmul_qkv(wq.w, wk.w, wv.w, b0, b1, b2, host_act(x, T, n_in), host_act(q, T, nq),
+                     host_act(k, T, nkv), host_act(v, T, nkv));
+      DevAct xd(*be, T, n_in, &x), qd(*be, T, nq), kd(*be, T, nkv), vd(*be, T, nkv);
+      be->matmul_qkv(wq.w, wk.w, wv.w, b0, b1, b2, xd.act, qd.act, kd.act, vd.act);
+      EXPECT_LT(test::rel_error_f(qd.get(*be), q), 3e-2);
+      EXPECT_LT(test::rel_error_f(kd.get(*be), k), 3e-2);
+      EXPECT_LT(test::rel_error_f(vd.get(*be), v), 3e-2);
+    }
+  }
+}
+
 TEST(CudaBackendOps, RmsNormSiluMulAddEqualCpu) {
   LOOM_CUDA_BACKEND_OR_SKIP(be);
   CpuBackend cpu(2);

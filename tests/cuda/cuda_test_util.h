@@ -30,6 +30,19 @@ inline std::string cuda_unavailable() {
   return {};
 }
 
+/// A CUDA stream, destroyed with the object (null when creation failed).
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() {
+    if (cudaStreamCreate(&s) != cudaSuccess) s = nullptr;
+  }
+  ~Stream() {
+    if (s) (void)cudaStreamDestroy(s);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
 /// A device allocation of `n` T's, freed on destruction.
 template <typename T>
 struct DevBuf {

@@ -86,10 +86,11 @@ class CudaMatmul : public ::testing::TestWithParam<DType> {};
 TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
   LOOM_CUDA_OR_SKIP();
   const DType dt = GetParam();
+  test::Stream stream;  // declared first: destroyed after what uses it
+  ASSERT_NE(stream.s, nullptr);
+  cudaStream_t s = stream.s;
   auto mm = cuda::Matmul::create(0);
   ASSERT_TRUE(mm.ok()) << mm.message();
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   uint64_t seed = 1;
   for (const int64_t n_in : row_lengths(dt)) {
     for (const int64_t n_out : {1, 67, 130}) {
@@ -124,7 +125,6 @@ TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
     }
   }
   EXPECT_GT((*mm)->scratch_bytes(), 0u);
-  (void)cudaStreamDestroy(s);
 }
 
 TEST_P(CudaMatmul, GluIsSiluOfGateTimesUp) {
@@ -180,6 +180,42 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMatmul,
                                            DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
                                            DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& pi) { return std::string(dtype_name(pi.param)); });
+
+// Products of one input by matrices of different types and heights (q, k
+// and v of a Q4_K_M layer, and a float one), x quantized or converted once.
+TEST(CudaMatmulMulti, MatchesReferenceForEachMatrix) {
+  LOOM_CUDA_OR_SKIP();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  const int64_t n_in = 512;
+  const HostMatrix a = make_matrix(DType::kQ4_K, 96, n_in, 31);
+  const HostMatrix b = make_matrix(DType::kQ6_K, 33, n_in, 32);
+  const HostMatrix c = make_matrix(DType::kF16, 33, n_in, 33);
+  const HostMatrix d = make_matrix(DType::kQ8_0, 5, n_in, 34);
+  DevBuf<uint8_t> ad(a.bytes), bd(b.bytes), cd(c.bytes), dd(d.bytes);
+  const cuda::DevMatrix ws[4] = {{ad.p, a.dtype, a.n_out, n_in, a.row_bytes},
+                                 {bd.p, b.dtype, b.n_out, n_in, b.row_bytes},
+                                 {cd.p, c.dtype, c.n_out, n_in, c.row_bytes},
+                                 {dd.p, d.dtype, d.n_out, n_in, d.row_bytes}};
+  const HostMatrix* hs[4] = {&a, &b, &c, &d};
+  const std::vector<float> bias = test::random_floats(33, 35);
+  DevBuf<float> biasd(bias);
+  for (const int64_t T : {1, 5, 8, 9, 40}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 36 + T);
+    DevBuf<float> xd(x), y0(static_cast<size_t>(T * 96)), y1(static_cast<size_t>(T * 33)),
+        y2(static_cast<size_t>(T * 33)), y3(static_cast<size_t>(T * 5));
+    float* ys[4] = {y0.p, y1.p, y2.p, y3.p};
+    const float* biases[4] = {nullptr, biasd.p, nullptr, nullptr};
+    ASSERT_TRUE((*mm)->run_multi(ws, biases, ys, 4, xd.p, T, nullptr).ok());
+    const DevBuf<float>* outs[4] = {&y0, &y1, &y2, &y3};
+    for (int i = 0; i < 4; ++i) {
+      const std::vector<float> got = outs[i]->download();
+      const std::vector<double> want = reference(*hs[i], x, T, i == 1 ? &bias : nullptr, nullptr);
+      EXPECT_LT(test::rel_error(got, want), tolerance(hs[i]->dtype, T)) << "matrix " << i;
+    }
+  }
+}
 
 // No device needed: what is supported, and cuBLAS found or the paths named.
 TEST(CudaMatmulHost, SupportedTypes) {

@@ -454,6 +454,26 @@ void CudaBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act ou
   fail(matmul_->run_glu(g, u, dev(x), x.rows, dev(out), stream_));
 }
 
+void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                             const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) {
+  if (!ready() || !check_act(x, "matmul_qkv") || !check_act(q, "matmul_qkv") ||
+      !check_act(k, "matmul_qkv") || !check_act(v, "matmul_qkv"))
+    return;
+  cuda::DevMatrix ws[3];
+  if (!dev_matrix(wq, "matmul_qkv", &ws[0]) || !dev_matrix(wk, "matmul_qkv", &ws[1]) ||
+      !dev_matrix(wv, "matmul_qkv", &ws[2]))
+    return;
+  const float* biases[3] = {nullptr, nullptr, nullptr};
+  const Weight* bw[3] = {&bq, &bk, &bv};
+  for (int i = 0; i < 3; ++i) {
+    if (!bw[i]->present()) continue;
+    biases[i] = static_cast<const float*>(weight_ptr(*bw[i], "matmul_qkv bias"));
+    if (!biases[i]) return;
+  }
+  float* ys[3] = {dev(q), dev(k), dev(v)};
+  fail(matmul_->run_multi(ws, biases, ys, 3, dev(x), x.rows, stream_));
+}
+
 void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
                        const cpu::RopeParams& p) {
   if (!ready() || !check_act(x, "rope")) return;

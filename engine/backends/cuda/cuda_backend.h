@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
   /// silu(gate x) * (up x) in one matvec when gate and up match; else the default.
   void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
+  /// The three products with one Q8 (decode) or F16 (prefill) copy of x.
+  void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                  const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) override;
 
   const CudaDeviceInfo& device_info() const { return info_; }
   /// Device memory held: weights, KV (through the budget), scratch.

@@ -340,7 +340,9 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
   float2* part_ml = nullptr;
   if (n_splits > 1) {
     const uint64_t rows = static_cast<uint64_t>(T * n_heads * n_splits);
-    const uint64_t part_bytes = rows * static_cast<uint64_t>(layer.head_dim) * sizeof(float);
+    // The (m, l) pairs follow the partial outputs, 256-byte aligned.
+    const uint64_t part_bytes =
+        (rows * static_cast<uint64_t>(layer.head_dim) * sizeof(float) + 255) / 256 * 256;
     LOOM_TRY(scratch.ensure(part_bytes + rows * sizeof(float2), s));
     part = static_cast<float*>(scratch.data());
     part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);

@@ -51,6 +51,11 @@ class Matmul {
   /// gate and up have the same shape and dtype.
   virtual Status run_glu(const DevMatrix& gate, const DevMatrix& up, const float* x, int64_t T,
                          float* y, cudaStream_t s) = 0;
+  /// ys[i] [T, ws[i].n_out] = x ws[i]^T (+ biases[i] when not null), for n
+  /// matrices of the same n_in (q, k, v of one input): x is quantized (or
+  /// converted to F16) once for all of them. Types may differ.
+  virtual Status run_multi(const DevMatrix* ws, const float* const* biases, float* const* ys, int n,
+                           const float* x, int64_t T, cudaStream_t s) = 0;
   /// Device bytes of scratch held.
   virtual uint64_t scratch_bytes() const = 0;
 };

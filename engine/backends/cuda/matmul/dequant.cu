@@ -50,7 +50,7 @@ __global__ void dequant_f16_kernel(const uint8_t* w, uint64_t row_bytes, int64_t
 __global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[k] = __float2half_rn(x[k]);
+    out[k] = __float2half_rn(fminf(fmaxf(x[k], -65504.0f), 65504.0f));  // saturate, never inf
 }
 
 Status check_matrix(const DevMatrix& w, const char* op) {

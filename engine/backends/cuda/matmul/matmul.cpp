@@ -83,9 +83,38 @@ class MatmulImpl final : public Matmul {
     const uint64_t n = static_cast<uint64_t>(T * up.n_out);
     LOOM_TRY(up_.ensure(n * sizeof(float), s, "the FFN up product (scratch)"));
     auto* u = static_cast<float*>(up_.p);
-    LOOM_TRY(gemm(gate, x, T, y, false, s));
-    LOOM_TRY(gemm(up, x, T, u, false, s));
+    LOOM_TRY(prepare_f16(gate.n_in, x, T, s));
+    LOOM_TRY(gemm_f16(gate, T, y, false, s));
+    LOOM_TRY(gemm_f16(up, T, u, false, s));
     return silu_mul_f32(y, u, y, static_cast<int64_t>(n), s);
+  }
+
+  Status run_multi(const DevMatrix* ws, const float* const* biases, float* const* ys, int n,
+                   const float* x, int64_t T, cudaStream_t s) override {
+    if (n <= 0) return {};
+    for (int i = 0; i < n; ++i) {
+      LOOM_TRY(check(ws[i], T));
+      if (ws[i].n_in != ws[0].n_in)
+        return make_error(ErrorCode::kInvalidArgument,
+                          "CUDA matmul: matrices of one input differ in width (%" PRId64
+                          " and %" PRId64 ")",
+                          ws[0].n_in, ws[i].n_in);
+    }
+    if (T <= kMaxMatvecTokens) {
+      // One Q8 copy of x serves every quantized matrix (the same 32-value groups).
+      const int8_t* xq = nullptr;
+      const float* xd = nullptr;
+      for (int i = 0; i < n && !xq; ++i) LOOM_TRY(prepare_q8(ws[i], x, T, s, &xq, &xd));
+      for (int i = 0; i < n; ++i)
+        LOOM_TRY(matvec(ws[i], nullptr, x, xq, xd, T, ys[i], biases[i], false, s));
+      return {};
+    }
+    LOOM_TRY(prepare_f16(ws[0].n_in, x, T, s));
+    for (int i = 0; i < n; ++i) {
+      LOOM_TRY(gemm_f16(ws[i], T, ys[i], false, s));
+      if (biases[i]) LOOM_TRY(add_bias(ys[i], biases[i], T, ws[i].n_out, s));
+    }
+    return {};
   }
 
   uint64_t scratch_bytes() const override {
@@ -123,15 +152,26 @@ class MatmulImpl final : public Matmul {
 
   Status gemm(const DevMatrix& w, const float* x, int64_t T, float* y, bool accumulate,
               cudaStream_t s) {
+    LOOM_TRY(prepare_f16(w.n_in, x, T, s));
+    return gemm_f16(w, T, y, accumulate, s);
+  }
+
+  // xf16_ = F16 of x [T, n_in].
+  Status prepare_f16(int64_t n_in, const float* x, int64_t T, cudaStream_t s) {
+    const uint64_t row_f16 = static_cast<uint64_t>(n_in) * 2;
+    LOOM_TRY(xf16_.ensure(static_cast<uint64_t>(T) * row_f16, s, "F16 activations"));
+    return to_f16(x, T * n_in, static_cast<uint16_t*>(xf16_.p), s);
+  }
+
+  // y = xf16_ (prepare_f16 of T tokens) W^T, a slice of W's rows at a time.
+  Status gemm_f16(const DevMatrix& w, int64_t T, float* y, bool accumulate, cudaStream_t s) {
     const uint64_t row_f16 = static_cast<uint64_t>(w.n_in) * 2;
     int64_t slice = static_cast<int64_t>(kF16SliceBytes / row_f16);
     if (slice < 1) slice = 1;
     if (slice > w.n_out) slice = w.n_out;
-    LOOM_TRY(xf16_.ensure(static_cast<uint64_t>(T) * row_f16, s, "F16 activations"));
     LOOM_TRY(wf16_.ensure(static_cast<uint64_t>(slice) * row_f16, s, "F16 weight rows"));
-    auto* xh = static_cast<uint16_t*>(xf16_.p);
+    const auto* xh = static_cast<const uint16_t*>(xf16_.p);
     auto* wh = static_cast<uint16_t*>(wf16_.p);
-    LOOM_TRY(to_f16(x, T * w.n_in, xh, s));
     cublasStatus_t st = api_->set_stream(handle_, s);
     if (st != CUBLAS_STATUS_SUCCESS)
       return make_error(ErrorCode::kInternal, "cuBLAS set stream: %s", api_->describe(st).c_str());

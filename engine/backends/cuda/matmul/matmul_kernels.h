@@ -12,7 +12,8 @@ namespace loom::cuda {
 
 /// Rows [r0, r0 + n) of w dequantized to F16 (IEEE half bits), [n, w.n_in].
 Status dequant_f16(const DevMatrix& w, int64_t r0, int64_t n, uint16_t* out, cudaStream_t s);
-/// out[n] = F16 of x[n].
+/// out[n] = F16 of x[n], saturated to +-65504 (activations beyond F16's
+/// range lose accuracy in the GEMM but do not become inf).
 Status to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t s);
 /// Q8 activations of x [T, n] (n a multiple of 32): per 32 values a float
 /// scale xd = amax / 127 and int8 quants xq = round(x / xd).
