@@ -223,6 +223,8 @@ TEST_F(ServeTest, ChatNonStreamingMatchesSessionGreedy) {
   EXPECT_GT(u["prompt_tokens"].get<int>(), 0);
   EXPECT_EQ(u["total_tokens"].get<int>(),
             u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+  for (const char* k : {"queue_ms", "ttft_ms", "itl_ms_p50", "itl_ms_p99"})
+    EXPECT_GE(j["timings"][k].get<double>(), 0.0) << k;
   const std::string fin = j["choices"][0]["finish_reason"];
   if (fin == "length") {
     EXPECT_EQ(u["completion_tokens"].get<int>(), 24);
@@ -250,6 +252,7 @@ TEST_F(ServeTest, ChatStreamingMatchesNonStreaming) {
   // The last chunk carries the usage, before it one with the finish reason.
   EXPECT_TRUE(s.events.back()["choices"].empty());
   EXPECT_GT(s.events.back()["usage"]["completion_tokens"].get<int>(), 0);
+  EXPECT_TRUE(s.events.back()["timings"].contains("itl_ms_p99"));
   EXPECT_FALSE(s.events[s.events.size() - 2]["choices"][0]["finish_reason"].is_null());
 }
 

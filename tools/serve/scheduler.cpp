@@ -178,6 +178,7 @@ void Scheduler::admit() {
       std::lock_guard<std::mutex> ql(q.mu);
       q.n_prompt = static_cast<int64_t>(q.prompt.size());
       q.n_reused = kept;
+      q.queue_ms = ms_between(q.t_arrival, Clock::now());
     }
     if (metrics_) metrics_->add_prompt_tokens(static_cast<int64_t>(q.prompt.size()));
     if (q.prompt.empty() || static_cast<int64_t>(q.prompt.size()) >= n_ctx_) {

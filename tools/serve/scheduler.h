@@ -65,7 +65,8 @@ struct Request {
   Finish finish = Finish::kNone;
   std::string error;  ///< with Finish::kError
   int64_t n_prompt = 0, n_reused = 0, n_generated = 0;
-  double ttft_ms = 0;
+  double queue_ms = 0;  ///< arrival to a slot
+  double ttft_ms = 0;   ///< arrival to the first token (queue wait included)
   std::vector<double> itl_ms;
 
   std::chrono::steady_clock::time_point t_arrival = std::chrono::steady_clock::now();

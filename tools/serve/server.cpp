@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -326,6 +327,21 @@ json usage_of(Request& r) {
           {"prompt_tokens_details", {{"cached_tokens", r.n_reused}}}};
 }
 
+/// Per-request timings (Loom's extension, as llama-server's "timings"): queue wait,
+/// time to first token, inter-token latency P50/P99, in milliseconds.
+json timings_of(Request& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<double> itl = r.itl_ms;
+  std::sort(itl.begin(), itl.end());
+  auto pct = [&](double p) {
+    return itl.empty() ? 0.0
+                       : itl[std::min(itl.size() - 1,
+                                      static_cast<size_t>(p * static_cast<double>(itl.size())))];
+  };
+  return {{"queue_ms", r.queue_ms},  {"ttft_ms", r.ttft_ms},   {"itl_ms_p50", pct(0.5)},
+          {"itl_ms_p99", pct(0.99)}, {"n_reused", r.n_reused}, {"n_generated", r.n_generated}};
+}
+
 bool secure_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned char d = 0;
@@ -495,10 +511,7 @@ Server::Server(Scheduler& sched, Metrics& metrics, const ServerOptions& o)
                     {"model", model_id},
                     {"choices", json::array({choice})},
                     {"usage", usage_of(*r)}};
-        {
-          std::lock_guard<std::mutex> lock(r->mu);
-          out["timings"] = {{"ttft_ms", r->ttft_ms}, {"n_reused", r->n_reused}};
-        }
+        out["timings"] = timings_of(*r);
         res.set_content(dump(out), "application/json");
         return;
       }
@@ -581,8 +594,13 @@ Server::Server(Scheduler& sched, Metrics& metrics, const ServerOptions& o)
               if (include_usage) last["usage"] = nullptr;
               if (!send(last)) return give_up();
               if (include_usage) {
-                json u = {{"id", id},          {"object", chunk_object},   {"created", created},
-                          {"model", model_id}, {"choices", json::array()}, {"usage", usage_of(*r)}};
+                json u = {{"id", id},
+                          {"object", chunk_object},
+                          {"created", created},
+                          {"model", model_id},
+                          {"choices", json::array()},
+                          {"usage", usage_of(*r)},
+                          {"timings", timings_of(*r)}};
                 if (!send(u)) return give_up();
               }
             }
