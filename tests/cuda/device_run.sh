@@ -7,12 +7,18 @@
 # the three CUDA test suites (gtest XML too), compute-sanitizer memcheck on
 # the kernel suites (a subset of shapes, to fit the time), and `loom bench`
 # on a synthetic model on the CPU and on CUDA. Steps keep going after a
-# failure; summary.txt lists each step's exit code.
+# failure; summary.txt lists each step's exit code. LOOM_CUDA_BUILD_DIR
+# names another build folder; LOOM_CUDA_RUN_NO_BENCH=1 stops before the bench.
 set -u
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-./cuda-run}}"
 mkdir -p "$out"
 jobs="$(nproc)"
+# Fixtures (stories260K.gguf): $LOOM_FIXTURES, else build-cuda-fixtures/ when a
+# copy was carried there (the device machine has no ../shared).
+if [ -z "${LOOM_FIXTURES:-}" ] && [ -d build-cuda-fixtures/gguf ]; then
+  export LOOM_FIXTURES="$PWD/build-cuda-fixtures"
+fi
 summary="$out/summary.txt"
 : >"$summary"
 step() {  # step NAME LIMIT_S CMD...: runs CMD with a time limit, output to NAME.log
@@ -25,11 +31,11 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD with a time limit, output to NAME
 }
 
 step nvidia-smi 30 nvidia-smi
-step configure 120 cmake -S . -B build-cuda-dev -G Ninja -DLOOM_GUI=OFF -DLOOM_VULKAN=OFF \
+b="${LOOM_CUDA_BUILD_DIR:-build-cuda-dev}"  # the build folder (yours: not shared with others)
+step configure 120 cmake -S . -B "$b" -G Ninja -DLOOM_GUI=OFF -DLOOM_VULKAN=OFF \
   -DLOOM_WERROR=ON -DCMAKE_BUILD_TYPE=Release
-step build 330 cmake --build build-cuda-dev -j "$jobs" --target loom loom_cuda_matmul_tests \
+step build 330 cmake --build "$b" -j "$jobs" --target loom loom_cuda_matmul_tests \
   loom_cuda_attention_tests loom_cuda_tests
-b=build-cuda-dev
 step devices 30 "$b/tools/loom" devices
 step matmul_tests 120 "$b/tests/loom_cuda_matmul_tests" --gtest_output="xml:$out/matmul.xml"
 step attention_tests 120 "$b/tests/loom_cuda_attention_tests" --gtest_output="xml:$out/attention.xml"
@@ -42,6 +48,10 @@ if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/comp
     "$b/tests/loom_cuda_attention_tests" --gtest_filter='*hd64_h8_kv2*:*hd80*:*hd8_*:*Errors*'
   step memcheck_backend 180 "$cs" --tool memcheck --error-exitcode 9 \
     "$b/tests/loom_cuda_tests" --gtest_filter='CudaBackendOps.*:CudaForward.*llama_q4_k*'
+fi
+if [ -n "${LOOM_CUDA_RUN_NO_BENCH:-}" ]; then
+  cat "$summary"
+  exit 0
 fi
 step synth 120 "$b/tools/loom" synth -o "$b/bench-tinyllama-q4_0.gguf" --preset tinyllama-1.1b \
   --dtype q4_0
