@@ -76,6 +76,13 @@ int cmd_plan(const PlanOptions& o);
 struct DevicesOptions {};
 int cmd_devices(const DevicesOptions& o);
 
+struct ModelsOptions {
+  std::vector<std::string> dirs;  ///< more folders to look in
+  bool only_dirs = false;         ///< only those (not the other tools' places)
+  bool json = false;
+};
+int cmd_models(const ModelsOptions& o);
+
 struct RunOptions {
   EngineOptions engine;
   std::string prompt;

@@ -81,8 +81,9 @@ int main(int argc, char** argv) {
                   "Which KV blocks go to the SSD first: importance (least attention) | lru "
                   "(oldest)");
     c->add_option("--kv-spill-type", e.kv_spill_type,
-                  "KV precision on the SSD: q8_0 requantizes an F16 cache's blocks as they go "
-                  "down (half the bytes to read back); default: as in RAM");
+                  "KV precision on the SSD: q8_0 (under an F16 cache) or fp8 (E4M3, a scale per "
+                  "block) requantize blocks as they go down (about half the bytes to read "
+                  "back); default: as in RAM");
     c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
                   "Experimental: while the CPU works in a hybrid step, N workgroups spin on the "
                   "GPU so its clocks may stay up (one per SM keeps all busy and draws power "
@@ -90,6 +91,14 @@ int main(int argc, char** argv) {
   };
   DevicesOptions dev;
   auto* c_dev = app.add_subcommand("devices", "List the compute devices Loom can use");
+  ModelsOptions models;
+  auto* c_models = app.add_subcommand(
+      "models",
+      "List the GGUF files and Hugging Face folders already on this machine (the Hugging Face "
+      "cache, LM Studio, Ollama, llama.cpp's cache, and --dir folders)");
+  c_models->add_option("--dir", models.dirs, "Also look in this folder (3 levels deep)");
+  c_models->add_flag("--only-dirs", models.only_dirs, "Look only in the --dir folders");
+  c_models->add_flag("--json", models.json, "Print JSON");
   RunOptions run;
   auto* c_run = app.add_subcommand(
       "run", "Generate text from a prompt (streams to stdout, timings to stderr)");
@@ -166,6 +175,7 @@ int main(int argc, char** argv) {
   if (c_lt->parsed()) return cmd_loadtest(lt);
   if (c_run->parsed()) return cmd_run(run);
   if (c_dev->parsed()) return cmd_devices(dev);
+  if (c_models->parsed()) return cmd_models(models);
   if (c_bench->parsed()) return cmd_bench(bench);
   if (c_plan->parsed()) return cmd_plan(plan);
 
