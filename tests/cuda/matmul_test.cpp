@@ -6,6 +6,7 @@
 // double. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -125,6 +126,33 @@ TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
     }
   }
   EXPECT_GT((*mm)->scratch_bytes(), 0u);
+}
+
+// Rows only as aligned as their format guarantees (2 bytes for F16, BF16,
+// Q4_0, Q5_0, Q8_0 and Q6_K; 4 for the rest): the kernels take their narrow
+// load paths (no 128-bit loads) and still match.
+TEST_P(CudaMatmul, RowsAtTheirFormatsAlignment) {
+  LOOM_CUDA_OR_SKIP();
+  const DType dt = GetParam();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  const bool two = dt == DType::kF16 || dt == DType::kBF16 || dt == DType::kQ4_0 ||
+                   dt == DType::kQ5_0 || dt == DType::kQ8_0 || dt == DType::kQ6_K;
+  const size_t off = two ? 2 : 4;
+  const int64_t n_in = row_lengths(dt)[1], n_out = 41;
+  const HostMatrix m = make_matrix(dt, n_out, n_in, 77);
+  std::vector<uint8_t> shifted(m.bytes.size() + off, 0);
+  std::copy(m.bytes.begin(), m.bytes.end(), shifted.begin() + static_cast<std::ptrdiff_t>(off));
+  DevBuf<uint8_t> wd(shifted);
+  const cuda::DevMatrix w{wd.p + off, dt, n_out, n_in, m.row_bytes};
+  for (const int64_t T : {1, 4, 12}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 78 + T);
+    DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
+    ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, false, nullptr).ok());
+    EXPECT_LT(test::rel_error(yd.download(), reference(m, x, T, nullptr, nullptr)),
+              tolerance(dt, T));
+  }
 }
 
 TEST_P(CudaMatmul, GluIsSiluOfGateTimesUp) {

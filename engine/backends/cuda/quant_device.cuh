@@ -124,8 +124,17 @@ __host__ __device__ constexpr bool has_group_decode(DType d) {
          d == DType::kQ5_1 || d == DType::kQ4_K || d == DType::kQ5_K || d == DType::kQ6_K;
 }
 
-/// Group g (elements 32g .. 32g + 31) of a row of dtype D.
-template <DType D>
+/// 32 bytes at a 16-byte aligned address as eight little-endian words (two 128-bit loads).
+__device__ __forceinline__ void ld_32bytes_a16(const uint8_t* p, uint32_t (&w)[8]) {
+  const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+  const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+/// Group g (elements 32g .. 32g + 31) of a row of dtype D. kVec16 (Q4_K and
+/// Q5_K only, whose 144- and 176-byte blocks keep 16-byte alignment when the
+/// row does): the quants (and Q5_K's fifth bits) in 128-bit loads.
+template <DType D, bool kVec16 = false>
 __device__ __forceinline__ QGroup decode_group(const uint8_t* row, int64_t g) {
   using namespace loom::ref;
   QGroup r;
@@ -178,14 +187,22 @@ __device__ __forceinline__ QGroup decode_group(const uint8_t* row, int64_t g) {
     scale_min_k4(s, b->scales, &sc, &mn);
     const uint8_t* qs = b->qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
+    uint32_t qw[8], hw[8] = {};
+    if constexpr (kVec16) {
+      ld_32bytes_a16(qs, qw);
+      if constexpr (D == DType::kQ5_K) ld_32bytes_a16(b->qh, hw);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        qw[w] = ld_u32_a4(qs + 4 * w);
+        if constexpr (D == DType::kQ5_K) hw[w] = ld_u32_a4(b->qh + 4 * w);
+      }
+    }
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
-      uint32_t v = (ld_u32_a4(qs + 4 * w) >> shift) & 0x0F0F0F0Fu;
-      if constexpr (D == DType::kQ5_K) {
-        // Bit s of qh[4w .. 4w + 3] becomes bit 4 of each byte.
-        const uint32_t h = (ld_u32_a4(b->qh + 4 * w) >> s) & 0x01010101u;
-        v |= h << 4;
-      }
+      uint32_t v = (qw[w] >> shift) & 0x0F0F0F0Fu;
+      // Q5_K: bit s of qh[4w .. 4w + 3] becomes bit 4 of each byte.
+      if constexpr (D == DType::kQ5_K) v |= ((hw[w] >> s) & 0x01010101u) << 4;
       r.q[w] = static_cast<int>(v);
     }
     r.d_lo = r.d_hi = h2f(b->d) * static_cast<float>(sc);

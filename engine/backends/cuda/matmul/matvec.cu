@@ -64,7 +64,7 @@ __device__ __forceinline__ void epilogue(float (&acc)[kMaxT], float (&acc2)[kMax
   }
 }
 
-template <DType D, bool kGlu>
+template <DType D, bool kGlu, bool kVec16>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
                      int64_t n_groups, const int8_t* xq, const float* xd, int T, float* y,
@@ -76,9 +76,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint8_t* row = w + r * row_bytes;
   const uint8_t* row2 = kGlu ? w2 + r * row_bytes : nullptr;
   for (int64_t g = lane; g < n_groups; g += 32) {
-    const QGroup a = decode_group<D>(row, g);
+    const QGroup a = decode_group<D, kVec16>(row, g);
     QGroup b{};
-    if constexpr (kGlu) b = decode_group<D>(row2, g);
+    if constexpr (kGlu) b = decode_group<D, kVec16>(row2, g);
 #pragma unroll
     for (int t = 0; t < kMaxT; ++t) {
       if (t < T) {
@@ -236,14 +236,26 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
   const int acc = accumulate ? 1 : 0;
   if (has_group_decode(w.dtype)) {
     const int64_t n_groups = w.n_in / 32;
+    // 128-bit loads of Q4_K/Q5_K quants where every row starts 16-byte aligned.
+    const bool vec16 = w.row_bytes % 16 == 0 && aligned16(p) && (!p2 || aligned16(p2));
     dispatch_dtype(w.dtype, [&]<DType D>() {
       if constexpr (has_group_decode(D)) {
-        if (up)
-          matvec_q8_kernel<D, true><<<blocks, kWarps * 32, 0, s>>>(
-              p, p2, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, nullptr, 0);
-        else
-          matvec_q8_kernel<D, false><<<blocks, kWarps * 32, 0, s>>>(
-              p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, bias, acc);
+        auto launch = [&]<bool kVec16>() {
+          if (up)
+            matvec_q8_kernel<D, true, kVec16><<<blocks, kWarps * 32, 0, s>>>(
+                p, p2, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, nullptr, 0);
+          else
+            matvec_q8_kernel<D, false, kVec16><<<blocks, kWarps * 32, 0, s>>>(
+                p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, bias, acc);
+        };
+        if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
+          if (vec16)
+            launch.template operator()<true>();
+          else
+            launch.template operator()<false>();
+        } else {
+          launch.template operator()<false>();
+        }
       }
     });
     return launch_status("matvec_q8");
