@@ -64,6 +64,17 @@ struct KvTierSettings {
   bool operator==(const KvTierSettings&) const = default;
 };
 
+/// A model already on the machine (engine: loom::FoundModel), for the start screen.
+struct FoundModelInfo {
+  QString path;  ///< a GGUF file or a Hugging Face folder
+  QString name;
+  QString arch;
+  QString quant;
+  qint64 sizeBytes = 0;
+  QString source;  ///< "Hugging Face cache", "LM Studio", "Ollama", "llama.cpp cache", "folder"
+  QString error;   ///< non-empty: its header could not be read
+};
+
 /// A request to generate one assistant message.
 struct GenerationRequest {
   quint64 requestId = 0;
@@ -90,3 +101,4 @@ Q_DECLARE_METATYPE(ModelSummary)
 Q_DECLARE_METATYPE(GenerationRequest)
 Q_DECLARE_METATYPE(GenerationResult)
 Q_DECLARE_METATYPE(KvTierSettings)
+Q_DECLARE_METATYPE(QVector<FoundModelInfo>)

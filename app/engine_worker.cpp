@@ -14,6 +14,7 @@
 #include "app/live_stats.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/vulkan/vulkan.h"
+#include "engine/model/discovery.h"
 #include "engine/model/model.h"
 #include "engine/model/synth.h"
 #include "engine/placement/cost_model.h"
@@ -141,6 +142,23 @@ QString tiersText(const loom::KvTierConfig& t) {
   return s;
 }
 }  // namespace
+
+void EngineWorker::discoverModels() {
+  QVector<FoundModelInfo> out;
+  for (const loom::FoundModel& m :
+       loom::discover_models(loom::DiscoveryOptions::from_environment())) {
+    FoundModelInfo f;
+    f.path = qstr(m.path);
+    f.name = qstr(m.name);
+    f.arch = qstr(m.arch);
+    f.quant = qstr(m.quant);
+    f.sizeBytes = static_cast<qint64>(m.size_bytes);
+    f.source = qstr(m.source);
+    f.error = qstr(m.error);
+    out.push_back(f);
+  }
+  emit modelsFound(out);
+}
 
 void EngineWorker::setKvTiers(quint64 requestId, const KvTierSettings& tiers) {
   const KvTierSettings old = m_kvTiers;

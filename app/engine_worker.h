@@ -95,6 +95,9 @@ class EngineWorker : public QObject {
   /// once (the chat's context is prefilled again at the next reply), and
   /// kvTiersApplied answers.
   void setKvTiers(quint64 requestId, const KvTierSettings& tiers);
+  /// Looks for models already on the machine (the Hugging Face cache, LM
+  /// Studio, Ollama, llama.cpp's cache: headers only) and emits modelsFound.
+  void discoverModels();
   /// Asks every backend for its devices and opens the GPU backend on the best
   /// usable Vulkan device (slow: here, not on the GUI thread).
   void probeDevices();
@@ -117,6 +120,7 @@ class EngineWorker : public QObject {
   /// How far the placement being applied is (weights re-quantized and moved), 0..100.
   void placementProgress(int percent);
   void devicesFound(const QVector<DeviceInfo>& devices);
+  void modelsFound(const QVector<FoundModelInfo>& models);
   /// setKvTiers() is in force (ok), or could not be (the previous settings stay);
   /// `note` says what the session's KV may use now, or why not.
   void kvTiersApplied(quint64 requestId, bool ok, const QString& note);

@@ -57,6 +57,7 @@ void registerTypes() {
   qRegisterMetaType<GenerationRequest>();
   qRegisterMetaType<GenerationResult>();
   qRegisterMetaType<KvTierSettings>();
+  qRegisterMetaType<QVector<FoundModelInfo>>();
   qRegisterMetaType<PlacementPlan>();
   qRegisterMetaType<PlannerPtr>();
   qRegisterMetaType<QVector<DeviceInfo>>();
@@ -125,6 +126,7 @@ MainWindow::MainWindow(const AppOptions& options, QWidget* parent)
   updateHeader();
   emit workerOpenStore();
   emit workerProbeDevices();
+  emit workerDiscoverModels();
   // Before any model loads (the worker takes its queued calls in order).
   m_kvTiers = KvTiersDialog::load(layoutFile());
   emit workerSetKvTiers(0, m_kvTiers);
@@ -366,6 +368,8 @@ void MainWindow::connectWorker() {
   connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
   connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
   connect(this, &MainWindow::workerSetKvTiers, w, &EngineWorker::setKvTiers);
+  connect(this, &MainWindow::workerDiscoverModels, w, &EngineWorker::discoverModels);
+  connect(w, &EngineWorker::modelsFound, m_start, &StartScreen::setFoundModels);
   connect(w, &EngineWorker::kvTiersApplied, this, [this](quint64 id, bool ok, const QString& note) {
     if (id == 0 || id != m_kvRequest) return;
     m_kvRequest = 0;

@@ -104,6 +104,7 @@ class MainWindow : public QMainWindow {
   void workerOpenStore();
   void workerProbeDevices();
   void workerSetKvTiers(quint64 requestId, const KvTierSettings& tiers);
+  void workerDiscoverModels();
 
  protected:
   void closeEvent(QCloseEvent* event) override;

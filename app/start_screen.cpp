@@ -5,6 +5,7 @@
 #include <QHBoxLayout>
 #include <QIcon>
 #include <QLabel>
+#include <QLocale>
 #include <QPushButton>
 #include <QVBoxLayout>
 
@@ -66,6 +67,18 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   m_recent = new QVBoxLayout;
   m_recent->setSpacing(4);
   v->addLayout(m_recent);
+  m_foundTitle = new QLabel(tr("ON THIS MACHINE"), column);
+  m_foundTitle->setObjectName(QStringLiteral("SectionLabel"));
+  m_foundTitle->setToolTip(
+      tr("GGUF files and Hugging Face folders in the Hugging Face cache, LM Studio, Ollama and "
+         "llama.cpp's cache (`loom models` lists them all)"));
+  v->addWidget(m_foundTitle);
+  m_found = new QVBoxLayout;
+  m_found->setSpacing(4);
+  v->addLayout(m_found);
+  m_foundMore = new QLabel(column);
+  m_foundMore->setObjectName(QStringLiteral("Muted"));
+  v->addWidget(m_foundMore);
   auto* drop = new QLabel(tr("Drop a .gguf file anywhere on this window to open it."), column);
   drop->setObjectName(QStringLiteral("Muted"));
   drop->setAlignment(Qt::AlignCenter);
@@ -79,6 +92,42 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   outer->addLayout(h);
   outer->addStretch(3);
   setRecentModels({});
+  setFoundModels({});
+}
+
+void StartScreen::setFoundModels(const QVector<FoundModelInfo>& found) {
+  m_foundAll = found;
+  while (QLayoutItem* li = m_found->takeAt(0)) {
+    delete li->widget();
+    delete li;
+  }
+  int shown = 0, rest = 0;
+  for (const FoundModelInfo& f : found) {
+    if (m_recentPaths.contains(f.path)) continue;
+    if (shown >= kFoundShown) {
+      ++rest;
+      continue;
+    }
+    ++shown;
+    auto* b = new QPushButton(this);
+    b->setObjectName(QStringLiteral("FoundModel"));
+    QStringList what;
+    for (const QString& s : {f.arch, f.quant}) {
+      if (!s.isEmpty()) what << s;
+    }
+    what << QLocale::system().formattedDataSize(f.sizeBytes, 1, QLocale::DataSizeTraditionalFormat);
+    b->setText(QStringLiteral("%1   ·   %2   —   %3")
+                   .arg(f.name, what.join(QStringLiteral(" · ")), f.source));
+    b->setStyleSheet(QStringLiteral("text-align:left;padding:8px 12px;"));
+    b->setEnabled(f.error.isEmpty());
+    b->setToolTip(f.error.isEmpty() ? f.path : tr("%1 cannot be read: %2").arg(f.path, f.error));
+    const QString path = f.path;
+    connect(b, &QPushButton::clicked, this, [this, path] { emit recentModelRequested(path); });
+    m_found->addWidget(b);
+  }
+  m_foundTitle->setVisible(shown > 0);
+  m_foundMore->setVisible(rest > 0);
+  m_foundMore->setText(tr("and %n more (loom models lists them all)", nullptr, rest));
 }
 
 void StartScreen::setRecentModels(const QList<QPair<QString, QString>>& recent) {
@@ -87,6 +136,8 @@ void StartScreen::setRecentModels(const QList<QPair<QString, QString>>& recent) 
     delete li;
   }
   m_recentTitle->setVisible(!recent.isEmpty());
+  m_recentPaths.clear();
+  for (const auto& r : recent) m_recentPaths << r.first;
   for (const auto& r : recent) {
     auto* b = new QPushButton(this);
     const bool exists = QFileInfo::exists(r.first);
@@ -98,4 +149,5 @@ void StartScreen::setRecentModels(const QList<QPair<QString, QString>>& recent) 
     connect(b, &QPushButton::clicked, this, [this, path] { emit recentModelRequested(path); });
     m_recent->addWidget(b);
   }
+  setFoundModels(m_foundAll);  // a model just opened leaves the found list
 }
