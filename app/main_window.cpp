@@ -69,9 +69,12 @@ constexpr int kCenterMin = 320;
 constexpr int kEngineMin = 420;
 constexpr int kWindowMinHeight = 640;
 
+// A GGUF file, or a Hugging Face model folder (config.json beside the weights).
 bool isModelFile(const QUrl& url) {
-  return url.isLocalFile() &&
-         url.toLocalFile().endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
+  if (!url.isLocalFile()) return false;
+  const QString path = url.toLocalFile();
+  if (QFileInfo(path).isDir()) return QFileInfo::exists(QDir(path).filePath("config.json"));
+  return path.endsWith(QStringLiteral(".gguf"), Qt::CaseInsensitive);
 }
 
 }  // namespace
@@ -304,6 +307,14 @@ void MainWindow::buildUi() {
   connect(open, &QAction::triggered, this, &MainWindow::openModelDialog);
   addAction(open);
   file->addAction(open);
+  auto* openDir = new QAction(tr("Open Hugging Face model folder…"), this);
+  openDir->setToolTip(tr("A folder with config.json, *.safetensors and tokenizer.json"));
+  connect(openDir, &QAction::triggered, this, [this] {
+    const QString start = m_hasModel ? QFileInfo(m_model.path).absolutePath() : QDir::homePath();
+    const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a model folder"), start);
+    if (!dir.isEmpty()) loadModel(dir);
+  });
+  file->addAction(openDir);
   file->addSeparator();
   // Exports read the store: they work with no model loaded.
   auto* exportMd = new QAction(tr("Export chat as Markdown…"), this);

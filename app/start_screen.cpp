@@ -41,7 +41,9 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   m_open->setObjectName(QStringLiteral("Primary"));
   m_open->setMinimumHeight(40);
   m_open->setCursor(Qt::PointingHandCursor);
-  m_open->setToolTip(tr("A GGUF file (Ctrl+O). You can also drop one on the window."));
+  m_open->setToolTip(
+      tr("A GGUF file (Ctrl+O), or a Hugging Face folder (File menu). You can also drop one "
+         "on the window."));
   connect(m_open, &QPushButton::clicked, this, &StartScreen::openModelRequested);
   v->addWidget(m_open);
 
@@ -79,7 +81,9 @@ StartScreen::StartScreen(QWidget* parent) : QWidget(parent) {
   m_foundMore = new QLabel(column);
   m_foundMore->setObjectName(QStringLiteral("Muted"));
   v->addWidget(m_foundMore);
-  auto* drop = new QLabel(tr("Drop a .gguf file anywhere on this window to open it."), column);
+  auto* drop = new QLabel(
+      tr("Drop a .gguf file or a Hugging Face model folder anywhere on this window to open it."),
+      column);
   drop->setObjectName(QStringLiteral("Muted"));
   drop->setAlignment(Qt::AlignCenter);
   v->addSpacing(8);

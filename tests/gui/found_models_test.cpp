@@ -7,11 +7,15 @@
 #include <QLabel>
 #include <QPushButton>
 #include <QSignalSpy>
+#include <QTest>
 #include <QtGlobal>
 
+#include "app/chat_controller.h"
 #include "app/engine_worker.h"
 #include "app/live_stats.h"
+#include "app/main_window.h"
 #include "app/start_screen.h"
+#include "engine/model/hf_export.h"
 #include "tests/gui/gui_test_util.h"
 
 namespace {
@@ -80,3 +84,40 @@ TEST(FoundModels, TheStartScreenListsTheFirstFewAndCountsTheRest) {
 }
 
 }  // namespace
+
+// A Hugging Face folder (config.json, safetensors, tokenizer.json) opens like
+// a GGUF file, and chats.
+TEST(FoundModels, AHuggingFaceFolderOpensAndChats) {
+  const QString base = guitest::freshDir(QStringLiteral("found-hf"));
+  const QString dir = base + QStringLiteral("/tiny-hf");
+  loom::SynthSpec spec;  // a folder holds F32, F16 or BF16 weights
+  spec.name = "hf folder model";
+  spec.n_layer = 2;
+  spec.n_embd = 64;
+  spec.n_ff = 128;
+  spec.n_head = 2;
+  spec.n_head_kv = 1;
+  spec.n_ctx = 512;
+  spec.weight_type = "f16";
+  const std::string gguf = (base + QStringLiteral("/src.gguf")).toStdString();
+  ASSERT_TRUE(loom::write_synthetic_model(spec, gguf).ok());
+  const loom::Status written = loom::write_hf_folder(gguf, dir.toStdString(), {});
+  ASSERT_TRUE(written.ok()) << written.message();
+  AppOptions o;
+  o.dataDir = guitest::freshDir(QStringLiteral("found-hf-data"));
+  o.cacheDir = guitest::freshDir(QStringLiteral("found-hf-cache"));
+  o.threads = 2;
+  MainWindow w(o);
+  w.show();
+  QSignalSpy ready(&w, &MainWindow::modelReady);
+  QSignalSpy failed(&w, &MainWindow::modelFailed);
+  w.loadModel(dir);
+  ASSERT_TRUE(QTest::qWaitFor([&] { return ready.count() + failed.count() > 0; }, 120000));
+  ASSERT_EQ(ready.count(), 1) << failed.at(0).at(0).toString().toStdString();
+  QSignalSpy finished(w.chat(), &ChatController::replyFinished);
+  w.chat()->send(QStringLiteral("Hello, folder"));
+  ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 0; }, 120000));
+  const auto r = finished.at(0).at(0).value<GenerationResult>();
+  EXPECT_TRUE(r.error.isEmpty()) << r.error.toStdString();
+  EXPECT_GT(r.nGenerated, 0);
+}
