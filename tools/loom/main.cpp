@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
     c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
     c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
     c->add_option("-b,--batch", e.batch, "Prefill chunk size in tokens");
-    c->add_option("--backend", e.backend,
-                  "cpu | vulkan (falls back to the CPU when Vulkan is unavailable)");
+    c->add_option(
+        "--backend", e.backend,
+        "cpu | vulkan | cuda (falls back to the CPU when the GPU backend is unavailable)");
     c->add_option("--device", e.device, "Vulkan device index (see `loom devices`)");
     c->add_option("--strategy", e.strategy,
                   "Placement: gpu | cpu | layers:N | attn-gpu | auto | custom (default: gpu with "
