@@ -90,23 +90,12 @@ TEST(FoundModels, TheStartScreenListsTheFirstFewAndCountsTheRest) {
 TEST(FoundModels, AHuggingFaceFolderOpensAndChats) {
   const QString base = guitest::freshDir(QStringLiteral("found-hf"));
   const QString dir = base + QStringLiteral("/tiny-hf");
-  loom::SynthSpec spec;  // a folder holds F32, F16 or BF16 weights
-  spec.name = "hf folder model";
-  spec.n_layer = 2;
-  spec.n_embd = 64;
-  spec.n_ff = 128;
-  spec.n_head = 2;
-  spec.n_head_kv = 1;
-  spec.n_ctx = 512;
-  spec.weight_type = "f16";
-  const std::string gguf = (base + QStringLiteral("/src.gguf")).toStdString();
-  ASSERT_TRUE(loom::write_synthetic_model(spec, gguf).ok());
-  const loom::Status written = loom::write_hf_folder(gguf, dir.toStdString(), {});
+  // A folder holds F32, F16 or BF16 weights.
+  const QString gguf = base + QStringLiteral("/src.gguf");
+  ASSERT_TRUE(guitest::writeSmallModel(gguf, "hf folder model", "f16"));
+  const loom::Status written = loom::write_hf_folder(gguf.toStdString(), dir.toStdString(), {});
   ASSERT_TRUE(written.ok()) << written.message();
-  AppOptions o;
-  o.dataDir = guitest::freshDir(QStringLiteral("found-hf-data"));
-  o.cacheDir = guitest::freshDir(QStringLiteral("found-hf-cache"));
-  o.threads = 2;
+  const AppOptions o = guitest::appOptions(QStringLiteral("found-hf"));
   MainWindow w(o);
   w.show();
   QSignalSpy ready(&w, &MainWindow::modelReady);

@@ -8,6 +8,7 @@
 #include <QString>
 #include <string>
 
+#include "app/app_options.h"
 #include "engine/model/synth.h"
 
 namespace guitest {
@@ -42,6 +43,30 @@ inline QString tinyModel() {
     return r.ok() ? p : QString();
   }();
   return path;
+}
+
+/// App options with fresh data and cache folders named after `name`, 2 threads.
+inline AppOptions appOptions(const QString& name) {
+  AppOptions o;
+  o.dataDir = freshDir(name + QStringLiteral("-data"));
+  o.cacheDir = freshDir(name + QStringLiteral("-cache"));
+  o.threads = 2;
+  return o;
+}
+
+/// A small synthetic llama at `path` (2 layers, width 64, one KV head).
+inline bool writeSmallModel(const QString& path, const char* name, const char* weightType) {
+  loom::SynthSpec spec;
+  spec.name = name;
+  spec.n_layer = 2;
+  spec.n_embd = 64;
+  spec.n_ff = 128;
+  spec.n_head = 2;
+  spec.n_head_kv = 1;
+  spec.n_ctx = 512;
+  spec.weight_type = weightType;
+  spec.seed = 8;
+  return loom::write_synthetic_model(spec, path.toStdString()).ok();
 }
 
 /// A copy of the tiny model cut short: a load must fail with the engine's message.

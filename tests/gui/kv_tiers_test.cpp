@@ -140,10 +140,7 @@ TEST(KvTiers, TheWorkerMakesTheSessionAgainOrKeepsTheOldOne) {
 // the dialog, OK; the panel says what the KV cache may use, and the settings
 // are in window.ini for the next start.
 TEST(KvTiers, TheButtonOpensTheDialogAndTheSessionFollows) {
-  AppOptions o;
-  o.dataDir = guitest::freshDir(QStringLiteral("kv-tiers-app-data"));
-  o.cacheDir = guitest::freshDir(QStringLiteral("kv-tiers-app-cache"));
-  o.threads = 2;
+  const AppOptions o = guitest::appOptions(QStringLiteral("kv-tiers-app"));
   MainWindow w(o);
   w.show();
   QSignalSpy ready(&w, &MainWindow::modelReady);

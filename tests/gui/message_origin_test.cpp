@@ -23,17 +23,7 @@ QString secondModel() {
   const QString dir =
       guitest::freshDir(QStringLiteral("origin-model-%1").arg(QCoreApplication::applicationPid()));
   const QString p = dir + QStringLiteral("/second.gguf");
-  loom::SynthSpec spec;
-  spec.name = "second model";
-  spec.n_layer = 2;
-  spec.n_embd = 64;
-  spec.n_ff = 128;
-  spec.n_head = 2;
-  spec.n_head_kv = 1;
-  spec.n_ctx = 512;
-  spec.weight_type = "f16";
-  spec.seed = 8;
-  return loom::write_synthetic_model(spec, p.toStdString()).ok() ? p : QString();
+  return guitest::writeSmallModel(p, "second model", "f16") ? p : QString();
 }
 
 bool load(MainWindow& w, const QString& path) {
@@ -64,10 +54,7 @@ QStringList assistantNames(MainWindow& w, QStringList* tips = nullptr) {
 }
 
 TEST(MessageOrigin, AReplyKeepsTheModelThatWroteItAcrossAModelChange) {
-  AppOptions o;
-  o.dataDir = guitest::freshDir(QStringLiteral("origin-data"));
-  o.cacheDir = guitest::freshDir(QStringLiteral("origin-cache"));
-  o.threads = 2;
+  const AppOptions o = guitest::appOptions(QStringLiteral("origin"));
   const QString second = secondModel();
   ASSERT_FALSE(second.isEmpty());
   {

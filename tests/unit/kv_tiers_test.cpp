@@ -119,6 +119,36 @@ class KvTiersTest : public ::testing::Test {
     }
   }
 
+  // The cache alone (2 layers, 2 KV heads of 64, F16), with random K/V rows
+  // ([layer][token][kv_head*64], V = K) for n tokens, its blocks spilled
+  // beyond a budget of 8 pairs as `spill_type`. Null on a failure (reported).
+  std::unique_ptr<KvCache> spilled_cache(const char* spill_type, uint32_t seed, int64_t n,
+                                         std::vector<float>* rows) const {
+    auto kv = KvCache::create(KvCacheConfig{2, 2, 64, 1024, 32, DType::kF16});
+    EXPECT_TRUE(kv.ok());
+    if (!kv.ok()) return nullptr;
+    KvTierConfig t = tiers(8);
+    t.spill_type = spill_type;
+    Status st = (*kv)->configure_tiers(t);
+    if (st.ok()) st = (*kv)->reserve(n);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) return nullptr;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    rows->resize(static_cast<size_t>(2 * n * 2 * 64));
+    for (auto& x : *rows) x = nd(rng);
+    for (int64_t l = 0; l < 2; ++l) {
+      for (int64_t p = 0; p < n; ++p) {
+        const float* r = rows->data() + (l * n + p) * 128;
+        (*kv)->store(l, p, r, r);
+      }
+    }
+    (*kv)->set_n_tokens(n);
+    st = (*kv)->rebalance();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return st.ok() ? std::move(kv).value() : nullptr;
+  }
+
   static Model* model_;
   static std::string* model_dir_;
   std::unique_ptr<CpuBackend> be_;
@@ -159,34 +189,18 @@ TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
 
 TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
   // The cache alone: random K/V rows, most blocks spilled as Q8_0, read back.
-  KvCacheConfig kc{2, 2, 64, 1024, 32, DType::kF16};
-  auto kv = KvCache::create(kc);
-  ASSERT_TRUE(kv.ok());
-  KvTierConfig t = tiers(8);
-  t.spill_type = "q8_0";
-  ASSERT_TRUE((*kv)->configure_tiers(t).ok());
   const int64_t n = 300;
-  ASSERT_TRUE((*kv)->reserve(n).ok());
-  std::mt19937 rng(9);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> rows(static_cast<size_t>(2 * n * 2 * 64));  // [layer][token][kv_head*64]
-  for (auto& x : rows) x = nd(rng);
-  for (int64_t l = 0; l < 2; ++l) {
-    for (int64_t p = 0; p < n; ++p) {
-      const float* r = rows.data() + (l * n + p) * 128;
-      (*kv)->store(l, p, r, r);
-    }
-  }
-  (*kv)->set_n_tokens(n);
-  ASSERT_TRUE((*kv)->rebalance().ok());
-  const KvTierStats ts = (*kv)->tier_stats();
+  std::vector<float> rows;
+  auto kv = spilled_cache("q8_0", 9, n, &rows);
+  ASSERT_TRUE(kv);
+  const KvTierStats ts = kv->tier_stats();
   ASSERT_GT(ts.ssd_bytes, 0u);
   const uint64_t q8_pair = 2ull * 32 * 2 * (64 / 32 * 34);
   EXPECT_EQ(ts.ssd_bytes % q8_pair, 0u);
   EXPECT_EQ(ts.ssd_bytes / q8_pair, ts.blocks_spilled);
   for (int64_t l = 0; l < 2; ++l) {
-    ASSERT_TRUE((*kv)->fetch_layer(l).ok());
-    const cpu::KvView v = (*kv)->view(l);
+    ASSERT_TRUE(kv->fetch_layer(l).ok());
+    const cpu::KvView v = kv->view(l);
     double worst = 0;
     for (int64_t p = 0; p < n; ++p) {
       const float* want = rows.data() + (l * n + p) * 128;
@@ -208,6 +222,8 @@ TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
   }
 
   // A session with the Q8 spill generates as it should.
+  KvTierConfig t = tiers(8);
+  t.spill_type = "q8_0";
   auto s = session(t);
   ASSERT_TRUE(s);
   GenerateStats st;
@@ -217,7 +233,7 @@ TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
   EXPECT_EQ(s->kv().tier_stats().blocks_lost, 0u);
 
   t.spill_type = "q4_0";
-  auto bad = KvCache::create(kc);
+  auto bad = KvCache::create(KvCacheConfig{2, 2, 64, 1024, 32, DType::kF16});
   Status e = (*bad)->configure_tiers(t);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.message().find("spill precision 'q4_0' is not available"), std::string::npos)
@@ -225,37 +241,20 @@ TEST_F(KvTiersTest, Q8SpillHalvesTheBytesAndStaysWithinQ8Error) {
 }
 
 // FP8 (E4M3, a scale per head and block) on the SSD: about half the bytes of
-// F16, read back within E4M3's error (3 mantissa bits), and greedy output of
-// a whole session that spills stays close to the unspilled one.
+// F16, read back within E4M3's error (3 mantissa bits).
 TEST_F(KvTiersTest, Fp8SpillHalvesTheBytesAndStaysWithinE4M3Error) {
-  KvCacheConfig kc{2, 2, 64, 1024, 32, DType::kF16};
-  auto kv = KvCache::create(kc);
-  ASSERT_TRUE(kv.ok());
-  KvTierConfig t = tiers(8);
-  t.spill_type = "fp8";
-  ASSERT_TRUE((*kv)->configure_tiers(t).ok());
   const int64_t n = 300;
-  ASSERT_TRUE((*kv)->reserve(n).ok());
-  std::mt19937 rng(21);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> rows(static_cast<size_t>(2 * n * 2 * 64));
-  for (auto& x : rows) x = nd(rng);
-  for (int64_t l = 0; l < 2; ++l) {
-    for (int64_t p = 0; p < n; ++p) {
-      const float* r = rows.data() + (l * n + p) * 128;
-      (*kv)->store(l, p, r, r);
-    }
-  }
-  (*kv)->set_n_tokens(n);
-  ASSERT_TRUE((*kv)->rebalance().ok());
-  const KvTierStats ts = (*kv)->tier_stats();
+  std::vector<float> rows;
+  auto kv = spilled_cache("fp8", 21, n, &rows);
+  ASSERT_TRUE(kv);
+  const KvTierStats ts = kv->tier_stats();
   ASSERT_GT(ts.ssd_bytes, 0u);
   const uint64_t fp8_pair = 2ull * 2 * (4 + 32 * 64);
   EXPECT_EQ(ts.ssd_bytes, ts.blocks_spilled * fp8_pair);
   EXPECT_LT(fp8_pair * 2, kPairBytes + 64);  // about half of F16's
   for (int64_t l = 0; l < 2; ++l) {
-    ASSERT_TRUE((*kv)->fetch_layer(l).ok());
-    const cpu::KvView v = (*kv)->view(l);
+    ASSERT_TRUE(kv->fetch_layer(l).ok());
+    const cpu::KvView v = kv->view(l);
     double worst = 0;
     for (int64_t p = 0; p < n; ++p) {
       const float* want = rows.data() + (l * n + p) * 128;
@@ -277,7 +276,7 @@ TEST_F(KvTiersTest, Fp8SpillHalvesTheBytesAndStaysWithinE4M3Error) {
   // Bad names are still errors that list what is available.
   KvTierConfig bad = tiers(8);
   bad.spill_type = "fp4";
-  auto kv2 = KvCache::create(kc);
+  auto kv2 = KvCache::create(KvCacheConfig{2, 2, 64, 1024, 32, DType::kF16});
   ASSERT_TRUE(kv2.ok());
   const Status st = (*kv2)->configure_tiers(bad);
   ASSERT_FALSE(st.ok());
