@@ -133,6 +133,17 @@ cmd_test() {
     -max_total_time="${LOOM_FUZZ_SECONDS:-60}" -max_len=65536 -malloc_limit_mb=256 \
     -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 15
   echo "fuzz: no crash in ${LOOM_FUZZ_SECONDS:-60} s"
+
+  # 4. The safetensors reader the same way, seeded with a synthetic model's shards.
+  local st_corpus=build-asan/fuzz-corpus-safetensors
+  mkdir -p "$st_corpus"
+  ./build-ci/tools/loom synth "${tiny[@]}" --dtype bf16 --format safetensors --shard-mib 1 \
+    --out build-asan/fuzz-seed-hf 2>/dev/null
+  cp build-asan/fuzz-seed-hf/*.safetensors "$st_corpus/"
+  ASAN_OPTIONS=detect_leaks=1 ./build-asan/tests/loom_fuzz_safetensors "$st_corpus" \
+    -max_total_time="${LOOM_FUZZ_ST_SECONDS:-30}" -max_len=65536 -malloc_limit_mb=256 \
+    -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 15
+  echo "fuzz (safetensors): no crash in ${LOOM_FUZZ_ST_SECONDS:-30} s"
 }
 
 cmd_deb() {

@@ -48,8 +48,9 @@ int cmd_synth(const SynthOptions& o);
 /// Options shared by run and bench.
 struct EngineOptions {
   std::string model;
-  int threads = 0;  ///< 0: all cores
-  int64_t ctx = 0;  ///< 0: the model's (capped at 4096)
+  std::string tokenizer;  ///< another file's tokenizer (GGUF, tokenizer.json or folder)
+  int threads = 0;        ///< 0: all cores
+  int64_t ctx = 0;        ///< 0: the model's (capped at 4096)
   std::string kv_type = "f16";
   int64_t batch = 256;          ///< prefill chunk
   std::string backend = "cpu";  ///< cpu | vulkan | cuda

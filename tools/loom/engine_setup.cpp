@@ -60,7 +60,9 @@ bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* w
 std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, bool calibrate_always,
                                     bool session) {
   auto e = std::make_unique<Engine>();
-  auto m = load_model(o.model);
+  LoadOptions lo;
+  lo.tokenizer = o.tokenizer;
+  auto m = load_model(o.model, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "%s: %s\n", who, m.message().c_str());
     return nullptr;

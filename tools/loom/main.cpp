@@ -53,7 +53,11 @@ int main(int argc, char** argv) {
   c_syn->add_option("--shard-mib", syn.shard_mib, "safetensors: shards of at most this size");
 
   auto engine_opts = [](CLI::App* c, EngineOptions& e) {
-    c->add_option("-m,--model", e.model, "GGUF model file")->required();
+    c->add_option("-m,--model", e.model, "GGUF model file, or a Hugging Face model folder")
+        ->required();
+    c->add_option("--tokenizer", e.tokenizer,
+                  "Use this tokenizer and chat template instead of the model's: a GGUF file, a "
+                  "tokenizer.json or a model folder");
     c->add_option("-t,--threads", e.threads, "CPU threads (default: all cores)");
     c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
     c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
