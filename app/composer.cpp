@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "app/elided_label.h"
 #include "app/theme.h"
 
 ChatInput::ChatInput(QWidget* parent) : QPlainTextEdit(parent) {
@@ -75,7 +76,9 @@ Composer::Composer(QWidget* parent) : QFrame(parent) {
   m_input = new ChatInput(this);
   v->addWidget(m_input);
   auto* row = new QHBoxLayout;
-  m_hint = new QLabel(tr("Enter to send · Shift+Enter for a new line · Esc stops"), this);
+  // Elided in a narrow chat column, whole in its tooltip.
+  m_hint = new ElidedLabel(this);
+  m_hint->setFullText(tr("Enter to send · Shift+Enter for a new line · Esc stops"));
   m_hint->setObjectName(QStringLiteral("Muted"));
   m_send = new QPushButton(tr("Send"), this);
   m_send->setObjectName(QStringLiteral("Primary"));

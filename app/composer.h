@@ -5,6 +5,7 @@
 #include <QFrame>
 #include <QPlainTextEdit>
 
+class ElidedLabel;
 class QLabel;
 class QPushButton;
 
@@ -55,7 +56,7 @@ class Composer : public QFrame {
 
   ChatInput* m_input = nullptr;
   QPushButton* m_send = nullptr;
-  QLabel* m_hint = nullptr;
+  ElidedLabel* m_hint = nullptr;
   QLabel* m_editBanner = nullptr;
   QPushButton* m_cancelEdit = nullptr;
   bool m_busy = false;

@@ -720,6 +720,8 @@ void EngineWorker::generate(const GenerationRequest& req) {
   loom::GenerateParams gp;
   gp.sampling = toSamplerParams(req.sampling);
   gp.max_tokens = req.sampling.maxTokens;
+  // Bytes that are not UTF-8 show as \xNN rather than as U+FFFD marks.
+  gp.escape_invalid_utf8 = true;
 
   // Pieces are gathered and sent (and saved) about once a frame: the GUI
   // redraws once per batch, not per token, and the store sees ~60 writes/s at most.

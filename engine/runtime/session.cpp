@@ -219,7 +219,7 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
   st.prefill_ms = ms_since(t0);
 
   Sampler sampler(params.sampling, m_.hp.n_vocab);
-  StreamingDetokenizer detok(*m_.tokenizer);
+  StreamingDetokenizer detok(*m_.tokenizer, /*render_special=*/false, params.escape_invalid_utf8);
   const Vocab& vocab = m_.tokenizer->vocab();
   auto last = Clock::now();
   const auto decode_t0 = Clock::now();

@@ -39,6 +39,9 @@ struct GenerateParams {
   /// also those whose text is not out yet (part of a UTF-8 character): what
   /// token rates and inter-token intervals count. May be empty.
   std::function<void(int32_t token)> on_token;
+  /// Bytes that do not form UTF-8 (random weights, or a model that splits a
+  /// character oddly) come out as the text \xNN rather than U+FFFD.
+  bool escape_invalid_utf8 = false;
 };
 
 enum class StopReason { kEndOfGeneration, kMaxTokens, kContextFull, kCancelled };

@@ -242,14 +242,14 @@ Status Tokenizer::validate_ids(std::span<const int32_t> ids) const {
 std::string StreamingDetokenizer::push(int32_t id) {
   pending_ += tokenizer_->token_to_piece(id, render_special_);
   std::string out;
-  const size_t consumed = utf8_sanitize(pending_, /*final=*/false, &out);
+  const size_t consumed = utf8_sanitize(pending_, /*final=*/false, &out, escape_);
   pending_.erase(0, consumed);
   return out;
 }
 
 std::string StreamingDetokenizer::flush() {
   std::string out;
-  utf8_sanitize(pending_, /*final=*/true, &out);
+  utf8_sanitize(pending_, /*final=*/true, &out, escape_);
   pending_.clear();
   return out;
 }

@@ -94,12 +94,16 @@ class Tokenizer {
 /// (decode() semantics). Holds a reference to the tokenizer.
 class StreamingDetokenizer {
  public:
-  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special = false)
-      : tokenizer_(&tokenizer), render_special_(render_special) {}
+  /// `escape_invalid`: bytes that do not form UTF-8 come out as the text
+  /// \xNN instead of U+FFFD (utf8_sanitize).
+  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special = false,
+                                bool escape_invalid = false)
+      : tokenizer_(&tokenizer), render_special_(render_special), escape_(escape_invalid) {}
 
   /// Adds a token; returns the text that became complete (possibly "").
   std::string push(int32_t id);
-  /// Ends the stream: whatever is held back comes out (U+FFFD for a partial character).
+  /// Ends the stream: whatever is held back comes out (U+FFFD, or escaped, for
+  /// a partial character).
   std::string flush();
   /// Drops anything held back and starts a new stream.
   void reset() { pending_.clear(); }
@@ -107,6 +111,7 @@ class StreamingDetokenizer {
  private:
   const Tokenizer* tokenizer_;
   bool render_special_;
+  bool escape_;
   std::string pending_;  ///< bytes of an incomplete trailing character
 };
 

@@ -68,7 +68,7 @@ size_t utf8_char_length(std::string_view s, size_t pos) {
   return c.valid == c.need ? c.need : 1;
 }
 
-size_t utf8_sanitize(std::string_view in, bool final, std::string* out) {
+size_t utf8_sanitize(std::string_view in, bool final, std::string* out, bool escape) {
   size_t pos = 0;
   while (pos < in.size()) {
     const SequenceCheck c = check_sequence(in, pos);
@@ -80,9 +80,19 @@ size_t utf8_sanitize(std::string_view in, bool final, std::string* out) {
     if (c.valid > 0 && pos + c.valid == in.size() && !final) {
       break;  // a prefix of a valid character at the end: wait for the rest
     }
-    // Invalid: the maximal subpart (at least one byte) becomes one U+FFFD.
-    out->append(kUtf8Replacement);
-    pos += std::max<size_t>(c.valid, 1);
+    // Invalid: the maximal subpart (at least one byte) becomes one U+FFFD,
+    // or each of its bytes \xNN.
+    const size_t n = std::max<size_t>(c.valid, 1);
+    if (escape) {
+      static constexpr char kHex[] = "0123456789ABCDEF";
+      for (size_t i = 0; i < n; ++i) {
+        const auto b = static_cast<unsigned char>(in[pos + i]);
+        out->append({'\\', 'x', kHex[b >> 4], kHex[b & 15]});
+      }
+    } else {
+      out->append(kUtf8Replacement);
+    }
+    pos += n;
   }
   return pos;
 }

@@ -22,7 +22,9 @@ void append_utf8(std::string* out, uint32_t cp);
 /// subpart (Unicode's "substitution of maximal subparts") by U+FFFD.
 /// With `final` false, an incomplete sequence at the very end that could still
 /// become valid is not consumed. Returns the number of bytes of `in` consumed.
-size_t utf8_sanitize(std::string_view in, bool final, std::string* out);
+/// With `escape`, each invalid byte becomes the text \xNN (hex, upper case)
+/// instead, so what the bytes were stays visible.
+size_t utf8_sanitize(std::string_view in, bool final, std::string* out, bool escape = false);
 
 /// True when `s` is entirely valid UTF-8.
 bool utf8_is_valid(std::string_view s);

@@ -1,6 +1,7 @@
 // Tokens/s and the inter-token intervals count every generated token, also
 // those whose text is not out yet (a UTF-8 character spread over tokens,
-// which random weights produce often): n tokens give n - 1 intervals.
+// which random weights produce often): n tokens give n - 1 intervals. Bytes
+// that never make a character are shown escaped.
 #include <gtest/gtest.h>
 
 #include <QSignalSpy>
@@ -32,6 +33,8 @@ TEST(TokenCount, EveryTokenIsAnIntervalWithOrWithoutText) {
   ASSERT_TRUE(r.error.isEmpty()) << r.error.toStdString();
   ASSERT_GT(r.nGenerated, 2);
   EXPECT_EQ(static_cast<int64_t>(stats->snapshot().itl.count), r.nGenerated - 1);
+  // Random weights make bytes that are not UTF-8: they read as \xNN, not U+FFFD.
+  EXPECT_FALSE(r.text.contains(QChar(0xFFFD))) << r.text.toStdString();
 }
 
 }  // namespace

@@ -410,6 +410,18 @@ TEST(Utf8, MaximalSubparts) {
   std::string out;
   EXPECT_EQ(utf8_sanitize("a\xE4\xBD", false, &out), 1u);
   EXPECT_EQ(out, "a");
+  // Escaped: every invalid byte shows as \xNN; valid text is untouched.
+  auto escaped = [](const std::string& in) {
+    std::string o;
+    EXPECT_EQ(utf8_sanitize(in, true, &o, /*escape=*/true), in.size());
+    return o;
+  };
+  EXPECT_EQ(escaped("\xED\xA0\x80"), "\\xED\\xA0\\x80");
+  EXPECT_EQ(escaped("a\xE4\xBD"
+                    "b\xC3\xA9"),
+            "a\\xE4\\xBDb\xC3\xA9");
+  EXPECT_EQ(escaped("\xFF"), "\\xFF");
+  EXPECT_TRUE(utf8_is_valid(escaped("\x80\xBF\xFE")));
 }
 
 // ---- vocabulary validation --------------------------------------------------
