@@ -13,6 +13,7 @@
 #include "app/engine_bridge.h"
 #include "app/live_stats.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/backends/cuda/cuda.h"
 #include "engine/backends/vulkan/vulkan.h"
 #include "engine/model/discovery.h"
 #include "engine/model/model.h"
@@ -80,9 +81,51 @@ void EngineWorker::openStore() {
 
 // ---- devices ------------------------------------------------------------------
 
+// CUDA first (NVIDIA's own path), when built and a usable device is there.
+bool EngineWorker::openCuda(QString* whyNot) {
+  if (!loom::cuda_built()) {
+    *whyNot = tr("CUDA: not built");
+    return false;
+  }
+  auto list = loom::list_cuda_devices();
+  if (!list.ok()) {
+    *whyNot = tr("CUDA: %1").arg(qstr(list.message()));
+    return false;
+  }
+  const loom::CudaDeviceInfo* best = nullptr;
+  for (const loom::CudaDeviceInfo& d : *list) {
+    if (d.usable && (!best || d.total_bytes > best->total_bytes)) best = &d;
+  }
+  if (!best) {
+    *whyNot = list->empty() ? tr("CUDA: no device found") : tr("CUDA: no usable device");
+    return false;
+  }
+  loom::CudaOptions co;
+  co.device = best->index;
+  auto cb = loom::create_cuda_backend(co);
+  if (!cb.ok()) {
+    *whyNot = tr("CUDA: %1 could not be opened: %2").arg(qstr(best->name), qstr(cb.message()));
+    return false;
+  }
+  m_gpu = std::move(cb).value();
+  m_gpuId = QStringLiteral("cuda:%1").arg(best->index);
+  m_gpuName = qstr(best->name);
+  m_gpuType = QStringLiteral("discrete");
+  m_gpuMemory = static_cast<qint64>(best->total_bytes);
+  return true;
+}
+
 void EngineWorker::ensureGpu() {
   if (m_gpuTried) return;
   m_gpuTried = true;
+  QString cudaWhyNot;
+  if (openCuda(&cudaWhyNot)) return;
+  ensureVulkan();
+  // Neither: say why for both (CUDA's reason only where it was built).
+  if (!m_gpu && loom::cuda_built()) m_gpuWhyNot = cudaWhyNot + QStringLiteral("; ") + m_gpuWhyNot;
+}
+
+void EngineWorker::ensureVulkan() {
   if (!loom::vulkan_built()) {
     m_gpuWhyNot = tr("Vulkan: not built");
     return;

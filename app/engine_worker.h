@@ -98,8 +98,8 @@ class EngineWorker : public QObject {
   /// Looks for models already on the machine (the Hugging Face cache, LM
   /// Studio, Ollama, llama.cpp's cache: headers only) and emits modelsFound.
   void discoverModels();
-  /// Asks every backend for its devices and opens the GPU backend on the best
-  /// usable Vulkan device (slow: here, not on the GUI thread).
+  /// Asks every backend for its devices and opens the GPU backend (CUDA, else
+  /// the best usable Vulkan device; slow: here, not on the GUI thread).
   void probeDevices();
 
  signals:
@@ -133,7 +133,11 @@ class EngineWorker : public QObject {
     std::shared_ptr<loom::Placement> placement;
     QString kvDtype;
   };
+  /// Opens the GPU backend once: CUDA where it is built and a device is
+  /// usable, else the best Vulkan device; m_gpuWhyNot says why neither.
   void ensureGpu();
+  bool openCuda(QString* whyNot);
+  void ensureVulkan();
   /// Saves with the reply what writes it: model, placement, KV cache, sampling.
   void recordOrigin(const GenerationRequest& req);
   /// A session for the current model: KV `kvDtype` for `nCtx` tokens, running
