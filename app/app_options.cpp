@@ -59,8 +59,10 @@ bool parseAppOptions(const QStringList& args, AppOptions* out, QString* error, b
                      "size, or 1440x900)."),
       QStringLiteral("WxH"));
   for (const auto& o : {demo, shot, tab, data, cache, threads, size}) p.addOption(o);
-  p.addPositionalArgument(QStringLiteral("model"), QStringLiteral("A GGUF model file to open."),
-                          QStringLiteral("[MODEL.gguf]"));
+  p.addPositionalArgument(QStringLiteral("model"),
+                          QStringLiteral("A GGUF model file, or a Hugging Face model folder, to "
+                                         "open."),
+                          QStringLiteral("[MODEL.gguf | MODEL_DIR]"));
 
   if (!p.parse(args)) {
     *error = p.errorText();
