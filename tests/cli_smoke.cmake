@@ -50,6 +50,23 @@ if(rc EQUAL 0 OR NOT err MATCHES "unknown architecture")
   message(FATAL_ERROR "unknown architecture: rc=${rc} stderr=${err}")
 endif()
 
+# Perplexity and KL on a short text (windows of 32 tokens); -m2 and --dtype.
+string(REPEAT "Once upon a time a little dog ran to the park to play with a ball. " 8 text)
+file(WRITE ${WORK}/text.txt "${text}")
+run_ok(${LOOM} perplexity -m ${WORK}/tiny.gguf -f ${WORK}/text.txt --ctx 32 -t 1)
+if(NOT LAST_OUT MATCHES "\\[1\\][0-9.]+,\\[2\\]" OR NOT LAST_OUT MATCHES "PPL = [0-9.]+ \\+/- ")
+  message(FATAL_ERROR "unexpected perplexity output:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} kl -m ${WORK}/tiny.gguf -m2 ${WORK}/tiny.gguf -f ${WORK}/text.txt --ctx 32 -t 1)
+if(NOT LAST_OUT MATCHES "KL mean +0.000000" OR NOT LAST_OUT MATCHES "top-1 agreement +100.00%")
+  message(FATAL_ERROR "a model against itself:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} synth --layers 2 --dim 64 --ffn 128 --seed 3 --out ${WORK}/f32.gguf)
+run_ok(${LOOM} kl -m ${WORK}/f32.gguf --dtype q4_0 -f ${WORK}/text.txt --ctx 32 --chunks 2 -t 1)
+if(NOT LAST_OUT MATCHES "KL median +0\\.[0-9]*[1-9]")
+  message(FATAL_ERROR "F32 against Q4_0 gave no KL:\n${LAST_OUT}")
+endif()
+
 # A truncated copy must fail with a message naming the cause, not crash.
 file(READ ${WORK}/tiny.gguf head LIMIT 2000 HEX)
 string(LENGTH "${head}" n)

@@ -124,6 +124,25 @@ struct ServeOptions {
 };
 int cmd_serve(const ServeOptions& o);
 
+struct PerplexityOptions {
+  EngineOptions engine;  ///< engine.ctx: the window (default 512)
+  std::string file;      ///< the text
+  int64_t stride = 0;    ///< between windows' starts; 0: the window (no overlap)
+  int64_t chunks = 0;    ///< at most this many windows; 0: all
+};
+int cmd_perplexity(const PerplexityOptions& o);
+
+struct KlOptions {
+  EngineOptions engine;    ///< the base model (-m) and the options both share
+  std::string model2;      ///< the other model; empty: the base model again
+  std::string dtype2;      ///< requantize the other model's weights to this at load
+  std::string placement2;  ///< the other model's placement JSON (per-group precisions)
+  std::string file;
+  int64_t stride = 0;
+  int64_t chunks = 0;
+};
+int cmd_kl(const KlOptions& o);
+
 struct LoadtestOptions {
   std::string url = "http://127.0.0.1:8080";
   std::string api_key;

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "engine/core/version.h"
 #include "tools/loom/commands.h"
@@ -159,6 +160,35 @@ int main(int argc, char** argv) {
   c_serve->add_option("--queue", serve.queue, "Requests that may wait for a slot (then 429)");
   c_serve->add_option("--max-body", serve.max_body_kib, "Largest request body in KiB (then 413)");
 
+  PerplexityOptions ppl;
+  auto* c_ppl = app.add_subcommand(
+      "perplexity",
+      "Perplexity of a text: windows of --ctx tokens, the second half of each scored (as "
+      "llama.cpp's perplexity tool)");
+  engine_opts(c_ppl, ppl.engine);
+  c_ppl->add_option("-f,--file", ppl.file, "Text file")->required();
+  c_ppl->add_option(
+      "--stride", ppl.stride,
+      "Tokens between the starts of consecutive windows (default: --ctx, no overlap)");
+  c_ppl->add_option("--chunks", ppl.chunks, "Evaluate at most this many windows");
+
+  KlOptions kl;
+  auto* c_kl = app.add_subcommand(
+      "kl",
+      "KL divergence and top-1 agreement of a second model's token distributions against a base "
+      "model's on a text, and the perplexity of each");
+  engine_opts(c_kl, kl.engine);
+  c_kl->add_option("--m2,--model2", kl.model2,
+                   "The other model (default: the base model again, e.g. with --dtype)");
+  c_kl->add_option("--dtype", kl.dtype2,
+                   "Requantize the other model's weights to this type at load (f16 bf16 q8_0 "
+                   "q4_0 q4_k ...)");
+  c_kl->add_option("--placement2", kl.placement2,
+                   "Placement JSON for the other model (its per-group precisions)");
+  c_kl->add_option("-f,--file", kl.file, "Text file")->required();
+  c_kl->add_option("--stride", kl.stride, "Tokens between the starts of consecutive windows");
+  c_kl->add_option("--chunks", kl.chunks, "Evaluate at most this many windows");
+
   LoadtestOptions lt;
   auto* c_lt = app.add_subcommand(
       "loadtest", "Load-test an OpenAI-compatible server: first request, steady, concurrency");
@@ -175,6 +205,15 @@ int main(int argc, char** argv) {
                    "from its start to the first token, and the server is stopped at the end");
   c_lt->add_flag("--json", lt.json, "Print JSON instead of a table");
 
+  // `loom kl -m2 OTHER`, as llama.cpp's tools spell it: CLI11 takes only
+  // one-letter short options, so -m2 is read as --m2.
+  std::vector<std::string> args(argv, argv + argc);
+  for (auto& a : args) {
+    if (a == "-m2") a = "--m2";
+  }
+  std::vector<char*> argv2;
+  for (auto& a : args) argv2.push_back(a.data());
+  argv = argv2.data();
   CLI11_PARSE(app, argc, argv);
   if (c_serve->parsed()) return cmd_serve(serve);
   if (c_lt->parsed()) return cmd_loadtest(lt);
@@ -183,6 +222,8 @@ int main(int argc, char** argv) {
   if (c_models->parsed()) return cmd_models(models);
   if (c_bench->parsed()) return cmd_bench(bench);
   if (c_plan->parsed()) return cmd_plan(plan);
+  if (c_ppl->parsed()) return cmd_perplexity(ppl);
+  if (c_kl->parsed()) return cmd_kl(kl);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);
