@@ -308,8 +308,18 @@ bool CudaBackend::has_weight(OpKind op, const Weight& w) const {
 const void* CudaBackend::weight_ptr(const Weight& w, const char* op) {
   const uint8_t* begin = nullptr;
   const Resident* r = find_weight(w.data, &begin);
+  if (r && !(w.tensor && w.tensor->data)) {
+    // Memory that is not a mapped file's (a caller's buffer) can be freed and
+    // handed out again at the same address with other contents: a copy counts
+    // only while its range and fingerprint still match. (A model's tensors
+    // are uploaded, and checked, when it is placed; the app releases them when
+    // the model changes.)
+    const Source src = weight_source(w);
+    if (begin != src.begin || r->bytes != src.bytes || r->fingerprint != src.fingerprint)
+      r = nullptr;
+  }
   if (!r) {
-    // Not uploaded by the caller (tests, small vectors): upload it now.
+    // Not uploaded by the caller (tests, small vectors), or stale: upload it now.
     Status st = upload_weight(w);
     if (!st.ok()) {
       fail(make_error(st.error().code(), "CUDA %s: weight '%s' is not on the device: %s", op,

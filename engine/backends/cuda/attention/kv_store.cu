@@ -54,11 +54,10 @@ __global__ void kv_store_q8_kernel(uint8_t* kc, uint8_t* vc, const float* k, con
   // roundf rounds halves away from zero, as the reference quantizer does.
   const float q = fminf(fmaxf(roundf(x * id), -128.0f), 127.0f);
   dst[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
-  if (lane == 0) {
-    const uint16_t dh = __half_as_ushort(__float2half_rn(d));
-    dst[0] = static_cast<uint8_t>(dh & 0xFF);
-    dst[1] = static_cast<uint8_t>(dh >> 8);
-  }
+  // One 16-bit store (blocks start at even offsets: rows of 34-byte blocks in
+  // a cudaMalloc'd buffer). Two byte stores of the half's bits came back with
+  // the low byte 0 on the H200 (sm_90, CUDA 13.0).
+  if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
 }
 
 }  // namespace

@@ -178,7 +178,9 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_groups_total, int8_
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const float q = fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
   xq[g * 32 + lane] = static_cast<int8_t>(q);
-  if (lane == 0) xd[g] = d;
+  // The scale rounded to F16, as the CPU's Q8_0 activations keep it: the
+  // quants are the CPU's, and so are the products for Q8_0/Q4_0/Q5_x weights.
+  if (lane == 0) xd[g] = __half2float(__float2half_rn(d));
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t T, int64_t n) {

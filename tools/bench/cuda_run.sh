@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU machine (the H200 of the device tool), from
+# bundles made here, side by side with llama.cpp's CUDA build:
+#
+#   tools/bench/cuda_run.sh DIR OUT_DIR [stages...]
+#
+# DIR holds loom.txz (tools/bench/make_bundle.sh: loom and the three CUDA test
+# suites), optionally llama-cuda-sm90.txz (the peer's llama-bench, from
+# ../shared/peers/bin) and stories260K.gguf. Stages:
+#   info     nvidia-smi, loom devices
+#   tests    the three CUDA suites (stories260K through $LOOM_FIXTURES)
+#   greedy   stories260K greedy text, CUDA against the CPU
+#   memcheck compute-sanitizer on a subset of each suite
+#   bench    llama3-8b-shaped Q4_0 / Q4_K_M ($DTYPES): Loom CUDA and llama.cpp
+#            CUDA, pp512 / tg128 (-r 3)
+#   depth    prefill of $DEPTHS tokens and the decode after it ($DTYPES)
+#   profile  Loom's per-op profile of decode and prefill
+# Models are written by `loom synth` into /tmp/models.
+set -uo pipefail
+D="$1"; OUT="$2"; shift 2
+stages="${*:-info tests greedy bench}"
+mkdir -p "$OUT" /tmp/models /tmp/fx/gguf
+[ -d /tmp/bundle ] || tar -C /tmp -xJf "$D/loom.txz"
+if [ -f "$D/llama-cuda-sm90.txz" ] && [ ! -d /tmp/peer/cuda ]; then
+  mkdir -p /tmp/peer/cuda && tar -C /tmp/peer/cuda -xJf "$D/llama-cuda-sm90.txz"
+fi
+[ -f "$D/stories260K.gguf" ] && cp "$D/stories260K.gguf" /tmp/fx/gguf/
+export LOOM_FIXTURES=/tmp/fx LD_LIBRARY_PATH=/tmp/bundle/lib
+B=/tmp/bundle
+L="$B/loom"
+LB=(env LD_LIBRARY_PATH=/tmp/peer/cuda/bin /tmp/peer/cuda/bin/llama-bench)
+T="$(nproc)"
+model() {  # model DTYPE -> path (written once)
+  local p="/tmp/models/llama3-8b-$1.gguf"
+  [ -f "$p" ] || "$L" synth --preset llama3-8b --dtype "$1" -o "$p" > /dev/null
+  echo "$p"
+}
+for s in $stages; do
+  echo "=== stage $s ($(date +%T))"
+  case "$s" in
+    info)
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+      lscpu | grep -E "Model name|^CPU\(s\)"
+      "$L" devices
+      ;;
+    tests)
+      for t in loom_cuda_matmul_tests loom_cuda_attention_tests loom_cuda_tests; do
+        timeout 240 "$B/$t" --gtest_brief=1 --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
+        echo "$t: rc=$?"; grep -E "FAILED|PASSED|SKIPPED|Failure" "$OUT/$t.log" | head -n 30
+      done
+      ;;
+    greedy)
+      for p in "Once upon a time" "The little dog"; do
+        a="$("$L" run -m /tmp/fx/gguf/stories260K.gguf --raw --temp 0 -n 128 -p "$p" --backend cpu 2>/dev/null)"
+        b="$("$L" run -m /tmp/fx/gguf/stories260K.gguf --raw --temp 0 -n 128 -p "$p" --backend cuda --strategy gpu 2>/dev/null)"
+        if [ "$a" = "$b" ]; then echo "greedy '$p': CUDA = CPU"; else echo "greedy '$p' differs:"; echo "cpu:  $a"; echo "cuda: $b"; fi
+      done
+      ;;
+    memcheck)
+      cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+      timeout 150 "$cs" --tool memcheck --error-exitcode 9 "$B/loom_cuda_matmul_tests" --gtest_brief=1 \
+        --gtest_filter='*Q4_K*:*Q6_K*:*Q4_0*:*F16*' 2>&1 | tail -n 6
+      timeout 150 "$cs" --tool memcheck --error-exitcode 9 "$B/loom_cuda_attention_tests" --gtest_brief=1 \
+        --gtest_filter='*hd64_h8_kv2*:*hd80*:*Errors*' 2>&1 | tail -n 6
+      timeout 150 "$cs" --tool memcheck --error-exitcode 9 "$B/loom_cuda_tests" --gtest_brief=1 \
+        --gtest_filter='CudaBackendOps.*' 2>&1 | tail -n 6
+      ;;
+    bench)
+      for d in ${DTYPES:-q4_0 q4_k_m}; do
+        m="$(model $d)"
+        echo "--- $d: Loom CUDA"
+        timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 128 -r 3 2>&1 |
+          grep -E "^(prefill|decode|itl|memory|backend|error)|rror"
+        echo "--- $d: llama.cpp CUDA"
+        timeout 120 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\||rror"
+      done
+      ;;
+    depth)
+      for d in ${DTYPES:-q4_k_m}; do
+        m="$(model $d)"
+        for n in ${DEPTHS:-8192 32768}; do
+          echo "--- $d depth $n: Loom CUDA"
+          timeout 200 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -c $((n + 256)) -p "$n" -n 64 -r 1 2>&1 |
+            grep -E "^(prefill|decode|itl|error)|rror"
+          echo "--- $d depth $n: llama.cpp CUDA"
+          timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p "$n" -n 64 -r 1 2>&1 | grep -E "^\||rror"
+        done
+      done
+      ;;
+    profile)
+      m="$(model ${DTYPES%% *})"
+      timeout 120 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 32 -r 1 --profile-every 1 2>&1 | head -n 80
+      ;;
+  esac
+done
