@@ -39,6 +39,18 @@ if(NOT LAST_OUT MATCHES "^[0-9]+( [0-9]+)*\n?$")
 endif()
 run_ok(${LOOM} run -m ${WORK}/hf -p "Once" -n 4 --temp 0)
 run_ok(${LOOM} run -m ${WORK}/hf --tokenizer ${WORK}/hf/tokenizer.json -p "Once" -n 4 --temp 0)
+# loom convert: the folder to GGUF (Q8_0), which then runs.
+run_ok(${LOOM} convert ${WORK}/hf --dtype q8_0 -o ${WORK}/from_hf.gguf)
+if(NOT LAST_OUT MATCHES "Q8_0" OR NOT LAST_OUT MATCHES "peak RSS")
+  message(FATAL_ERROR "unexpected convert output:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} run -m ${WORK}/from_hf.gguf -p "Once" -n 4 --temp 0)
+execute_process(COMMAND ${LOOM} convert ${WORK}/hf -o ${WORK}/no/dir/x.gguf RESULT_VARIABLE rc
+                ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "no/dir/x.gguf: cannot be written")
+  message(FATAL_ERROR "convert to a missing folder: rc=${rc} stderr=${err}")
+endif()
+
 # loom models: both the GGUF file and the folder, from --dir alone.
 run_ok(${LOOM} models --only-dirs --dir ${WORK})
 if(NOT LAST_OUT MATCHES "tiny.gguf" OR NOT LAST_OUT MATCHES "/hf\n")

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/model/arch/arch.h"
+#include "engine/model/convert.h"
 #include "engine/model/hf_model.h"
 #include "engine/tokenizer/tokenizer_json.h"
 
@@ -177,6 +178,28 @@ Status read_common_hparams(const GgufFile& f, HParams* hp) {
 
 }  // namespace detail
 
+namespace {
+// A GGUF written by `loom convert` from a Hugging Face folder carries the
+// folder's tokenizer.json (and tokenizer_config.json) verbatim.
+Result<std::optional<TokenizerSource>> embedded_hf_tokenizer(const GgufFile& f) {
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> json, f.get_string(kHfTokenizerJsonKey));
+  if (!json) return std::optional<TokenizerSource>();
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> cfg_text, f.get_string(kHfTokenizerConfigKey));
+  HfTokenizerConfig config;
+  if (cfg_text) {
+    LOOM_ASSIGN_OR_RETURN(
+        config, parse_hf_tokenizer_config(*cfg_text, f.path() + ": " + kHfTokenizerConfigKey));
+  }
+  LOOM_ASSIGN_OR_RETURN(
+      HfVocab hv, parse_tokenizer_json(*json, f.path() + ": " + kHfTokenizerJsonKey, &config));
+  TokenizerSource out;
+  out.vocab = std::move(hv.vocab);
+  out.notes = std::move(hv.notes);
+  out.chat_template = config.chat_template;
+  return std::optional<TokenizerSource>(std::move(out));
+}
+}  // namespace
+
 Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -200,6 +223,8 @@ Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
     return out;
   }
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::open(path));
+  LOOM_ASSIGN_OR_RETURN(std::optional<TokenizerSource> hf, embedded_hf_tokenizer(*f));
+  if (hf) return std::move(*hf);
   LOOM_ASSIGN_OR_RETURN(out.vocab, load_vocab(*f));
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> t, f->get_string("tokenizer.chat_template"));
   out.chat_template = t.value_or("");
@@ -265,6 +290,14 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOpt
   LOOM_TRY(detail::read_common_hparams(f, &m->hp));
 
   // Tokenizer first: the vocabulary size shapes the embedding.
+  if (!vocab) {
+    LOOM_ASSIGN_OR_RETURN(std::optional<TokenizerSource> hf, embedded_hf_tokenizer(f));
+    if (hf) {
+      vocab = std::move(hf->vocab);
+      if (!hf->chat_template.empty()) tmpl = std::move(hf->chat_template);
+      for (std::string& n : hf->notes) m->warnings.push_back("tokenizer.json: " + n);
+    }
+  }
   if (!vocab) {
     auto v = load_vocab(f);
     if (!v.ok()) return v.error();

@@ -187,6 +187,26 @@ std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g) {
   return out;
 }
 
+std::optional<DType> placement_dtype_for_tensor(const Placement& p, std::string_view name) {
+  if (name == "token_embd.weight") return p.embed.dtype;
+  if (name == "output.weight") return p.output.dtype;
+  if (!name.starts_with("blk.")) return std::nullopt;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string_view::npos || dot == 4) return std::nullopt;
+  size_t l = 0;
+  for (char c : name.substr(4, dot - 4)) {
+    if (c < '0' || c > '9' || l > 1000000) return std::nullopt;
+    l = l * 10 + static_cast<size_t>(c - '0');
+  }
+  if (l >= p.layers.size()) return std::nullopt;
+  const std::string_view rest = name.substr(dot + 1);
+  if (rest.starts_with("attn_") && !rest.starts_with("attn_norm"))
+    return p.layers[l][OpGroup::kAttnW].dtype;
+  if (rest.starts_with("ffn_") && !rest.starts_with("ffn_norm"))
+    return p.layers[l][OpGroup::kFfn].dtype;
+  return std::nullopt;
+}
+
 uint64_t weight_bytes_as(const Weight& w, std::optional<DType> dtype) {
   if (!w.present()) return 0;
   if (!dtype || *dtype == w.dtype) return w.row_bytes * static_cast<uint64_t>(w.n_out);

@@ -95,6 +95,12 @@ PlacementBytes placement_bytes(const Model& m, const Placement& p, uint64_t kv_b
 std::vector<const Weight*> group_weights(const Model& m, int64_t l, OpGroup g);
 /// The same for one layer's weights (a model's, or the executor's requantized copies).
 std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g);
+/// The precision `p` asks for the tensor named `gguf_name`: `blk.N.attn_*`
+/// takes layer N's attn_w group's, `blk.N.ffn_*` its ffn group's,
+/// `token_embd.weight` the embedding's, `output.weight` the output's; nullopt
+/// for other tensors, layers outside `p`, or groups without a precision
+/// (`loom convert --plan`).
+std::optional<DType> placement_dtype_for_tensor(const Placement& p, std::string_view gguf_name);
 /// Bytes of weight `w` stored as `dtype` (its own when empty).
 uint64_t weight_bytes_as(const Weight& w, std::optional<DType> dtype);
 

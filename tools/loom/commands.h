@@ -61,6 +61,7 @@ struct EngineOptions {
   std::string cpu_dtype, gpu_dtype;  ///< requantize weights placed on that unit
   bool gpu_profile = false;      ///< timestamp every GPU dispatch (bench prints the shaders' times)
   uint32_t gpu_keep_groups = 0;  ///< VulkanOptions::keep_busy_groups (experimental; 0: off)
+  std::string kv_gpu;            ///< "1G": GPU memory for KV blocks, the rest moves to host RAM
   std::string kv_ram;            ///< "2G": host RAM for KV blocks, the rest spills to the SSD
   std::string kv_dir;            ///< spill folder (default: the user cache folder)
   std::string kv_policy = "importance";  ///< lru | importance
@@ -142,6 +143,15 @@ struct KlOptions {
   int64_t chunks = 0;
 };
 int cmd_kl(const KlOptions& o);
+
+struct ConvertCliOptions {
+  std::string input;   ///< GGUF file or Hugging Face folder
+  std::string output;  ///< .gguf
+  std::string dtype;   ///< every matrix; empty or "keep": the source's
+  std::string plan;    ///< placement JSON: per-group precisions over --dtype
+  bool progress = false;
+};
+int cmd_convert(const ConvertCliOptions& o);
 
 struct LoadtestOptions {
   std::string url = "http://127.0.0.1:8080";

@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
                   "Requantize weights placed on the CPU to this type (e.g. q4_0)");
     c->add_option("--gpu-dtype", e.gpu_dtype,
                   "Requantize weights placed on the GPU to this type (e.g. q8_0)");
+    c->add_option("--kv-gpu", e.kv_gpu,
+                  "GPU memory for the KV blocks of layers whose attention runs there, e.g. 1G; "
+                  "blocks beyond it move to host RAM (then the SSD), and attention merges the "
+                  "GPU's and the CPU's parts (default: no limit, all on the GPU; Vulkan only)");
     c->add_option("--kv-ram", e.kv_ram,
                   "Host RAM for KV blocks, e.g. 2G; older blocks beyond it spill to the SSD "
                   "(default: no limit, or half the free memory when the context would not fit)");
@@ -189,6 +193,21 @@ int main(int argc, char** argv) {
   c_kl->add_option("--stride", kl.stride, "Tokens between the starts of consecutive windows");
   c_kl->add_option("--chunks", kl.chunks, "Evaluate at most this many windows");
 
+  ConvertCliOptions conv;
+  auto* c_conv = app.add_subcommand(
+      "convert",
+      "Write a GGUF from a GGUF file or Hugging Face folder, each matrix in --dtype or in its op "
+      "group's precision from --plan (streaming: memory far below the model's size)");
+  c_conv->add_option("input", conv.input, "GGUF file or Hugging Face model folder")->required();
+  c_conv->add_option("-o,--out", conv.output, "Output .gguf")->required();
+  c_conv->add_option("--dtype", conv.dtype,
+                     "Matrices' type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k..q6_k, or keep "
+                     "(default; vectors are always F32)");
+  c_conv->add_option("--plan", conv.plan,
+                     "Placement JSON (loom plan --save, or the app): each op group's precision, "
+                     "over --dtype");
+  c_conv->add_flag("--progress", conv.progress, "Print progress every 10%");
+
   LoadtestOptions lt;
   auto* c_lt = app.add_subcommand(
       "loadtest", "Load-test an OpenAI-compatible server: first request, steady, concurrency");
@@ -224,6 +243,7 @@ int main(int argc, char** argv) {
   if (c_plan->parsed()) return cmd_plan(plan);
   if (c_ppl->parsed()) return cmd_perplexity(ppl);
   if (c_kl->parsed()) return cmd_kl(kl);
+  if (c_conv->parsed()) return cmd_convert(conv);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);
