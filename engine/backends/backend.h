@@ -112,6 +112,11 @@ class Backend {
   virtual Status download(Act src, float* dst);
   /// Waits for every queued op.
   virtual Status synchronize() { return {}; }
+  /// The ops from here to the next download() or synchronize() are one step
+  /// that repeats (a decode step run wholly on this backend): a device
+  /// backend may record them once and replay the recording (CUDA graphs).
+  /// A hint; the default runs ops as they come.
+  virtual void begin_step() {}
   /// Makes weight `w` (or the whole tensor it is a row range of) resident on
   /// this backend; ops on `w` need it first. Done once per tensor at load;
   /// later calls are free. kOutOfMemory when it does not fit: the caller runs

@@ -518,6 +518,10 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
       prof_ != nullptr && T == 1 &&
       decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) ==
           0;
+  // A decode step wholly on the GPU repeats: the backend may record it once
+  // and replay it (CUDA graphs); the logits' download ends it.
+  if (T == 1 && !profiling_ && unit(Unit::kGpu) && !placement_.uses(Unit::kCpu) && !kv_.tiered())
+    unit(Unit::kGpu)->begin_step();
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;
   {

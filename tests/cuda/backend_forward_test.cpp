@@ -6,6 +6,7 @@
 // stories260K equal to the CPU's (llama.cpp's) text. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -22,7 +23,7 @@ namespace loom {
 namespace {
 
 std::string synth(const std::string& arch, const std::string& dtype, int64_t n_embd = 256,
-                  int64_t n_ff = 512) {
+                  int64_t n_ff = 512, int64_t n_ctx = 64) {
   SynthSpec s;
   s.arch = arch;
   s.n_layer = 2;
@@ -30,7 +31,7 @@ std::string synth(const std::string& arch, const std::string& dtype, int64_t n_e
   s.n_ff = n_ff;
   s.n_head = 4;
   s.n_head_kv = arch == "phi3" ? 4 : 2;
-  s.n_ctx = 64;
+  s.n_ctx = n_ctx;
   s.weight_type = dtype;
   s.seed = 7;
   std::string path = test::temp_dir("cuda_fwd_" + arch + "_" + dtype) + "/m.gguf";
@@ -101,9 +102,9 @@ INSTANTIATE_TEST_SUITE_P(ArchsAndDtypes, CudaForward, ::testing::ValuesIn(kCases
                          });
 
 std::vector<int32_t> greedy(const Model& m, Backend& be, const std::vector<int32_t>& prompt,
-                            int64_t n, DType kv) {
+                            int64_t n, DType kv, int64_t n_ctx = 64) {
   SessionConfig sc;
-  sc.n_ctx = 64;
+  sc.n_ctx = n_ctx;
   sc.kv_dtype = kv;
   auto s = Session::create(m, be, sc);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -133,6 +134,32 @@ TEST(CudaSession, GreedyEqualsCpuWithBothKvTypes) {
     }
     be->release_weights();
   }
+}
+
+// Decode steps wholly on the GPU are captured into CUDA graphs and replayed
+// (cuda_step.cpp). Over a context that crosses the attention's first plan
+// bucket (256 keys) the tokens equal those of the same backend op by op
+// (LOOM_CUDA_GRAPHS=0: the same kernels, launched one by one).
+TEST(CudaSession, GraphReplayEqualsOpByOp) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  auto m = load_model(synth("llama", "q8_0", 256, 512, 400));
+  ASSERT_TRUE(m.ok());
+  const std::vector<int32_t> prompt = {0, 77, 301, 5, 122};
+  for (DType kv : {DType::kF16, DType::kQ8_0}) {
+    SCOPED_TRACE(std::string(dtype_name(kv)) + " KV");
+    const auto before = be->graph_stats();
+    const std::vector<int32_t> graphed = greedy(**m, *be, prompt, 300, kv, 400);
+    const auto after = be->graph_stats();
+    EXPECT_GT(after.replays, before.replays + 250);
+    EXPECT_GE(after.captures, before.captures + 2);  // one per plan bucket (256, 512)
+    EXPECT_EQ(after.capture_failures, before.capture_failures);
+    ASSERT_EQ(setenv("LOOM_CUDA_GRAPHS", "0", 1), 0);
+    const std::vector<int32_t> op_by_op = greedy(**m, *be, prompt, 300, kv, 400);
+    ASSERT_EQ(unsetenv("LOOM_CUDA_GRAPHS"), 0);
+    EXPECT_EQ(be->graph_stats().replays, after.replays);
+    EXPECT_EQ(graphed, op_by_op);
+  }
+  be->release_weights();
 }
 
 TEST(CudaFallback, UnsupportedTypeRunsOnTheCpu) {

@@ -19,6 +19,29 @@ uint64_t align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
 
+// Launch arguments as hash words (CudaBackend::launch).
+uint64_t u(const void* p) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
+}
+uint64_t u(int64_t v) {
+  return static_cast<uint64_t>(v);
+}
+uint64_t u(float f) {
+  uint32_t b = 0;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+uint64_t u(const cuda::DevMatrix& m) {
+  return u(m.data) ^ (static_cast<uint64_t>(m.dtype) << 56) ^ (u(m.n_out) << 28) ^ u(m.n_in) ^
+         (m.row_bytes << 40);
+}
+
+// Op tags, so that two ops with the same arguments hash apart.
+enum : uint64_t {
+  kOpPut = 1, kOpGetRows, kOpNorm, kOpMatmul, kOpMatmulAdd, kOpGlu, kOpQkv, kOpRope, kOpKvStore,
+  kOpAttention, kOpSiluMul, kOpAdd
+};
+
 }  // namespace
 
 /// An activation buffer: one cudaMalloc'd range, freed (after the queued work) on destruction.
@@ -32,6 +55,7 @@ class CudaActBuffer final : public ActBuffer {
   }
   ~CudaActBuffer() override {
     (void)cudaSetDevice(owner_->device_);
+    owner_->finish_step();
     (void)cudaStreamSynchronize(owner_->stream_);
     (void)cudaFree(p_);
   }
@@ -90,8 +114,10 @@ Status CudaBackend::init(const CudaOptions& opts) {
 CudaBackend::~CudaBackend() {
   if (stream_) {
     (void)cudaSetDevice(device_);
+    finish_step();
     (void)cudaStreamSynchronize(stream_);
   }
+  drop_graphs();
   for (auto& [begin, r] : weights_) (void)cudaFree(r.dev);
   weights_.clear();
   matmul_.reset();
@@ -137,6 +163,7 @@ Result<std::unique_ptr<ActBuffer>> CudaBackend::alloc_act(int64_t n_floats) {
   if (n_floats <= 0)
     return make_error(ErrorCode::kInvalidArgument, "CUDA alloc_act: %" PRId64 " floats", n_floats);
   LOOM_CUDA_TRY(cudaSetDevice(device_), "select the device");
+  finish_step();
   void* p = nullptr;
   LOOM_TRY(cuda::device_alloc(&p, static_cast<uint64_t>(n_floats) * sizeof(float), "activations"));
   return std::unique_ptr<ActBuffer>(std::make_unique<CudaActBuffer>(this, p, n_floats));
@@ -146,6 +173,7 @@ Status CudaBackend::upload(const float* src, Act dst) {
   if (!ready()) return status_;
   if (!dst.buffer)
     return make_error(ErrorCode::kInternal, "CUDA upload: the destination is not device memory");
+  finish_step();
   const uint64_t bytes = static_cast<uint64_t>(dst.rows * dst.cols) * sizeof(float);
   // Pageable source: the call returns once the bytes are staged, so `src` may be reused.
   LOOM_CUDA_TRY(cudaMemcpyAsync(dev(dst), src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
@@ -156,6 +184,8 @@ Status CudaBackend::download(Act src, float* dst) {
   if (!ready()) return status_;
   if (!src.buffer)
     return make_error(ErrorCode::kInternal, "CUDA download: the source is not device memory");
+  finish_step();
+  if (!status_.ok()) return status_;
   const uint64_t bytes = static_cast<uint64_t>(src.rows * src.cols) * sizeof(float);
   cudaError_t e = cudaMemcpyAsync(dst, dev(src), bytes, cudaMemcpyDeviceToHost, stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
@@ -165,7 +195,12 @@ Status CudaBackend::download(Act src, float* dst) {
 }
 
 Status CudaBackend::synchronize() {
-  if (!ready()) return status_;
+  if (!ready()) {
+    stepping_ = false;
+    step_ops_.clear();
+    return status_;
+  }
+  finish_step();
   const cudaError_t e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) fail(cuda::cuda_status(e, "a queued kernel"));
   ring_used_ = 0;
@@ -175,6 +210,7 @@ Status CudaBackend::synchronize() {
 const void* CudaBackend::put(const void* data, uint64_t bytes) {
   const uint64_t need = align_up(bytes, kRingAlign);
   if (ring_used_ + need > ring_bytes_) {
+    finish_step();  // the ring starts over: a step's copies must be issued first
     // Every earlier copy out of the ring must be done before it is rewritten.
     cudaError_t e = cudaStreamSynchronize(stream_);
     if (e != cudaSuccess) {
@@ -204,13 +240,12 @@ const void* CudaBackend::put(const void* data, uint64_t bytes) {
   auto* h = static_cast<uint8_t*>(ring_host_) + ring_used_;
   auto* d = static_cast<uint8_t*>(ring_dev_) + ring_used_;
   std::memcpy(h, data, bytes);
-  const cudaError_t e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_);
-  if (e != cudaSuccess) {
-    fail(cuda::cuda_status(e, "copy op inputs"));
-    return nullptr;
-  }
   ring_used_ += need;
-  return d;
+  launch({kOpPut, u(d), bytes}, [this, d, h, bytes]() -> Status {
+    return cuda::cuda_status(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_),
+                             "copy op inputs");
+  });
+  return status_.ok() ? d : nullptr;
 }
 
 // ---- weights --------------------------------------------------------------------
@@ -247,6 +282,7 @@ const CudaBackend::Resident* CudaBackend::find_weight(const void* p, const uint8
 
 void CudaBackend::drop(std::map<const uint8_t*, Resident>::iterator it) {
   (void)cudaSetDevice(device_);
+  finish_step();
   (void)cudaStreamSynchronize(stream_);  // queued kernels may read it
   (void)cudaFree(it->second.dev);
   budget_.give(it->second.bytes);
@@ -418,7 +454,10 @@ void CudaBackend::get_rows(const Weight& w, const int32_t* ids, Act out) {
   if (!dev_matrix(w, "get_rows", &m)) return;
   const auto* d_ids = static_cast<const int32_t*>(put(ids, out.rows * sizeof(int32_t)));
   if (!d_ids) return;
-  fail(cuda::dequantize_rows(m, d_ids, out.rows, dev(out), stream_));
+  float* o = dev(out);
+  const int64_t T = out.rows;
+  launch({kOpGetRows, u(m), u(d_ids), u(T), u(o)},
+         [this, m, d_ids, T, o] { return cuda::dequantize_rows(m, d_ids, T, o, stream_); });
 }
 
 void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
@@ -430,7 +469,12 @@ void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   }
   const auto* wp = static_cast<const float*>(weight_ptr(w, "rms_norm"));
   if (!wp) return;
-  fail(cuda::rms_norm(dev(x), wp, eps, dev(out), x.rows, x.cols, stream_));
+  const float* xp = dev(x);
+  float* o = dev(out);
+  const int64_t rows = x.rows, cols = x.cols;
+  launch({kOpNorm, u(xp), u(wp), u(eps), u(o), u(rows), u(cols)}, [=, this] {
+    return cuda::rms_norm(xp, wp, eps, o, rows, cols, stream_);
+  });
 }
 
 void CudaBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
@@ -442,7 +486,11 @@ void CudaBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
     b = static_cast<const float*>(weight_ptr(*bias, "matmul bias"));
     if (!b) return;
   }
-  fail(matmul_->run(m, dev(x), x.rows, dev(out), b, false, stream_));
+  const float* xp = dev(x);
+  float* o = dev(out);
+  const int64_t T = x.rows;
+  launch({kOpMatmul, u(m), u(xp), u(T), u(o), u(b)},
+         [=, this] { return matmul_->run(m, xp, T, o, b, false, stream_); });
 }
 
 void CudaBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
@@ -450,7 +498,11 @@ void CudaBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   if (!ready() || !check_act(x, "matmul_add") || !check_act(y, "matmul_add")) return;
   cuda::DevMatrix m;
   if (!dev_matrix(w, "matmul_add", &m)) return;
-  fail(matmul_->run(m, dev(x), x.rows, dev(y), nullptr, true, stream_));
+  const float* xp = dev(x);
+  float* yp = dev(y);
+  const int64_t T = x.rows;
+  launch({kOpMatmulAdd, u(m), u(xp), u(T), u(yp)},
+         [=, this] { return matmul_->run(m, xp, T, yp, nullptr, true, stream_); });
 }
 
 void CudaBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
@@ -461,7 +513,11 @@ void CudaBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act ou
   if (!ready() || !check_act(x, "matmul_glu") || !check_act(out, "matmul_glu")) return;
   cuda::DevMatrix g, u;
   if (!dev_matrix(gate, "matmul_glu", &g) || !dev_matrix(up, "matmul_glu", &u)) return;
-  fail(matmul_->run_glu(g, u, dev(x), x.rows, dev(out), stream_));
+  const float* xp = dev(x);
+  float* o = dev(out);
+  const int64_t T = x.rows;
+  launch({kOpGlu, loom::u(g), loom::u(u), loom::u(xp), loom::u(T), loom::u(o)},
+         [=, this] { return matmul_->run_glu(g, u, xp, T, o, stream_); });
 }
 
 void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
@@ -480,8 +536,16 @@ void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& w
     biases[i] = static_cast<const float*>(weight_ptr(*bw[i], "matmul_qkv bias"));
     if (!biases[i]) return;
   }
-  float* ys[3] = {dev(q), dev(k), dev(v)};
-  fail(matmul_->run_multi(ws, biases, ys, 3, dev(x), x.rows, stream_));
+  struct Args {
+    cuda::DevMatrix ws[3];
+    const float* biases[3];
+    float* ys[3];
+  } a{{ws[0], ws[1], ws[2]}, {biases[0], biases[1], biases[2]}, {dev(q), dev(k), dev(v)}};
+  const float* xp = dev(x);
+  const int64_t T = x.rows;
+  launch({kOpQkv, u(ws[0]), u(ws[1]), u(ws[2]), u(biases[0]), u(biases[1]), u(biases[2]),
+          u(a.ys[0]), u(a.ys[1]), u(a.ys[2]), u(xp), u(T)},
+         [=, this] { return matmul_->run_multi(a.ws, a.biases, a.ys, 3, xp, T, stream_); });
 }
 
 void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
@@ -523,7 +587,11 @@ void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* 
   const auto* d_cs =
       static_cast<const float*>(put(rope_cs_.data(), rope_cs_.size() * sizeof(float)));
   if (!d_cs) return;
-  fail(cuda::rope(dev(x), T, n_heads, head_dim, n_pairs, p.neox, d_cs, stream_));
+  float* xp = dev(x);
+  const bool neox = p.neox;
+  launch({kOpRope, u(xp), u(T), u(n_heads), u(head_dim), u(n_pairs), neox, u(d_cs)}, [=, this] {
+    return cuda::rope(xp, T, n_heads, head_dim, n_pairs, neox, d_cs, stream_);
+  });
 }
 
 bool CudaBackend::kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out) {
@@ -552,7 +620,12 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   }
   const auto* d_pos = static_cast<const int32_t*>(put(pos, k.rows * sizeof(int32_t)));
   if (!d_pos) return;
-  fail(cuda::kv_store(l, dev(k), dev(v), k.rows, d_pos, stream_));
+  const float* kp = dev(k);
+  const float* vp = dev(v);
+  const int64_t T = k.rows;
+  launch({kOpKvStore, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
+          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(T), u(d_pos)},
+         [=, this] { return cuda::kv_store(l, kp, vp, T, d_pos, stream_); });
 }
 
 void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
@@ -564,20 +637,43 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   for (int64_t t = 0; t < q.rows; ++t) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
   const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
   if (!d_pos) return;
-  fail(cuda::attention(l, dev(q), q.rows, d_pos, max_pos, n_heads, scale, dev(out), *attn_scratch_,
-                       stream_));
+  // The split plan is for a power-of-two bucket of keys (at least 256), so
+  // that a step's graph serves every position up to it; op by op the same
+  // plan, so both give the same sums.
+  int64_t plan = 256;
+  while (plan < max_pos + 1) plan *= 2;
+  const float* qp = dev(q);
+  float* o = dev(out);
+  const int64_t T = q.rows;
+  launch({kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
+          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads),
+          u(scale), u(o), u(plan)},
+         [=, this] {
+           return cuda::attention(l, qp, T, d_pos, max_pos, n_heads, scale, o, *attn_scratch_,
+                                  stream_, plan);
+         });
 }
 
 void CudaBackend::silu_mul(Act gate, Act up, Act out) {
   if (!ready() || !check_act(gate, "silu_mul") || !check_act(up, "silu_mul") ||
       !check_act(out, "silu_mul"))
     return;
-  fail(cuda::silu_mul(dev(gate), dev(up), dev(out), out.rows * out.cols, stream_));
+  const float* gp = dev(gate);
+  const float* upp = dev(up);
+  float* o = dev(out);
+  const int64_t n = out.rows * out.cols;
+  launch({kOpSiluMul, u(gp), u(upp), u(o), u(n)},
+         [=, this] { return cuda::silu_mul(gp, upp, o, n, stream_); });
 }
 
 void CudaBackend::add(Act a, Act b, Act out) {
   if (!ready() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add")) return;
-  fail(cuda::add(dev(a), dev(b), dev(out), out.rows * out.cols, stream_));
+  const float* ap = dev(a);
+  const float* bp = dev(b);
+  float* o = dev(out);
+  const int64_t n = out.rows * out.cols;
+  launch({kOpAdd, u(ap), u(bp), u(o), u(n)},
+         [=, this] { return cuda::add(ap, bp, o, n, stream_); });
 }
 
 }  // namespace loom

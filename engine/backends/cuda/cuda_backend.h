@@ -23,6 +23,17 @@
 // Timing: scope timing (the profiler) records a CUDA event per scope
 // boundary; times are read after a synchronize.
 //
+// Steps as CUDA graphs (cuda_step.cpp): between begin_step() and the next
+// download()/synchronize(), ops do their host part at once (checks, inputs
+// into the ring) and keep their launches, each mixing its arguments (device
+// addresses, shapes, scalars) into a hash of the step. At the end a step
+// whose hash has a graph replays it; one whose hash was also the previous
+// step's is captured into a graph (stream capture) and launched; any other
+// runs its launches as they are. Host inputs sit at the same ring offsets
+// every step, so a replay copies this step's values. Per-step values that
+// are launch arguments (the attention's split plan) are bucketed so that the
+// hash changes only when the bucket does. LOOM_CUDA_GRAPHS=0 turns it off.
+//
 // Use from one thread at a time (each entry point makes the backend's
 // device current on the calling thread). ActBuffers and KvStorages it hands
 // out must be destroyed before it.
@@ -31,6 +42,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +70,7 @@ class CudaBackend final : public Backend {
   Status upload(const float* src, Act dst) override;
   Status download(Act src, float* dst) override;
   Status synchronize() override;
+  void begin_step() override;
   Status upload_weight(const Weight& w) override;
   void release_weights() override;
   void release_weight(const Weight& w) override;
@@ -88,6 +102,12 @@ class CudaBackend final : public Backend {
                   const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) override;
 
   const CudaDeviceInfo& device_info() const { return info_; }
+  /// Steps replayed from a graph, graphs captured, and captures that failed
+  /// (the step then ran op by op).
+  struct GraphStats {
+    uint64_t replays = 0, captures = 0, capture_failures = 0;
+  };
+  const GraphStats& graph_stats() const { return graph_stats_; }
   /// Device memory held: weights, KV (through the budget), scratch.
   uint64_t device_bytes() const;
   /// Test hooks of the attention kernels (AttentionScratch).
@@ -117,6 +137,22 @@ class CudaBackend final : public Backend {
   const void* put(const void* data, uint64_t bytes);
   // The device KV layer of `layer` in kv's storage, or a failure.
   bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
+
+  // Runs `op` (a launch on stream_) now, or inside a step keeps it for
+  // finish_step with `key` (its arguments) mixed into the step's hash.
+  template <class F>
+  void launch(std::initializer_list<uint64_t> key, F&& op) {
+    if (!stepping_) {
+      fail(op());
+      return;
+    }
+    for (uint64_t k : key) step_hash_ = (step_hash_ ^ k) * 0x100000001b3ull + 0x9e3779b9u;
+    step_ops_.emplace_back(std::forward<F>(op));
+  }
+  // Ends a step: replays its graph, captures one, or runs the kept launches.
+  void finish_step();
+  bool capture_step(const std::vector<std::function<Status()>>& ops, uint64_t hash);
+  void drop_graphs();
 
   struct Resident {
     const uint8_t* end = nullptr;  ///< end of the host range it mirrors
@@ -156,6 +192,18 @@ class CudaBackend final : public Backend {
   };
   std::vector<Mark> marks_;
   std::vector<cudaEvent_t> free_events_;
+
+  // Steps (cuda_step.cpp).
+  bool graphs_on_ = true;
+  bool stepping_ = false;
+  uint64_t step_hash_ = 0, last_eager_hash_ = 0, graph_clock_ = 0;
+  std::vector<std::function<Status()>> step_ops_;
+  struct StepGraph {
+    uint64_t hash = 0, last_use = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::vector<StepGraph> graphs_;
+  GraphStats graph_stats_;
 
   friend class CudaActBuffer;
 };

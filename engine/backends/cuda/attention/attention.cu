@@ -3,23 +3,21 @@
 //
 // Two kernels, both with an online softmax (running max m, sum l, and the
 // weighted sum o of V, rescaled as the max grows), all in float:
-//  - split (decode, T <= kMaxSplitTokens): grid (head, token, split). A
-//    split is a range of keys; its 4 warps take every 4th key, a warp
-//    computing one key's score with its lanes over head_dim (lane d, d + 32,
-//    ...) and a shuffle sum. The warps' (m, l, o) are combined in shared
-//    memory; with one split the result is written, else a partial goes to
-//    scratch and the merge kernel combines the splits. The split count grows
-//    with the context until the grid covers the SMs about twice.
+//  - decode (T <= kMaxSplitTokens): split-K flash decoding, a block per
+//    group of query heads sharing a KV head and per split of the keys
+//    (decode_attention.cu), and a merge of the splits.
 //  - tile (prefill): grid (head, 16-query tile). The block's 16 queries
 //    share each tile of 16 keys and values, dequantized once into shared
 //    memory; each warp runs 4 of the queries over the tile.
 // head_dim up to 256 (8 values per lane); K/V rows F16 or Q8_0.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 
 #include "engine/backends/cuda/attention/cuda_attention.h"
+#include "engine/backends/cuda/attention/decode_attention.h"
 #include "engine/backends/cuda/cuda_util.h"
 
 namespace loom::cuda {
@@ -56,103 +54,6 @@ __device__ __forceinline__ float kv_at(const uint8_t* row, int d, bool q8) {
 __device__ __forceinline__ const uint8_t* kv_row(const uint8_t* base, const KvFmt& f, int kvh,
                                                  int64_t j) {
   return base + (static_cast<int64_t>(kvh) * f.capacity + j) * f.row_bytes;
-}
-
-template <int kD>
-__global__ void __launch_bounds__(kWarps * 32)
-    attn_split_kernel(const uint8_t* kc, const uint8_t* vc, KvFmt f, const float* q,
-                      const int32_t* pos, int n_heads, int group, float scale, int64_t chunk,
-                      float* part, float2* part_ml, float* out) {
-  const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int kvh = h / group;
-  const int hd = f.head_dim;
-  const int64_t n_keys = static_cast<int64_t>(pos[t]) + 1;
-  const int64_t k0 = s * chunk;
-  const int64_t k1 = k0 + chunk < n_keys ? k0 + chunk : n_keys;
-  const float* qt = q + (static_cast<int64_t>(t) * n_heads + h) * hd;
-  float qr[kD], o[kD];
-#pragma unroll
-  for (int i = 0; i < kD; ++i) {
-    const int d = lane + 32 * i;
-    qr[i] = d < hd ? qt[d] * scale : 0.0f;
-    o[i] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t j = k0 + warp; j < k1; j += kWarps) {
-    const uint8_t* kr = kv_row(kc, f, kvh, j);
-    float dot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kD; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) dot += qr[i] * kv_at(kr, d, f.q8);
-    }
-    dot = warp_sum(dot);
-    const float m_new = fmaxf(m, dot);
-    const float corr = expf(m - m_new);  // 0 while m is -inf
-    const float p = expf(dot - m_new);
-    l = l * corr + p;
-    const uint8_t* vr = kv_row(vc, f, kvh, j);
-#pragma unroll
-    for (int i = 0; i < kD; ++i) {
-      const int d = lane + 32 * i;
-      o[i] = o[i] * corr + (d < hd ? p * kv_at(vr, d, f.q8) : 0.0f);
-    }
-    m = m_new;
-  }
-  // Combine the warps.
-  __shared__ float sm[kWarps], sl[kWarps];
-  __shared__ float so[kWarps][kD * 32];
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < kD; ++i) so[warp][lane + 32 * i] = o[i];
-  __syncthreads();
-  if (warp != 0) return;
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w]);
-  float wt[kWarps], L = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    wt[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
-    L += sl[w] * wt[w];
-  }
-  const int64_t row = (static_cast<int64_t>(t) * n_heads + h);
-#pragma unroll
-  for (int i = 0; i < kD; ++i) {
-    const int d = lane + 32 * i;
-    if (d >= hd) continue;
-    float O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) O += so[w][d] * wt[w];
-    if (n_splits == 1)
-      out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
-    else
-      part[(row * n_splits + s) * hd + d] = O;
-  }
-  if (n_splits > 1 && lane == 0) part_ml[row * n_splits + s] = make_float2(M, L);
-}
-
-// out = the splits' partials combined. Grid (head, token); thread d.
-__global__ void attn_merge_kernel(const float* part, const float2* part_ml, int n_heads,
-                                  int n_splits, int hd, float* out) {
-  const int h = blockIdx.x, t = blockIdx.y;
-  const int64_t row = static_cast<int64_t>(t) * n_heads + h;
-  const float2* ml = part_ml + row * n_splits;
-  float M = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[s].x);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float O = 0.0f, L = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float w = ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - M);
-      L += ml[s].y * w;
-      O += part[(row * n_splits + s) * hd + d] * w;
-    }
-    out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
-  }
 }
 
 template <int kD>
@@ -281,7 +182,7 @@ int AttentionScratch::sm_count() {
 
 Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                  int64_t max_pos, int64_t n_heads, float scale, float* out,
-                 AttentionScratch& scratch, cudaStream_t s) {
+                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys) {
   if (T <= 0) return {};
   if (!layer.k || !layer.v)
     return make_error(ErrorCode::kInternal, "CUDA attention: the layer is not on the device");
@@ -322,48 +223,10 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
     return launch_status("attention (tile)");
   }
 
-  // Keys per split: enough splits that heads x tokens x splits covers the SMs
-  // about twice, each split at least 64 keys (a forced size in tests).
-  const int64_t n_ctx = max_pos + 1;
-  int64_t chunk = scratch.split_keys();
-  if (chunk <= 0) {
-    const int64_t want = 2 * scratch.sm_count();
-    int64_t n_splits = (want + n_heads * T - 1) / (n_heads * T);
-    const int64_t most = (n_ctx + 63) / 64;
-    n_splits = n_splits < 1 ? 1 : (n_splits > most ? most : n_splits);
-    chunk = (n_ctx + n_splits - 1) / n_splits;
-  }
-  const int64_t n_splits = (n_ctx + chunk - 1) / chunk;
-  if (n_splits > 65535)
-    return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
-  float* part = nullptr;
-  float2* part_ml = nullptr;
-  if (n_splits > 1) {
-    const uint64_t rows = static_cast<uint64_t>(T * n_heads * n_splits);
-    // The (m, l) pairs follow the partial outputs, 256-byte aligned.
-    const uint64_t part_bytes =
-        (rows * static_cast<uint64_t>(layer.head_dim) * sizeof(float) + 255) / 256 * 256;
-    LOOM_TRY(scratch.ensure(part_bytes + rows * sizeof(float2), s));
-    part = static_cast<float*>(scratch.data());
-    part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);
-  }
-  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>(T),
-                  static_cast<unsigned>(n_splits));
-  const bool ok = with_kd(layer.head_dim, [&]<int kD>() {
-    attn_split_kernel<kD><<<grid, kWarps * 32, 0, s>>>(kc, vc, f, q, pos, nh, group, scale, chunk,
-                                                       part, part_ml, out);
-  });
-  if (!ok)
-    return make_error(ErrorCode::kUnsupported, "CUDA attention: head_dim %" PRId64 " (at most 256)",
-                      layer.head_dim);
-  LOOM_TRY(launch_status("attention (split)"));
-  if (n_splits > 1) {
-    attn_merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0,
-                        s>>>(part, part_ml, nh, static_cast<int>(n_splits),
-                             static_cast<int>(layer.head_dim), out);
-    LOOM_TRY(launch_status("attention (merge)"));
-  }
-  return {};
+  // Decode: split-K over the planned keys (decode_attention.cu).
+  const int64_t n_ctx = std::min(std::max(max_pos + 1, plan_keys), layer.capacity);
+  return detail::decode_attention(layer, q, T, pos, n_ctx, nh, scale, scratch.split_keys(), scratch,
+                                  out, s);
 }
 
 }  // namespace loom::cuda

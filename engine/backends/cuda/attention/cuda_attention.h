@@ -74,9 +74,13 @@ class AttentionScratch {
 /// `max_pos` is the largest pos[t], known on the host), query head h to KV
 /// head h / (n_heads / n_kv_heads); scores q.k * scale, softmax, sum of v.
 /// out [T, n_heads * head_dim] f32. Semantics of cpu::attention (cpu/ops.h).
+/// `plan_keys` (0: max_pos + 1): the key count the launch is planned for (the
+/// split count and grid), at least max_pos + 1; the kernels read the keys of
+/// each query from `pos` on the device, so one launch serves every position
+/// up to it (a captured CUDA graph replays it as the context grows).
 Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                  int64_t max_pos, int64_t n_heads, float scale, float* out,
-                 AttentionScratch& scratch, cudaStream_t s);
+                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys = 0);
 
 /// The device K/V of a KvCache (Backend::create_kv_storage of the CUDA
 /// backend): the layers made resident here, each as a DevKvLayer.

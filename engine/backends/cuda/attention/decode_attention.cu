@@ -1,0 +1,295 @@
+// Decode attention: split-K flash decoding over a layer's device K/V.
+//
+// Grid (head group, query token, split). A block takes kG query heads that
+// share one KV head (kG: the largest divisor of the GQA group up to 8), so
+// each K and V row of its split is read once for all of them:
+//  1. scores: a thread per key (F16 rows: 16-byte loads, 8 values each)
+//     against the kG queries in shared memory; the scores go to shared
+//     memory;
+//  2. softmax of the split: block-wide max and sum per head;
+//  3. values: threads over (row, value pair) accumulate p * v for the kG
+//     heads, then the rows' partial sums are added in shared memory.
+// With one split the result is written; else the split's (max, sum, sum of
+// p * v) go to scratch and the merge kernel combines the splits exactly (the
+// log-sum-exp merge). The launch depends only on the planned key count, not
+// on the positions (read from `pos` on the device): a split past a query's
+// last key contributes nothing.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+
+#include "engine/backends/cuda/attention/decode_attention.h"
+#include "engine/backends/cuda/cuda_util.h"
+
+namespace loom::cuda::detail {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChunk = 1024;     // keys per split at most
+constexpr int kSmemFloats = 12000;  // dynamic shared memory (48 KiB with the static part)
+
+struct Fmt {
+  const uint8_t* k;
+  const uint8_t* v;
+  int64_t capacity;
+  uint64_t row_bytes;
+  int hd;
+  bool q8;
+  bool vec16;  // F16 rows of a multiple of 8 values: 16-byte loads
+};
+
+__device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, const Fmt& f, int kvh,
+                                                 int64_t j) {
+  return base + (static_cast<int64_t>(kvh) * f.capacity + j) * static_cast<int64_t>(f.row_bytes);
+}
+
+// Values d and d + 1 (d even) of a K or V row.
+__device__ __forceinline__ float2 pair_at(const uint8_t* row, int d, bool q8) {
+  if (!q8) return __half22float2(*reinterpret_cast<const __half2*>(row + 2 * d));
+  const uint8_t* blk = row + (d / 32) * 34;
+  const float scale = __half2float(*reinterpret_cast<const __half*>(blk));
+  return make_float2(scale * static_cast<float>(static_cast<int8_t>(blk[2 + d % 32])),
+                     scale * static_cast<float>(static_cast<int8_t>(blk[3 + d % 32])));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// Block-wide max (kMax) or sum of kG values per thread; every thread gets them.
+template <int kG, bool kMax>
+__device__ __forceinline__ void block_reduce(float (&v)[kG], float (*red)[kG]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    v[g] = kMax ? warp_max(v[g]) : warp_sum(v[g]);
+    if (lane == 0) red[warp][g] = v[g];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float r = red[0][g];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) r = kMax ? fmaxf(r, red[w][g]) : r + red[w][g];
+    v[g] = r;
+  }
+  __syncthreads();  // red is reused
+}
+
+template <int kG>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(Fmt f, const float* q, const int32_t* pos, int n_heads, int group, float scale,
+                  int chunk, float* part, float2* part_ml, float* out) {
+  extern __shared__ float smem[];
+  __shared__ float red[kWarps][kG];
+  const int hd = f.hd;
+  const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
+  const int kvh = h0 / group;
+  float* q_s = smem;                // [kG][hd], scaled
+  float* p_s = q_s + kG * hd;       // [kG][chunk]: scores, then probabilities
+  float* o_s = p_s + kG * chunk;    // [rows][kG][hd]: the value rows' partial sums
+  const int64_t n_keys = static_cast<int64_t>(pos[t]) + 1;
+  const int64_t k0 = static_cast<int64_t>(s) * chunk;
+  const int n = static_cast<int>(n_keys - k0 < chunk ? (n_keys > k0 ? n_keys - k0 : 0) : chunk);
+  for (int i = threadIdx.x; i < kG * hd; i += kThreads)
+    q_s[i] = q[(static_cast<int64_t>(t) * n_heads + h0 + i / hd) * hd + i % hd] * scale;
+  __syncthreads();
+
+  // 1. Scores, a thread per key.
+  float mx[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) mx[g] = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const uint8_t* kr = row_at(f.k, f, kvh, k0 + j);
+    float acc[kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
+    if (f.vec16) {
+      const uint4* k4 = reinterpret_cast<const uint4*>(kr);
+      for (int c = 0; c < hd / 8; ++c) {
+        const uint4 w = k4[c];
+        const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 kv = __half22float2(h2[e]);
+          const int d = c * 8 + 2 * e;
+#pragma unroll
+          for (int g = 0; g < kG; ++g) acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
+        }
+      }
+    } else {
+      for (int d = 0; d < hd; d += 2) {
+        const float2 kv = pair_at(kr, d, f.q8);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      p_s[g * chunk + j] = acc[g];
+      mx[g] = fmaxf(mx[g], acc[g]);
+    }
+  }
+  // 2. Softmax of the split.
+  block_reduce<kG, true>(mx, red);
+  float sum[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) sum[g] = 0.0f;
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      const float p = expf(p_s[g * chunk + j] - mx[g]);
+      p_s[g * chunk + j] = p;
+      sum[g] += p;
+    }
+  }
+  block_reduce<kG, false>(sum, red);  // its barrier also publishes p_s
+
+  // 3. Values: `rows` rows at a time, a thread per value pair of a row.
+  const int pairs = hd / 2, rows = kThreads / pairs;
+  const int r = threadIdx.x / pairs, c = threadIdx.x % pairs;
+  float2 o[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) o[g] = make_float2(0.0f, 0.0f);
+  if (r < rows) {
+#pragma unroll 4
+    for (int j = r; j < n; j += rows) {
+      const float2 v = pair_at(row_at(f.v, f, kvh, k0 + j), 2 * c, f.q8);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float p = p_s[g * chunk + j];
+        o[g].x += p * v.x;
+        o[g].y += p * v.y;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      o_s[(r * kG + g) * hd + 2 * c] = o[g].x;
+      o_s[(r * kG + g) * hd + 2 * c + 1] = o[g].y;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kG * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    float acc = 0.0f;
+    for (int rr = 0; rr < rows; ++rr) acc += o_s[(rr * kG + g) * hd + d];
+    const int64_t row = static_cast<int64_t>(t) * n_heads + h0 + g;
+    if (n_splits == 1) {
+      out[row * hd + d] = sum[g] > 0.0f ? acc / sum[g] : 0.0f;
+    } else {
+      part[(row * n_splits + s) * hd + d] = acc;
+      if (d == 0) part_ml[row * n_splits + s] = make_float2(n > 0 ? mx[g] : -INFINITY, sum[g]);
+    }
+  }
+}
+
+// out = the splits' partials combined. Grid (head, token); thread d.
+__global__ void merge_kernel(const float* part, const float2* part_ml, int n_heads, int n_splits,
+                             int hd, float* out) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int64_t row = static_cast<int64_t>(t) * n_heads + h;
+  const float2* ml = part_ml + row * n_splits;
+  float M = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[s].x);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float O = 0.0f, L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float w = ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - M);
+      L += ml[s].y * w;
+      O += part[(row * n_splits + s) * hd + d] * w;
+    }
+    out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
+  }
+}
+
+template <int kG>
+void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q,
+            const int32_t* pos, int n_heads, int group, float scale, int chunk, float* part,
+            float2* part_ml, float* out) {
+  decode_kernel<kG><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk, part,
+                                                 part_ml, out);
+}
+
+}  // namespace
+
+Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
+                        int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
+                        AttentionScratch& scratch, float* out, cudaStream_t s) {
+  const int hd = static_cast<int>(layer.head_dim);
+  if (hd % 2 != 0 || hd > 2 * kThreads)
+    return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d", hd);
+  const int group = static_cast<int>(n_heads / layer.n_kv_heads);
+  int kg = 1;  // heads per block: the largest divisor of the group up to 8
+  for (int g = 8; g >= 1; --g) {
+    if (group % g == 0) {
+      kg = g;
+      break;
+    }
+  }
+  const int rows = kThreads / (hd / 2);
+  const int fixed = kg * hd * (1 + rows);  // q_s and o_s
+  int most = (kSmemFloats - fixed) / kg;
+  most = std::min(kMaxChunk, most / 32 * 32);
+  if (most < 32)
+    return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d, %d heads", hd,
+                      kg);
+  const int64_t n_blocks = n_heads / kg;
+  int64_t chunk = forced_chunk;
+  if (chunk <= 0) {
+    // Enough splits that the grid covers the SMs about twice.
+    const int64_t want = 2 * static_cast<int64_t>(scratch.sm_count());
+    const int64_t splits = std::max<int64_t>(1, (want + n_blocks * T - 1) / (n_blocks * T));
+    chunk = std::max<int64_t>(32, (plan_keys + splits - 1) / splits);
+  }
+  chunk = std::min<int64_t>(chunk, most);
+  const int64_t n_splits = (plan_keys + chunk - 1) / chunk;
+  if (n_splits > 65535)
+    return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
+  float* part = nullptr;
+  float2* part_ml = nullptr;
+  if (n_splits > 1) {
+    const uint64_t rws = static_cast<uint64_t>(T * n_heads * n_splits);
+    const uint64_t part_bytes = (rws * static_cast<uint64_t>(hd) * sizeof(float) + 255) / 256 * 256;
+    LOOM_TRY(scratch.ensure(part_bytes + rws * sizeof(float2), s));
+    part = static_cast<float*>(scratch.data());
+    part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);
+  }
+  const bool q8 = layer.dtype == DType::kQ8_0;
+  const Fmt f{static_cast<const uint8_t*>(layer.k), static_cast<const uint8_t*>(layer.v),
+              layer.capacity, layer.row_bytes, hd, q8, !q8 && hd % 8 == 0};
+  const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
+                  static_cast<unsigned>(n_splits));
+  const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
+  const int c = static_cast<int>(chunk);
+  switch (kg) {
+    case 1: launch<1>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 2: launch<2>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 3: launch<3>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 4: launch<4>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 5: launch<5>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 6: launch<6>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    case 7: launch<7>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
+    default: launch<8>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out);
+  }
+  LOOM_TRY(launch_status("attention (decode)"));
+  if (n_splits > 1) {
+    merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s>>>(
+        part, part_ml, n_heads, static_cast<int>(n_splits), hd, out);
+    LOOM_TRY(launch_status("attention (merge)"));
+  }
+  return {};
+}
+
+}  // namespace loom::cuda::detail

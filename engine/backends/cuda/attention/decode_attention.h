@@ -1,0 +1,21 @@
+// Decode attention (a few queries over a long cache), internal to
+// loom_cuda_attention: cuda::attention calls it for T <= 8.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "engine/backends/cuda/attention/cuda_attention.h"
+
+namespace loom::cuda::detail {
+
+/// Query t (q [T, n_heads * head_dim]) over cached keys 0 .. pos[t] of
+/// `layer`; out [T, n_heads * head_dim]. The launch is planned for
+/// `plan_keys` keys (>= every pos[t] + 1); `forced_chunk` > 0 fixes the keys
+/// per split (tests), else the split count follows plan_keys and the SMs.
+Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
+                        int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
+                        AttentionScratch& scratch, float* out, cudaStream_t s);
+
+}  // namespace loom::cuda::detail
