@@ -14,6 +14,7 @@
 #   bench    llama3-8b-shaped Q4_0 / Q4_K_M ($DTYPES): Loom CUDA and llama.cpp
 #            CUDA, pp512 / tg128 (-r 3)
 #   depth    prefill of $DEPTHS tokens and the decode after it ($DTYPES)
+#   ncu      Nsight Compute: GPU time and DRAM throughput of decode kernels
 #   profile  Loom's per-op profile of decode and prefill
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
@@ -71,6 +72,9 @@ for s in $stages; do
         echo "--- $d: Loom CUDA"
         timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 128 -r 3 2>&1 |
           grep -E "^(prefill|decode|itl|memory|backend|error)|rror"
+        echo "--- $d: Loom CUDA without graphs (LOOM_CUDA_GRAPHS=0)"
+        LOOM_CUDA_GRAPHS=0 timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
+          grep -E "^(decode|itl)|rror"
         echo "--- $d: llama.cpp CUDA"
         timeout 120 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\||rror"
       done
@@ -83,9 +87,18 @@ for s in $stages; do
           timeout 200 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -c $((n + 256)) -p "$n" -n 64 -r 1 2>&1 |
             grep -E "^(prefill|decode|itl|error)|rror"
           echo "--- $d depth $n: llama.cpp CUDA"
-          timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p "$n" -n 64 -r 1 2>&1 | grep -E "^\||rror"
+          timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p "$n" -n 0 -r 1 2>&1 | grep -E "^\||rror"
+          timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p 0 -n 64 -d "$n" -r 1 2>&1 | grep -E "^\||rror"
         done
       done
+      ;;
+    ncu)  # per-kernel GPU time and DRAM throughput of decode launches (Nsight Compute)
+      m="$(model ${DTYPES%% *})"
+      nc="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --launch-skip "${NCU_SKIP:-1500}" --launch-count "${NCU_COUNT:-26}" \
+        --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+        "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 16 -n 16 -r 1 --no-profiler 2>&1 |
+        grep -E "^  [a-z_].*\(|gpu__time|dram__|grid_size" | sed -E 's/ +/ /g' | head -n 120
       ;;
     profile)
       m="$(model ${DTYPES%% *})"

@@ -35,21 +35,22 @@ __device__ __forceinline__ float silu(float g) {
   return g / (1.0f + expf(-g));
 }
 
-// Writes row r's results: lane t writes token t.
-template <bool kGlu>
-__device__ __forceinline__ void epilogue(float (&acc)[kMaxT], float (&acc2)[kMaxT], int T,
-                                         int64_t r, int64_t n_out, float* y, const float* bias,
+// Writes row r's results: lane t writes token t. kT: the tokens the
+// accumulators have room for (T <= kT).
+template <bool kGlu, int kT = kMaxT>
+__device__ __forceinline__ void epilogue(float (&acc)[kT], float (&acc2)[kT], int T, int64_t r,
+                                         int64_t n_out, float* y, const float* bias,
                                          int accumulate) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int t = 0; t < kMaxT; ++t) {
+  for (int t = 0; t < kT; ++t) {
     if (t < T) {
       acc[t] = warp_sum(acc[t]);
       if constexpr (kGlu) acc2[t] = warp_sum(acc2[t]);
     }
   }
 #pragma unroll
-  for (int t = 0; t < kMaxT; ++t) {
+  for (int t = 0; t < kT; ++t) {
     if (t < T && lane == t) {
       float v = acc[t];
       float* dst = y + t * n_out + r;
@@ -64,7 +65,9 @@ __device__ __forceinline__ void epilogue(float (&acc)[kMaxT], float (&acc2)[kMax
   }
 }
 
-template <DType D, bool kGlu, bool kVec16>
+// kT: 1 for one token (decode: the fewest registers, so the most warps in
+// flight per SM), else 8 with T checked at run time.
+template <DType D, bool kGlu, bool kVec16, int kT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
                      int64_t n_groups, const int8_t* xq, const float* xd, int T, float* y,
@@ -72,15 +75,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x & 31;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= n_out) return;  // the whole warp leaves together
-  float acc[kMaxT] = {}, acc2[kMaxT] = {};
+  float acc[kT] = {}, acc2[kT] = {};
   const uint8_t* row = w + r * row_bytes;
   const uint8_t* row2 = kGlu ? w2 + r * row_bytes : nullptr;
+  // Unrolled so that the loads of several groups are in flight at once.
+#pragma unroll 4
   for (int64_t g = lane; g < n_groups; g += 32) {
     const QGroup a = decode_group<D, kVec16>(row, g);
     QGroup b{};
     if constexpr (kGlu) b = decode_group<D, kVec16>(row2, g);
 #pragma unroll
-    for (int t = 0; t < kMaxT; ++t) {
+    for (int t = 0; t < kT; ++t) {
       if (t < T) {
         const int4* x4 = reinterpret_cast<const int4*>(xq + (t * n_groups + g) * 32);
         const int4 p = x4[0], q = x4[1];
@@ -91,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  epilogue<kGlu>(acc, acc2, T, r, n_out, y, bias, accumulate);
+  epilogue<kGlu, kT>(acc, acc2, T, r, n_out, y, bias, accumulate);
 }
 
 // Eight consecutive values of a row at element i (i a multiple of 8; the row
@@ -242,13 +247,19 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
     const bool vec16 = w.row_bytes % 16 == 0 && aligned16(p) && (!p2 || aligned16(p2));
     dispatch_dtype(w.dtype, [&]<DType D>() {
       if constexpr (has_group_decode(D)) {
-        auto launch = [&]<bool kVec16>() {
+        auto launch_t = [&]<bool kVec16, int kT>() {
           if (up)
-            matvec_q8_kernel<D, true, kVec16><<<blocks, kWarps * 32, 0, s>>>(
+            matvec_q8_kernel<D, true, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
                 p, p2, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, nullptr, 0);
           else
-            matvec_q8_kernel<D, false, kVec16><<<blocks, kWarps * 32, 0, s>>>(
+            matvec_q8_kernel<D, false, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
                 p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, bias, acc);
+        };
+        auto launch = [&]<bool kVec16>() {
+          if (t == 1)
+            launch_t.template operator()<kVec16, 1>();
+          else
+            launch_t.template operator()<kVec16, kMaxT>();
         };
         if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
           if (vec16)
