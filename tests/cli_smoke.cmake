@@ -79,6 +79,20 @@ if(NOT LAST_OUT MATCHES "KL median +0\\.[0-9]*[1-9]")
   message(FATAL_ERROR "F32 against Q4_0 gave no KL:\n${LAST_OUT}")
 endif()
 
+# loom verify: a placement with layer 1's FFN in Q4_0, as a table and as JSON.
+run_ok(${LOOM} plan -m ${WORK}/f32.gguf --save ${WORK}/plan.json)
+file(READ ${WORK}/plan.json plan)
+string(JSON plan SET "${plan}" layers 1 ffn dtype "\"q4_0\"")
+file(WRITE ${WORK}/plan.json "${plan}")
+run_ok(${LOOM} verify -m ${WORK}/f32.gguf --placement ${WORK}/plan.json -n 16)
+if(NOT LAST_OUT MATCHES "    1  cpu file +[0-9.e+-]+  cpu file +[0-9.e+-]+  cpu Q4_0")
+  message(FATAL_ERROR "unexpected verify output:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} verify -m ${WORK}/f32.gguf --placement ${WORK}/plan.json -n 16 --json)
+if(NOT LAST_OUT MATCHES "\"layer_vs_update\"")
+  message(FATAL_ERROR "unexpected verify --json output:\n${LAST_OUT}")
+endif()
+
 # A truncated copy must fail with a message naming the cause, not crash.
 file(READ ${WORK}/tiny.gguf head LIMIT 2000 HEX)
 string(LENGTH "${head}" n)

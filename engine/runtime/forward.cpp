@@ -510,6 +510,41 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
   return {};
 }
 
+Status ForwardPass::eval_layer(int64_t l, const float* x, int64_t T, float* y) {
+  const HParams& hp = m_.hp;
+  if (l < 0 || l >= hp.n_layer || T < 1 || T > max_chunk_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "eval_layer: layer %" PRId64 " of %" PRId64 ", %" PRId64
+                      " tokens (1..%" PRId64 ")",
+                      l, hp.n_layer, T, max_chunk_);
+  }
+  if (kv_.n_tokens() != 0) {
+    return make_error(ErrorCode::kInternal, "eval_layer: the cache holds %" PRId64 " tokens",
+                      kv_.n_tokens());
+  }
+  LOOM_TRY(prepare());
+  LOOM_TRY(kv_.reserve(T));
+  for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  profiling_ = false;
+  const Unit un = placement_.layers[static_cast<size_t>(l)][OpGroup::kNorm].unit;
+  Act xa = out(kX, un, T);
+  if (be(un).host_memory())
+    std::copy(x, x + T * hp.n_embd, xa.data);
+  else
+    LOOM_TRY(be(un).upload(x, xa));
+  layer(l, T);
+  const Unit from = (valid_[kX] & bit(Unit::kCpu)) ? Unit::kCpu : Unit::kGpu;
+  Act xr = acts_[static_cast<size_t>(from)].buf[kX]->view(T, hp.n_embd);
+  Status s = std::exchange(op_status_, Status());
+  if (s.ok()) s = transfer(xr, from, Act{y, T, hp.n_embd}, Unit::kCpu);
+  for (Unit u : kUnits) {
+    if (s.ok() && unit(u) && placement_.uses(u)) s = be(u).synchronize();
+  }
+  kv_.clear();
+  valid_.fill(0);
+  return s;
+}
+
 Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits,
                                bool all_logits) {
   const HParams& hp = m_.hp;

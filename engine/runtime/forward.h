@@ -56,6 +56,12 @@ class ForwardPass {
   Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
               bool all_logits = false);
 
+  /// Runs layer `l` alone on the hidden states `x` [T, n_embd] (host memory),
+  /// as placed, at positions [0, T), and writes its output [T, n_embd] to
+  /// `y` (`loom verify`: one layer against the reference on the same input).
+  /// The cache must be empty, and is left empty. T <= max_chunk.
+  Status eval_layer(int64_t l, const float* x, int64_t T, float* y);
+
   /// Readies the units for the placement: allocates activations, requantizes
   /// and uploads weights, puts each layer's KV where its attention runs.
   /// Groups the GPU cannot take (no kernel for the dtype, out of device

@@ -22,7 +22,8 @@ int cmd_kl(const KlOptions& o) {
   }
   if (!o.placement2.empty()) {
     other_o.placement = o.placement2;
-    other_o.strategy = "custom";
+    // On the CPU backend no GPU is probed (a failed probe would drop the file).
+    other_o.strategy = other_o.backend == "cpu" ? "cpu" : "custom";
   }
   auto base = open_engine(base_o, who);
   if (!base) return 1;

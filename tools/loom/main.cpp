@@ -208,6 +208,17 @@ int main(int argc, char** argv) {
                      "over --dtype");
   c_conv->add_flag("--progress", conv.progress, "Print progress every 10%");
 
+  VerifyOptions ver;
+  auto* c_ver = app.add_subcommand(
+      "verify",
+      "Per layer and op group: the relative error of the layer's output with that group as "
+      "placed (unit and precision), against the double-precision reference on the same input");
+  engine_opts(c_ver, ver.engine);
+  c_ver->add_option("-p,--prompt", ver.prompt, "Text whose tokens are the input");
+  c_ver->add_option("-n,--n-tokens", ver.n_tokens, "At most this many tokens (1..256)");
+  c_ver->add_flag("--json", ver.json, "Print JSON");
+  c_ver->add_flag("--progress", ver.progress, "Say when each layer is done");
+
   LoadtestOptions lt;
   auto* c_lt = app.add_subcommand(
       "loadtest", "Load-test an OpenAI-compatible server: first request, steady, concurrency");
@@ -244,6 +255,7 @@ int main(int argc, char** argv) {
   if (c_ppl->parsed()) return cmd_perplexity(ppl);
   if (c_kl->parsed()) return cmd_kl(kl);
   if (c_conv->parsed()) return cmd_convert(conv);
+  if (c_ver->parsed()) return cmd_verify(ver);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);
