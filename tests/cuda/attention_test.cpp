@@ -5,7 +5,11 @@
 // contexts 1, 33, 1000 and 5000, a 77-token prefill from position 0 and on
 // top of a context, GQA 4:1 and 1:1, head_dim 64 and 128 (and 80 and 8 for
 // the masked lanes), both kernels and the split-K merge forced on small
-// shapes. Skips without a CUDA device.
+// shapes. The tensor-core prefill (flash_prefill.cu) on its own suite: T 1 to
+// 600 over contexts up to 5000 with a prefix already cached, head_dim 64 to
+// 256, GQA groups 1 to 8 (and 3, whose rows straddle the 64-row tiles), F16
+// and Q8_0, positions with gaps, out of order and repeated. Skips without a
+// CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +20,7 @@
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 #include "engine/backends/cuda/attention/cuda_attention.h"
+#include "engine/backends/cuda/attention/flash_prefill.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace loom {
@@ -154,8 +159,24 @@ TEST_P(CudaAttention, StoreExportsHostRows) {
   EXPECT_EQ(f.st->allocated_bytes(), 0u);
 }
 
+// Relative error allowed of the FP32 kernels (tile, split-K) against the
+// double reference: float sums over up to 5000 keys.
+constexpr double kTolFloat = 1e-4;
+// ... and of the tensor-core prefill: it rounds q * scale * log2(e) and the
+// softmax weights P to F16, and Q8_0 K/V values (scale * int8, exact in float)
+// too, each a relative error of at most 2^-11 (4.9e-4; rms about 2.8e-4,
+// independent from value to value). Summed over head_dim products and over the
+// keys' weights they average out rather than add up (l sums the rounded P, so
+// the output stays a convex combination of V rows): a host emulation of the
+// kernel's arithmetic on these inputs (q in [-2, 2), K/V in [-1, 1)) gives
+// 1.4e-4 to 3.3e-4 for F16 and Q8_0, head_dim 64 to 256, contexts 9 to 5000,
+// and 6e-4 with scores 4x sharper. 2e-3 leaves a factor 6, and is what
+// backend_ops_test allows the CUDA attention against the CPU's.
+constexpr double kTolFlash = 2e-3;
+
 // Attention of queries at `pos` over a context of n stored tokens, with the
-// kernel choice `kernel` (0 by T, 1 tiles, 2 split-K) and `split_keys`.
+// kernel choice `kernel` (0 by T and head_dim, 1 tiles, 2 split-K, 3 the
+// tensor-core prefill) and `split_keys`.
 void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, int kernel,
                      int64_t split_keys) {
   SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " hd " + std::to_string(c.head_dim) + " heads " +
@@ -187,7 +208,12 @@ void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, 
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   const std::vector<float> got = od.download();
   EXPECT_TRUE(test::all_finite(got));
-  EXPECT_LT(test::rel_error(got, reference(cfg, kf, vf, n, q, pos, c.n_heads, scale)), 1e-4);
+  // Kernel 0 picks the tensor cores for T > 8 where they have a kernel.
+  const bool flash =
+      kernel == cuda::kAttnKernelFlash || (kernel == 0 && T > 8 && cuda::flash_prefill_enabled() &&
+                                           cuda::flash_prefill_supports(c.head_dim));
+  EXPECT_LT(test::rel_error(got, reference(cfg, kf, vf, n, q, pos, c.n_heads, scale)),
+            flash ? kTolFlash : kTolFloat);
 }
 
 std::vector<int32_t> positions(int64_t from, int64_t count) {
@@ -227,6 +253,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(kCases), [](
   return std::string(dtype_name(pi.param.dtype)) + "_hd" + std::to_string(pi.param.head_dim) +
          "_h" + std::to_string(pi.param.n_heads) + "_kv" + std::to_string(pi.param.n_kv_heads);
 });
+
+// The tensor-core prefill kernel forced (kernel 3), at every T it may meet:
+// rows are (token, head of the GQA group) pairs in tiles of 64, so T 1 and 9
+// leave most of a tile as padding, 64 and 600 fill tiles, and a group of 3
+// splits a token's heads across two tiles.
+class CudaFlashPrefill : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaFlashPrefill, MatchesReference) {
+  LOOM_CUDA_OR_SKIP();
+  const Case c = GetParam();
+  constexpr int kFlash = cuda::kAttnKernelFlash;
+  check_attention(c, 9, positions(0, 9), kFlash, 0);       // part of one key tile
+  check_attention(c, 64, positions(0, 64), kFlash, 0);     // whole 64-key tiles
+  check_attention(c, 137, positions(37, 100), kFlash, 0);  // on top of a 37-token prefix
+  // A 4400-token prefix, then 600 tokens: the capacity is 5000, so a read past
+  // the last position would leave the allocation (compute-sanitizer).
+  check_attention(c, 5000, positions(4400, 600), kFlash, 0);
+  check_attention(c, 1000, {999}, kFlash, 0);         // one token
+  check_attention(c, 137, positions(37, 100), 0, 0);  // chosen by T and head_dim
+}
+
+TEST_P(CudaFlashPrefill, NonContiguousPositions) {
+  LOOM_CUDA_OR_SKIP();
+  const Case c = GetParam();
+  // 100 distinct positions in 0..400, out of order with gaps: each query sees
+  // its own prefix, and a tile's key range is its rows' largest position.
+  std::vector<int32_t> p(100);
+  for (size_t t = 0; t < p.size(); ++t) p[t] = static_cast<int32_t>((37 * t + 5) % 401);
+  check_attention(c, 401, p, cuda::kAttnKernelFlash, 0);
+  // Descending, then one position repeated (the same query position twice).
+  std::vector<int32_t> r;
+  for (int32_t t = 0; t < 70; ++t) r.push_back(t < 35 ? 300 - 7 * t : 50);
+  check_attention(c, 301, r, cuda::kAttnKernelFlash, 0);
+}
+
+const Case kFlashCases[] = {
+    {DType::kF16, 64, 4, 4},   {DType::kF16, 64, 8, 1},   {DType::kF16, 80, 8, 2},
+    {DType::kF16, 80, 6, 2},   {DType::kF16, 96, 4, 1},   {DType::kF16, 128, 8, 2},
+    {DType::kF16, 128, 8, 1},  {DType::kF16, 256, 4, 2},  {DType::kQ8_0, 64, 4, 4},
+    {DType::kQ8_0, 128, 8, 2}, {DType::kQ8_0, 128, 8, 1}, {DType::kQ8_0, 256, 4, 1},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashPrefill, ::testing::ValuesIn(kFlashCases),
+                         [](const auto& pi) {
+                           return std::string(dtype_name(pi.param.dtype)) + "_hd" +
+                                  std::to_string(pi.param.head_dim) + "_h" +
+                                  std::to_string(pi.param.n_heads) + "_kv" +
+                                  std::to_string(pi.param.n_kv_heads);
+                         });
+
+TEST(CudaAttentionHost, FlashPrefillHeadDims) {
+  // No device needed: which head_dims the tensor-core kernel has.
+  for (const int64_t hd : {64, 80, 96, 128, 256}) EXPECT_TRUE(cuda::flash_prefill_supports(hd));
+  for (const int64_t hd : {8, 32, 48, 112, 160, 512})
+    EXPECT_FALSE(cuda::flash_prefill_supports(hd));
+}
 
 TEST(CudaAttentionHost, RejectsBadConfigs) {
   // No device needed: the checks come before any allocation.

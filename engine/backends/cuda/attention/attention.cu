@@ -8,7 +8,8 @@
 //    (decode_attention.cu), and a merge of the splits.
 //  - tile (prefill): grid (head, 16-query tile). The block's 16 queries
 //    share each tile of 16 keys and values, dequantized once into shared
-//    memory; each warp runs 4 of the queries over the tile.
+//    memory; each warp runs 4 of the queries over the tile. Prompts take
+//    flash_prefill.cu (tensor cores) instead for head_dim 64/80/96/128/256.
 // head_dim up to 256 (8 values per lane); K/V rows F16 or Q8_0.
 #include <cuda_fp16.h>
 
@@ -18,6 +19,7 @@
 
 #include "engine/backends/cuda/attention/cuda_attention.h"
 #include "engine/backends/cuda/attention/decode_attention.h"
+#include "engine/backends/cuda/attention/flash_prefill.h"
 #include "engine/backends/cuda/cuda_util.h"
 
 namespace loom::cuda {
@@ -211,6 +213,11 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
 
   const bool split = scratch.kernel() == 2 || (scratch.kernel() == 0 && T <= kMaxSplitTokens);
   if (!split) {
+    // Tensor cores (flash_prefill.cu) for the head_dims they have kernels for,
+    // unless tiles are forced (kernel 1) or LOOM_CUDA_ATTN=tile switches them off.
+    if (scratch.kernel() == kAttnKernelFlash || (scratch.kernel() == 0 && flash_prefill_enabled() &&
+                                                 flash_prefill_supports(layer.head_dim)))
+      return flash_prefill(layer, q, T, pos, n_heads, scale, out, s);
     const dim3 grid(static_cast<unsigned>(n_heads),
                     static_cast<unsigned>((T + kTileQ - 1) / kTileQ));
     const bool ok = with_kd(layer.head_dim, [&]<int kD>() {
