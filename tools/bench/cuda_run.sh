@@ -72,8 +72,8 @@ for s in $stages; do
         echo "--- $d: Loom CUDA"
         timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 128 -r 3 2>&1 |
           grep -E "^(prefill|decode|itl|memory|backend|error)|rror"
-        echo "--- $d: Loom CUDA without graphs (LOOM_CUDA_GRAPHS=0)"
-        LOOM_CUDA_GRAPHS=0 timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
+        echo "--- $d: Loom CUDA with decode steps as CUDA graphs (LOOM_CUDA_GRAPHS=1)"
+        LOOM_CUDA_GRAPHS=1 timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
           grep -E "^(decode|itl)|rror"
         echo "--- $d: llama.cpp CUDA"
         timeout 120 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\||rror"
@@ -95,9 +95,9 @@ for s in $stages; do
     ncu)  # per-kernel GPU time and DRAM throughput of decode launches (Nsight Compute)
       m="$(model ${DTYPES%% *})"
       nc="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
-      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --launch-skip "${NCU_SKIP:-1500}" --launch-count "${NCU_COUNT:-26}" \
+      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --launch-skip "${NCU_SKIP:-800}" --launch-count "${NCU_COUNT:-26}" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
-        "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 16 -n 16 -r 1 --no-profiler 2>&1 |
+        "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 1 -n 8 -r 1 --no-profiler 2>&1 |
         grep -E "^  [a-z_].*\(|gpu__time|dram__|grid_size" | sed -E 's/ +/ /g' | head -n 120
       ;;
     profile)

@@ -32,7 +32,8 @@
 // runs its launches as they are. Host inputs sit at the same ring offsets
 // every step, so a replay copies this step's values. Per-step values that
 // are launch arguments (the attention's split plan) are bucketed so that the
-// hash changes only when the bucket does. LOOM_CUDA_GRAPHS=0 turns it off.
+// hash changes only when the bucket does. Opt in with LOOM_CUDA_GRAPHS=1:
+// on the H200 op-by-op launches decode faster (cuda_step.cpp says why).
 //
 // Use from one thread at a time (each entry point makes the backend's
 // device current on the calling thread). ActBuffers and KvStorages it hands

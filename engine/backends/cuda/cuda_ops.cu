@@ -16,21 +16,33 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t n) {
-  __shared__ double partial[kThreads / 32];
+// One block of kNormThreads per row: a few values per thread, their loads
+// unrolled so that they are in flight together (one row is the whole launch
+// at decode), squares summed in double as cpu::rms_norm does.
+constexpr int kNormThreads = 1024;
+
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t n) {
+  __shared__ double partial[kNormThreads / 32];
   const float* xr = x + blockIdx.x * n;
   float* yr = out + blockIdx.x * n;
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += static_cast<double>(xr[i] * xr[i]);
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
+    const float v = xr[i];
+    sum += static_cast<double>(v * v);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = sum;
   __syncthreads();
   double total = 0.0;
-  for (int wi = 0; wi < kThreads / 32; ++wi) total += partial[wi];
+#pragma unroll
+  for (int wi = 0; wi < kNormThreads / 32; ++wi) total += partial[wi];
   const float mean = static_cast<float>(total / static_cast<double>(n));
   const float scale = 1.0f / sqrtf(mean + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) yr[i] = (xr[i] * scale) * w[i];
 }
 
 __global__ void rope_kernel(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t n_pairs,
@@ -73,7 +85,7 @@ Status rms_norm(const float* x, const float* w, float eps, float* out, int64_t T
   if (T <= 0 || n <= 0) return {};
   if (T > INT32_MAX)
     return make_error(ErrorCode::kUnsupported, "CUDA rms_norm: %" PRId64 " rows", T);
-  rms_norm_kernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(x, w, eps, out, n);
+  rms_norm_kernel<<<static_cast<unsigned>(T), kNormThreads, 0, s>>>(x, w, eps, out, n);
   return launch_status("rms_norm");
 }
 

@@ -7,8 +7,8 @@
 //     against the kG queries in shared memory; the scores go to shared
 //     memory;
 //  2. softmax of the split: block-wide max and sum per head;
-//  3. values: threads over (row, value pair) accumulate p * v for the kG
-//     heads, then the rows' partial sums are added in shared memory.
+//  3. values: threads over (row, 16-byte segment) accumulate p * v for the
+//     kG heads, then the rows' partial sums are added in shared memory.
 // With one split the result is written; else the split's (max, sum, sum of
 // p * v) go to scratch and the merge kernel combines the splits exactly (the
 // log-sum-exp merge). The launch depends only on the planned key count, not
@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
     if (f.vec16) {
       const uint4* k4 = reinterpret_cast<const uint4*>(kr);
+#pragma unroll 4
       for (int c = 0; c < hd / 8; ++c) {
         const uint4 w = k4[c];
         const __half2* h2 = reinterpret_cast<const __half2*>(&w);
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     } else {
+#pragma unroll 4
       for (int d = 0; d < hd; d += 2) {
         const float2 kv = pair_at(kr, d, f.q8);
 #pragma unroll
@@ -157,13 +159,42 @@ __global__ void __launch_bounds__(kThreads)
   }
   block_reduce<kG, false>(sum, red);  // its barrier also publishes p_s
 
-  // 3. Values: `rows` rows at a time, a thread per value pair of a row.
-  const int pairs = hd / 2, rows = kThreads / pairs;
-  const int r = threadIdx.x / pairs, c = threadIdx.x % pairs;
-  float2 o[kG];
+  // 3. Values: `rows` rows at a time, a thread per 16-byte segment (F16
+  // rows of a multiple of 8 values) or per value pair of a row.
+  const int per_row = f.vec16 ? hd / 8 : hd / 2, rows = kThreads / per_row;
+  const int r = threadIdx.x / per_row, c = threadIdx.x % per_row;
+  if (r < rows && f.vec16) {
+    float o[kG][8];
 #pragma unroll
-  for (int g = 0; g < kG; ++g) o[g] = make_float2(0.0f, 0.0f);
-  if (r < rows) {
+    for (int g = 0; g < kG; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+#pragma unroll 2
+    for (int j = r; j < n; j += rows) {
+      const uint4 w = *reinterpret_cast<const uint4*>(row_at(f.v, f, kvh, k0 + j) + 16 * c);
+      const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+      float v[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = __half22float2(h2[e]);
+        v[2 * e] = x.x;
+        v[2 * e + 1] = x.y;
+      }
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float p = p_s[g * chunk + j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] += p * v[e];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o_s[(r * kG + g) * hd + 8 * c + e] = o[g][e];
+  } else if (r < rows) {
+    float2 o[kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) o[g] = make_float2(0.0f, 0.0f);
 #pragma unroll 4
     for (int j = r; j < n; j += rows) {
       const float2 v = pair_at(row_at(f.v, f, kvh, k0 + j), 2 * c, f.q8);
@@ -238,8 +269,10 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
       break;
     }
   }
-  const int rows = kThreads / (hd / 2);
-  const int fixed = kg * hd * (1 + rows);  // q_s and o_s
+  const bool q8 = layer.dtype == DType::kQ8_0;
+  const bool vec16 = !q8 && hd % 8 == 0;
+  const int rows = kThreads / (vec16 ? hd / 8 : hd / 2);  // value rows at a time (kernel, step 3)
+  const int fixed = kg * hd * (1 + rows);                  // q_s and o_s
   int most = (kSmemFloats - fixed) / kg;
   most = std::min(kMaxChunk, most / 32 * 32);
   if (most < 32)
@@ -266,9 +299,8 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
     part = static_cast<float*>(scratch.data());
     part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);
   }
-  const bool q8 = layer.dtype == DType::kQ8_0;
   const Fmt f{static_cast<const uint8_t*>(layer.k), static_cast<const uint8_t*>(layer.v),
-              layer.capacity, layer.row_bytes, hd, q8, !q8 && hd % 8 == 0};
+              layer.capacity, layer.row_bytes, hd, q8, vec16};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
                   static_cast<unsigned>(n_splits));
   const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
