@@ -56,7 +56,7 @@ run_ok(${LOOM} models --only-dirs --dir ${WORK})
 if(NOT LAST_OUT MATCHES "tiny.gguf" OR NOT LAST_OUT MATCHES "/hf\n")
   message(FATAL_ERROR "loom models did not list the GGUF and the folder:\n${LAST_OUT}")
 endif()
-file(WRITE ${WORK}/hf/config.json "{\"model_type\": \"gemma2\"}")
+file(WRITE ${WORK}/hf/config.json "{\"model_type\": \"mamba\"}")
 execute_process(COMMAND ${LOOM} info ${WORK}/hf RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
 if(rc EQUAL 0 OR NOT err MATCHES "unknown architecture")
   message(FATAL_ERROR "unknown architecture: rc=${rc} stderr=${err}")
@@ -92,6 +92,16 @@ run_ok(${LOOM} verify -m ${WORK}/f32.gguf --placement ${WORK}/plan.json -n 16 --
 if(NOT LAST_OUT MATCHES "\"layer_vs_update\"")
   message(FATAL_ERROR "unexpected verify --json output:\n${LAST_OUT}")
 endif()
+
+# qwen3 and gemma2: synth, run, and a Hugging Face folder converted to GGUF.
+foreach(arch qwen3 gemma2)
+  run_ok(${LOOM} synth --arch ${arch} --layers 2 --dim 64 --ffn 128 --seed 5 --out ${WORK}/${arch}.gguf)
+  run_ok(${LOOM} run -m ${WORK}/${arch}.gguf -p "Once" -n 4 --temp 0 --raw)
+  run_ok(${LOOM} synth --arch ${arch} --layers 2 --dim 64 --ffn 128 --seed 5 --format safetensors
+         --out ${WORK}/${arch}-hf)
+  run_ok(${LOOM} convert ${WORK}/${arch}-hf -o ${WORK}/${arch}-conv.gguf)
+  run_ok(${LOOM} run -m ${WORK}/${arch}-conv.gguf -p "Once" -n 4 --temp 0 --raw)
+endforeach()
 
 # A truncated copy must fail with a message naming the cause, not crash.
 file(READ ${WORK}/tiny.gguf head LIMIT 2000 HEX)

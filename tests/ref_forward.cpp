@@ -73,7 +73,16 @@ std::vector<std::vector<double>> reference_logits(const Model& m,
   std::vector<Vec> x(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t)
     x[static_cast<size_t>(t)] = dequant_row(m.tok_embd, tokens[static_cast<size_t>(t)]);
-  for (const LayerWeights& L : m.layers) {
+  if (hp.embd_scale > 0) {  // gemma2
+    for (Vec& r : x) {
+      for (double& e : r) e *= static_cast<double>(hp.embd_scale);
+    }
+  }
+  for (size_t li = 0; li < m.layers.size(); ++li) {
+    const LayerWeights& L = m.layers[li];
+    // gemma2: every hp.swa_every-th layer attends over a window; scores soft-capped.
+    const bool swa =
+        hp.sliding_window > 0 && hp.swa_every > 0 && static_cast<int64_t>(li) % hp.swa_every == 0;
     std::vector<Vec> q(static_cast<size_t>(T)), k(static_cast<size_t>(T)),
         v(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
@@ -82,6 +91,18 @@ std::vector<std::vector<double>> reference_logits(const Model& m,
       q[ti] = matvec(L.wq, xb, &L.bq);
       k[ti] = matvec(L.wk, xb, &L.bk);
       v[ti] = matvec(L.wv, xb, &L.bv);
+      if (L.q_norm.present()) {  // qwen3: an RMS norm per head
+        for (int64_t h = 0; h < hp.n_head; ++h) {
+          Vec part(q[ti].begin() + h * hd, q[ti].begin() + (h + 1) * hd);
+          part = rmsnorm(part, L.q_norm, hp.rms_eps);
+          std::copy(part.begin(), part.end(), q[ti].begin() + h * hd);
+        }
+        for (int64_t h = 0; h < hp.n_head_kv; ++h) {
+          Vec part(k[ti].begin() + h * hd, k[ti].begin() + (h + 1) * hd);
+          part = rmsnorm(part, L.k_norm, hp.rms_eps);
+          std::copy(part.begin(), part.end(), k[ti].begin() + h * hd);
+        }
+      }
       rope(q[ti], hp.n_head, hd, hp.n_rot, hp.rope_neox, hp.rope_freq_base, t);
       rope(k[ti], hp.n_head_kv, hd, hp.n_rot, hp.rope_neox, hp.rope_freq_base, t);
     }
@@ -97,7 +118,11 @@ std::vector<std::vector<double>> reference_logits(const Model& m,
           for (int64_t i = 0; i < hd; ++i)
             s += q[ti][static_cast<size_t>(h * hd + i)] *
                  k[static_cast<size_t>(j)][static_cast<size_t>(kh * hd + i)];
-          sc[static_cast<size_t>(j)] = s / std::sqrt(static_cast<double>(hd));
+          s *= hp.attn_scale > 0 ? static_cast<double>(hp.attn_scale)
+                                 : 1.0 / std::sqrt(static_cast<double>(hd));
+          if (hp.attn_softcap > 0) s = hp.attn_softcap * std::tanh(s / hp.attn_softcap);
+          if (swa && t - j >= hp.sliding_window) s = -1e300;
+          sc[static_cast<size_t>(j)] = s;
           mx = std::max(mx, sc[static_cast<size_t>(j)]);
         }
         double sum = 0;
@@ -112,17 +137,30 @@ std::vector<std::vector<double>> reference_logits(const Model& m,
       }
       (void)kv_dim;
       Vec o = matvec(L.wo, att);
+      if (L.post_attn_norm.present()) o = rmsnorm(o, L.post_attn_norm, hp.rms_eps);
       for (size_t i = 0; i < o.size(); ++i) x[ti][i] += o[i];
       Vec xb = rmsnorm(x[ti], L.ffn_norm, hp.rms_eps);
       Vec g = matvec(L.w_gate, xb), u = matvec(L.w_up, xb);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double a = g[i];
+        g[i] =
+            (hp.ffn_gelu
+                 ? 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)))
+                 : a / (1.0 + std::exp(-a))) *
+            u[i];
+      }
       Vec d = matvec(L.w_down, g);
+      if (L.post_ffn_norm.present()) d = rmsnorm(d, L.post_ffn_norm, hp.rms_eps);
       for (size_t i = 0; i < d.size(); ++i) x[ti][i] += d[i];
     }
   }
   std::vector<Vec> out;
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = 0; t < T; ++t) {
     out.push_back(matvec(m.output, rmsnorm(x[static_cast<size_t>(t)], m.output_norm, hp.rms_eps)));
+    if (hp.final_softcap > 0) {
+      for (double& e : out.back()) e = hp.final_softcap * std::tanh(e / hp.final_softcap);
+    }
+  }
   return out;
 }
 

@@ -27,7 +27,17 @@ std::string hf_name(const std::string& name, const std::string& arch) {
   if (dot == std::string::npos) return "";
   const std::string layer = name.substr(4, dot - 4), rest = name.substr(dot + 1);
   const bool phi3 = arch == "phi3";
+  if (arch == "gemma2") {
+    if (rest == "post_attention_norm.weight")
+      return "model.layers." + layer + ".post_attention_layernorm.weight";
+    if (rest == "ffn_norm.weight")
+      return "model.layers." + layer + ".pre_feedforward_layernorm.weight";
+    if (rest == "post_ffw_norm.weight")
+      return "model.layers." + layer + ".post_feedforward_layernorm.weight";
+  }
   static const std::pair<const char*, const char*> kParts[] = {
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
       {"attn_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},
@@ -168,7 +178,17 @@ Status write_hf_folder(const std::string& gguf_path, const std::string& dir,
     for (uint32_t d = t.n_dims; d-- > 0;) e.shape.push_back(t.ne[d]);
     const bool permute = hp.arch == "llama" &&
                          (t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight"));
-    if (permute) {
+    if (hp.arch == "gemma2" && t.n_dims == 1 && t.name.ends_with("norm.weight") &&
+        t.dtype == DType::kF32) {
+      // GGUF keeps gemma's 1 + w; HF keeps w.
+      e.owned.resize(t.n_bytes);
+      for (int64_t i = 0; i < t.ne[0]; ++i) {
+        float x;
+        std::memcpy(&x, t.data + 4 * i, 4);
+        x -= 1.0f;
+        std::memcpy(e.owned.data() + 4 * i, &x, 4);
+      }
+    } else if (permute) {
       const size_t row = t.n_bytes / static_cast<size_t>(t.ne[1]);
       const int64_t d = hp.head_dim, n_heads = t.ne[1] / d;
       e.owned.resize(t.n_bytes);
@@ -222,7 +242,9 @@ Status write_hf_folder(const std::string& gguf_path, const std::string& dir,
   static const std::map<std::string, std::pair<const char*, const char*>> kClass = {
       {"llama", {"LlamaForCausalLM", "llama"}},
       {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
-      {"phi3", {"Phi3ForCausalLM", "phi3"}}};
+      {"phi3", {"Phi3ForCausalLM", "phi3"}},
+      {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},
+      {"gemma2", {"Gemma2ForCausalLM", "gemma2"}}};
   auto cls = kClass.find(hp.arch);
   if (cls == kClass.end()) {
     return make_error(ErrorCode::kUnsupported, "%s: no Hugging Face class for architecture '%s'",
@@ -248,6 +270,13 @@ Status write_hf_folder(const std::string& gguf_path, const std::string& dir,
                                                          : "float32"},
       {"bos_token_id", v.special().bos >= 0 ? ordered_json(v.special().bos) : ordered_json()},
       {"eos_token_id", v.special().eos >= 0 ? ordered_json(v.special().eos) : ordered_json()}};
+  if (hp.arch == "gemma2") {
+    config["hidden_activation"] = "gelu_pytorch_tanh";
+    config["sliding_window"] = hp.sliding_window;
+    config["attn_logit_softcapping"] = hp.attn_softcap;
+    config["final_logit_softcapping"] = hp.final_softcap;
+    config["query_pre_attn_scalar"] = 1.0 / (static_cast<double>(hp.attn_scale) * hp.attn_scale);
+  }
   LOOM_TRY(write_text(fs::path(dir) / "config.json", config.dump(2)));
 
   LOOM_ASSIGN_OR_RETURN(std::string tok, tokenizer_json(v));

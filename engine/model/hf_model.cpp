@@ -31,6 +31,8 @@ const HfArch kHfArchs[] = {
     {"mistral", "MistralForCausalLM", "llama", true},
     {"qwen2", "Qwen2ForCausalLM", "qwen2", false},  // NeoX RoPE in both formats
     {"phi3", "Phi3ForCausalLM", "phi3", false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false},     // NeoX RoPE in both formats
+    {"gemma2", "Gemma2ForCausalLM", "gemma2", false},  // likewise
 };
 
 // What the folder's weights are kept in: the shards' maps, plus the few small
@@ -74,7 +76,7 @@ GgufValue string_value(std::string v) {
 }
 
 // HF tensor name -> GGUF name; "" for tensors the engine does not use.
-std::string gguf_name(const std::string& hf) {
+std::string gguf_name(const std::string& hf, const std::string& arch) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
   if (hf == "lm_head.weight") return "output.weight";
@@ -87,7 +89,21 @@ std::string gguf_name(const std::string& hf) {
     if (c < '0' || c > '9') return "";
   }
   const std::string rest = hf.substr(dot + 1);
+  // gemma2 norms around attention and the FFN (its post_attention_layernorm is
+  // the attention output's norm, not the FFN's input norm as in llama).
+  static const std::pair<const char*, const char*> kGemma2[] = {
+      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+  };
+  if (arch == "gemma2") {
+    for (const auto& [from, to] : kGemma2) {
+      if (rest == from) return "blk." + layer + "." + to;
+    }
+  }
   static const std::pair<const char*, const char*> kParts[] = {
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},  // qwen3
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"input_layernorm.weight", "attn_norm.weight"},
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
@@ -215,6 +231,12 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
       {"rms_norm_eps", "attention.layer_norm_rms_epsilon", false, false},
       {"rope_theta", "rope.freq_base", false, false},
       {"head_dim", "attention.key_length", true, false},
+      {"head_dim", "attention.value_length", true, false},
+      // gemma2
+      {"sliding_window", "attention.sliding_window", true, false},
+      {"attn_logit_softcapping", "attn_logit_softcapping", false, false},
+      {"final_logit_softcapping", "final_logit_softcapping", false, false},
+      {"query_pre_attn_scalar", "attention.query_pre_attn_scalar", false, false},
   };
   for (const Field& f : fields) {
     LOOM_ASSIGN_OR_RETURN(std::optional<double> v,
@@ -226,6 +248,15 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
       continue;
     }
     kv.emplace_back(a + f.gguf, f.integer ? int_value(static_cast<int64_t>(*v)) : float_value(*v));
+  }
+  const bool gemma = std::string(arch->arch) == "gemma2";
+  if (gemma) {
+    const std::string act = config.value("hidden_activation", config.value("hidden_act", ""));
+    if (!act.empty() && act != "gelu_pytorch_tanh" && act != "gelu") {
+      return make_error(ErrorCode::kUnsupported,
+                        "%s: hidden_activation '%s' (gemma2 uses gelu_pytorch_tanh)",
+                        config_path.c_str(), act.c_str());
+    }
   }
 
   // RoPE scaling.
@@ -277,7 +308,7 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
   LOOM_ASSIGN_OR_RETURN(storage->set, SafetensorsSet::open_folder(dir));
   std::vector<GgufTensor> tensors;
   for (const std::string& hf_name : storage->set.tensor_names()) {
-    const std::string name = gguf_name(hf_name);
+    const std::string name = gguf_name(hf_name, arch->arch);
     if (name.empty()) continue;  // not used by the engine (rotary inv_freq buffers, ...)
     const SafetensorsTensor& st = *storage->set.find_tensor(hf_name);
     const std::string file = fs::path(storage->set.file_of(hf_name)->path()).filename().string();
@@ -303,13 +334,20 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
     t.data = st.data;
     // Vectors (norms, biases) in F32, as GGUF files keep them: small, and what
     // every backend's norm and bias ops take.
-    if (t.n_dims == 1 && t.dtype != DType::kF32) {
+    // gemma's RMS norms scale by (1 + w): GGUF stores 1 + w, so do we.
+    const bool plus_one = gemma && t.n_dims == 1 && name.ends_with("norm.weight");
+    if (t.n_dims == 1 && (t.dtype != DType::kF32 || plus_one)) {
       std::vector<float> f(static_cast<size_t>(t.ne[0]));
       const auto* h = reinterpret_cast<const uint8_t*>(st.data);
       for (size_t i = 0; i < f.size(); ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, h + 2 * i, 2);
-        f[i] = t.dtype == DType::kF16 ? ref::fp16_to_fp32(bits) : ref::bf16_to_fp32(bits);
+        if (t.dtype == DType::kF32) {
+          std::memcpy(&f[i], h + 4 * i, 4);
+        } else {
+          uint16_t bits;
+          std::memcpy(&bits, h + 2 * i, 2);
+          f[i] = t.dtype == DType::kF16 ? ref::fp16_to_fp32(bits) : ref::bf16_to_fp32(bits);
+        }
+        if (plus_one) f[i] += 1.0f;
       }
       t.dtype = DType::kF32;
       t.n_bytes = f.size() * sizeof(float);

@@ -60,6 +60,14 @@ struct HParams {
   float yarn_attn_factor = 1.0f;
   float yarn_beta_fast = 32.0f;
   float yarn_beta_slow = 1.0f;
+  // gemma2 (zero / false: not used)
+  float embd_scale = 0.0f;     ///< the embedding rows are multiplied by this
+  float attn_scale = 0.0f;     ///< attention scores times this; 0: 1 / sqrt(head_dim)
+  float attn_softcap = 0.0f;   ///< scores become cap * tanh(s / cap) before the softmax
+  float final_softcap = 0.0f;  ///< logits likewise
+  int64_t sliding_window = 0;  ///< layers l with l % swa_every == 0 see this many positions
+  int64_t swa_every = 0;
+  bool ffn_gelu = false;  ///< GELU (tanh approximation) instead of SiLU in the gated FFN
 };
 
 /// One transformer block's weights. Unused ones stay empty.
@@ -71,6 +79,8 @@ struct LayerWeights {
   Weight ffn_norm;
   Weight w_gate, w_up;  ///< separate, or rows of a fused gate_up (phi3)
   Weight w_down;
+  Weight q_norm, k_norm;                 ///< per-head RMS norms of q and k, [head_dim] (qwen3)
+  Weight post_attn_norm, post_ffn_norm;  ///< norms of the attention and FFN outputs (gemma2)
 };
 
 struct Model {

@@ -83,9 +83,11 @@ DType fit_dtype(DType want, int64_t ne0) {
 }
 
 Status validate(const SynthSpec& s) {
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "phi3") {
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "phi3" && s.arch != "qwen3" &&
+      s.arch != "gemma2") {
     return make_error(ErrorCode::kUnsupported,
-                      "synth: unknown architecture '%s' (llama, qwen2, phi3)", s.arch.c_str());
+                      "synth: unknown architecture '%s' (llama, qwen2, phi3, qwen3, gemma2)",
+                      s.arch.c_str());
   }
   if (s.n_layer < 1 || s.n_embd < 1 || s.n_ff < 1 || s.n_head < 1 || s.n_head_kv < 1 ||
       s.n_ctx < 1) {
@@ -102,16 +104,17 @@ Status validate(const SynthSpec& s) {
                       "synth: heads %lld is not a multiple of kv-heads %lld",
                       static_cast<long long>(s.n_head), static_cast<long long>(s.n_head_kv));
   }
-  if ((s.n_embd / s.n_head) % 2 != 0) {
+  const int64_t hd = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
+  if (hd % 2 != 0 || s.head_dim < 0) {
     return make_error(ErrorCode::kInvalidArgument, "synth: head size %lld must be even (RoPE)",
-                      static_cast<long long>(s.n_embd / s.n_head));
+                      static_cast<long long>(hd));
   }
   return {};
 }
 
 std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const WeightFormat& wf, int64_t n_vocab,
                                         std::vector<std::string>* notes) {
-  const int64_t head_dim = s.n_embd / s.n_head;
+  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
   const int64_t q_dim = s.n_head * head_dim;
   const int64_t kv_dim = s.n_head_kv * head_dim;
   std::vector<PlannedTensor> out;
@@ -145,8 +148,13 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const WeightFormat& 
         vec(p + "attn_k.bias", kv_dim, Fill::kBias);
         vec(p + "attn_v.bias", kv_dim, Fill::kBias);
       }
+      if (s.arch == "qwen3") {
+        vec(p + "attn_q_norm.weight", head_dim, Fill::kNorm);
+        vec(p + "attn_k_norm.weight", head_dim, Fill::kNorm);
+      }
     }
     matrix(p + "attn_output.weight", q_dim, s.n_embd, wf.base);
+    if (s.arch == "gemma2") vec(p + "post_attention_norm.weight", s.n_embd, Fill::kNorm);
     vec(p + "ffn_norm.weight", s.n_embd, Fill::kNorm);
     if (s.arch == "phi3") {
       matrix(p + "ffn_up.weight", s.n_embd, 2 * s.n_ff, wf.base);  // gate and up, fused
@@ -155,6 +163,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const WeightFormat& 
       matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, wf.base);
     }
     matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, more);
+    if (s.arch == "gemma2") vec(p + "post_ffw_norm.weight", s.n_embd, Fill::kNorm);
   }
   vec("output_norm.weight", s.n_embd, Fill::kNorm);
   if (!s.tied_output) matrix("output.weight", s.n_embd, n_vocab, wf.more_bits);
@@ -218,6 +227,7 @@ Status apply_synth_preset(const std::string& preset, SynthSpec* s) {
     int64_t layers, dim, ffn, heads, kv, vocab, ctx;
     float rope;
     bool tied;
+    int64_t head_dim = 0;
   };
   static const P kPresets[] = {
       {"stories-like", "llama", 5, 64, 172, 8, 4, 0, 2048, 10000.0f, false},
@@ -225,6 +235,8 @@ Status apply_synth_preset(const std::string& preset, SynthSpec* s) {
       {"qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 151936, 32768, 1000000.0f, true},
       {"phi3-mini", "phi3", 32, 3072, 8192, 32, 32, 32064, 4096, 10000.0f, false},
       {"llama3-8b", "llama", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, false},
+      {"qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 151936, 40960, 1000000.0f, true, 128},
+      {"gemma2-2b", "gemma2", 26, 2304, 9216, 8, 4, 256000, 8192, 10000.0f, true, 256},
   };
   for (const P& p : kPresets) {
     if (preset != p.name) continue;
@@ -239,12 +251,14 @@ Status apply_synth_preset(const std::string& preset, SynthSpec* s) {
     s->n_ctx = p.ctx;
     s->rope_freq_base = p.rope;
     s->tied_output = p.tied;
+    s->head_dim = p.head_dim;
     s->rms_eps = p.arch == std::string("llama") ? 1e-5f : 1e-6f;
     return {};
   }
   return make_error(
       ErrorCode::kInvalidArgument,
-      "unknown preset '%s' (stories-like, tinyllama-1.1b, qwen2-0.5b, phi3-mini, llama3-8b)",
+      "unknown preset '%s' (stories-like, tinyllama-1.1b, qwen2-0.5b, phi3-mini, llama3-8b, "
+      "qwen3-0.6b, gemma2-2b)",
       preset.c_str());
 }
 
@@ -266,7 +280,19 @@ Result<SynthReport> write_synthetic_model(const SynthSpec& spec, const std::stri
   w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(spec.n_head));
   w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(spec.n_head_kv));
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", spec.rms_eps);
-  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(spec.n_embd / spec.n_head));
+  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head;
+  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(head_dim));
+  if (spec.head_dim > 0) {
+    w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
+    w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  if (a == "gemma2") {  // as llama.cpp's converter writes them (query_pre_attn_scalar: Loom's)
+    w.set_f32(a + ".attn_logit_softcapping", 50.0f);
+    w.set_f32(a + ".final_logit_softcapping", 30.0f);
+    w.set_u32(a + ".attention.sliding_window",
+              static_cast<uint32_t>(spec.sliding_window > 0 ? spec.sliding_window : 4096));
+    w.set_f32(a + ".attention.query_pre_attn_scalar", static_cast<float>(head_dim));
+  }
   w.set_f32(a + ".rope.freq_base", spec.rope_freq_base);
 
   int64_t n_vocab = spec.n_vocab;

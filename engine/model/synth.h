@@ -15,14 +15,16 @@ namespace loom {
 
 /// Shape and format of a synthetic model.
 struct SynthSpec {
-  std::string arch = "llama";  ///< llama | qwen2 | phi3
+  std::string arch = "llama";  ///< llama | qwen2 | phi3 | qwen3 | gemma2
   std::string name = "loom-synthetic";
   int64_t n_layer = 2;
   int64_t n_embd = 64;
   int64_t n_ff = 172;
   int64_t n_head = 4;
   int64_t n_head_kv = 2;
-  int64_t n_vocab = 0;  ///< 0: the tokenizer's size; larger: padded with unused tokens
+  int64_t head_dim = 0;        ///< 0: n_embd / n_head (qwen3 and gemma2 presets set their own)
+  int64_t sliding_window = 0;  ///< gemma2: window of the even layers; 0: 4096
+  int64_t n_vocab = 0;         ///< 0: the tokenizer's size; larger: padded with unused tokens
   int64_t n_ctx = 512;
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
@@ -36,7 +38,7 @@ struct SynthSpec {
 };
 
 /// Fills `spec` with a named preset's shape: stories-like, tinyllama-1.1b,
-/// qwen2-0.5b, phi3-mini, llama3-8b.
+/// qwen2-0.5b, phi3-mini, llama3-8b, qwen3-0.6b, gemma2-2b.
 Status apply_synth_preset(const std::string& preset, SynthSpec* spec);
 
 /// What write_synthetic_model wrote.

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/runtime/arch_ops.h"
 
 namespace loom {
 
@@ -22,6 +23,25 @@ constexpr uint8_t bit(Unit u) {
   return static_cast<uint8_t>(1u << static_cast<unsigned>(u));
 }
 constexpr Unit kUnits[] = {Unit::kCpu, Unit::kGpu};
+
+// Why a model's layers run on the CPU only, or "" (the GPU backends have
+// none of these ops yet; the placement moves such layers to the CPU rather
+// than compute them wrongly).
+std::string host_only_reason(const Model& m) {
+  const HParams& hp = m.hp;
+  if (hp.attn_softcap > 0 || hp.final_softcap > 0 || hp.sliding_window > 0 || hp.ffn_gelu ||
+      hp.embd_scale > 0) {
+    return m.hp.arch +
+           ": soft-capped and sliding-window attention, GeGLU, post-norms and the embedding "
+           "scale are not on the GPU backends yet";
+  }
+  for (const LayerWeights& l : m.layers) {
+    if (l.q_norm.present() || l.post_attn_norm.present()) {
+      return m.hp.arch + ": per-head q/k norms are not on the GPU backends yet";
+    }
+  }
+  return "";
+}
 }  // namespace
 
 ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int64_t max_chunk)
@@ -43,6 +63,7 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
   if (m_.rope_freqs.present()) rope_.freq_factors = static_cast<const float*>(m_.rope_freqs.data);
   pos_.resize(static_cast<size_t>(max_chunk_));
   layer_ns_.resize(static_cast<size_t>(hp.n_layer));
+  host_only_ = host_only_reason(m_);
 
   const Unit primary = backend.host_memory() ? Unit::kCpu : Unit::kGpu;
   units_[static_cast<size_t>(primary)] = &backend;
@@ -153,8 +174,17 @@ Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
   return {};
 }
 
-Status ForwardPass::apply(const Placement& want) {
-  LOOM_TRY(validate_placement(m_, want));
+Status ForwardPass::apply(const Placement& requested) {
+  LOOM_TRY(validate_placement(m_, requested));
+  // Architectures the GPU backends cannot run yet stay on the CPU, said so.
+  Placement want = requested;
+  const bool host_moved = !host_only_.empty() && want.uses(Unit::kGpu);
+  if (host_moved) {
+    want.embed.unit = want.output.unit = Unit::kCpu;
+    for (auto& lp : want.layers) {
+      for (auto& g : lp.g) g.unit = Unit::kCpu;
+    }
+  }
   // Activations before weights: weights can move to the CPU when device
   // memory runs out, activations cannot.
   for (Unit u : kUnits) {
@@ -168,6 +198,7 @@ Status ForwardPass::apply(const Placement& want) {
   }
   Placement p = want;
   std::vector<std::string> notes;
+  if (host_moved) notes.push_back("every layer runs on the CPU: " + host_only_);
   const int64_t L = m_.hp.n_layer;
   Backend* gpu = unit(Unit::kGpu);
   auto fall_back = [&](GroupPlace& g, const std::string& what, const Status& why) {
@@ -564,6 +595,7 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
     const Unit ue = placement_.embed.unit;
     group_begin(prof_ ? prof_->embed_scope() : 0, ue);
     be(ue).get_rows(w_.tok_embd, tokens, out(kX, ue, T));
+    if (hp.embd_scale > 0 && be(ue).host_memory()) host_scale(in(kX, ue, T), hp.embd_scale);
   }
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     LayerTimer timer(layer_stats_, l, T);
@@ -591,6 +623,7 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
   be(uo).rms_norm(x, w_.output_norm, hp.rms_eps, xb);
   if (be(uo).host_memory()) {  // the CPU writes straight into the caller's array
     be(uo).matmul(w_.output, xb, Act{logits, rows, hp.n_vocab}, nullptr);
+    host_softcap(Act{logits, rows, hp.n_vocab}, hp.final_softcap);
     group_end();
     return std::exchange(op_status_, Status());
   }
@@ -609,6 +642,10 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
 }
 
 void ForwardPass::layer(int64_t l, int64_t T) {
+  if (!host_only_.empty()) {
+    layer_host(l, T);
+    return;
+  }
   const HParams& hp = m_.hp;
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
   const LayerPlace& P = placement_.layers[static_cast<size_t>(l)];
@@ -715,6 +752,75 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   Act x = in(kX, un, T), xb = in(kXb, un, T);
   valid_[kX] = bit(un);
   be(un).add(x, xb, x);
+}
+
+// qwen3 and gemma2 on the CPU (shapes [T, ...]):
+//   xb = rms_norm(x) * attn_norm
+//   q, k, v = Wq xb, Wk xb, Wv xb
+//   q, k = rms_norm per head * q_norm, k_norm              (qwen3)
+//   rope(q), rope(k); store k, v
+//   att = attention(q, cache): scale, soft-cap, window     (gemma2: host_attention)
+//   o = Wo att; o = rms_norm(o) * post_attn_norm           (gemma2)
+//   x += o; xb = rms_norm(x) * ffn_norm
+//   h = act(W_gate xb) * (W_up xb), act GELU-tanh (gemma2) or SiLU
+//   d = W_down h; d = rms_norm(d) * post_ffn_norm          (gemma2)
+//   x += d
+void ForwardPass::layer_host(int64_t l, int64_t T) {
+  const HParams& hp = m_.hp;
+  const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
+  const Unit u = Unit::kCpu;
+  Backend& b = be(u);
+  auto scope = [&](OpGroup g) { return prof_ ? prof_->scope(l, g) : 0; };
+  const float eps = hp.rms_eps;
+
+  group_begin(scope(OpGroup::kNorm), u);
+  Act x = in(kX, u, T);
+  valid_[kX] = bit(u);
+  Act xb = out(kXb, u, T);
+  b.rms_norm(x, w.attn_norm, eps, xb);
+  group_begin(scope(OpGroup::kAttnW), u);
+  Act q = out(kQ, u, T), k = out(kK, u, T), v = out(kV, u, T);
+  b.matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, q, k, v);
+  group_begin(scope(OpGroup::kNorm), u);
+  if (w.q_norm.present()) {
+    const Act qh{q.data, T * hp.n_head, hp.head_dim}, kh{k.data, T * hp.n_head_kv, hp.head_dim};
+    b.rms_norm(qh, w.q_norm, eps, qh);
+    b.rms_norm(kh, w.k_norm, eps, kh);
+  }
+  b.rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+  group_begin(scope(OpGroup::kAttn), u);
+  b.kv_store(kv_, l, k, v, pos_.data());
+  if (Status s = kv_.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
+  Act att = out(kAtt, u, T);
+  const float scale =
+      hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
+  if (hp.attn_softcap > 0 || swa) {
+    host_attention(kv_, l, q, pos_.data(), hp.n_head, scale, hp.attn_softcap,
+                   swa ? hp.sliding_window : 0, att);
+  } else {
+    b.attention(kv_, l, q, pos_.data(), hp.n_head, scale, att);
+  }
+  group_begin(scope(OpGroup::kAttnW), u);
+  Act o = out(kXb, u, T);
+  b.matmul(w.wo, att, o, nullptr);
+  group_begin(scope(OpGroup::kNorm), u);
+  if (w.post_attn_norm.present()) b.rms_norm(o, w.post_attn_norm, eps, o);
+  b.add(x, o, x);
+  b.rms_norm(x, w.ffn_norm, eps, xb);
+  group_begin(scope(OpGroup::kFfn), u);
+  Act hb = out(kHb, u, T), hb2 = out(kHb2, u, T);
+  if (hp.ffn_gelu) {
+    b.matmul(w.w_gate, xb, hb, nullptr);
+    b.matmul(w.w_up, xb, hb2, nullptr);
+    host_gelu_mul(hb, hb2);
+  } else {
+    b.matmul_glu(w.w_gate, w.w_up, xb, hb, hb2);
+  }
+  b.matmul(w.w_down, hb, o, nullptr);
+  group_begin(scope(OpGroup::kNorm), u);
+  if (w.post_ffn_norm.present()) b.rms_norm(o, w.post_ffn_norm, eps, o);
+  b.add(x, o, x);
 }
 
 }  // namespace loom

@@ -89,6 +89,9 @@ Result<std::vector<double>> reference_embed(const Model& m, std::span<const int3
                         tokens[t]);
     }
     LOOM_TRY(row_of(m.tok_embd, tokens[t], &row));
+    if (m.hp.embd_scale > 0) {
+      for (double& v : row) v *= static_cast<double>(m.hp.embd_scale);
+    }
     std::copy(row.begin(), row.end(),
               x.begin() + static_cast<std::ptrdiff_t>(t * static_cast<size_t>(n)));
   }
@@ -111,11 +114,18 @@ Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std
   LOOM_ASSIGN_OR_RETURN(Vec q, matmul(L.wq, xb, T, &L.bq));
   LOOM_ASSIGN_OR_RETURN(Vec k, matmul(L.wk, xb, T, &L.bk));
   LOOM_ASSIGN_OR_RETURN(Vec v, matmul(L.wv, xb, T, &L.bv));
+  if (L.q_norm.present()) {  // qwen3: per head
+    LOOM_ASSIGN_OR_RETURN(q, rms_norm(q, hd, L.q_norm, hp.rms_eps));
+    LOOM_ASSIGN_OR_RETURN(k, rms_norm(k, hd, L.k_norm, hp.rms_eps));
+  }
   rope(q, T, nh, hp, factors);
   rope(k, T, nkv, hp, factors);
+  const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
 
   Vec att(static_cast<size_t>(T * nh * hd), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = hp.attn_scale > 0 ? static_cast<double>(hp.attn_scale)
+                                         : 1.0 / std::sqrt(static_cast<double>(hd));
+  const double cap = hp.attn_softcap;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < nh; ++h) {
       const int64_t kh = h / group;
@@ -126,7 +136,10 @@ Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std
         const double* kj = k.data() + (j * nkv + kh) * hd;
         double s = 0;
         for (int64_t i = 0; i < hd; ++i) s += qh[i] * kj[i];
-        sc[static_cast<size_t>(j)] = s * scale;
+        s *= scale;
+        if (cap > 0) s = cap * std::tanh(s / cap);
+        if (swa && t - j >= hp.sliding_window) s = -1e300;  // outside the window
+        sc[static_cast<size_t>(j)] = s;
         mx = std::max(mx, sc[static_cast<size_t>(j)]);
       }
       double sum = 0;
@@ -140,13 +153,25 @@ Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std
     }
   }
   LOOM_ASSIGN_OR_RETURN(Vec o, matmul(L.wo, att, T));
+  if (L.post_attn_norm.present()) {
+    LOOM_ASSIGN_OR_RETURN(o, rms_norm(o, hp.n_embd, L.post_attn_norm, hp.rms_eps));
+  }
   Vec y = x;
   for (size_t i = 0; i < y.size(); ++i) y[i] += o[i];
   LOOM_ASSIGN_OR_RETURN(xb, rms_norm(y, hp.n_embd, L.ffn_norm, hp.rms_eps));
   LOOM_ASSIGN_OR_RETURN(Vec g, matmul(L.w_gate, xb, T));
   LOOM_ASSIGN_OR_RETURN(Vec u, matmul(L.w_up, xb, T));
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double a = g[i];
+    g[i] = (hp.ffn_gelu
+                ? 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)))
+                : a / (1.0 + std::exp(-a))) *
+           u[i];
+  }
   LOOM_ASSIGN_OR_RETURN(Vec d, matmul(L.w_down, g, T));
+  if (L.post_ffn_norm.present()) {
+    LOOM_ASSIGN_OR_RETURN(d, rms_norm(d, hp.n_embd, L.post_ffn_norm, hp.rms_eps));
+  }
   for (size_t i = 0; i < y.size(); ++i) y[i] += d[i];
   return y;
 }

@@ -127,7 +127,8 @@ TEST_P(ConvertFolder, GivesTheFoldersGreedyTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, ConvertFolder,
                          ::testing::Values(FolderCase{"llama", "f32"}, FolderCase{"llama", "f16"},
-                                           FolderCase{"qwen2", "f32"}, FolderCase{"phi3", "f16"}),
+                                           FolderCase{"qwen2", "f32"}, FolderCase{"phi3", "f16"},
+                                           FolderCase{"qwen3", "f32"}, FolderCase{"gemma2", "f16"}),
                          [](const auto& i) {
                            return std::string(i.param.arch) + "_" + i.param.dtype;
                          });

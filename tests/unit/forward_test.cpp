@@ -25,13 +25,34 @@ struct Case {
 // Tolerances: F32 weights differ from the reference only by float rounding and
 // the F16 KV cache; quantized weights also see Q8 activations (Q8_0 or Q8_K).
 const Case kCases[] = {
-    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},  {"llama", "bf16", 1e-2},
-    {"llama", "q8_0", 2e-2}, {"llama", "q4_0", 3e-2}, {"llama", "q4_1", 3e-2},
-    {"llama", "q5_0", 3e-2}, {"llama", "q5_1", 3e-2}, {"llama", "q2_k", 5e-2},
-    {"llama", "q3_k", 4e-2}, {"llama", "q4_k", 3e-2}, {"llama", "q5_k", 3e-2},
-    {"llama", "q6_k", 3e-2}, {"qwen2", "f32", 2e-3},  {"qwen2", "q8_0", 2e-2},
-    {"qwen2", "q4_k", 3e-2}, {"phi3", "f32", 2e-3},   {"phi3", "f16", 3e-3},
-    {"phi3", "q4_0", 3e-2},  {"phi3", "q6_k", 3e-2},
+    {"llama", "f32", 2e-3},
+    {"llama", "f16", 3e-3},
+    {"llama", "bf16", 1e-2},
+    {"llama", "q8_0", 2e-2},
+    {"llama", "q4_0", 3e-2},
+    {"llama", "q4_1", 3e-2},
+    {"llama", "q5_0", 3e-2},
+    {"llama", "q5_1", 3e-2},
+    {"llama", "q2_k", 5e-2},
+    {"llama", "q3_k", 4e-2},
+    {"llama", "q4_k", 3e-2},
+    {"llama", "q5_k", 3e-2},
+    {"llama", "q6_k", 3e-2},
+    {"qwen2", "f32", 2e-3},
+    {"qwen2", "q8_0", 2e-2},
+    {"qwen2", "q4_k", 3e-2},
+    {"phi3", "f32", 2e-3},
+    {"phi3", "f16", 3e-3},
+    {"phi3", "q4_0", 3e-2},
+    {"phi3", "q6_k", 3e-2},
+    // qwen3: per-head q/k norms; gemma2: scaled embedding, soft-caps, GeGLU,
+    // post-norms, a sliding window of 4 in the even layers (the prompts are longer).
+    {"qwen3", "f32", 2e-3},
+    {"qwen3", "q8_0", 2e-2},
+    {"qwen3", "q4_k", 3e-2},
+    {"gemma2", "f32", 2e-3},
+    {"gemma2", "f16", 3e-3},
+    {"gemma2", "q8_0", 2e-2},
 };
 
 class ForwardVsReference : public ::testing::TestWithParam<Case> {};
@@ -47,6 +68,7 @@ std::string synth(const std::string& arch, const std::string& dtype, const std::
   s.n_ctx = 64;
   s.weight_type = dtype;
   s.seed = 7;
+  s.sliding_window = 4;  // gemma2
   std::string path = test::temp_dir("fwd_" + name) + "/m.gguf";
   auto r = write_synthetic_model(s, path);
   EXPECT_TRUE(r.ok()) << r.message();
@@ -275,6 +297,31 @@ TEST_F(SessionTest, SecondTurnReusesTheCachedPrefix) {
   auto r = s->generate(*p2, gp, nullptr);
   ASSERT_TRUE(r.ok());
   EXPECT_GE(r->n_reused, static_cast<int64_t>(p1->size()) - 1);
+}
+
+// qwen3 and gemma2 have ops no GPU backend runs yet: a placement asking for
+// the GPU runs on the CPU instead, and says why (here without any GPU open).
+TEST(ForwardHostOnly, GpuPlacementStaysOnTheCpuWithAReason) {
+  for (const char* arch : {"qwen3", "gemma2"}) {
+    auto m = load_model(synth(arch, "f32", std::string("hostonly_") + arch));
+    ASSERT_TRUE(m.ok()) << m.message();
+    const Model& model = **m;
+    CpuBackend be(2);
+    auto kv = KvCache::create(
+        {model.hp.n_layer, model.hp.n_head_kv, model.hp.head_dim, 64, 16, DType::kF16});
+    ASSERT_TRUE(kv.ok());
+    ForwardPass fwd(model, be, **kv, 8);
+    ASSERT_TRUE(fwd.set_placement(Placement::uniform(model.hp.n_layer, Unit::kGpu)).ok());
+    Status s = fwd.prepare();
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_FALSE(fwd.placement().uses(Unit::kGpu));
+    ASSERT_EQ(fwd.notes().size(), 1u);
+    EXPECT_NE(fwd.notes()[0].find(std::string(arch) + ":"), std::string::npos) << fwd.notes()[0];
+    EXPECT_NE(fwd.notes()[0].find("on the CPU"), std::string::npos) << fwd.notes()[0];
+    std::vector<float> logits(static_cast<size_t>(model.hp.n_vocab));
+    const int32_t toks[] = {0, 5, 9};
+    EXPECT_TRUE(fwd.eval(toks, 0, logits.data()).ok());
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ std::unique_ptr<Model> synth_model(const std::string& name, const std::string& a
   s.n_ff = 256;
   s.n_head_kv = arch == "phi3" ? 4 : 2;
   s.seed = 9;
+  s.sliding_window = 4;
   const std::string path = test::temp_dir("verify_" + name) + "/m.gguf";
   EXPECT_TRUE(write_synthetic_model(s, path).ok());
   auto m = load_model(path);
@@ -35,7 +36,7 @@ std::unique_ptr<Model> synth_model(const std::string& name, const std::string& a
 const std::vector<int32_t> kTokens = {0, 77, 301, 5, 122, 9, 260, 33, 12, 250, 40, 41};
 
 TEST(Verify, F32OnTheCpuIsCloseEverywhere) {
-  for (const char* arch : {"llama", "qwen2", "phi3"}) {
+  for (const char* arch : {"llama", "qwen2", "phi3", "qwen3", "gemma2"}) {
     auto m = synth_model(std::string("f32_") + arch, arch);
     ASSERT_TRUE(m);
     CpuBackend cpu(2);

@@ -32,12 +32,14 @@ int main(int argc, char** argv) {
   SynthOptions syn;
   auto* c_syn = app.add_subcommand("synth", "Write a synthetic model (random weights) as GGUF");
   c_syn->add_option("--out,-o", syn.out, "Output .gguf")->required();
-  c_syn->add_option("--preset", syn.preset,
-                    "stories-like | tinyllama-1.1b | qwen2-0.5b | phi3-mini | llama3-8b");
+  c_syn->add_option(
+      "--preset", syn.preset,
+      "stories-like | tinyllama-1.1b | qwen2-0.5b | phi3-mini | llama3-8b | qwen3-0.6b | "
+      "gemma2-2b");
   auto opt = [&](const char* name, auto& v, bool& set, const char* help) {
     c_syn->add_option(name, v, help)->each([&set](const std::string&) { set = true; });
   };
-  opt("--arch", syn.arch, syn.set_arch, "llama | qwen2 | phi3");
+  opt("--arch", syn.arch, syn.set_arch, "llama | qwen2 | phi3 | qwen3 | gemma2");
   opt("--layers", syn.layers, syn.set_layers, "Number of layers");
   opt("--dim", syn.dim, syn.set_dim, "Embedding size");
   opt("--ffn", syn.ffn, syn.set_ffn, "FFN hidden size");

@@ -21,13 +21,15 @@ struct Architecture {
 
 /// nullptr when `name` is not supported.
 const Architecture* find_architecture(const std::string& name);
-/// "llama, qwen2, phi3".
+/// "llama, qwen2, phi3, qwen3, gemma2".
 std::string supported_architectures();
 
 // Defined in the per-architecture files.
 extern const Architecture kArchLlama;
 extern const Architecture kArchQwen2;
 extern const Architecture kArchPhi3;
+extern const Architecture kArchQwen3;
+extern const Architecture kArchGemma2;
 
 namespace detail {
 /// Binds what llama-style decoders share: embedding, output norm, output

@@ -5,7 +5,8 @@
 namespace loom {
 
 namespace {
-const Architecture* const kAll[] = {&kArchLlama, &kArchQwen2, &kArchPhi3};
+const Architecture* const kAll[] = {&kArchLlama, &kArchQwen2, &kArchPhi3, &kArchQwen3,
+                                    &kArchGemma2};
 }
 
 const Architecture* find_architecture(const std::string& name) {

@@ -1,0 +1,30 @@
+// Host-side ops of the architectures whose layers only the CPU runs so far
+// (qwen3's per-head q/k norms go through the backend's RMS norm; these are
+// gemma2's): scaling, soft-capping, GELU(tanh)·mul, and attention with a
+// logit soft-cap and a sliding window, reading the layer's paged KV cache.
+// The ForwardPass calls them on host memory only: the placement keeps such
+// layers on the CPU (forward.cpp says why in its notes).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/backends/backend.h"
+#include "engine/runtime/kv_cache.h"
+
+namespace loom {
+
+/// x *= s, every element of `x`.
+void host_scale(Act x, float s);
+/// x = cap * tanh(x / cap), every element (no-op when cap <= 0).
+void host_softcap(Act x, float cap);
+/// g = gelu_tanh(g) * u, element-wise (the GeGLU of gemma's FFN).
+void host_gelu_mul(Act g, Act u);
+
+/// Causal GQA attention like Backend::attention, plus: scores soft-capped
+/// (cap * tanh(s / cap), when cap > 0) before the softmax, and, when
+/// `window` > 0, query position p seeing only keys at positions p - window < j <= p.
+///   q [T, n_heads * head_dim] at positions pos[t]; out likewise.
+void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                    float scale, float cap, int64_t window, Act out);
+
+}  // namespace loom
