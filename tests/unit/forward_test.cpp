@@ -324,5 +324,41 @@ TEST(ForwardHostOnly, GpuPlacementStaysOnTheCpuWithAReason) {
   }
 }
 
+// gemma2's sliding window is in force: the same weights with a window of 4
+// and of 64 give the same logits for the first 4 positions and different
+// ones after (layer 0 slides; layer 1 sees everything).
+TEST(ForwardGemma2, SlidingWindowChangesOnlyLaterPositions) {
+  std::vector<std::vector<float>> runs;
+  for (int64_t window : {4, 64}) {
+    SynthSpec s;
+    s.arch = "gemma2";
+    s.n_embd = 128;
+    s.n_ff = 256;
+    s.sliding_window = window;
+    s.seed = 3;
+    const std::string path = test::temp_dir("gemma2_window_" + std::to_string(window)) + "/m.gguf";
+    ASSERT_TRUE(write_synthetic_model(s, path).ok());
+    auto m = load_model(path);
+    ASSERT_TRUE(m.ok()) << m.message();
+    EXPECT_EQ((*m)->hp.sliding_window, window);
+    CpuBackend be(2);
+    auto kv = KvCache::create(
+        {(*m)->hp.n_layer, (*m)->hp.n_head_kv, (*m)->hp.head_dim, 64, 16, DType::kF16});
+    ASSERT_TRUE(kv.ok());
+    ForwardPass fwd(**m, be, **kv, 16);
+    const std::vector<int32_t> toks = {0, 77, 30, 5, 122, 9, 260, 33};
+    std::vector<float> logits(toks.size() * static_cast<size_t>((*m)->hp.n_vocab));
+    ASSERT_TRUE(fwd.eval(toks, 0, logits.data(), true).ok());
+    runs.push_back(std::move(logits));
+  }
+  const size_t V = runs[0].size() / 8;
+  for (size_t t = 0; t < 8; ++t) {
+    const bool same = std::equal(runs[0].begin() + static_cast<std::ptrdiff_t>(t * V),
+                                 runs[0].begin() + static_cast<std::ptrdiff_t>((t + 1) * V),
+                                 runs[1].begin() + static_cast<std::ptrdiff_t>(t * V));
+    EXPECT_EQ(same, t < 4) << "position " << t;
+  }
+}
+
 }  // namespace
 }  // namespace loom
