@@ -114,7 +114,8 @@ std::vector<double> reference(const KvCacheConfig& cfg, const std::vector<float>
       double* o = out.data() + (t * n_heads + h) * hd;
       for (size_t j = 0; j < sc.size(); ++j) {
         const float* vr = vf.data() + (kvh * n + static_cast<int64_t>(j)) * hd;
-        for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] / sum * vr[i];
+        const double w = sc[j] / sum;  // (o may alias sc for the compiler: hoisted by hand)
+        for (int64_t i = 0; i < hd; ++i) o[i] += w * vr[i];
       }
     }
   }
@@ -176,7 +177,7 @@ constexpr double kTolFlash = 2e-3;
 
 // Attention of queries at `pos` over a context of n stored tokens, with the
 // kernel choice `kernel` (0 by T and head_dim, 1 tiles, 2 split-K, 3 the
-// tensor-core prefill) and `split_keys`.
+// tensor-core prefill, 4 the same with one stage) and `split_keys`.
 void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, int kernel,
                      int64_t split_keys) {
   SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " hd " + std::to_string(c.head_dim) + " heads " +
@@ -209,9 +210,9 @@ void check_attention(const Case& c, int64_t n, const std::vector<int32_t>& pos, 
   const std::vector<float> got = od.download();
   EXPECT_TRUE(test::all_finite(got));
   // Kernel 0 picks the tensor cores for T > 8 where they have a kernel.
-  const bool flash =
-      kernel == cuda::kAttnKernelFlash || (kernel == 0 && T > 8 && cuda::flash_prefill_enabled() &&
-                                           cuda::flash_prefill_supports(c.head_dim));
+  const bool flash = kernel == cuda::kAttnKernelFlash || kernel == cuda::kAttnKernelFlashOneStage ||
+                     (kernel == 0 && T > 8 && cuda::flash_prefill_enabled() &&
+                      cuda::flash_prefill_supports(c.head_dim));
   EXPECT_LT(test::rel_error(got, reference(cfg, kf, vf, n, q, pos, c.n_heads, scale)),
             flash ? kTolFlash : kTolFloat);
 }
@@ -264,14 +265,17 @@ TEST_P(CudaFlashPrefill, MatchesReference) {
   LOOM_CUDA_OR_SKIP();
   const Case c = GetParam();
   constexpr int kFlash = cuda::kAttnKernelFlash;
-  check_attention(c, 9, positions(0, 9), kFlash, 0);       // part of one key tile
-  check_attention(c, 64, positions(0, 64), kFlash, 0);     // whole 64-key tiles
-  check_attention(c, 137, positions(37, 100), kFlash, 0);  // on top of a 37-token prefix
-  // A 4400-token prefix, then 600 tokens: the capacity is 5000, so a read past
-  // the last position would leave the allocation (compute-sanitizer).
-  check_attention(c, 5000, positions(4400, 600), kFlash, 0);
+  check_attention(c, 9, positions(0, 9), kFlash, 0);          // part of one key tile
+  check_attention(c, 64, positions(0, 64), kFlash, 0);        // whole 64-key tiles
+  check_attention(c, 137, positions(37, 100), kFlash, 0);     // on top of a 37-token prefix
+  check_attention(c, 1600, positions(1000, 600), kFlash, 0);  // 600 on a 1000-token prefix
+  // 100 tokens ending 5000 keys: the capacity is 5000, so a read past the last
+  // position would leave the allocation (compute-sanitizer).
+  check_attention(c, 5000, positions(4900, 100), kFlash, 0);
   check_attention(c, 1000, {999}, kFlash, 0);         // one token
   check_attention(c, 137, positions(37, 100), 0, 0);  // chosen by T and head_dim
+  // The one-stage variant (F16 through registers: LOOM_CUDA_ATTN=sync).
+  check_attention(c, 137, positions(37, 100), cuda::kAttnKernelFlashOneStage, 0);
 }
 
 TEST_P(CudaFlashPrefill, NonContiguousPositions) {
@@ -286,6 +290,7 @@ TEST_P(CudaFlashPrefill, NonContiguousPositions) {
   std::vector<int32_t> r;
   for (int32_t t = 0; t < 70; ++t) r.push_back(t < 35 ? 300 - 7 * t : 50);
   check_attention(c, 301, r, cuda::kAttnKernelFlash, 0);
+  check_attention(c, 301, r, cuda::kAttnKernelFlashOneStage, 0);
 }
 
 const Case kFlashCases[] = {

@@ -5,7 +5,8 @@
 # Builds build-cuda-dev (Release, -Werror, only what is needed), then writes
 # to out-dir (default: $OUT, else ./cuda-run): nvidia-smi, `loom devices`,
 # the three CUDA test suites (gtest XML too), compute-sanitizer memcheck on
-# the kernel suites (a subset of shapes, to fit the time), and `loom bench`
+# the kernel suites (a subset of shapes, to fit the time), racecheck on the
+# flash prefill, and `loom bench`
 # on a synthetic model on the CPU and on CUDA. Steps keep going after a
 # failure; summary.txt lists each step's exit code. LOOM_CUDA_BUILD_DIR
 # names another build folder; LOOM_CUDA_RUN_NO_BENCH=1 stops before the bench.
@@ -38,7 +39,7 @@ step build 330 cmake --build "$b" -j "$jobs" --target loom loom_cuda_matmul_test
   loom_cuda_attention_tests loom_cuda_tests
 step devices 30 "$b/tools/loom" devices
 step matmul_tests 120 "$b/tests/loom_cuda_matmul_tests" --gtest_output="xml:$out/matmul.xml"
-step attention_tests 120 "$b/tests/loom_cuda_attention_tests" --gtest_output="xml:$out/attention.xml"
+step attention_tests 240 "$b/tests/loom_cuda_attention_tests" --gtest_output="xml:$out/attention.xml"
 step backend_tests 180 "$b/tests/loom_cuda_tests" --gtest_output="xml:$out/backend.xml"
 if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -46,6 +47,10 @@ if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/comp
     "$b/tests/loom_cuda_matmul_tests" --gtest_filter='*Q4_K*:*Q6_K*:*Q4_0*:*F16*:*BF16*'
   step memcheck_attention 180 "$cs" --tool memcheck --error-exitcode 9 \
     "$b/tests/loom_cuda_attention_tests" --gtest_filter='*hd64_h8_kv2*:*hd80*:*hd8_*:*Errors*'
+  # Shared-memory races of the flash prefill (both stages of cp.async, the Q8_0
+  # path, head_dim 256's separate Q) on its small shapes.
+  step racecheck_flash 180 "$cs" --tool racecheck --error-exitcode 9 \
+    "$b/tests/loom_cuda_attention_tests" --gtest_filter='*CudaFlashPrefill.NonContiguous*hd128_h8_kv1*:*CudaFlashPrefill.NonContiguous*Q8_0_hd64*:*CudaFlashPrefill.NonContiguous*F16_hd256*'
   step memcheck_backend 180 "$cs" --tool memcheck --error-exitcode 9 \
     "$b/tests/loom_cuda_tests" --gtest_filter='CudaBackendOps.*:CudaForward.*llama_q4_k*'
 fi

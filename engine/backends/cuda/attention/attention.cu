@@ -215,9 +215,11 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
   if (!split) {
     // Tensor cores (flash_prefill.cu) for the head_dims they have kernels for,
     // unless tiles are forced (kernel 1) or LOOM_CUDA_ATTN=tile switches them off.
-    if (scratch.kernel() == kAttnKernelFlash || (scratch.kernel() == 0 && flash_prefill_enabled() &&
-                                                 flash_prefill_supports(layer.head_dim)))
-      return flash_prefill(layer, q, T, pos, n_heads, scale, out, s);
+    const bool one_stage = scratch.kernel() == kAttnKernelFlashOneStage;
+    if (scratch.kernel() == kAttnKernelFlash || one_stage ||
+        (scratch.kernel() == 0 && flash_prefill_enabled() &&
+         flash_prefill_supports(layer.head_dim)))
+      return flash_prefill(layer, q, T, pos, n_heads, scale, out, s, one_stage);
     const dim3 grid(static_cast<unsigned>(n_heads),
                     static_cast<unsigned>((T + kTileQ - 1) / kTileQ));
     const bool ok = with_kd(layer.head_dim, [&]<int kD>() {

@@ -50,8 +50,11 @@ class AttentionScratch {
   /// context length and the SM count).
   void set_split_keys(int64_t keys) { split_keys_ = keys; }
   int64_t split_keys() const { return split_keys_; }
-  /// Test hook: 0 picks by T (split-K decoding for T <= 8, tiles beyond);
-  /// 1 forces the tiled prefill kernel, 2 the split-K decode kernel.
+  /// Test hook: 0 picks by T (split-K decoding for T <= 8, beyond it the
+  /// tensor-core flash prefill where it has the head_dim, else tiles);
+  /// 1 forces the tiled prefill kernel, 2 the split-K decode kernel, 3 the
+  /// flash prefill, 4 its one-stage variant (flash_prefill.h;
+  /// LOOM_CUDA_ATTN=tile turns 0's use of it off).
   void set_kernel(int k) { kernel_ = k; }
   int kernel() const { return kernel_; }
 

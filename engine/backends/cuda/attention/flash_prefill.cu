@@ -13,11 +13,13 @@
 //    registers as A fragments (D <= 128), or read from shared memory at each
 //    key tile (D = 256, whose registers go to the output).
 //  - Key tiles of kBc keys (64; 32 for D = 256) from 0 to the largest pos of
-//    the block's rows: K and V rows loaded into shared memory as F16 (Q8_0
-//    blocks dequantized on the way), each row padded by 16 bytes so that the
-//    8 row addresses of an ldmatrix fall in different banks. No row past the
-//    block's largest pos is read (it may lie past the cache's capacity); the
-//    tile's rest is zeros, masked.
+//    the block's rows: K and V rows into shared memory as F16, each row
+//    padded by 16 bytes so that the 8 row addresses of an ldmatrix fall in
+//    different banks. F16 caches: cp.async into two stages, the next tile
+//    copied while this one is multiplied. Q8_0: one stage, the blocks
+//    dequantized through registers. No row past the block's largest pos is
+//    read (it may lie past the cache's capacity); the tile's rest is zeros,
+//    masked.
 //  - S = Q K^T in registers (ldmatrix of K rows as the col-major B), keys
 //    past a row's own pos masked to -inf (pos is read per row: it need not
 //    be contiguous), then the online softmax per row: running max m and sum
@@ -27,9 +29,11 @@
 //    convex combination of V rows whatever P's rounding.
 //  - A warp whose 16 rows all come before a key tile skips its products; rows
 //    past T * group (the last tile's padding) have pos -1 and see no key.
-// Shared memory: the K and V tiles, kBc x (D + 8) halfs each (Q is staged in
-// the K tile's room): 18 KiB for D 64, 35 KiB for D 128; D 256 66 KiB with Q
-// apart (the opt-in above 48 KiB is set per device before the first launch).
+// Shared memory: per stage a K and a V tile of kBc x (D + 8) halfs (Q is
+// staged in stage 0's K tile, but apart for D 256): F16 36 KiB (D 64) to 68
+// KiB (D 128) and 99 KiB (D 256); Q8_0 (one stage) 18 to 34 KiB, and 66 KiB
+// for D 256. Past 48 KiB the opt-in is set once per device before the first
+// launch.
 #include <cuda_fp16.h>
 
 #include <atomic>
@@ -62,22 +66,27 @@ struct FlashArgs {
   int n_heads;
   int group;
   float qscale;  // scale * log2(e)
-  bool q8;
+  bool q8;       // Q8_0 rows, else F16 (the one-stage kernel reads both)
 };
 
-template <int kD>
+// kAsync: F16 rows copied by cp.async into two stages (the next tile lands
+// while this one is multiplied); else one stage, loaded through registers
+// (Q8_0 dequantized; F16 too under LOOM_CUDA_ATTN=sync or kernel 4).
+template <int kD, bool kAsync>
 struct FlashCfg {
   static constexpr int kBc = kD > 128 ? 32 : 64;  // keys per tile
   static constexpr bool kQRegs = kD <= 128;       // Q's A fragments held in registers
   static constexpr int kStride = kD + 8;          // halfs per shared row: 16 bytes of padding
   static constexpr int kTileHalfs = kBc * kStride;
-  static constexpr int kQHalfs = kQRegs ? 0 : kBr * kStride;  // else Q is staged in the K tile
-  static constexpr int kSmemBytes = (2 * kTileHalfs + kQHalfs) * 2;
+  static constexpr int kStages = kAsync ? 2 : 1;
+  // Q is staged in stage 0's K tile when its fragments go to registers.
+  static constexpr int kQHalfs = kQRegs ? 0 : kBr * kStride;
+  static constexpr int kSmemBytes = (kStages * 2 * kTileHalfs + kQHalfs) * 2;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks (8 halfs) per row
   // Blocks per SM the registers are bounded for: 3 (at most 168 per thread)
-  // where that costs no spills (ptxas -v: D 64 157, D 80 167); D 96 and 128
-  // spill under it (D 128 takes 238, D 256 255), so 2 blocks.
-  static constexpr int kMinBlocks = kD <= 80 ? 3 : 2;
+  // where ptxas -v shows no spills under it (D 64; D 96 with cp.async), else 2
+  // (D 128 with cp.async spills 68 bytes at 168; D 128 takes 200-240, D 256 252).
+  static constexpr int kMinBlocks = kD <= 80 || (kAsync && kD <= 96) ? 3 : 2;
   static_assert(kD % 16 == 0, "mma k-steps of 16");
   static_assert(!kQRegs || kBc >= kBr, "Q is staged in the K tile");
   static_assert(kBc % 16 == 0 && (kBc * kChunks) % kThreads == 0 && (kBr * kChunks) % kThreads == 0,
@@ -133,9 +142,22 @@ __device__ __forceinline__ float2 unpack_half2(uint32_t u) {
   return __half22float2(h);
 }
 
-// Values d0 .. d0 + 7 of a K or V row as 8 halfs: F16 rows as they are (16-byte
-// aligned: the row is D * 2 bytes from a cudaMalloc'd base), Q8_0 blocks (34
-// bytes: an F16 scale and 32 int8, 2-byte aligned) as scale * q rounded to F16.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most n of this thread's committed groups are in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
+}
+
+// Values d0 .. d0 + 7 of a K or V row as 8 halfs: F16 rows as they are (16
+// bytes, aligned: checked on the host), Q8_0 blocks (34 bytes: an F16 scale
+// and 32 int8, 2-byte aligned) as scale * q rounded to F16.
 __device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int d0, bool q8) {
   if (!q8) return *reinterpret_cast<const uint4*>(row + d0 * 2);
   const uint8_t* blk = row + (d0 >> 5) * 34;
@@ -151,15 +173,15 @@ __device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int d0, bool q8)
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <int kD>
-__global__ void __launch_bounds__(kThreads, FlashCfg<kD>::kMinBlocks)
+template <int kD, bool kAsync>
+__global__ void __launch_bounds__(kThreads, FlashCfg<kD, kAsync>::kMinBlocks)
     flash_prefill_kernel(FlashArgs a) {
-  using C = FlashCfg<kD>;
+  using C = FlashCfg<kD, kAsync>;
   constexpr int kBc = C::kBc, kS = C::kStride, kChunks = C::kChunks;
-  extern __shared__ uint4 smem_raw[];  // 16-byte aligned, as ldmatrix needs
-  __half* ks = reinterpret_cast<__half*>(smem_raw);
-  __half* vs = ks + C::kTileHalfs;
-  __half* qs = C::kQRegs ? ks : vs + C::kTileHalfs;
+  extern __shared__ uint4 smem_raw[];  // 16-byte aligned, as ldmatrix and cp.async need
+  // Stage st: K tile at smem + 2 st kTileHalfs, its V tile after it.
+  __half* const smem = reinterpret_cast<__half*>(smem_raw);
+  __half* const qs = C::kQRegs ? smem : smem + C::kStages * 2 * C::kTileHalfs;
   __shared__ int block_max;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -169,9 +191,10 @@ __global__ void __launch_bounds__(kThreads, FlashCfg<kD>::kMinBlocks)
   const int group = a.group;
 
   if (tid == 0) block_max = -1;
-    // Q rows r0 .. r0 + 63, scaled, as F16 (zeros past the last row).
+  // Q rows r0 .. r0 + 63, scaled, as F16 (zeros past the last row).
+  constexpr int kQIters = kBr * kChunks / kThreads;
 #pragma unroll
-  for (int it = 0; it < kBr * kChunks / kThreads; ++it) {
+  for (int it = 0; it < kQIters; ++it) {
     const int i = tid + it * kThreads;
     const int r = i / kChunks, c = i % kChunks;
     const int row = r0 + r;
@@ -212,23 +235,52 @@ __global__ void __launch_bounds__(kThreads, FlashCfg<kD>::kMinBlocks)
   const uint8_t* kbase = a.kc + static_cast<int64_t>(kvh) * a.capacity * a.row_bytes;
   const uint8_t* vbase = a.vc + static_cast<int64_t>(kvh) * a.capacity * a.row_bytes;
 
-  for (int k0 = 0; k0 <= bmax; k0 += kBc) {
-    // K and V rows k0 .. k0 + kBc - 1 into shared memory; none past bmax is read.
+  // K and V rows k0 .. k0 + kBc - 1 into stage st; none past bmax is read (zeros
+  // instead). kAsync: cp.async, waited for by the caller; else through registers.
+  auto load_tile = [&](int k0, int st) {
+    __half* ks = smem + st * 2 * C::kTileHalfs;
+    __half* vs = ks + C::kTileHalfs;
 #pragma unroll
     for (int it = 0; it < kBc * kChunks / kThreads; ++it) {
       const int i = tid + it * kThreads;
       const int r = i / kChunks, c = i % kChunks;
       const int j = k0 + r;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (j <= bmax) {
-        const uint64_t off = static_cast<uint64_t>(j) * a.row_bytes;
-        kv = load_chunk(kbase + off, c * 8, a.q8);
-        vv = load_chunk(vbase + off, c * 8, a.q8);
+      uint4* kd = reinterpret_cast<uint4*>(ks + r * kS + c * 8);
+      uint4* vd = reinterpret_cast<uint4*>(vs + r * kS + c * 8);
+      if (j > bmax) {
+        *kd = make_uint4(0, 0, 0, 0);
+        *vd = make_uint4(0, 0, 0, 0);
+        continue;
       }
-      *reinterpret_cast<uint4*>(ks + r * kS + c * 8) = kv;
-      *reinterpret_cast<uint4*>(vs + r * kS + c * 8) = vv;
+      const uint64_t off = static_cast<uint64_t>(j) * a.row_bytes;
+      if constexpr (kAsync) {
+        cp_async16(kd, kbase + off + c * 16);
+        cp_async16(vd, vbase + off + c * 16);
+      } else {
+        *kd = load_chunk(kbase + off, c * 8, a.q8);
+        *vd = load_chunk(vbase + off, c * 8, a.q8);
+      }
     }
-    __syncthreads();
+  };
+
+  if constexpr (kAsync) {
+    load_tile(0, 0);  // after the barrier above: stage 0 held Q until then
+    cp_async_commit();
+  }
+  for (int k0 = 0, st = 0; k0 <= bmax; k0 += kBc, st ^= C::kStages - 1) {
+    if constexpr (kAsync) {
+      // The next tile into the other stage (last read in the previous
+      // iteration, before its closing barrier), then wait for this one: a
+      // group is committed even when empty, so at most one stays in flight.
+      if (k0 + kBc <= bmax) load_tile(k0 + kBc, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      load_tile(k0, 0);
+    }
+    __syncthreads();  // the tile (every thread's copies and stores) visible
+    const __half* ks = smem + st * 2 * C::kTileHalfs;
+    const __half* vs = ks + C::kTileHalfs;
 
     if (k0 <= warp_max) {  // warp-uniform: some row of the warp sees a key of the tile
       // S = Q K^T, key tile n: columns 8n .. 8n + 7 (fragment layout as o).
@@ -349,11 +401,11 @@ __global__ void __launch_bounds__(kThreads, FlashCfg<kD>::kMinBlocks)
   }
 }
 
-// Lets kernel<kD> take its dynamic shared memory past 48 KiB on the current
+// Lets the kernel take its dynamic shared memory past 48 KiB on the current
 // device (once per device).
-template <int kD>
+template <int kD, bool kAsync>
 Status allow_smem() {
-  using C = FlashCfg<kD>;
+  using C = FlashCfg<kD, kAsync>;
   if constexpr (C::kSmemBytes <= 48 * 1024) {
     return {};
   } else {
@@ -362,7 +414,7 @@ Status allow_smem() {
     LOOM_CUDA_TRY(cudaGetDevice(&dev), "current device (flash prefill)");
     const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
     if (bit && (done.load(std::memory_order_acquire) & bit)) return {};
-    LOOM_CUDA_TRY(cudaFuncSetAttribute(flash_prefill_kernel<kD>,
+    LOOM_CUDA_TRY(cudaFuncSetAttribute(flash_prefill_kernel<kD, kAsync>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                   "shared memory opt-in of the flash prefill kernel");
     done.fetch_or(bit, std::memory_order_acq_rel);
@@ -370,12 +422,12 @@ Status allow_smem() {
   }
 }
 
-template <int kD>
+template <int kD, bool kAsync>
 Status launch(const FlashArgs& args, int n_kv_heads, cudaStream_t s) {
-  LOOM_TRY(allow_smem<kD>());
+  LOOM_TRY((allow_smem<kD, kAsync>()));
   const dim3 grid(static_cast<unsigned>((args.n_rows + kBr - 1) / kBr),
                   static_cast<unsigned>(n_kv_heads));
-  flash_prefill_kernel<kD><<<grid, kThreads, FlashCfg<kD>::kSmemBytes, s>>>(args);
+  flash_prefill_kernel<kD, kAsync><<<grid, kThreads, FlashCfg<kD, kAsync>::kSmemBytes, s>>>(args);
   return launch_status("attention (flash prefill)");
 }
 
@@ -385,16 +437,21 @@ bool flash_prefill_supports(int64_t head_dim) {
   return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
 }
 
+namespace {
+bool env_attn_is(const char* value) {
+  const char* e = std::getenv("LOOM_CUDA_ATTN");
+  return e && std::strcmp(e, value) == 0;
+}
+}  // namespace
+
 bool flash_prefill_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOOM_CUDA_ATTN");
-    return !(e && std::strcmp(e, "tile") == 0);
-  }();
+  static const bool on = !env_attn_is("tile");
   return on;
 }
 
 Status flash_prefill(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
-                     int64_t n_heads, float scale, float* out, cudaStream_t s) {
+                     int64_t n_heads, float scale, float* out, cudaStream_t s, bool one_stage) {
+  static const bool env_one_stage = env_attn_is("sync");
   if (T <= 0) return {};
   if (!flash_prefill_supports(layer.head_dim))
     return make_error(ErrorCode::kUnsupported,
@@ -414,8 +471,9 @@ Status flash_prefill(const DevKvLayer& layer, const float* q, int64_t T, const i
                       " KV heads",
                       T, n_heads, layer.n_kv_heads);
   const int64_t group = n_heads / layer.n_kv_heads;
-  // F16 rows are read 16 bytes at a time.
-  if (!q8 && reinterpret_cast<uintptr_t>(layer.k) % 16 + reinterpret_cast<uintptr_t>(layer.v) % 16)
+  // F16 rows are copied 16 bytes at a time (cp.async).
+  if (!q8 && (reinterpret_cast<uintptr_t>(layer.k) % 16 +
+              reinterpret_cast<uintptr_t>(layer.v) % 16 + layer.row_bytes % 16))
     return make_error(ErrorCode::kInternal, "CUDA flash prefill: K/V not 16-byte aligned");
   FlashArgs args{};
   args.kc = static_cast<const uint8_t*>(layer.k);
@@ -431,12 +489,13 @@ Status flash_prefill(const DevKvLayer& layer, const float* q, int64_t T, const i
   args.qscale = scale * kLog2e;
   args.q8 = q8;
   const int nkv = static_cast<int>(layer.n_kv_heads);
+  const bool pipelined = !q8 && !one_stage && !env_one_stage;
   switch (layer.head_dim) {
-    case 64: return launch<64>(args, nkv, s);
-    case 80: return launch<80>(args, nkv, s);
-    case 96: return launch<96>(args, nkv, s);
-    case 128: return launch<128>(args, nkv, s);
-    default: return launch<256>(args, nkv, s);
+    case 64: return pipelined ? launch<64, true>(args, nkv, s) : launch<64, false>(args, nkv, s);
+    case 80: return pipelined ? launch<80, true>(args, nkv, s) : launch<80, false>(args, nkv, s);
+    case 96: return pipelined ? launch<96, true>(args, nkv, s) : launch<96, false>(args, nkv, s);
+    case 128: return pipelined ? launch<128, true>(args, nkv, s) : launch<128, false>(args, nkv, s);
+    default: return pipelined ? launch<256, true>(args, nkv, s) : launch<256, false>(args, nkv, s);
   }
 }
 

@@ -17,6 +17,9 @@ namespace loom::cuda {
 /// AttentionScratch::kernel() value that forces the flash prefill kernel
 /// (test hook; 0 picks it by T and head_dim, 1 forces tiles, 2 split-K).
 inline constexpr int kAttnKernelFlash = 3;
+/// ... forced with F16 K/V tiles loaded through registers into one stage (as
+/// Q8_0's are) instead of cp.async into two.
+inline constexpr int kAttnKernelFlashOneStage = 4;
 
 /// True when flash_prefill has a kernel for head_dim: 64, 80, 96, 128, 256.
 bool flash_prefill_supports(int64_t head_dim);
@@ -32,7 +35,10 @@ bool flash_prefill_enabled();
 /// products, softmax and output accumulated in FP32. The caller has checked
 /// the layer (resident, positions inside the cache, n_heads a multiple of
 /// n_kv_heads, T <= 65535); kUnsupported for a head_dim without a kernel.
+/// F16 tiles are copied by cp.async into two stages, unless `one_stage` or
+/// LOOM_CUDA_ATTN=sync (read once) asks for the one-stage kernel.
 Status flash_prefill(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
-                     int64_t n_heads, float scale, float* out, cudaStream_t s);
+                     int64_t n_heads, float scale, float* out, cudaStream_t s,
+                     bool one_stage = false);
 
 }  // namespace loom::cuda
