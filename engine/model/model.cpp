@@ -231,6 +231,21 @@ Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
   return out;
 }
 
+std::string Model::cpu_only_reason() const {
+  if (hp.attn_softcap > 0 || hp.final_softcap > 0 || hp.sliding_window > 0 || hp.ffn_gelu ||
+      hp.embd_scale > 0) {
+    return hp.arch +
+           ": soft-capped and sliding-window attention, GeGLU, post-norms and the embedding "
+           "scale are not on the GPU backends yet";
+  }
+  for (const LayerWeights& l : layers) {
+    if (l.q_norm.present() || l.post_attn_norm.present()) {
+      return hp.arch + ": per-head q/k norms are not on the GPU backends yet";
+    }
+  }
+  return "";
+}
+
 Result<std::unique_ptr<Model>> load_model(const std::string& path) {
   return load_model(path, LoadOptions{});
 }

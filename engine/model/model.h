@@ -99,6 +99,11 @@ struct Model {
   uint64_t weight_bytes() const;
   /// General description: "llama, 22 layers, dim 2048, Q4_0".
   std::string describe() const;
+  /// Why this model's layers run on the CPU only (ops no GPU backend has yet:
+  /// qwen3's per-head q/k norms, gemma2's soft-caps, window, GeGLU, post-norms),
+  /// or "" when the GPU backends can run it. Strategies and the forward pass
+  /// keep such a model on the CPU and say this.
+  std::string cpu_only_reason() const;
 };
 
 /// Loads and validates a model: a GGUF file, or a Hugging Face folder

@@ -262,7 +262,9 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
     p.strategy = "custom";
     return p;
   }
-  if (s == "cpu") {
+  // A model only the CPU runs yet: every strategy places it there (the
+  // caller says why: Model::cpu_only_reason()).
+  if (s == "cpu" || !m.cpu_only_reason().empty()) {
     Placement p = Placement::uniform(L, Unit::kCpu);
     set_dtypes(&p, o);
     return p;

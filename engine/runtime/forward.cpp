@@ -24,24 +24,6 @@ constexpr uint8_t bit(Unit u) {
 }
 constexpr Unit kUnits[] = {Unit::kCpu, Unit::kGpu};
 
-// Why a model's layers run on the CPU only, or "" (the GPU backends have
-// none of these ops yet; the placement moves such layers to the CPU rather
-// than compute them wrongly).
-std::string host_only_reason(const Model& m) {
-  const HParams& hp = m.hp;
-  if (hp.attn_softcap > 0 || hp.final_softcap > 0 || hp.sliding_window > 0 || hp.ffn_gelu ||
-      hp.embd_scale > 0) {
-    return m.hp.arch +
-           ": soft-capped and sliding-window attention, GeGLU, post-norms and the embedding "
-           "scale are not on the GPU backends yet";
-  }
-  for (const LayerWeights& l : m.layers) {
-    if (l.q_norm.present() || l.post_attn_norm.present()) {
-      return m.hp.arch + ": per-head q/k norms are not on the GPU backends yet";
-    }
-  }
-  return "";
-}
 }  // namespace
 
 ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int64_t max_chunk)
@@ -63,7 +45,9 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
   if (m_.rope_freqs.present()) rope_.freq_factors = static_cast<const float*>(m_.rope_freqs.data);
   pos_.resize(static_cast<size_t>(max_chunk_));
   layer_ns_.resize(static_cast<size_t>(hp.n_layer));
-  host_only_ = host_only_reason(m_);
+  // The GPU backends have none of these ops yet: the placement moves such
+  // layers to the CPU rather than compute them wrongly.
+  host_only_ = m_.cpu_only_reason();
 
   const Unit primary = backend.host_memory() ? Unit::kCpu : Unit::kGpu;
   units_[static_cast<size_t>(primary)] = &backend;

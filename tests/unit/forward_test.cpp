@@ -9,6 +9,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/model/model.h"
 #include "engine/model/synth.h"
+#include "engine/placement/strategy.h"
 #include "engine/runtime/session.h"
 #include "tests/ref_forward.h"
 #include "tests/test_util.h"
@@ -321,7 +322,20 @@ TEST(ForwardHostOnly, GpuPlacementStaysOnTheCpuWithAReason) {
     std::vector<float> logits(static_cast<size_t>(model.hp.n_vocab));
     const int32_t toks[] = {0, 5, 9};
     EXPECT_TRUE(fwd.eval(toks, 0, logits.data()).ok());
+    // The strategies place it on the CPU too (loom plan, the app's grid).
+    EXPECT_NE(model.cpu_only_reason().find(arch), std::string::npos);
+    for (const char* strategy : {"gpu", "layers:1", "attn-gpu", "auto"}) {
+      StrategyOptions so;
+      so.strategy = strategy;
+      so.has_gpu = true;
+      auto p = make_placement(model, so, CostModel::defaults());
+      ASSERT_TRUE(p.ok()) << p.message();
+      EXPECT_FALSE(p->uses(Unit::kGpu)) << arch << " " << strategy;
+    }
   }
+  auto llama = load_model(synth("llama", "f32", "hostonly_llama"));
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ((*llama)->cpu_only_reason(), "");
 }
 
 // gemma2's sliding window is in force: the same weights with a window of 4
