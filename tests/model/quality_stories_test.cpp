@@ -13,6 +13,7 @@
 #include "engine/model/model.h"
 #include "engine/runtime/quality.h"
 #include "engine/runtime/session.h"
+#include "engine/runtime/verify.h"
 #include "tests/test_util.h"
 
 namespace loom {
@@ -103,6 +104,35 @@ TEST(Stories260KQuality, KlGrowsAsPrecisionDrops) {
     kl[i++] = r->kl_mean();
   }
   EXPECT_LT(kl[0], kl[1]);
+}
+
+// loom verify on the real model: as stored (F32) every cell is close to the
+// double reference; Q4_0 attention matrices show in every layer's attn_w cell.
+TEST(Stories260KQuality, VerifyShowsTheQuantizedGroup) {
+  LOOM_FIXTURE_OR_SKIP(path, "gguf/stories260K.gguf");
+  auto m = load_model(path);
+  ASSERT_TRUE(m.ok()) << m.message();
+  const Model& model = **m;
+  const std::vector<int32_t> tokens = model.tokenizer->encode(
+      "Once upon a time, there was a little girl named Lily. She", true, false);
+  CpuBackend cpu(2);
+  const int64_t L = model.hp.n_layer;
+  auto base = verify_placement(model, cpu, nullptr, Placement::uniform(L, Unit::kCpu), tokens);
+  ASSERT_TRUE(base.ok()) << base.message();
+  Placement q = Placement::uniform(L, Unit::kCpu);
+  for (auto& l : q.layers) l[OpGroup::kAttnW].dtype = DType::kQ4_0;
+  auto r = verify_placement(model, cpu, nullptr, q, tokens);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const auto aw = static_cast<size_t>(OpGroup::kAttnW), ffn = static_cast<size_t>(OpGroup::kFfn);
+  for (int64_t l = 0; l < L; ++l) {
+    const VerifyRow& b = base->rows[static_cast<size_t>(l)];
+    const VerifyRow& v = r->rows[static_cast<size_t>(l)];
+    std::printf("layer %lld: attn_w F32 %.2e Q4_0 %.2e, layer %.2e -> %.2e\n",
+                static_cast<long long>(l), b.group[aw], v.group[aw], b.all, v.all);
+    for (double e : b.group) EXPECT_LT(e, 1e-3) << "layer " << l;
+    EXPECT_GT(v.group[aw], 5 * b.group[aw]) << "layer " << l;
+    EXPECT_DOUBLE_EQ(v.group[ffn], b.group[ffn]) << "layer " << l;
+  }
 }
 
 }  // namespace
