@@ -136,10 +136,10 @@ TEST(CudaSession, GreedyEqualsCpuWithBothKvTypes) {
   }
 }
 
-// With LOOM_CUDA_GRAPHS=1, decode steps wholly on the GPU are captured into
-// CUDA graphs and replayed (cuda_step.cpp). Over a context that crosses the
-// attention's first plan bucket (256 keys) the tokens equal those of the
-// same backend op by op (the default: the same kernels, launched one by one).
+// Decode steps wholly on the GPU are captured into CUDA graphs and replayed
+// (cuda_step.cpp). Over a context that crosses the attention's first plan
+// bucket (256 keys) the tokens equal those of the same backend op by op
+// (LOOM_CUDA_GRAPHS=0: the same kernels, launched one by one).
 TEST(CudaSession, GraphReplayEqualsOpByOp) {
   LOOM_CUDA_BACKEND_OR_SKIP(be);
   auto m = load_model(synth("llama", "q8_0", 256, 512, 400));
@@ -148,14 +148,14 @@ TEST(CudaSession, GraphReplayEqualsOpByOp) {
   for (DType kv : {DType::kF16, DType::kQ8_0}) {
     SCOPED_TRACE(std::string(dtype_name(kv)) + " KV");
     const auto before = be->graph_stats();
-    ASSERT_EQ(setenv("LOOM_CUDA_GRAPHS", "1", 1), 0);
     const std::vector<int32_t> graphed = greedy(**m, *be, prompt, 300, kv, 400);
-    ASSERT_EQ(unsetenv("LOOM_CUDA_GRAPHS"), 0);
     const auto after = be->graph_stats();
     EXPECT_GT(after.replays, before.replays + 250);
     EXPECT_GE(after.captures, before.captures + 2);  // one per plan bucket (256, 512)
     EXPECT_EQ(after.capture_failures, before.capture_failures);
+    ASSERT_EQ(setenv("LOOM_CUDA_GRAPHS", "0", 1), 0);
     const std::vector<int32_t> op_by_op = greedy(**m, *be, prompt, 300, kv, 400);
+    ASSERT_EQ(unsetenv("LOOM_CUDA_GRAPHS"), 0);
     EXPECT_EQ(be->graph_stats().replays, after.replays);
     EXPECT_EQ(graphed, op_by_op);
   }

@@ -269,6 +269,41 @@ TEST(CudaMatmulMulti, MatchesReferenceForEachMatrix) {
   }
 }
 
+// q, k and v of one quantized type (and row size) go through one launch
+// (matvec_multi): the grid runs over the three matrices' rows end to end, so
+// odd heights put a matrix boundary inside a block.
+TEST(CudaMatmulMulti, OneLaunchForMatricesOfOneType) {
+  LOOM_CUDA_OR_SKIP();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  for (const DType dt : {DType::kQ4_0, DType::kQ4_K, DType::kQ8_0}) {
+    const int64_t n_in = dt == DType::kQ4_K ? 768 : 416;
+    const HostMatrix a = make_matrix(dt, 97, n_in, 41), b = make_matrix(dt, 33, n_in, 42),
+                     c = make_matrix(dt, 35, n_in, 43);
+    DevBuf<uint8_t> ad(a.bytes), bd(b.bytes), cd(c.bytes);
+    const cuda::DevMatrix ws[3] = {{ad.p, dt, a.n_out, n_in, a.row_bytes},
+                                   {bd.p, dt, b.n_out, n_in, b.row_bytes},
+                                   {cd.p, dt, c.n_out, n_in, c.row_bytes}};
+    const HostMatrix* hs[3] = {&a, &b, &c};
+    const std::vector<float> bias = test::random_floats(33, 44);
+    DevBuf<float> biasd(bias);
+    for (const int64_t T : {1, 3, 8}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T));
+      const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 45 + T);
+      DevBuf<float> xd(x), y0(static_cast<size_t>(T * 97)), y1(static_cast<size_t>(T * 33)),
+          y2(static_cast<size_t>(T * 35));
+      float* ys[3] = {y0.p, y1.p, y2.p};
+      const float* biases[3] = {nullptr, biasd.p, nullptr};
+      ASSERT_TRUE((*mm)->run_multi(ws, biases, ys, 3, xd.p, T, nullptr).ok());
+      const DevBuf<float>* outs[3] = {&y0, &y1, &y2};
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<double> want = reference(*hs[i], x, T, i == 1 ? &bias : nullptr, nullptr);
+        EXPECT_LT(test::rel_error(outs[i]->download(), want), tolerance(dt, T)) << "matrix " << i;
+      }
+    }
+  }
+}
+
 // No device needed: what is supported, and cuBLAS found or the paths named.
 TEST(CudaMatmulHost, SupportedTypes) {
   EXPECT_TRUE(cuda::matmul_supported(DType::kQ4_K));

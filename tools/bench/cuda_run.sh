@@ -72,8 +72,8 @@ for s in $stages; do
         echo "--- $d: Loom CUDA"
         timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 128 -r 3 2>&1 |
           grep -E "^(prefill|decode|itl|memory|backend|error)|rror"
-        echo "--- $d: Loom CUDA with decode steps as CUDA graphs (LOOM_CUDA_GRAPHS=1)"
-        LOOM_CUDA_GRAPHS=1 timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
+        echo "--- $d: Loom CUDA op by op (LOOM_CUDA_GRAPHS=0)"
+        LOOM_CUDA_GRAPHS=0 timeout 150 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
           grep -E "^(decode|itl)|rror"
         echo "--- $d: llama.cpp CUDA"
         timeout 120 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -p 512 -n 128 -r 3 2>&1 | grep -E "^\||rror"

@@ -38,8 +38,18 @@ uint64_t u(const cuda::DevMatrix& m) {
 
 // Op tags, so that two ops with the same arguments hash apart.
 enum : uint64_t {
-  kOpPut = 1, kOpGetRows, kOpNorm, kOpMatmul, kOpMatmulAdd, kOpGlu, kOpQkv, kOpRope, kOpKvStore,
-  kOpAttention, kOpSiluMul, kOpAdd
+  kOpPut = 1,
+  kOpGetRows,
+  kOpNorm,
+  kOpMatmul,
+  kOpMatmulAdd,
+  kOpGlu,
+  kOpQkv,
+  kOpRope,
+  kOpKvStore,
+  kOpAttention,
+  kOpSiluMul,
+  kOpAdd
 };
 
 }  // namespace
@@ -191,6 +201,7 @@ Status CudaBackend::download(Act src, float* dst) {
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) fail(cuda::cuda_status(e, "download (or a kernel queued before it)"));
   ring_used_ = 0;
+  put_cache_n_ = 0;
   return status_;
 }
 
@@ -204,6 +215,7 @@ Status CudaBackend::synchronize() {
   const cudaError_t e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) fail(cuda::cuda_status(e, "a queued kernel"));
   ring_used_ = 0;
+  put_cache_n_ = 0;
   return status_;
 }
 
@@ -218,6 +230,7 @@ const void* CudaBackend::put(const void* data, uint64_t bytes) {
       return nullptr;
     }
     ring_used_ = 0;
+    put_cache_n_ = 0;
     if (need > ring_bytes_) {
       (void)cudaFreeHost(ring_host_);
       (void)cudaFree(ring_dev_);
@@ -237,10 +250,19 @@ const void* CudaBackend::put(const void* data, uint64_t bytes) {
       ring_bytes_ = grown;
     }
   }
+  // The same input again since the ring started over (a layer's positions
+  // for kv_store and attention, every layer's RoPE table): its first copy.
+  for (int i = 0; i < put_cache_n_; ++i) {
+    const PutCopy& c = put_cache_[i];
+    if (c.bytes == bytes && std::memcmp(c.host, data, bytes) == 0) return c.dev;
+  }
   auto* h = static_cast<uint8_t*>(ring_host_) + ring_used_;
   auto* d = static_cast<uint8_t*>(ring_dev_) + ring_used_;
   std::memcpy(h, data, bytes);
   ring_used_ += need;
+  put_cache_[put_cache_next_] = PutCopy{h, d, bytes};
+  put_cache_next_ = (put_cache_next_ + 1) % kPutCache;
+  if (put_cache_n_ < kPutCache) ++put_cache_n_;
   launch({kOpPut, u(d), bytes}, [this, d, h, bytes]() -> Status {
     return cuda::cuda_status(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_),
                              "copy op inputs");
@@ -472,9 +494,8 @@ void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   const float* xp = dev(x);
   float* o = dev(out);
   const int64_t rows = x.rows, cols = x.cols;
-  launch({kOpNorm, u(xp), u(wp), u(eps), u(o), u(rows), u(cols)}, [=, this] {
-    return cuda::rms_norm(xp, wp, eps, o, rows, cols, stream_);
-  });
+  launch({kOpNorm, u(xp), u(wp), u(eps), u(o), u(rows), u(cols)},
+         [=, this] { return cuda::rms_norm(xp, wp, eps, o, rows, cols, stream_); });
 }
 
 void CudaBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
@@ -548,16 +569,8 @@ void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& w
          [=, this] { return matmul_->run_multi(a.ws, a.biases, a.ys, 3, xp, T, stream_); });
 }
 
-void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
-                       const cpu::RopeParams& p) {
-  if (!ready() || !check_act(x, "rope")) return;
-  const int64_t n_rot = p.n_rot, n_pairs = n_rot / 2, T = x.rows;
-  if (n_rot % 2 != 0 || n_rot > head_dim || n_rot < 0) {
-    fail(make_error(ErrorCode::kInvalidArgument, "CUDA rope: %" PRId64 " rotated of %" PRId64,
-                    n_rot, head_dim));
-    return;
-  }
-  if (n_pairs == 0) return;
+const float* CudaBackend::rope_table(int64_t T, const int32_t* pos, const cpu::RopeParams& p) {
+  const int64_t n_rot = p.n_rot, n_pairs = n_rot / 2;
   // cos/sin per token and pair, with the float expressions of cpu::rope, so
   // the rotation matches the CPU's to the last bit of its inputs.
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_rot));
@@ -584,14 +597,46 @@ void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* 
       theta *= theta_scale;
     }
   }
-  const auto* d_cs =
-      static_cast<const float*>(put(rope_cs_.data(), rope_cs_.size() * sizeof(float)));
+  return static_cast<const float*>(put(rope_cs_.data(), rope_cs_.size() * sizeof(float)));
+}
+
+bool CudaBackend::check_rope(const cpu::RopeParams& p, int64_t head_dim) {
+  if (p.n_rot % 2 == 0 && p.n_rot <= head_dim && p.n_rot >= 0) return true;
+  fail(make_error(ErrorCode::kInvalidArgument, "CUDA rope: %" PRId64 " rotated of %" PRId64,
+                  static_cast<int64_t>(p.n_rot), head_dim));
+  return false;
+}
+
+void CudaBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+                       const cpu::RopeParams& p) {
+  if (!ready() || !check_act(x, "rope") || !check_rope(p, head_dim)) return;
+  const int64_t n_pairs = p.n_rot / 2, T = x.rows;
+  if (n_pairs == 0) return;
+  const float* d_cs = rope_table(T, pos, p);
   if (!d_cs) return;
   float* xp = dev(x);
   const bool neox = p.neox;
-  launch({kOpRope, u(xp), u(T), u(n_heads), u(head_dim), u(n_pairs), neox, u(d_cs)}, [=, this] {
-    return cuda::rope(xp, T, n_heads, head_dim, n_pairs, neox, d_cs, stream_);
-  });
+  launch({kOpRope, u(xp), u(T), u(n_heads), u(head_dim), u(n_pairs), neox, u(d_cs)},
+         [=, this] { return cuda::rope(xp, T, n_heads, head_dim, n_pairs, neox, d_cs, stream_); });
+}
+
+void CudaBackend::rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                          const int32_t* pos, const cpu::RopeParams& p) {
+  if (!ready() || !check_act(q, "rope") || !check_act(k, "rope") || !check_rope(p, head_dim))
+    return;
+  const int64_t n_pairs = p.n_rot / 2, T = q.rows;
+  if (n_pairs == 0) return;
+  const float* d_cs = rope_table(T, pos, p);
+  if (!d_cs) return;
+  float* qp = dev(q);
+  float* kp = dev(k);
+  const bool neox = p.neox;
+  launch({kOpRope, u(qp), u(kp), u(T), u(n_heads), u(n_kv_heads), u(head_dim), u(n_pairs), neox,
+          u(d_cs)},
+         [=, this] {
+           return cuda::rope_qk(qp, n_heads, kp, n_kv_heads, T, head_dim, n_pairs, neox, d_cs,
+                                stream_);
+         });
 }
 
 bool CudaBackend::kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out) {
@@ -623,8 +668,8 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   const float* kp = dev(k);
   const float* vp = dev(v);
   const int64_t T = k.rows;
-  launch({kOpKvStore, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
-          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(T), u(d_pos)},
+  launch({kOpKvStore, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
+          static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(T), u(d_pos)},
          [=, this] { return cuda::kv_store(l, kp, vp, T, d_pos, stream_); });
 }
 
@@ -645,13 +690,13 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   const float* qp = dev(q);
   float* o = dev(out);
   const int64_t T = q.rows;
-  launch({kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
-          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads),
-          u(scale), u(o), u(plan)},
-         [=, this] {
-           return cuda::attention(l, qp, T, d_pos, max_pos, n_heads, scale, o, *attn_scratch_,
-                                  stream_, plan);
-         });
+  launch(
+      {kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
+       static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads), u(scale), u(o), u(plan)},
+      [=, this] {
+        return cuda::attention(l, qp, T, d_pos, max_pos, n_heads, scale, o, *attn_scratch_, stream_,
+                               plan);
+      });
 }
 
 void CudaBackend::silu_mul(Act gate, Act up, Act out) {

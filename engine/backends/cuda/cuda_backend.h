@@ -32,8 +32,7 @@
 // runs its launches as they are. Host inputs sit at the same ring offsets
 // every step, so a replay copies this step's values. Per-step values that
 // are launch arguments (the attention's split plan) are bucketed so that the
-// hash changes only when the bucket does. Opt in with LOOM_CUDA_GRAPHS=1:
-// on the H200 op-by-op launches decode faster (cuda_step.cpp says why).
+// hash changes only when the bucket does. LOOM_CUDA_GRAPHS=0 turns it off.
 //
 // Use from one thread at a time (each entry point makes the backend's
 // device current on the calling thread). ActBuffers and KvStorages it hands
@@ -89,6 +88,9 @@ class CudaBackend final : public Backend {
   void matmul(const Weight& w, Act x, Act out, const Weight* bias) override;
   void rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,
             const cpu::RopeParams& p) override;
+  /// q and k rotated in one launch, from one cos/sin table.
+  void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+               const int32_t* pos, const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
@@ -136,6 +138,10 @@ class CudaBackend final : public Backend {
   bool dev_matrix(const Weight& w, const char* op, cuda::DevMatrix* m);
   // Copies n bytes of host input into the ring; its device address, or null.
   const void* put(const void* data, uint64_t bytes);
+  // RoPE's cos/sin per token and pair (cpu::rope's float expressions) in
+  // the ring: its device address, or null after recording the failure.
+  const float* rope_table(int64_t T, const int32_t* pos, const cpu::RopeParams& p);
+  bool check_rope(const cpu::RopeParams& p, int64_t head_dim);
   // The device KV layer of `layer` in kv's storage, or a failure.
   bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
 
@@ -183,6 +189,16 @@ class CudaBackend final : public Backend {
   void* ring_host_ = nullptr;
   void* ring_dev_ = nullptr;
   uint64_t ring_bytes_ = 0, ring_used_ = 0;
+  // The last inputs put into the ring since it started over, to copy an
+  // input that comes again (same bytes) only once.
+  struct PutCopy {
+    const void* host = nullptr;
+    const void* dev = nullptr;
+    uint64_t bytes = 0;
+  };
+  static constexpr int kPutCache = 4;
+  PutCopy put_cache_[kPutCache];
+  int put_cache_n_ = 0, put_cache_next_ = 0;
   std::vector<float> rope_cs_;  ///< host cos/sin table, reused
 
   // Scope timing: an event per boundary since the last take_scope_times.

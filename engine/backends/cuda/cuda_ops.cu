@@ -45,15 +45,19 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) yr[i] = (xr[i] * scale) * w[i];
 }
 
-__global__ void rope_kernel(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t n_pairs,
-                            int neox, const float* cs) {
-  const int64_t total = T * n_heads * n_pairs;
+// Heads [0, n_heads) of token t are x's, heads [n_heads, n_heads + n_heads2)
+// x2's (q and k in one launch).
+__global__ void rope_kernel(float* x, float* x2, int64_t T, int64_t n_heads, int64_t n_heads2,
+                            int64_t head_dim, int64_t n_pairs, int neox, const float* cs) {
+  const int64_t heads = n_heads + n_heads2;
+  const int64_t total = T * heads * n_pairs;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k % n_pairs;
-    const int64_t th = k / n_pairs;  // t * n_heads + h
-    const int64_t t = th / n_heads;
-    float* v = x + th * head_dim;
+    const int64_t th = k / n_pairs;  // t * heads + h
+    const int64_t t = th / heads, h = th % heads;
+    float* v = h < n_heads ? x + (t * n_heads + h) * head_dim
+                           : x2 + (t * n_heads2 + h - n_heads) * head_dim;
     const int64_t i0 = neox ? i : 2 * i;
     const int64_t i1 = neox ? i + n_pairs : 2 * i + 1;
     const float c = cs[(t * n_pairs + i) * 2], sn = cs[(t * n_pairs + i) * 2 + 1];
@@ -91,10 +95,15 @@ Status rms_norm(const float* x, const float* w, float eps, float* out, int64_t T
 
 Status rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool neox,
             const float* cs, cudaStream_t s) {
-  const int64_t total = T * n_heads * n_pairs;
+  return rope_qk(x, n_heads, nullptr, 0, T, head_dim, n_pairs, neox, cs, s);
+}
+
+Status rope_qk(float* q, int64_t n_heads, float* k, int64_t n_kv_heads, int64_t T, int64_t head_dim,
+               int64_t n_pairs, bool neox, const float* cs, cudaStream_t s) {
+  const int64_t total = T * (n_heads + n_kv_heads) * n_pairs;
   if (total <= 0) return {};
-  rope_kernel<<<grid_for(total), kThreads, 0, s>>>(x, T, n_heads, head_dim, n_pairs, neox ? 1 : 0,
-                                                   cs);
+  rope_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, T, n_heads, n_kv_heads, head_dim, n_pairs,
+                                                   neox ? 1 : 0, cs);
   return launch_status("rope");
 }
 

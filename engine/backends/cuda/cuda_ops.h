@@ -22,6 +22,9 @@ Status rms_norm(const float* x, const float* w, float eps, float* out, int64_t T
 /// Dimensions past 2 * n_pairs are left alone.
 Status rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t n_pairs, bool neox,
             const float* cs, cudaStream_t s);
+/// rope of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] in one launch.
+Status rope_qk(float* q, int64_t n_heads, float* k, int64_t n_kv_heads, int64_t T, int64_t head_dim,
+               int64_t n_pairs, bool neox, const float* cs, cudaStream_t s);
 
 /// out[n] = silu(gate[n]) * up[n] (silu in double, as ref::silu_mul).
 Status silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);

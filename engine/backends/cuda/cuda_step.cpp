@@ -1,6 +1,6 @@
 // Steps of the CUDA backend as CUDA graphs (see cuda_backend.h): a decode
-// step is some 450 launches and ring copies; captured once into a graph, a
-// step is one cudaGraphLaunch. Off unless LOOM_CUDA_GRAPHS=1 (see begin_step).
+// step is some 400 launches and ring copies; captured once into a graph, a
+// step is one cudaGraphLaunch. LOOM_CUDA_GRAPHS=0 turns it off (begin_step).
 #include <cstdlib>
 #include <cstring>
 
@@ -17,13 +17,13 @@ constexpr size_t kMaxGraphs = 8;  // hashes kept (a context bucket or placement 
 void CudaBackend::begin_step() {
   finish_step();  // a step left open (no download since) ends here
   if (!graphs_on_ || scope_on_ || !status_.ok()) return;
-  // Opt in: measured on the H200 (llama3-8b Q4_0, 2026-12-04) a replayed
-  // step decoded at 234.0 tokens/s against 247.6 op by op. The host does a
-  // step's host part (checks, ring copies, hashing) before the graph starts,
-  // where op by op the GPU starts on the first launch and the host's work
-  // hides behind it.
+  // On unless LOOM_CUDA_GRAPHS=0. Measured on the H200 (llama3-8b Q4_0,
+  // 2026-12-04): 265.1 tokens/s replayed against 259.5 op by op. (Before the
+  // repeated ring copies and the second RoPE launch were cut, replay lost,
+  // 234.0 against 247.6: a graph starts only after the host part of the
+  // whole step, where op by op the GPU starts on the first launch.)
   const char* env = std::getenv("LOOM_CUDA_GRAPHS");
-  if (!env || std::strcmp(env, "1") != 0) return;
+  if (env && std::strcmp(env, "0") == 0) return;
   stepping_ = true;
   // Graphs hold the scratch buffers' addresses: a buffer that grew was
   // reallocated (the scratch only grows), so its size names it.

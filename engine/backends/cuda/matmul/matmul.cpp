@@ -105,6 +105,7 @@ class MatmulImpl final : public Matmul {
       const int8_t* xq = nullptr;
       const float* xd = nullptr;
       for (int i = 0; i < n && !xq; ++i) LOOM_TRY(prepare_q8(ws[i], x, T, s, &xq, &xd));
+      if (matvec_multi_fits(ws, n)) return matvec_multi(ws, n, xq, xd, T, ys, biases, s);
       for (int i = 0; i < n; ++i)
         LOOM_TRY(matvec(ws[i], nullptr, x, xq, xd, T, ys[i], biases[i], false, s));
       return {};

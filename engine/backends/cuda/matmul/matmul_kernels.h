@@ -26,6 +26,13 @@ Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, 
 Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int8_t* xq,
               const float* xd, int64_t T, float* y, const float* bias, bool accumulate,
               cudaStream_t s);
+/// Whether matvec_multi takes these n matrices: 2 or 3 of one quantized
+/// dtype, row size and width.
+bool matvec_multi_fits(const DevMatrix* ws, int n);
+/// ys[i] [T, ws[i].n_out] = x ws[i]^T (+ biases[i]) for matrices that
+/// matvec_multi_fits, in one launch; x as xq/xd (quantize_q8).
+Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* xd, int64_t T,
+                    float* const* ys, const float* const* biases, cudaStream_t s);
 /// y[t][r] += bias[r] for y [T, n].
 Status add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s);
 /// out[i] = silu(g[i]) * u[i], n values (out may alias g or u).

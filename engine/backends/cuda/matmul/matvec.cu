@@ -65,19 +65,15 @@ __device__ __forceinline__ void epilogue(float (&acc)[kT], float (&acc2)[kT], in
   }
 }
 
-// kT: 1 for one token (decode: the fewest registers, so the most warps in
-// flight per SM), else 8 with T checked at run time.
+// Row `row` (and `row2` for the fused gate/up product) against the Q8
+// activations: this lane's share of the products, per token. kT: 1 for one
+// token (decode: the fewest registers, so the most warps in flight per SM),
+// else 8 with T checked at run time.
 template <DType D, bool kGlu, bool kVec16, int kT>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
-                     int64_t n_groups, const int8_t* xq, const float* xd, int T, float* y,
-                     const float* bias, int accumulate) {
+__device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* row2,
+                                             int64_t n_groups, const int8_t* xq, const float* xd,
+                                             int T, float (&acc)[kT], float (&acc2)[kT]) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= n_out) return;  // the whole warp leaves together
-  float acc[kT] = {}, acc2[kT] = {};
-  const uint8_t* row = w + r * row_bytes;
-  const uint8_t* row2 = kGlu ? w2 + r * row_bytes : nullptr;
   // Unrolled so that the loads of several groups are in flight at once.
 #pragma unroll 4
   for (int64_t g = lane; g < n_groups; g += 32) {
@@ -96,7 +92,42 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+}
+
+template <DType D, bool kGlu, bool kVec16, int kT>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
+                     int64_t n_groups, const int8_t* xq, const float* xd, int T, float* y,
+                     const float* bias, int accumulate) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= n_out) return;  // the whole warp leaves together
+  float acc[kT] = {}, acc2[kT] = {};
+  row_products<D, kGlu, kVec16, kT>(w + r * row_bytes, kGlu ? w2 + r * row_bytes : nullptr,
+                                    n_groups, xq, xd, T, acc, acc2);
   epilogue<kGlu, kT>(acc, acc2, T, r, n_out, y, bias, accumulate);
+}
+
+// Up to three matrices of one dtype and row size over the same activations
+// (q, k and v) in one launch: the grid runs over their rows end to end.
+struct MultiRows {
+  const uint8_t* w[3];
+  float* y[3];
+  const float* bias[3];
+  int64_t rows[3];
+};
+
+template <DType D, bool kVec16, int kT>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_q8_multi_kernel(MultiRows m, uint64_t row_bytes, int64_t n_groups, const int8_t* xq,
+                           const float* xd, int T) {
+  int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  int i = 0;
+  while (i < 3 && r >= m.rows[i]) r -= m.rows[i++];
+  if (i == 3) return;  // the whole warp leaves together
+  float acc[kT] = {}, acc2[kT] = {};
+  row_products<D, false, kVec16, kT>(m.w[i] + r * row_bytes, nullptr, n_groups, xq, xd, T, acc,
+                                     acc2);
+  epilogue<false, kT>(acc, acc2, T, r, m.rows[i], m.y[i], m.bias[i], 0);
 }
 
 // Eight consecutive values of a row at element i (i a multiple of 8; the row
@@ -298,6 +329,61 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
     return make_error(ErrorCode::kUnsupported, "CUDA matvec: no kernel for %s weights",
                       std::string(dtype_name(w.dtype)).c_str());
   return launch_status("matvec_float");
+}
+
+bool matvec_multi_fits(const DevMatrix* ws, int n) {
+  if (n < 2 || n > 3 || !has_group_decode(ws[0].dtype)) return false;
+  for (int i = 1; i < n; ++i)
+    if (ws[i].dtype != ws[0].dtype || ws[i].row_bytes != ws[0].row_bytes ||
+        ws[i].n_in != ws[0].n_in)
+      return false;
+  return true;
+}
+
+Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* xd, int64_t T,
+                    float* const* ys, const float* const* biases, cudaStream_t s) {
+  if (!matvec_multi_fits(ws, n))
+    return make_error(ErrorCode::kInternal, "CUDA matvec_multi: matrices of different kinds");
+  if (T <= 0) return {};
+  if (T > kMaxMatvecTokens)
+    return make_error(ErrorCode::kInternal, "CUDA matvec: %" PRId64 " tokens (at most 8)", T);
+  MultiRows m{};
+  int64_t total = 0;
+  bool vec16 = ws[0].row_bytes % 16 == 0;
+  for (int i = 0; i < n; ++i) {
+    m.w[i] = static_cast<const uint8_t*>(ws[i].data);
+    m.y[i] = ys[i];
+    m.bias[i] = biases[i];
+    m.rows[i] = ws[i].n_out;
+    total += ws[i].n_out;
+    vec16 = vec16 && aligned16(m.w[i]);
+  }
+  const unsigned blocks = static_cast<unsigned>((total + kWarps - 1) / kWarps);
+  const int64_t n_groups = ws[0].n_in / 32;
+  const int t = static_cast<int>(T);
+  dispatch_dtype(ws[0].dtype, [&]<DType D>() {
+    if constexpr (has_group_decode(D)) {
+      auto launch_t = [&]<bool kVec16, int kT>() {
+        matvec_q8_multi_kernel<D, kVec16, kT>
+            <<<blocks, kWarps * 32, 0, s>>>(m, ws[0].row_bytes, n_groups, xq, xd, t);
+      };
+      auto launch = [&]<bool kVec16>() {
+        if (t == 1)
+          launch_t.template operator()<kVec16, 1>();
+        else
+          launch_t.template operator()<kVec16, kMaxT>();
+      };
+      if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
+        if (vec16)
+          launch.template operator()<true>();
+        else
+          launch.template operator()<false>();
+      } else {
+        launch.template operator()<false>();
+      }
+    }
+  });
+  return launch_status("matvec_q8_multi");
 }
 
 Status add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
