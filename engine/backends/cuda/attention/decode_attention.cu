@@ -97,9 +97,9 @@ __global__ void __launch_bounds__(kThreads)
   const int hd = f.hd;
   const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
   const int kvh = h0 / group;
-  float* q_s = smem;                // [kG][hd], scaled
-  float* p_s = q_s + kG * hd;       // [kG][chunk]: scores, then probabilities
-  float* o_s = p_s + kG * chunk;    // [rows][kG][hd]: the value rows' partial sums
+  float* q_s = smem;              // [kG][hd], scaled
+  float* p_s = q_s + kG * hd;     // [kG][chunk]: scores, then probabilities
+  float* o_s = p_s + kG * chunk;  // [rows][kG][hd]: the value rows' partial sums
   const int64_t n_keys = static_cast<int64_t>(pos[t]) + 1;
   const int64_t k0 = static_cast<int64_t>(s) * chunk;
   const int n = static_cast<int>(n_keys - k0 < chunk ? (n_keys > k0 ? n_keys - k0 : 0) : chunk);
@@ -127,7 +127,8 @@ __global__ void __launch_bounds__(kThreads)
           const float2 kv = __half22float2(h2[e]);
           const int d = c * 8 + 2 * e;
 #pragma unroll
-          for (int g = 0; g < kG; ++g) acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
+          for (int g = 0; g < kG; ++g)
+            acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
         }
       }
     } else {
@@ -249,8 +250,8 @@ template <int kG>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q,
             const int32_t* pos, int n_heads, int group, float scale, int chunk, float* part,
             float2* part_ml, float* out) {
-  decode_kernel<kG><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk, part,
-                                                 part_ml, out);
+  decode_kernel<kG>
+      <<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk, part, part_ml, out);
 }
 
 }  // namespace
@@ -272,7 +273,7 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   const bool q8 = layer.dtype == DType::kQ8_0;
   const bool vec16 = !q8 && hd % 8 == 0;
   const int rows = kThreads / (vec16 ? hd / 8 : hd / 2);  // value rows at a time (kernel, step 3)
-  const int fixed = kg * hd * (1 + rows);                  // q_s and o_s
+  const int fixed = kg * hd * (1 + rows);                 // q_s and o_s
   int most = (kSmemFloats - fixed) / kg;
   most = std::min(kMaxChunk, most / 32 * 32);
   if (most < 32)
@@ -299,22 +300,23 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
     part = static_cast<float*>(scratch.data());
     part_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(scratch.data()) + part_bytes);
   }
-  const Fmt f{static_cast<const uint8_t*>(layer.k), static_cast<const uint8_t*>(layer.v),
-              layer.capacity, layer.row_bytes, hd, q8, vec16};
+  const Fmt f{static_cast<const uint8_t*>(layer.k),
+              static_cast<const uint8_t*>(layer.v),
+              layer.capacity,
+              layer.row_bytes,
+              hd,
+              q8,
+              vec16};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
                   static_cast<unsigned>(n_splits));
   const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
-  const int c = static_cast<int>(chunk);
-  switch (kg) {
-    case 1: launch<1>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 2: launch<2>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 3: launch<3>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 4: launch<4>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 5: launch<5>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 6: launch<6>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    case 7: launch<7>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out); break;
-    default: launch<8>(grid, smem, s, f, q, pos, n_heads, group, scale, c, part, part_ml, out);
-  }
+  // One kernel per heads-per-block count.
+  using Launch = void (*)(dim3, size_t, cudaStream_t, const Fmt&, const float*, const int32_t*, int,
+                          int, float, int, float*, float2*, float*);
+  static constexpr Launch kLaunch[8] = {launch<1>, launch<2>, launch<3>, launch<4>,
+                                        launch<5>, launch<6>, launch<7>, launch<8>};
+  kLaunch[kg - 1](grid, smem, s, f, q, pos, n_heads, group, scale, static_cast<int>(chunk), part,
+                  part_ml, out);
   LOOM_TRY(launch_status("attention (decode)"));
   if (n_splits > 1) {
     merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s>>>(

@@ -240,6 +240,26 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// Calls f.template operator()<kVec16, kT>() for the Q8 matvec kernels of D:
+// 128-bit quant loads only for Q4_K/Q5_K rows that allow them, and one token
+// or up to eight.
+template <DType D, typename F>
+void q8_variant(bool vec16, int T, F&& f) {
+  auto by_t = [&]<bool kVec16>() {
+    if (T == 1)
+      f.template operator()<kVec16, 1>();
+    else
+      f.template operator()<kVec16, kMaxT>();
+  };
+  if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
+    if (vec16) {
+      by_t.template operator()<true>();
+      return;
+    }
+  }
+  by_t.template operator()<false>();
+}
+
 }  // namespace
 
 bool matvec_uses_q8(DType d) {
@@ -278,28 +298,14 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
     const bool vec16 = w.row_bytes % 16 == 0 && aligned16(p) && (!p2 || aligned16(p2));
     dispatch_dtype(w.dtype, [&]<DType D>() {
       if constexpr (has_group_decode(D)) {
-        auto launch_t = [&]<bool kVec16, int kT>() {
+        q8_variant<D>(vec16, t, [&]<bool kVec16, int kT>() {
           if (up)
             matvec_q8_kernel<D, true, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
                 p, p2, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, nullptr, 0);
           else
             matvec_q8_kernel<D, false, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
                 p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, bias, acc);
-        };
-        auto launch = [&]<bool kVec16>() {
-          if (t == 1)
-            launch_t.template operator()<kVec16, 1>();
-          else
-            launch_t.template operator()<kVec16, kMaxT>();
-        };
-        if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
-          if (vec16)
-            launch.template operator()<true>();
-          else
-            launch.template operator()<false>();
-        } else {
-          launch.template operator()<false>();
-        }
+        });
       }
     });
     return launch_status("matvec_q8");
@@ -363,24 +369,10 @@ Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* x
   const int t = static_cast<int>(T);
   dispatch_dtype(ws[0].dtype, [&]<DType D>() {
     if constexpr (has_group_decode(D)) {
-      auto launch_t = [&]<bool kVec16, int kT>() {
+      q8_variant<D>(vec16, t, [&]<bool kVec16, int kT>() {
         matvec_q8_multi_kernel<D, kVec16, kT>
             <<<blocks, kWarps * 32, 0, s>>>(m, ws[0].row_bytes, n_groups, xq, xd, t);
-      };
-      auto launch = [&]<bool kVec16>() {
-        if (t == 1)
-          launch_t.template operator()<kVec16, 1>();
-        else
-          launch_t.template operator()<kVec16, kMaxT>();
-      };
-      if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
-        if (vec16)
-          launch.template operator()<true>();
-        else
-          launch.template operator()<false>();
-      } else {
-        launch.template operator()<false>();
-      }
+      });
     }
   });
   return launch_status("matvec_q8_multi");
