@@ -487,10 +487,12 @@ struct MassPart {
   float sum;
   float max;
 };
-}  // namespace
 
-void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1, float* scratch, float* block_mass) {
+// attention() and attention_partial(): `part` null writes normalized rows to
+// `out`, else partials (m, l, o) to `part`.
+void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+                    const KvView& kv, float scale, float* out, float* part, int64_t h0, int64_t h1,
+                    float* scratch, float* block_mass, const float* other_ml) {
   thread_local std::vector<MassPart> mass_parts;
   assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
   assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
@@ -513,6 +515,7 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
   int32_t row_pos[kTileRows];
   int32_t n_valid[kTileRows];
   float* row_out[kTileRows];
+  int64_t row_th[kTileRows];  // t * n_heads + h
 
   for (int64_t g = h0 / n_rep; g <= (h1 - 1) / n_rep; ++g) {
     const int64_t ha = std::max(h0, g * n_rep);
@@ -543,7 +546,8 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
         const int64_t h = ha + (r0 + i) % m;
         row_pos[i] = q_pos[t];
         max_pos = std::max<int64_t>(max_pos, q_pos[t]);
-        row_out[i] = out + (t * n_heads + h) * hd;
+        row_th[i] = t * n_heads + h;
+        row_out[i] = part ? part + row_th[i] * (hd + 2) : out + row_th[i] * hd;
         float* qi = sc.qt + i * hdp;
         std::memcpy(qi, q + (t * n_heads + h) * hd, static_cast<size_t>(hd) * sizeof(float));
         std::fill(qi + hd, qi + hdp, 0.0f);
@@ -606,15 +610,59 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
       }
 
       for (int64_t i = 0; i < mt; ++i) {
-        const float inv = 1.0f / sc.row_sum[i];
         const float* a = sc.acc + i * hdp;
+        if (part) {
+          const bool empty = !(sc.row_sum[i] > 0.0f);
+          row_out[i][0] = empty ? kAttnEmptyMax : sc.row_max[i];
+          row_out[i][1] = empty ? 0.0f : sc.row_sum[i];
+          for (int64_t d = 0; d < hd; ++d) row_out[i][2 + d] = empty ? 0.0f : a[d];
+          continue;
+        }
+        const float inv = 1.0f / sc.row_sum[i];
         for (int64_t d = 0; d < hd; ++d) row_out[i][d] = a[d] * inv;
       }
-      // Each part's sum, rescaled to the row's final max and normalized.
+      // Each part's sum, rescaled to the row's final max and normalized (over
+      // both parts of a split layer when the other's m and l are given).
       for (const MassPart& mp : mass_parts) {
-        block_mass[mp.block] += mp.sum * std::exp(mp.max - sc.row_max[mp.row]) / sc.row_sum[mp.row];
+        float mx = sc.row_max[mp.row], l = sc.row_sum[mp.row];
+        if (other_ml) {
+          const float* o = other_ml + 2 * row_th[mp.row];
+          const float m2 = std::max(mx, o[0]);
+          l = l * std::exp(mx - m2) + o[1] * std::exp(o[0] - m2);
+          mx = m2;
+        }
+        block_mass[mp.block] += mp.sum * std::exp(mp.max - mx) / l;
       }
     }
+  }
+}
+
+}  // namespace
+
+void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch, float* block_mass) {
+  attention_impl(q, T, q_pos, n_heads, kv, scale, out, nullptr, h0, h1, scratch, block_mass,
+                 nullptr);
+}
+
+void attention_partial(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+                       const KvView& kv, float scale, float* part, int64_t h0, int64_t h1,
+                       float* scratch, float* block_mass, const float* other_ml) {
+  attention_impl(q, T, q_pos, n_heads, kv, scale, nullptr, part, h0, h1, scratch, block_mass,
+                 other_ml);
+}
+
+void attention_merge_partials(const float* a, const float* b, int64_t rows, int64_t head_dim,
+                              float* out) {
+  const int64_t stride = head_dim + 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pa = a + r * stride;
+    const float* pb = b + r * stride;
+    const float m = std::max(pa[0], pb[0]);
+    const float wa = std::exp(pa[0] - m), wb = std::exp(pb[0] - m);
+    const float l = pa[1] * wa + pb[1] * wb;
+    for (int64_t d = 0; d < head_dim; ++d)
+      out[r * head_dim + d] = (pa[2 + d] * wa + pb[2 + d] * wb) / l;
   }
 }
 

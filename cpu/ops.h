@@ -86,4 +86,26 @@ void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
                float* block_mass = nullptr);
 size_t attention_scratch_floats(const KvView& kv);
 
+/// Query rows that reach no key in a partial get this max (the GPU's NEG_BIG),
+/// a sum of 0 and zero outputs, so that a merge weighs them by 0.
+inline constexpr float kAttnEmptyMax = -1.0e30f;
+
+/// attention() over part of a layer's keys (the host blocks of a layer whose
+/// other blocks are on a GPU), leaving the softmax unfinished so that another
+/// part can be merged with it exactly (log-sum-exp, as split-K decoding does).
+/// For query row (t, h) it writes part[(t * n_heads + h) * (head_dim + 2) + i]:
+/// i = 0 the running max m of the scaled scores, i = 1 the sum l of
+/// exp(score - m), i = 2.. the unnormalized sum of exp(score - m) * v
+/// ([head_dim]). `block_mass` as in attention(), but normalized over both
+/// parts when `other_ml` ([T][n_heads][2]: the other part's m and l) is given.
+void attention_partial(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+                       const KvView& kv, float scale, float* part, int64_t h0, int64_t h1,
+                       float* scratch, float* block_mass = nullptr,
+                       const float* other_ml = nullptr);
+
+/// Merges two partials of the layout above into normalized outputs
+/// out [rows][head_dim] (rows = T * n_heads): the reference of the GPU merge.
+void attention_merge_partials(const float* a, const float* b, int64_t rows, int64_t head_dim,
+                              float* out);
+
 }  // namespace loom::cpu

@@ -15,6 +15,13 @@
 // Q8_OUT (attn_split_q8_*, one token, one split): also the output's Q8 copy
 // (q8.glsl) for the integer-dot o matrix, through shared memory (qsh, free
 // once the scores are summed); head_dim a multiple of 32.
+// Device tier (map_bs > 0): the layer's rows are slots of map_bs rows, and
+// pos[map_off + slot] is the first position of the block in each slot (-1:
+// free). Then keys are rows [0, map_keys), one split per slot (kps = map_bs),
+// and key j counts for token t when its slot holds a block and its position
+// is at most pos[t] (softmax does not care about the order of the keys). A
+// split whose keys all fail gives (NEG_BIG, 0, 0). n_splits may exceed the
+// grid's x: the splits past it are the caller's (the host's part).
 // Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
 #define GM 8         // query heads per workgroup
 #define HD_MAX 256   // largest head_dim (checked by the host)
@@ -46,9 +53,18 @@ layout(push_constant) uniform PC {
   uint kps;           // keys per split, at most WG
   uint tpk;           // threads per key, kps * tpk <= WG
   uint qo_off, qdo_off;  // Q8_OUT: words, vec2s
+  uint map_off, map_keys, map_bs;  // device tier: the slot map (ints, in P); 0: no map
 } pc;
 
 shared float qsh[GM][HD_MAX];
+
+// Whether key j (a row) counts for token t: always without a map (the host
+// bounds the keys by position), else by its slot's block position.
+bool key_ok(uint j, uint t) {
+  if (pc.map_bs == 0) return true;
+  const int b0 = pos[pc.map_off + j / pc.map_bs];
+  return b0 >= 0 && b0 + int(j % pc.map_bs) <= pos[pc.pos_off + t];
+}
 shared float psh[GM][WG];
 
 // Split s of query token t, heads h0 .. h0 + gn - 1 (KV head kvh): keys
@@ -89,6 +105,7 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
   }
   // From here thread tid owns key jk = start + tid (tid < kps): the sum of its parts.
   const uint jk = start + tid;
+  const bool ok = jk < end && key_ok(jk, t);
   if (tpk > 1) {
     [[unroll]] for (uint g = 0; g < GM; ++g) psh[g][tid] = sc[g];
     barrier();
@@ -101,7 +118,7 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
     }
     barrier();  // psh holds the probabilities next
   }
-  if (jk >= end) {
+  if (!ok) {
     [[unroll]] for (uint g = 0; g < GM; ++g) sc[g] = NEG_BIG;
   }
   float m[GM];
@@ -109,7 +126,7 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
   wg_max_n(m);
   float l[GM];
   [[unroll]] for (uint g = 0; g < GM; ++g) {
-    const float p = jk < end ? exp(sc[g] - m[g]) : 0.0;
+    const float p = ok ? exp(sc[g] - m[g]) : 0.0;
     psh[g][tid] = p;
     l[g] = p;
   }
@@ -124,9 +141,14 @@ void split(uint t, uint s, uint kvh, uint h0, uint gn, uint hd, uint start, uint
     for (; jj + UNV <= nk; jj += UNV) {
       vec2 vv[UNV];
       [[unroll]] for (uint c = 0; c < UNV; ++c) vv[c] = v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj + c, i);
-      [[unroll]] for (uint c = 0; c < UNV; ++c) acc += psh[g][jj + c] * vv[c];
+      // (A key that does not count has p = 0, and its row may hold anything:
+      // the device tier's free slots and unwritten rows are never multiplied.)
+      [[unroll]] for (uint c = 0; c < UNV; ++c) acc += psh[g][jj + c] != 0.0 ? psh[g][jj + c] * vv[c] : vec2(0.0);
     }
-    for (; jj < nk; ++jj) acc += psh[g][jj] * v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj, i);
+    for (; jj < nk; ++jj) {
+      const vec2 vv = v_pair(pc.vc_off, pc.vc_d_off, hd, vrow + jj, i);
+      acc += psh[g][jj] != 0.0 ? psh[g][jj] * vv : vec2(0.0);
+    }
     const uint h = h0 + g;
     if (pc.n_splits == 1) {
       const uint ob = pc.o_off + t * pc.o_ld + h * hd + 2 * i;
@@ -171,7 +193,7 @@ void main() {
   const uint gn = min(GM, kvh * group + group - h0);
   const uint hd = pc.head_dim;
 
-  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
+  const uint n_keys = pc.map_bs > 0 ? pc.map_keys : uint(pos[pc.pos_off + t]) + 1;
   const uint start = s * pc.kps;
   if (start >= n_keys) {  // a split past this token's last key: an empty partial
     for (uint g = 0; g < gn; ++g) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,7 +85,52 @@ class KvStorage {
   virtual Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) = 0;
   /// Writes tokens [0, n) of a resident layer from host rows (format above).
   virtual Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) = 0;
+
+  /// @name The device tier (KvTierConfig::device_budget). A layer made
+  /// resident after set_block_slots(bs, n) holds n slots of bs rows per KV
+  /// head instead of n_ctx rows; the KvCache decides which block sits in
+  /// which slot (KvCache::slot_positions, device_row) and keeps the others
+  /// in host blocks. The defaults are those of a storage that cannot: the
+  /// cache then keeps every block of a GPU layer on the device.
+  /// @{
+  /// Slots of `block_size` rows for layers made resident from now on;
+  /// kUnsupported where the storage keeps whole layers only.
+  virtual Status set_block_slots(int64_t block_size, int64_t n_slots) {
+    (void)block_size;
+    (void)n_slots;
+    return make_error(ErrorCode::kUnsupported,
+                      "this backend keeps whole layers of K/V on the device: the device KV "
+                      "tier (--kv-gpu) is not supported on it yet");
+  }
+  /// Slots of a resident layer (0: it holds n_ctx rows by position).
+  virtual int64_t layer_slots(int64_t layer) const {
+    (void)layer;
+    return 0;
+  }
+  /// Copies rows [row0, row0 + n) of every KV head of a resident layer to
+  /// host rows [n_kv_heads][n][row bytes] (one host block's K, and V, when n
+  /// is the block size), once every queued op has run.
+  virtual Status export_rows(int64_t layer, int64_t row0, int64_t n, uint8_t* k, uint8_t* v) {
+    (void)layer, (void)row0, (void)n, (void)k, (void)v;
+    return make_error(ErrorCode::kUnsupported, "export_rows: no device tier on this backend");
+  }
+  /// Writes rows [row0, row0 + n) of every KV head from host rows (as above).
+  virtual Status import_rows(int64_t layer, int64_t row0, int64_t n, const uint8_t* k,
+                             const uint8_t* v) {
+    (void)layer, (void)row0, (void)n, (void)k, (void)v;
+    return make_error(ErrorCode::kUnsupported, "import_rows: no device tier on this backend");
+  }
+  /// @}
 };
+
+/// The host's part of a split layer's attention (Backend::attention_split):
+/// given q [T, n_heads * head_dim] in host memory, the tokens' positions and
+/// the device part's m and l per query row ([T][n_heads][2]), fills
+/// part [T][n_heads][head_dim + 2] as cpu::attention_partial does, and, when
+/// `block_mass` is given, adds each host block's attention mass (normalized
+/// over both parts) at its logical index.
+using HostAttentionFn = std::function<void(const float* q, int64_t T, const int32_t* pos,
+                                           const float* device_ml, float* part, float* block_mass)>;
 
 enum class OpKind { kGetRows, kRmsNorm, kMatmul, kRope, kKvStore, kAttention, kSiluMul, kAdd };
 
@@ -193,6 +239,18 @@ class Backend {
   /// Causal GQA attention of q [T, n_heads * head_dim] over the layer's cache.
   virtual void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                          float scale, Act out) = 0;
+  /// attention() of a layer whose blocks lie partly on this backend's device
+  /// (KvStorage::set_block_slots) and partly in host blocks: this backend
+  /// attends over its blocks, `host` over the host ones, and the two partial
+  /// softmax results are merged exactly. Synchronizes (q goes to the host).
+  /// The default, for backends without a device tier, reports kUnsupported.
+  virtual Status attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
+                                 int64_t n_heads, float scale, Act out,
+                                 const HostAttentionFn& host) {
+    (void)kv, (void)layer, (void)q, (void)pos, (void)n_heads, (void)scale, (void)out, (void)host;
+    return make_error(ErrorCode::kUnsupported,
+                      "%s cannot merge attention across KV tiers (no device tier)", name().c_str());
+  }
   /// out = silu(gate) * up.                                         [T, n]
   virtual void silu_mul(Act gate, Act up, Act out) = 0;
   /// out = a + b.                                                   [T, n]

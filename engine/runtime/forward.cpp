@@ -289,12 +289,20 @@ Status ForwardPass::apply(const Placement& requested) {
         notes.push_back("attention runs on the CPU: " + why.message());
       }
     }
+    int64_t n_gpu_attn = 0;  // they share the device tier's budget
+    for (const auto& lp : p.layers) n_gpu_attn += lp[OpGroup::kAttn].unit == Unit::kGpu;
+    kv_.set_device_layers(n_gpu_attn);
     for (int64_t l = 0; l < L; ++l) {
       GroupPlace& g = p.layers[static_cast<size_t>(l)][OpGroup::kAttn];
       if (g.unit != Unit::kGpu || kv_.on_device(l)) continue;
       Status s = kv_.move_layer(l, true);
       if (!s.ok()) {
         if (!recoverable(s)) return s;
+        if (s.error().code() == ErrorCode::kUnsupported && kv_.tier_config().device_budget > 0) {
+          s = make_error(ErrorCode::kUnsupported,
+                         "the device KV tier (--kv-gpu) is not supported on %s yet (%s)",
+                         gpu->name().c_str(), s.message().c_str());
+        }
         fall_back(g, "layer " + std::to_string(l) + " attention (KV cache)", s);
       }
     }
@@ -499,8 +507,10 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
   // between chunks; an untiered one is reserved at once.
   if (!kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + T));
   const uint64_t t_step = now_ns();
-  for (int64_t c = 0; c < T; c += max_chunk_) {
-    const int64_t n = std::min(max_chunk_, T - c);
+  // (The device tier bounds a step by the free slots beside its pinned blocks.)
+  const int64_t chunk = std::min(max_chunk_, kv_.max_step_tokens());
+  for (int64_t c = 0; c < T; c += chunk) {
+    const int64_t n = std::min(chunk, T - c);
     if (kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + c + n));
     const bool last = c + n == T;
     float* out = nullptr;
@@ -686,8 +696,24 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     // Spilled KV blocks of a host layer come back from the SSD to be read.
     if (Status s = kv_.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
     Act q = in(kQ, ua, T);
-    be(ua).attention(kv_, l, q, pos_.data(), hp.n_head,
-                     1.0f / std::sqrt(static_cast<float>(hp.head_dim)), out(kAtt, ua, T));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    if (ua == Unit::kGpu && kv_.device_tiered(l)) {
+      // The device tier: the GPU over its slots, the CPU over the host blocks, merged.
+      // (The CPU unit is made when first needed: an all-GPU placement has none.)
+      auto* cpu =
+          ensure_unit(Unit::kCpu).ok() ? dynamic_cast<CpuBackend*>(unit(Unit::kCpu)) : nullptr;
+      HostAttentionFn host = [&](const float* qh, int64_t n, const int32_t* pos,
+                                 const float* dev_ml, float* part, float* mass) {
+        cpu->attention_host_part(kv_, l, qh, n, pos, hp.n_head, scale, dev_ml, part, mass);
+      };
+      Status s = cpu ? be(ua).attention_split(kv_, l, q, pos_.data(), hp.n_head, scale,
+                                              out(kAtt, ua, T), host)
+                     : make_error(ErrorCode::kInternal,
+                                  "the device KV tier needs the CPU backend for the host blocks");
+      if (!s.ok() && op_status_.ok()) op_status_ = s;
+    } else {
+      be(ua).attention(kv_, l, q, pos_.data(), hp.n_head, scale, out(kAtt, ua, T));
+    }
   }
   if (uw == un) {
     // One op where the backend fuses them: x += wo att (timed with attn_w).

@@ -16,6 +16,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   v_ptrs_.resize(L);
   slot_.resize(L);
   mass_.resize(L);
+  dev_slot_.resize(L);
+  slot_block_.resize(L);
+  n_dev_layers_ = cfg.n_layer;
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
@@ -65,6 +68,7 @@ Status KvCache::grow_layer(size_t l, size_t n_blocks) {
     blocks_[l].push_back(std::move(kv));
     slot_[l].push_back(-1);
     mass_[l].push_back(0.0f);
+    dev_slot_[l].push_back(-1);
     ++n_ram_blocks_;
   }
   return {};
@@ -81,6 +85,8 @@ void KvCache::free_layer(size_t l) {
   v_ptrs_[l].clear();
   slot_[l].clear();
   mass_[l].clear();
+  dev_slot_[l].clear();
+  slot_block_[l].clear();
 }
 
 void KvCache::clear() {
@@ -110,8 +116,13 @@ Status KvCache::reserve(int64_t n) {
   std::vector<std::pair<size_t, size_t>> back;  // spilled blocks that new tokens go into
   const auto first = static_cast<size_t>(n_tokens_ / cfg_.block_size);
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    if (on_device(static_cast<int64_t>(l))) continue;
-    LOOM_TRY(grow_layer(l, block_table_.size()));
+    if (device_tiered(static_cast<int64_t>(l))) {
+      LOOM_TRY(device_reserve(l, first, static_cast<size_t>(need)));
+    } else if (on_device(static_cast<int64_t>(l))) {
+      continue;
+    } else {
+      LOOM_TRY(grow_layer(l, block_table_.size()));
+    }
     for (size_t b = first; b < block_table_.size(); ++b) {
       if (slot_[l][b] < 0) continue;
       // (During a recompute n_tokens_ is moved back, and later blocks still count.)
@@ -143,6 +154,8 @@ Status KvCache::move_layer(int64_t layer, bool to_device) {
     return make_error(ErrorCode::kInvalidArgument, "KV cache: no layer %" PRId64, layer);
   if (on_device(layer) == to_device) return {};
   const auto l = static_cast<size_t>(layer);
+  if (to_device && tiers_.device_budget > 0) return layer_to_slots(l);
+  if (!to_device && device_tiered(layer)) return layer_from_slots(l);
   if (to_device) LOOM_TRY(unspill_layer(l));  // every block in RAM first
   const int64_t n = n_tokens_;
   const size_t rb = row_bytes();

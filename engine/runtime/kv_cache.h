@@ -11,6 +11,14 @@
 // Before a host layer's attention, fetch_layer() reads its spilled blocks
 // back into a staging area that view() then points at. A block that cannot be
 // read back is reported lost: the session recomputes it from its tokens.
+//
+// The device tier (KvTierConfig::device_budget, kv_cache_device.cpp): a layer
+// whose attention runs on a GPU keeps only some of its blocks there, in
+// slots of the device storage (KvStorage::set_block_slots); the others are
+// host blocks like a CPU layer's, in RAM or on the SSD. The same policy
+// chooses; the sinks and the newest window stay on the device. Attention
+// over such a layer is Backend::attention_split: the device's partial
+// softmax over its slots merged exactly with the CPU's over the host blocks.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +45,12 @@ struct KvCacheConfig {
   DType dtype = DType::kF16;  ///< F16 or Q8_0 (head_dim a multiple of 32)
 };
 
-/// The RAM and SSD tiers of host KV blocks.
+/// The device, RAM and SSD tiers of KV blocks.
 struct KvTierConfig {
+  /// Bytes of K/V kept on the device for the layers whose attention runs
+  /// there, shared evenly by them; 0: no limit (every block of such a layer
+  /// stays on the device, and the context ends where device memory does).
+  uint64_t device_budget = 0;
   uint64_t ram_budget = 0;  ///< bytes of host K/V kept in RAM; 0: no limit, nothing spills
   std::string spill_dir;    ///< the spill file's folder (needed with a budget)
   std::string policy = "importance";  ///< lru | importance (kv_policy.h)
@@ -47,7 +59,7 @@ struct KvTierConfig {
   /// to read back, at Q8_0's error), or "fp8" (E4M3 with one scale per head
   /// and block: about half an F16 cache's bytes, 3 mantissa bits).
   std::string spill_type;
-  int64_t sink_tokens = 32;     ///< the first tokens never leave RAM (attention sinks)
+  int64_t sink_tokens = 32;     ///< the first tokens never leave their tier (attention sinks)
   int64_t window_tokens = 128;  ///< nor do the newest ones (at least one block's worth)
   uint64_t session = 0;         ///< names the spill file; 0: from the process id and time
   storage::SpillFaults faults;  ///< injected storage faults (tests)
@@ -55,12 +67,14 @@ struct KvTierConfig {
 
 /// Where the KV bytes are now, and what moved.
 struct KvTierStats {
-  uint64_t device_bytes = 0;   ///< K/V of layers whose attention runs on a device
-  uint64_t ram_bytes = 0;      ///< host blocks in RAM
-  uint64_t ssd_bytes = 0;      ///< host blocks in the spill file
-  uint64_t staging_bytes = 0;  ///< RAM that holds spilled blocks while attention reads them
+  uint64_t device_bytes = 0;  ///< device memory held for K/V (slots of the device tier included)
+  uint64_t device_used_bytes = 0;  ///< of which blocks in use (device tier: slots holding a block)
+  uint64_t ram_bytes = 0;          ///< host blocks in RAM
+  uint64_t ssd_bytes = 0;          ///< host blocks in the spill file
+  uint64_t staging_bytes = 0;      ///< RAM that holds spilled blocks while attention reads them
   uint64_t blocks_spilled = 0, blocks_promoted = 0;  ///< moves down and up, since creation
   uint64_t ssd_read_bytes = 0, ssd_written_bytes = 0;
+  uint64_t blocks_to_host = 0, blocks_to_device = 0;  ///< device tier moves, since creation
   uint64_t blocks_lost = 0;        ///< blocks that could not be read back (recomputed)
   uint64_t blocks_read_ahead = 0;  ///< spilled blocks read while the layer before computed
   bool spill_full = false;         ///< the disk filled up: spilling stopped
@@ -99,7 +113,8 @@ class KvCache {
   /// Sets up the RAM and SSD tiers (before the first token). Removes spill
   /// files that crashed sessions left in the folder.
   Status configure_tiers(const KvTierConfig& tiers);
-  bool tiered() const { return tiers_.ram_budget > 0; }
+  /// Whether blocks may move between tiers (a RAM or a device budget).
+  bool tiered() const { return tiers_.ram_budget > 0 || tiers_.device_budget > 0; }
   const KvTierConfig& tier_config() const { return tiers_; }
   KvTierStats tier_stats() const;
   /// Makes a host layer's spilled blocks readable through view() (reads them
@@ -121,6 +136,7 @@ class KvCache {
   /// While set, store() writes only into blocks open to a recompute (the K/V
   /// that are intact stay as they are).
   void set_recomputing(bool on) { recomputing_ = on; }
+  bool recomputing() const { return recomputing_; }
   void finish_recompute() { recompute_.clear(); }
   /// Whether the policy ranks by attention mass (the attention then reports it).
   bool wants_mass(int64_t layer) const;
@@ -146,6 +162,34 @@ class KvCache {
   /// they are (no requantization). Errors: no storage, out of memory on the
   /// way (the layer then stays where it was).
   Status move_layer(int64_t layer, bool to_device);
+
+  /// @name The device tier (kv_cache_device.cpp).
+  /// @{
+  /// How many layers' attention will run on the device: they share the
+  /// device budget. Call before their move_layer(l, true) (default: all layers).
+  void set_device_layers(int64_t n) { n_dev_layers_ = n; }
+  /// Device slots per layer (0: no device tier).
+  int64_t device_slots() const { return dev_slots_; }
+  /// Whether `layer` lives in device slots plus host blocks.
+  bool device_tiered(int64_t layer) const {
+    return on_device(layer) && storage_->layer_slots(layer) > 0;
+  }
+  /// Per slot of a device-tiered layer, the first token position of the block
+  /// it holds, or -1 when free; entries up to the last slot in use.
+  std::vector<int32_t> slot_positions(int64_t layer) const;
+  /// The device row (slot * block_size + row) of token `pos` of a
+  /// device-tiered layer, or -1 when its block is a host block.
+  int64_t device_row(int64_t layer, int64_t pos) const;
+  /// Whether any of blocks [0, n_blocks) of a device-tiered layer is a host block.
+  bool has_host_blocks(int64_t layer, int64_t n_blocks) const;
+  /// The host blocks among [0, n_blocks) of a device-tiered layer (after
+  /// fetch_layer), as consecutive blocks in logical order; `blocks` gets the
+  /// logical index of each. Valid until the next call.
+  cpu::KvView host_view(int64_t layer, int64_t n_blocks, std::vector<int32_t>* blocks);
+  /// Most tokens one step may add: the device tier needs a free slot for
+  /// each new block beside the pinned ones. Large when there is no device tier.
+  int64_t max_step_tokens() const;
+  /// @}
 
  private:
   explicit KvCache(const KvCacheConfig& cfg);
@@ -210,6 +254,27 @@ class KvCache {
   bool recomputing_ = false, spill_full_ = false;
   uint64_t n_spilled_ = 0, n_promoted_ = 0, n_lost_ = 0;
   uint64_t n_ram_blocks_ = 0;  ///< host (layer, block) pairs in RAM
+  // Device tier: per layer, the slot of each block (-1: a host block) and the
+  // block in each slot (-1: free); slots per layer and the layers sharing the budget.
+  std::vector<std::vector<int32_t>> dev_slot_, slot_block_;
+  int64_t dev_slots_ = 0, n_dev_layers_ = 0;
+  uint64_t n_to_host_ = 0, n_to_device_ = 0;
+  std::vector<const void*> host_k_, host_v_;  ///< host_view()'s block pointers
+  /// Device tier moves of one block (between two steps): slot -> new RAM
+  /// block; RAM (read back first from the SSD) -> slot.
+  Status block_to_host(size_t l, size_t b);
+  Status block_to_device(size_t l, size_t b, size_t slot);
+  /// A free slot of layer l, or one whose block holds only forgotten tokens,
+  /// or the coldest unpinned block's (moved to the host); blocks in
+  /// [keep_from, keep_to) are not taken. kNoSpace when none.
+  Result<size_t> take_slot(size_t l, size_t keep_from, size_t keep_to);
+  /// Blocks [first, need) of a device-tiered layer (those the step writes)
+  /// get slots: new ones, and host blocks come onto the device.
+  Status device_reserve(size_t l, size_t first, size_t need);
+  Status rebalance_device();
+  Status layer_to_slots(size_t l);    ///< move_layer(l, true) under the device tier
+  Status layer_from_slots(size_t l);  ///< move_layer(l, false) under the device tier
+  double block_score(size_t l, size_t b) const;
   std::string spill_note_;
   std::unique_ptr<KvStorage> storage_;  ///< device K/V (then no host blocks), or null
 };

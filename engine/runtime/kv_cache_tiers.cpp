@@ -55,11 +55,11 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
   if (spill_ || n_tokens_ > 0) {
     return make_error(ErrorCode::kInternal, "KV cache: tiers are set before the first token");
   }
-  if (t.ram_budget == 0) {
+  if (t.ram_budget == 0 && t.device_budget == 0) {
     tiers_ = t;
     return {};
   }
-  if (t.spill_dir.empty()) {
+  if (t.ram_budget > 0 && t.spill_dir.empty()) {
     return make_error(ErrorCode::kInvalidArgument,
                       "KV cache: a RAM budget needs a spill folder (--kv-dir)");
   }
@@ -86,7 +86,8 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
     spill_dtype = *d;
   }
   const int64_t bs = cfg_.block_size;
-  if (t.ram_budget < pair_bytes() * static_cast<uint64_t>(cfg_.n_layer) *
+  if (t.ram_budget > 0 &&
+      t.ram_budget < pair_bytes() * static_cast<uint64_t>(cfg_.n_layer) *
                          static_cast<uint64_t>((t.window_tokens + bs - 1) / bs + 1)) {
     return make_error(ErrorCode::kInvalidArgument,
                       "KV cache: a RAM budget of %" PRIu64 " KiB cannot hold the newest %" PRId64
@@ -106,7 +107,7 @@ Status KvCache::configure_tiers(const KvTierConfig& t) {
   spill_dtype_ = spill_dtype;
   spill_fp8_ = fp8;
   // Files of sessions that crashed: their lock is free.
-  storage::remove_stale_spill_files(tiers_.spill_dir);
+  if (t.ram_budget > 0) storage::remove_stale_spill_files(tiers_.spill_dir);
   return {};
 }
 
@@ -128,6 +129,15 @@ Status KvCache::open_spill_file() {
 KvTierStats KvCache::tier_stats() const {
   KvTierStats s;
   s.device_bytes = storage_ ? storage_->allocated_bytes() : 0;
+  s.device_used_bytes = s.device_bytes;
+  if (dev_slots_ > 0) {  // slotted layers: count the slots that hold a block
+    uint64_t free_slots = 0;
+    for (const auto& sb : slot_block_)
+      free_slots += static_cast<uint64_t>(std::count(sb.begin(), sb.end(), -1));
+    s.device_used_bytes -= std::min(s.device_used_bytes, free_slots * pair_bytes());
+  }
+  s.blocks_to_host = n_to_host_;
+  s.blocks_to_device = n_to_device_;
   s.ram_bytes = n_ram_blocks_ * pair_bytes();
   s.ssd_bytes = spill_ ? spill_->slots_used() * spill_pair_bytes() : 0;
   s.staging_bytes = staging_[0].capacity() + staging_[1].capacity() + spill_staging_[0].capacity() +
@@ -152,7 +162,7 @@ bool KvCache::pinned(int64_t block) const {
 }
 
 bool KvCache::wants_mass(int64_t layer) const {
-  return policy_ && policy_->wants_mass() && !on_device(layer);
+  return policy_ && policy_->wants_mass() && (!on_device(layer) || device_tiered(layer));
 }
 
 void KvCache::add_mass(int64_t layer, const float* mass, int64_t n_blocks) {
@@ -382,7 +392,7 @@ uint8_t* KvCache::read_target(size_t l, size_t i) {
 // Begins reading the first spilled blocks of `layer` (as many as one batch
 // holds) into its staging buffer; fetch_layer(layer) completes them.
 void KvCache::start_prefetch(int64_t layer) {
-  if (!spill_ || layer >= cfg_.n_layer || on_device(layer)) return;
+  if (!spill_ || layer >= cfg_.n_layer || (on_device(layer) && !device_tiered(layer))) return;
   const auto l = static_cast<size_t>(layer);
   std::vector<size_t> spilled = spilled_blocks(l);
   if (spilled.empty()) return;
@@ -400,7 +410,7 @@ void KvCache::start_prefetch(int64_t layer) {
 }
 
 Status KvCache::fetch_layer(int64_t layer) {
-  if (!spill_ || on_device(layer)) return {};
+  if (!spill_ || (on_device(layer) && !device_tiered(layer))) return {};
   const auto l = static_cast<size_t>(layer);
   const std::vector<size_t> spilled = spilled_blocks(l);
   // The read-ahead begun during the layer before covers the first blocks.
@@ -482,6 +492,8 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 
 Status KvCache::rebalance() {
   if (!tiered() || !policy_) return {};
+  if (dev_slots_ > 0) LOOM_TRY(rebalance_device());  // blocks it moves down count below
+  if (tiers_.ram_budget == 0) return {};
   const uint64_t budget = tiers_.ram_budget;
   const int64_t used_blocks = (n_tokens_ + cfg_.block_size - 1) / cfg_.block_size;
   struct Cand {
@@ -490,10 +502,10 @@ Status KvCache::rebalance() {
   };
   std::vector<Cand> in_ram, on_ssd;
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    if (on_device(static_cast<int64_t>(l))) continue;
+    if (on_device(static_cast<int64_t>(l)) && !device_tiered(static_cast<int64_t>(l))) continue;
     const size_t n = std::min(blocks_[l].size(), static_cast<size_t>(used_blocks));
     for (size_t b = 0; b < n; ++b) {
-      if (pinned(static_cast<int64_t>(b))) continue;
+      if (pinned(static_cast<int64_t>(b)) || dev_slot_[l][b] >= 0) continue;
       const KvBlockStats st{static_cast<int64_t>(l), static_cast<int64_t>(b), mass_[l][b]};
       (slot_[l][b] >= 0 ? on_ssd : in_ram).push_back({policy_->score(st), l, b});
     }

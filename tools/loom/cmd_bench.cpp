@@ -137,6 +137,10 @@ int cmd_bench(const BenchOptions& o) {
         {"ram_bytes", ssd1.ram_bytes},
         {"ssd_bytes", ssd1.ssd_bytes},
         {"ram_budget", kv.tier_config().ram_budget},
+        {"device_budget", kv.tier_config().device_budget},
+        {"device_used_bytes", ssd1.device_used_bytes},
+        {"blocks_to_host", ssd1.blocks_to_host},
+        {"blocks_to_device", ssd1.blocks_to_device},
         {"policy", kv.tiered() ? kv.tier_config().policy : std::string()},
         {"ssd_read_bytes_per_token",
          o.n_gen > 0 ? (ssd1.ssd_read_bytes - ssd0.ssd_read_bytes) / o.n_gen : 0},
@@ -183,7 +187,13 @@ int cmd_bench(const BenchOptions& o) {
   std::printf("kv tiers: device %.1f MiB, RAM %.1f MiB, SSD %.1f MiB",
               ssd1.device_bytes / 1048576.0, ssd1.ram_bytes / 1048576.0,
               ssd1.ssd_bytes / 1048576.0);
-  if (kv.tiered()) {
+  if (kv.tier_config().device_budget > 0) {
+    std::printf(" (GPU budget %.1f MiB, %.1f MiB in use, blocks to RAM %llu, back %llu)",
+                kv.tier_config().device_budget / 1048576.0, ssd1.device_used_bytes / 1048576.0,
+                static_cast<unsigned long long>(ssd1.blocks_to_host),
+                static_cast<unsigned long long>(ssd1.blocks_to_device));
+  }
+  if (kv.tier_config().ram_budget > 0) {
     const double n = static_cast<double>(std::max<int64_t>(o.n_gen, 1));
     std::printf(
         " (RAM budget %.1f MiB, policy %s, %s)\n"

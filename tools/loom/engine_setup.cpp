@@ -24,13 +24,22 @@ bool parse_dtype_opt(const std::string& s, std::optional<DType>* out, const char
   *out = *d;
   return true;
 }
-// --kv-ram / --kv-dir / --kv-policy; without --kv-ram, a budget only where
-// the whole context's KV would not fit in half the available memory.
+// --kv-gpu / --kv-ram / --kv-dir / --kv-policy; without --kv-ram, a budget
+// only where the whole context's KV would not fit in half the available memory.
 bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* who,
                            KvTierConfig* t) {
   t->spill_dir = o.kv_dir.empty() ? default_kv_spill_dir() : o.kv_dir;
   t->policy = o.kv_policy;
   t->spill_type = o.kv_spill_type;
+  if (!o.kv_gpu.empty()) {
+    auto b = parse_size(o.kv_gpu);
+    if (!b || *b == 0) {
+      std::fprintf(stderr, "%s: --kv-gpu '%s' is not a size (e.g. 1G, 512M)\n", who,
+                   o.kv_gpu.c_str());
+      return false;
+    }
+    t->device_budget = *b;
+  }
   if (!o.kv_ram.empty()) {
     auto b = parse_size(o.kv_ram);
     if (!b) {

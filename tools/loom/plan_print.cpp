@@ -64,12 +64,19 @@ void print_plan(const Engine& e, const Profiler::Snapshot* measured, FILE* f) {
                mib(b.weights[1]), mib(b.kv[1]),
                p.uses(Unit::kGpu) ? mib(gpu_overhead_bytes(m, so.max_chunk)) : 0.0);
   std::fprintf(f, "CPU:       %.1f MiB weights + %.1f MiB KV\n", mib(b.weights[0]), mib(b.kv[0]));
-  if (e.kv_tiers.ram_budget > 0) {
-    const double ram = std::min(mib(b.kv[0]), mib(e.kv_tiers.ram_budget));
+  if (e.kv_tiers.ram_budget > 0 || e.kv_tiers.device_budget > 0) {
+    // GPU layers' blocks beyond the device budget join the host's in RAM,
+    // and what RAM's budget does not hold goes to the SSD.
+    const double gpu = e.kv_tiers.device_budget > 0
+                           ? std::min(mib(b.kv[1]), mib(e.kv_tiers.device_budget))
+                           : mib(b.kv[1]);
+    const double host = mib(b.kv[0]) + mib(b.kv[1]) - gpu;
+    const double ram =
+        e.kv_tiers.ram_budget > 0 ? std::min(host, mib(e.kv_tiers.ram_budget)) : host;
     std::fprintf(f,
                  "KV tiers:  GPU %.1f MiB, RAM %.1f MiB, SSD %.1f MiB at full context (%s, %s)\n",
-                 mib(b.kv[1]), ram, mib(b.kv[0]) - ram, e.kv_tiers.policy.c_str(),
-                 e.kv_tiers.spill_dir.c_str());
+                 gpu, ram, host - ram, e.kv_tiers.policy.c_str(),
+                 e.kv_tiers.ram_budget > 0 ? e.kv_tiers.spill_dir.c_str() : "no spill file");
   }
   std::fprintf(f,
                "predicted: %.3f ms per decode step (%.1f tokens/s) at %lld tokens of context, %lld "

@@ -1,5 +1,6 @@
 #include "engine/backends/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -137,6 +138,58 @@ void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos
         att_mass_[0][static_cast<size_t>(b)] += att_mass_[t][static_cast<size_t>(b)];
     }
     kv.add_mass(layer, att_mass_[0].data(), n_blocks);
+  }
+}
+
+void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q, int64_t T,
+                                     const int32_t* pos, int64_t n_heads, float scale,
+                                     const float* device_ml, float* part, float* block_mass) {
+  if (T <= 0) return;
+  const int64_t bs = kv.config().block_size, hd = kv.config().head_dim;
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
+  std::vector<int32_t> blocks;
+  const cpu::KvView view = kv.host_view(layer, max_pos / bs + 1, &blocks);
+  // The view's rows are the host blocks' rows back to back, in position
+  // order: token t sees the first hpos[t] + 1 of them (those at positions <= pos[t]).
+  std::vector<int32_t> hpos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t n = 0;
+    for (int32_t b : blocks) n += std::clamp<int64_t>(pos[t] - int64_t{b} * bs + 1, 0, bs);
+    hpos[static_cast<size_t>(t)] = static_cast<int32_t>(n - 1);
+  }
+  // Tokens that see no host key (positions increase with t, so a prefix) get empty partials.
+  int64_t t0 = 0;
+  while (t0 < T && hpos[static_cast<size_t>(t0)] < 0) ++t0;
+  for (int64_t r = 0; r < t0 * n_heads; ++r) {
+    float* pr = part + r * (hd + 2);
+    pr[0] = cpu::kAttnEmptyMax;
+    std::fill(pr + 1, pr + hd + 2, 0.0f);
+  }
+  if (t0 == T || blocks.empty()) return;
+  const size_t scratch = cpu::attention_scratch_floats(view);
+  for (auto& s : att_scratch_) {
+    if (s.size() < scratch) s.resize(scratch);
+  }
+  const auto nb = static_cast<int64_t>(blocks.size());
+  if (block_mass) {
+    att_mass_.resize(att_scratch_.size());
+    for (auto& m : att_mass_) m.assign(static_cast<size_t>(nb), 0.0f);
+  }
+  const int64_t group = n_heads / view.n_kv_heads;
+  const float* qt = q + t0 * n_heads * hd;
+  float* pt = part + t0 * n_heads * (hd + 2);
+  const float* ml = device_ml ? device_ml + t0 * n_heads * 2 : nullptr;
+  pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
+    const auto i = static_cast<size_t>(ith);
+    cpu::attention_partial(qt, T - t0, hpos.data() + t0, n_heads, view, scale, pt, h0, h1,
+                           att_scratch_[i].data(), block_mass ? att_mass_[i].data() : nullptr, ml);
+  });
+  if (block_mass) {
+    for (const auto& m : att_mass_) {
+      for (int64_t i = 0; i < nb; ++i)
+        block_mass[blocks[static_cast<size_t>(i)]] += m[static_cast<size_t>(i)];
+    }
   }
 }
 

@@ -27,6 +27,12 @@ class CpuBackend final : public Backend {
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
+  /// The host part of a device-tiered layer's attention (the HostAttentionFn
+  /// a GPU backend's attention_split calls): attention_partial over the
+  /// layer's host blocks (KvCache::host_view), causal by position.
+  void attention_host_part(KvCache& kv, int64_t layer, const float* q, int64_t T,
+                           const int32_t* pos, int64_t n_heads, float scale, const float* device_ml,
+                           float* part, float* block_mass);
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
 

@@ -79,15 +79,17 @@ constexpr uint32_t kMatmulCmNarrowBelow = 66;
 constexpr uint32_t kMatmulCmDefault = 2;
 constexpr uint32_t kWgSmall = 64;
 constexpr uint32_t kWgElt = 256;
-constexpr uint32_t kAttnHeadsPerGroup = 8;    // GM in attn_split.comp
-constexpr uint32_t kNormVec4PerThread = 4;    // VPT in rms_norm.comp
-constexpr uint32_t kQuantVec4PerThread = 8;   // VPT of quant_q8 (shaders/variants.txt)
-constexpr int64_t kAttnMaxHeadDim = 256;      // HD_MAX in attn_split.comp
-constexpr uint32_t kAttnSplitKeys = 32;       // keys per split past kAttnOneSplitKeys (GPUs)
-constexpr uint32_t kAttnOneSplitKeys = 128;   // up to this many keys in one split (GPUs)
-constexpr int64_t kAttnTileMaxHeadDim = 128;  // HD_MAX in attn_tile.comp
-constexpr uint32_t kAttnTileRows = 16;        // BR in attn_tile.comp
-constexpr uint32_t kWgAttnTile = 128;         // BR * TPQ in attn_tile.comp
+constexpr uint32_t kAttnHeadsPerGroup = 8;   // GM in attn_split.comp
+constexpr uint32_t kNormVec4PerThread = 4;   // VPT in rms_norm.comp
+constexpr uint32_t kQuantVec4PerThread = 8;  // VPT of quant_q8 (shaders/variants.txt)
+constexpr int64_t kAttnMaxHeadDim = 256;     // HD_MAX in attn_split.comp
+constexpr uint32_t kAttnSplitKeys = 32;      // keys per split past kAttnOneSplitKeys (GPUs)
+constexpr uint32_t kAttnOneSplitKeys = 128;  // up to this many keys in one split (GPUs)
+constexpr uint64_t kAttnGroupScratch = 64ull
+                                       << 20;  // partials of one group of query rows (device tier)
+constexpr int64_t kAttnTileMaxHeadDim = 128;   // HD_MAX in attn_tile.comp
+constexpr uint32_t kAttnTileRows = 16;         // BR in attn_tile.comp
+constexpr uint32_t kWgAttnTile = 128;          // BR * TPQ in attn_tile.comp
 
 const char* dtype_suffix(DType t) {
   switch (t) {
@@ -149,16 +151,19 @@ class VkActBuffer final : public ActBuffer {
 };
 
 /// One KV cache's layers in device memory: per resident layer a K and a V
-/// allocation of [n_kv_heads][n_ctx][head_dim] (F16 words, or Q8_0 quants
-/// then scales). Layers not resident hold nothing (the KvCache keeps them in
-/// host blocks).
+/// allocation of [n_kv_heads][rows][head_dim] (F16 words, or Q8_0 quants
+/// then scales), rows = n_ctx (row = position), or, under the device tier,
+/// slots * block_size (row = slot * block_size + position % block_size, the
+/// KvCache says which block is in which slot). Layers not resident hold
+/// nothing (the KvCache keeps them in host blocks).
 class VkKvStorage final : public KvStorage {
  public:
   VkKvStorage(VulkanBackend* owner, const KvCacheConfig& cfg)
       : owner_(owner),
         cfg_(cfg),
         k_(static_cast<size_t>(cfg.n_layer)),
-        v_(static_cast<size_t>(cfg.n_layer)) {}
+        v_(static_cast<size_t>(cfg.n_layer)),
+        slots_(static_cast<size_t>(cfg.n_layer), 0) {}
   ~VkKvStorage() override {
     for (auto& a : k_) owner_->device_pool_->free(a);
     for (auto& a : v_) owner_->device_pool_->free(a);
@@ -189,25 +194,61 @@ class VkKvStorage final : public KvStorage {
       owner_->device_pool_->free(k_[l]);
       owner_->device_pool_->free(v_[l]);
       k_[l] = v_[l] = Alloc{};
+      slots_[l] = 0;
       return st;
     }
-    LOOM_ASSIGN_OR_RETURN(Alloc k, owner_->device_pool_->alloc(layer_bytes(), "the KV cache"));
-    auto v = owner_->device_pool_->alloc(layer_bytes(), "the KV cache");
+    slots_[l] = new_slots_;
+    LOOM_ASSIGN_OR_RETURN(Alloc k, owner_->device_pool_->alloc(layer_bytes(l), "the KV cache"));
+    auto v = owner_->device_pool_->alloc(layer_bytes(l), "the KV cache");
     if (!v.ok()) {
       owner_->device_pool_->free(k);
+      slots_[l] = 0;
       return v.status();
     }
     k_[l] = k;
     v_[l] = *v;
     return {};
   }
+  Status set_block_slots(int64_t block_size, int64_t n_slots) override {
+    if (block_size <= 0 || n_slots <= 0 || n_slots * block_size > cfg_.n_ctx + block_size)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "Vulkan KV cache: %" PRId64 " slots of %" PRId64
+                        " rows do not fit a context of %" PRId64,
+                        n_slots, block_size, cfg_.n_ctx);
+    block_size_ = block_size;
+    new_slots_ = n_slots;
+    return {};
+  }
+  int64_t layer_slots(int64_t layer) const override {
+    return layer_resident(layer) ? slots_[static_cast<size_t>(layer)] : 0;
+  }
+  Status export_rows(int64_t layer, int64_t row0, int64_t n, uint8_t* k, uint8_t* v) override {
+    LOOM_TRY(check_rows(layer, row0, n, "export_rows"));
+    return owner_->kv_transfer(*this, layer, row0, n, k, v, nullptr, nullptr);
+  }
+  Status import_rows(int64_t layer, int64_t row0, int64_t n, const uint8_t* k,
+                     const uint8_t* v) override {
+    LOOM_TRY(check_rows(layer, row0, n, "import_rows"));
+    return owner_->kv_transfer(*this, layer, row0, n, nullptr, nullptr, k, v);
+  }
+  Status check_rows(int64_t layer, int64_t row0, int64_t n, const char* op) const {
+    LOOM_TRY(check_transfer(layer, 0, op));
+    if (row0 < 0 || n < 0 || row0 + n > rows(static_cast<size_t>(layer))) {
+      return make_error(ErrorCode::kOutOfRange,
+                        "Vulkan KV cache %s: rows %" PRId64 "..%" PRId64 " of a layer of %" PRId64,
+                        op, row0, row0 + n, rows(static_cast<size_t>(layer)));
+    }
+    return {};
+  }
+  /// Rows per KV head of layer l: its row stride in the shaders.
+  int64_t rows(size_t l) const { return slots_[l] ? slots_[l] * block_size_ : cfg_.n_ctx; }
   Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) override {
     LOOM_TRY(check_transfer(layer, n, "export_layer"));
-    return owner_->kv_transfer(*this, layer, n, k, v, nullptr, nullptr);
+    return owner_->kv_transfer(*this, layer, 0, n, k, v, nullptr, nullptr);
   }
   Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) override {
     LOOM_TRY(check_transfer(layer, n, "import_layer"));
-    return owner_->kv_transfer(*this, layer, n, nullptr, nullptr, k, v);
+    return owner_->kv_transfer(*this, layer, 0, n, nullptr, nullptr, k, v);
   }
 
   Status check_layer(int64_t layer, const char* op) const {
@@ -225,29 +266,31 @@ class VkKvStorage final : public KvStorage {
                         "Vulkan KV cache %s: layer %" PRId64 " is not resident on the GPU", op,
                         layer);
     }
-    if (n < 0 || n > cfg_.n_ctx) {
+    if (n < 0 || n > rows(static_cast<size_t>(layer))) {
       return make_error(ErrorCode::kOutOfRange,
                         "Vulkan KV cache %s: %" PRId64 " tokens (the cache holds %" PRId64 ")", op,
                         n, cfg_.n_ctx);
     }
     return {};
   }
-  /// Bytes of the quants of one layer's K (or V); the Q8_0 scales follow at this offset.
-  uint64_t quant_bytes() const {
-    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * cfg_.n_ctx);
+  /// Bytes of the quants of layer l's K (or V); the Q8_0 scales follow at this offset.
+  uint64_t quant_bytes(size_t l) const {
+    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * this->rows(l));
     const auto hd = static_cast<uint64_t>(cfg_.head_dim);
     return cfg_.dtype == DType::kF16 ? rows * hd * 2 : (rows * hd + 255) / 256 * 256;
   }
-  uint64_t layer_bytes() const {
-    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * cfg_.n_ctx);
+  uint64_t layer_bytes(size_t l) const {
+    const auto rows = static_cast<uint64_t>(cfg_.n_kv_heads * this->rows(l));
     return cfg_.dtype == DType::kF16
-               ? quant_bytes()
-               : quant_bytes() + rows * static_cast<uint64_t>(cfg_.head_dim / 32) * 4;
+               ? quant_bytes(l)
+               : quant_bytes(l) + rows * static_cast<uint64_t>(cfg_.head_dim / 32) * 4;
   }
 
   VulkanBackend* owner_;
   KvCacheConfig cfg_;
-  std::vector<Alloc> k_, v_;  ///< per layer; empty when the layer is not resident
+  std::vector<Alloc> k_, v_;                ///< per layer; empty when the layer is not resident
+  std::vector<int64_t> slots_;              ///< per resident layer: its slots (0: n_ctx rows)
+  int64_t block_size_ = 0, new_slots_ = 0;  ///< set_block_slots()
 };
 
 // ---- set-up -----------------------------------------------------------------
@@ -1310,8 +1353,9 @@ Result<VulkanBackend::Bind> VulkanBackend::counters(uint32_t n) {
 // host row is head_dim / 32 blocks of (fp16 d, 32 int8); the device keeps the
 // quants of a row contiguous and the scales apart as floats holding fp16
 // values, so fp16 -> float -> fp16 gives back the same bits.
-Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint8_t* k_out,
-                                  uint8_t* v_out, const uint8_t* k_in, const uint8_t* v_in) {
+Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, int64_t n,
+                                  uint8_t* k_out, uint8_t* v_out, const uint8_t* k_in,
+                                  const uint8_t* v_in) {
   LOOM_TRY(status_);
   const bool out = k_out != nullptr;
   const KvCacheConfig& c = s.cfg_;
@@ -1323,8 +1367,9 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint
   const uint64_t d_row = f16 ? 0 : nb * 4;   // and of its scales
   const uint64_t limit = transfer_chunk_ ? std::min(transfer_chunk_, ring_.size) : ring_.size;
   const uint64_t chunk = std::max<uint64_t>(1, (limit > 512 ? limit - 512 : 0) / (q_row + d_row));
-  const auto ctx = static_cast<uint64_t>(c.n_ctx), un = static_cast<uint64_t>(n);
   const auto l = static_cast<size_t>(layer);
+  const auto ctx = static_cast<uint64_t>(s.rows(l)), un = static_cast<uint64_t>(n);
+  const auto r0 = static_cast<uint64_t>(row0);
 
   // Export: chunks copied into the ring, converted once their submission ran.
   struct Staged {
@@ -1360,11 +1405,11 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint
     for (uint64_t h = 0; h < static_cast<uint64_t>(c.n_kv_heads); ++h) {
       for (uint64_t t0 = 0; t0 < un; t0 += chunk) {
         const uint64_t m = std::min(chunk, un - t0);
-        const uint64_t row = h * ctx + t0;  // device row of token t0
+        const uint64_t row = h * ctx + r0 + t0;  // device row of token t0
         const uint64_t host = (h * un + t0) * host_row;
         const uint64_t qb = m * q_row, db = m * d_row;
         const uint64_t q_dev = a.offset + row * q_row,
-                       d_dev = a.offset + s.quant_bytes() + row * d_row;
+                       d_dev = a.offset + s.quant_bytes(l) + row * d_row;
         if (out) {
           if (ring_used_ + round256(qb) + round256(db) > ring_.size) LOOM_TRY(drain());
           const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
@@ -1743,10 +1788,10 @@ void VulkanBackend::matmul_qkv_rope_kv(const Weight& wq, const Weight& wk, const
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
   const bool ok =
       status_.ok() && x.rows == 1 && qkv_rope_ && s && s->owner_ == this &&
-      s->layer_resident(layer) && s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
-      head_dim % 2 == 0 && s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads &&
-      wq.n_out == n_heads * head_dim && wk.n_out == n_kv_heads * head_dim &&
-      wv.n_out == n_kv_heads * head_dim &&
+      s->layer_resident(layer) && s->layer_slots(layer) == 0 && s->cfg_.dtype == DType::kF16 &&
+      !p.neox && p.n_rot == head_dim && head_dim % 2 == 0 && s->cfg_.head_dim == head_dim &&
+      s->cfg_.n_kv_heads == n_kv_heads && wq.n_out == n_heads * head_dim &&
+      wk.n_out == n_kv_heads * head_dim && wv.n_out == n_kv_heads * head_dim &&
       s->k_[static_cast<size_t>(layer)].block == s->v_[static_cast<size_t>(layer)].block;
   if (ok) {
     if (!positions_in_range(pos, 1, s->cfg_.n_ctx, "kv_store")) return;
@@ -2022,9 +2067,9 @@ void VulkanBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, 
   auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
   const bool fused =
       status_.ok() && s && s->owner_ == this && s->layer_resident(layer) &&
-      s->cfg_.dtype == DType::kF16 && !p.neox && p.n_rot == head_dim &&
-      s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads && k.rows == q.rows &&
-      v.rows == q.rows &&
+      s->layer_slots(layer) == 0 && s->cfg_.dtype == DType::kF16 && !p.neox &&
+      p.n_rot == head_dim && s->cfg_.head_dim == head_dim && s->cfg_.n_kv_heads == n_kv_heads &&
+      k.rows == q.rows && v.rows == q.rows &&
       s->k_[static_cast<size_t>(layer)].block == s->v_[static_cast<size_t>(layer)].block &&
       check_act(v, "rope_qk_kv");
   if (!fused) return Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
@@ -2105,20 +2150,54 @@ void VulkanBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int
     return fail(
         make_error(ErrorCode::kInternal, "Vulkan kv_store: the KV cache is not on this GPU"));
   if (!s->layer_resident(layer)) return fail(not_resident(layer, "kv_store"));
-  const KvCacheConfig& c = s->cfg_;
-  if (!positions_in_range(pos, k.rows, c.n_ctx, "kv_store")) return;
-  auto po = put_ints(pos, k.rows);
+  if (!positions_in_range(pos, k.rows, s->cfg_.n_ctx, "kv_store")) return;
+  if (s->layer_slots(layer) == 0) return kv_store_rows(*s, layer, k, v, pos);
+  // Device tier: tokens whose block has a slot go there; those whose block
+  // is a host block (a recompute of a block lost on the SSD) are stored
+  // by the cache, and while recomputing, blocks on the device stay as they are.
+  std::vector<int32_t> rows(static_cast<size_t>(k.rows));
+  bool to_host = false;
+  for (int64_t t = 0; t < k.rows; ++t) {
+    const int64_t r = kv.device_row(layer, pos[t]);
+    rows[static_cast<size_t>(t)] = r < 0 ? -1 : kv.recomputing() ? -2 : static_cast<int32_t>(r);
+    to_host |= r < 0;
+  }
+  for (int64_t t0 = 0; t0 < k.rows;) {  // runs of tokens stored on the device
+    int64_t t1 = t0;
+    while (t1 < k.rows && rows[static_cast<size_t>(t1)] >= 0) ++t1;
+    if (t1 > t0)
+      kv_store_rows(*s, layer, k.rows_view(t0, t1 - t0), v.rows_view(t0, t1 - t0),
+                    rows.data() + t0);
+    t0 = std::max(t1, t0 + 1);
+  }
+  if (!to_host) return;
+  std::vector<float> kh(static_cast<size_t>(k.rows * k.cols)), vh(kh.size());
+  Status st = download(k, kh.data());
+  if (st.ok()) st = download(v, vh.data());
+  if (!st.ok()) return fail(st);
+  for (int64_t t = 0; t < k.rows; ++t) {
+    if (rows[static_cast<size_t>(t)] == -1)
+      kv.store(layer, pos[t], kh.data() + t * k.cols, vh.data() + t * k.cols);
+  }
+}
+
+void VulkanBackend::kv_store_rows(VkKvStorage& s, int64_t layer, Act k, Act v,
+                                  const int32_t* rows) {
+  const KvCacheConfig& c = s.cfg_;
+  const auto l = static_cast<size_t>(layer);
+  if (!positions_in_range(rows, k.rows, s.rows(l), "kv_store")) return;
+  auto po = put_ints(rows, k.rows);
   if (!po.ok()) return fail(po.status());
-  const Alloc& ka = s->k_[static_cast<size_t>(layer)];
-  const Alloc& va = s->v_[static_cast<size_t>(layer)];
+  const Alloc& ka = s.k_[l];
+  const Alloc& va = s.v_[l];
   struct {
     uint32_t k_off, k_ld, v_off, v_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_kv_heads,
         head_dim, pos_off;
   } pc{u32(k.offset / 4),  u32(k.cols),
        u32(v.offset / 4),  u32(v.cols),
-       u32(ka.offset / 4), u32((ka.offset + s->quant_bytes()) / 4),
-       u32(va.offset / 4), u32((va.offset + s->quant_bytes()) / 4),
-       u32(c.n_ctx),       u32(c.n_kv_heads),
+       u32(ka.offset / 4), u32((ka.offset + s.quant_bytes(l)) / 4),
+       u32(va.offset / 4), u32((va.offset + s.quant_bytes(l)) / 4),
+       u32(s.rows(l)),     u32(c.n_kv_heads),
        u32(c.head_dim),    *po};
   const bool f16 = c.dtype == DType::kF16;
   const uint64_t items =
@@ -2140,8 +2219,21 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   const KvCacheConfig& c = s->cfg_;
   const int64_t T = q.rows, hd = c.head_dim;
   if (!positions_in_range(pos, T, c.n_ctx, "attention")) return;
-  const Alloc& ka = s->k_[static_cast<size_t>(layer)];
-  const Alloc& va = s->v_[static_cast<size_t>(layer)];
+  const auto l = static_cast<size_t>(layer);
+  if (s->layer_slots(layer) > 0) {
+    // Device tier: one split per slot, causal by each slot's position; the
+    // query rows in groups whose partials fit the scratch (prefill too).
+    const std::vector<int32_t> map = kv.slot_positions(layer);
+    const int64_t tn = attn_rows_per_group(n_heads, hd, map.size() + 1);
+    for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
+      const int64_t n = std::min(tn, T - t0);
+      attention_decode(*s, layer, q.rows_view(t0, n), pos + t0, n_heads, scale,
+                       out.rows_view(t0, n), &map, 0, false);
+    }
+    return;
+  }
+  const Alloc& ka = s->k_[l];
+  const Alloc& va = s->v_[l];
   if (T > 1 && hd <= kAttnTileMaxHeadDim) {  // prefill: tiled flash attention
     auto po = put_ints(pos, T);
     if (!po.ok()) return fail(po.status());
@@ -2154,9 +2246,9 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
          u32(out.offset / 4),
          u32(out.cols),
          u32(ka.offset / 4),
-         u32((ka.offset + s->quant_bytes()) / 4),
+         u32((ka.offset + s->quant_bytes(l)) / 4),
          u32(va.offset / 4),
-         u32((va.offset + s->quant_bytes()) / 4),
+         u32((va.offset + s->quant_bytes(l)) / 4),
          u32(c.n_ctx),
          u32(n_heads),
          u32(c.n_kv_heads),
@@ -2171,48 +2263,86 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
              &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
     return;
   }
-  // Decode (and heads too large for the tiles): split over the keys, then merge.
-  int32_t max_pos = 0;
-  for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
-  // Keys per split: all of them up to kAttnOneSplitKeys (or a workgroup's
-  // worth on CPU devices, where barriers are costly), else kAttnSplitKeys, so
-  // the splits fill the GPU and each walks few V rows (on the H200, 32-key
-  // splits and their merge took longer than one split at 65-192 keys, less at
-  // 512-640). Threads per key: as many as the workgroup has for each key of a
-  // split (up to one per dimension pair).
-  const uint32_t n_keys = static_cast<uint32_t>(max_pos) + 1;
+  attention_decode(*s, layer, q, pos, n_heads, scale, out, nullptr, 0, false);
+}
+
+int64_t VulkanBackend::attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n_splits) const {
+  const uint64_t per_row =
+      static_cast<uint64_t>(n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4;
+  return static_cast<int64_t>(
+      std::max<uint64_t>(1, kAttnGroupScratch / std::max<uint64_t>(per_row, 1)));
+}
+
+uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
+                                         int64_t n_heads, float scale, Act out,
+                                         const std::vector<int32_t>* map, uint32_t extra_splits,
+                                         bool keep_splits) {
+  const KvCacheConfig& c = s.cfg_;
+  const auto l = static_cast<size_t>(layer);
+  const int64_t T = q.rows, hd = c.head_dim;
+  const Alloc& ka = s.k_[l];
+  const Alloc& va = s.v_[l];
   const uint32_t wg = attn_wg_;
-  uint32_t kps = attn_split_keys_                              ? std::min(attn_split_keys_, wg)
-                 : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
-                                                               : kAttnSplitKeys;
+  uint32_t n_keys = 0, kps = 0;
+  const std::vector<int32_t> no_block{-1};  // a layer with no block in a slot yet
+  if (map && map->empty()) map = &no_block;
+  if (map) {
+    // One split per slot: its (m, l) is the slot's block's share (attention mass).
+    kps = u32(c.block_size);
+    n_keys = u32(map->size()) * kps;
+  } else {
+    int32_t max_pos = 0;
+    for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
+    // Keys per split: all of them up to kAttnOneSplitKeys (or a workgroup's
+    // worth on CPU devices, where barriers are costly), else kAttnSplitKeys, so
+    // the splits fill the GPU and each walks few V rows (on the H200, 32-key
+    // splits and their merge took longer than one split at 65-192 keys, less at
+    // 512-640). Threads per key: as many as the workgroup has for each key of a
+    // split (up to one per dimension pair).
+    n_keys = static_cast<uint32_t>(max_pos) + 1;
+    kps = attn_split_keys_                              ? std::min(attn_split_keys_, wg)
+          : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
+                                                        : kAttnSplitKeys;
+  }
   kps = std::max<uint32_t>(kps, 1);
-  const uint32_t n_splits = (n_keys + kps - 1) / kps;
+  const uint32_t n_dev = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
+  const uint32_t n_splits = n_dev + extra_splits;
   uint32_t tpk = 1;
-  while (tpk * 2 * std::min(kps, n_keys) <= wg && tpk * 2 <= u32(hd / 2)) tpk *= 2;
+  while (tpk * 2 * std::min(kps, std::max<uint32_t>(n_keys, 1)) <= wg && tpk * 2 <= u32(hd / 2))
+    tpk *= 2;
   const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits *
                                                  static_cast<uint64_t>(hd + 2) * 4
                                            : 0;
   if (part_bytes) {
     Status st = ensure_scratch(part_bytes);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) {
+      fail(st);
+      return n_dev;
+    }
   }
-  auto po = put_ints(pos, T);
-  if (!po.ok()) return fail(po.status());
+  // Positions, then the slot map, in one put (a second put may flush the ring).
+  std::vector<int32_t> ints(pos, pos + T);
+  if (map) ints.insert(ints.end(), map->begin(), map->end());
+  auto po = put_ints(ints.data(), static_cast<int64_t>(ints.size()));
+  if (!po.ok()) {
+    fail(po.status());
+    return n_dev;
+  }
   struct {
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps, tpk, qo_off, qdo_off;
+    uint32_t kps, tpk, qo_off, qdo_off, map_off, map_keys, map_bs;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
        u32(out.cols),
        u32(scratch_.offset / 4),
        u32(ka.offset / 4),
-       u32((ka.offset + s->quant_bytes()) / 4),
+       u32((ka.offset + s.quant_bytes(l)) / 4),
        u32(va.offset / 4),
-       u32((va.offset + s->quant_bytes()) / 4),
-       u32(c.n_ctx),
+       u32((va.offset + s.quant_bytes(l)) / 4),
+       u32(s.rows(l)),
        u32(n_heads),
        u32(c.n_kv_heads),
        u32(hd),
@@ -2222,7 +2352,11 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
        kps,
        tpk,
        0,
-       0};
+       0,
+       *po + u32(T),
+       n_keys,
+       map ? kps : 0};
+  static_assert(sizeof(pc) <= kPushBytes);
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
   const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
@@ -2230,21 +2364,23 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
                                : Bind{ka.block, 0, 0, false};
   // One token with integer dots on: the output's Q8 copy for o, written by
   // whichever kernel writes the output (attn_split with one split, else attn_merge).
-  const bool q8_out = int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && T == 1 &&
-                      hd % 32 == 0 && out.cols == n_heads * hd;
+  const bool q8_out = attn_q8_out(out, n_heads, hd);
   if (q8_out && !part_bytes && wg % 8 == 0) {
     Xq8 copy;
     auto qo = xq8_out(out, &copy);
-    if (!qo.ok()) return fail(qo.status());
+    if (!qo.ok()) {
+      fail(qo.status());
+      return n_dev;
+    }
     pc.qo_off = copy.xq_off;
     pc.qdo_off = copy.xd_off;
     dispatch(typed("attn_split_q8", c.dtype, true, true), Spec{wg},
              {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
               Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
               Bind{ring_.block, 0, 0, false}, part, *qo},
-             &pc, sizeof(pc), n_splits, gy, u32(T));
+             &pc, sizeof(pc), n_dev, gy, u32(T));
     if (status_.ok()) xq8_ = copy;
-    return;
+    return n_dev;
   }
   dispatch(typed("attn_split", c.dtype, true, true), Spec{wg},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
@@ -2252,33 +2388,163 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
             part_bytes ? Bind{static_cast<Block*>(out.buffer), out.offset, 0, false}
                        : act_bind(out, true),
             Bind{ring_.block, 0, 0, false}, part},
-           &pc, sizeof(pc), n_splits, gy, u32(T));
-  if (part_bytes) {
-    struct {
-      uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits, qo_off, qdo_off;
-    } mp{u32(scratch_.offset / 4),
-         u32(out.offset / 4),
-         u32(out.cols),
-         u32(n_heads),
-         u32(hd),
-         n_splits,
-         0,
-         0};
-    const Bind pb{scratch_.block, scratch_.offset, part_bytes, false};
-    if (q8_out && reduce_wg_ % 8 == 0) {
-      Xq8 copy;
-      auto qo = xq8_out(out, &copy);
-      if (!qo.ok()) return fail(qo.status());
-      mp.qo_off = copy.xq_off;
-      mp.qdo_off = copy.xd_off;
-      dispatch(plain("attn_merge_q8", true), Spec{reduce_wg_}, {pb, act_bind(out, true), *qo}, &mp,
-               sizeof(mp), u32(n_heads), 1, 1);
-      if (status_.ok()) xq8_ = copy;
-      return;
-    }
-    dispatch(plain("attn_merge", true), Spec{reduce_wg_}, {pb, act_bind(out, true)}, &mp,
-             sizeof(mp), u32(n_heads), u32(T), 1);
+           &pc, sizeof(pc), n_dev, gy, u32(T));
+  if (part_bytes && !keep_splits) attn_merge(out, n_heads, hd, n_splits, part_bytes, q8_out);
+  return n_dev;
+}
+
+bool VulkanBackend::attn_q8_out(const Act& out, int64_t n_heads, int64_t hd) const {
+  return int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && out.rows == 1 && hd % 32 == 0 &&
+         out.cols == n_heads * hd;
+}
+
+void VulkanBackend::attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_splits,
+                               uint64_t part_bytes, bool q8_out) {
+  struct {
+    uint32_t part_off, o_off, o_ld, n_heads, head_dim, n_splits, qo_off, qdo_off;
+  } mp{u32(scratch_.offset / 4),
+       u32(out.offset / 4),
+       u32(out.cols),
+       u32(n_heads),
+       u32(hd),
+       n_splits,
+       0,
+       0};
+  const Bind pb{scratch_.block, scratch_.offset, part_bytes, false};
+  if (q8_out && reduce_wg_ % 8 == 0) {
+    Xq8 copy;
+    auto qo = xq8_out(out, &copy);
+    if (!qo.ok()) return fail(qo.status());
+    mp.qo_off = copy.xq_off;
+    mp.qdo_off = copy.xd_off;
+    dispatch(plain("attn_merge_q8", true), Spec{reduce_wg_}, {pb, act_bind(out, true), *qo}, &mp,
+             sizeof(mp), u32(n_heads), 1, 1);
+    if (status_.ok()) xq8_ = copy;
+    return;
   }
+  dispatch(plain("attn_merge", true), Spec{reduce_wg_}, {pb, act_bind(out, true)}, &mp, sizeof(mp),
+           u32(n_heads), u32(out.rows), 1);
+}
+
+void VulkanBackend::copy_regions(Block* src, Block* dst, const std::vector<VkBufferCopy>& regions) {
+  if (!status_.ok() || regions.empty()) return;
+  Status st = begin();
+  if (!st.ok()) return fail(st);
+  uint64_t s0 = UINT64_MAX, s1 = 0, d0 = UINT64_MAX, d1 = 0;
+  for (const VkBufferCopy& r : regions) {
+    s0 = std::min<uint64_t>(s0, r.srcOffset);
+    s1 = std::max<uint64_t>(s1, r.srcOffset + r.size);
+    d0 = std::min<uint64_t>(d0, r.dstOffset);
+    d1 = std::max<uint64_t>(d1, r.dstOffset + r.size);
+  }
+  const Bind binds[2] = {{src, s0, s1 - s0, false}, {dst, d0, d1 - d0, true}};
+  barrier_if_needed(binds, 2);
+  dev_->fn().vkCmdCopyBuffer(cmd_, src->buffer, dst->buffer, u32(regions.size()), regions.data());
+}
+
+// The device's splits stay in the scratch ([row][split][m, l, o]; row = token
+// x head); their (m, l) and q come to the host, which attends over the host
+// blocks; its partial goes in as the last split, and attn_merge merges all.
+Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
+                                      int64_t n_heads, float scale, Act out,
+                                      const HostAttentionFn& host) {
+  LOOM_TRY(status_);
+  auto* s = dynamic_cast<VkKvStorage*>(kv.storage());
+  if (!s || s->owner_ != this || s->layer_slots(layer) == 0)
+    return make_error(ErrorCode::kInternal,
+                      "Vulkan attention_split: layer %" PRId64 " is not in device slots here",
+                      layer);
+  if (!check_act(q, "attention") || !check_act(out, "attention")) return status_;
+  const KvCacheConfig& c = s->cfg_;
+  const int64_t T = q.rows, hd = c.head_dim, bs = c.block_size;
+  if (!positions_in_range(pos, T, c.n_ctx, "attention")) return status_;
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
+  const int64_t n_blocks = max_pos / bs + 1;
+  if (!kv.has_host_blocks(layer, n_blocks)) {  // all on the device: no host part
+    attention(kv, layer, q, pos, n_heads, scale, out);
+    return status_;
+  }
+  const std::vector<int32_t> map = kv.slot_positions(layer);
+  const bool mass = kv.wants_mass(layer);
+  std::vector<float> block_mass(mass ? static_cast<size_t>(n_blocks) : 0, 0.0f);
+  const int64_t stride = hd + 2;
+  const int64_t tn = attn_rows_per_group(n_heads, hd, map.size() + 1);
+  std::vector<float> qh, dev_ml, host_ml, hpart;
+  for (int64_t t0 = 0; t0 < T; t0 += tn) {
+    const int64_t n = std::min(tn, T - t0), rows = n * n_heads;
+    const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
+    const uint32_t S = attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true);
+    const uint32_t ns = S + 1;
+    // (m, l) of each device split, to the host.
+    const uint64_t ml_bytes = static_cast<uint64_t>(rows) * S * 8;
+    LOOM_TRY(ring_reserve(ml_bytes));
+    const uint64_t ml_off = ring_put(nullptr, ml_bytes);
+    std::vector<VkBufferCopy> regions;
+    regions.reserve(static_cast<size_t>(rows) * S);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (uint32_t sp = 0; sp < S; ++sp) {
+        const uint64_t src =
+            scratch_.offset +
+            ((static_cast<uint64_t>(r) * ns + sp) * static_cast<uint64_t>(stride)) * 4;
+        regions.push_back(VkBufferCopy{src, ml_off + (static_cast<uint64_t>(r) * S + sp) * 8, 8});
+      }
+    }
+    copy_regions(scratch_.block, ring_.block, regions);
+    LOOM_TRY(flush());
+    std::vector<float> split_ml(static_cast<size_t>(rows) * S * 2);
+    std::memcpy(split_ml.data(), ring_.block->mapped + ml_off, ml_bytes);
+    qh.resize(static_cast<size_t>(n * q.cols));
+    LOOM_TRY(download(qc, qh.data()));
+    // The device part's totals per row: M = max m_s, L = sum l_s e^(m_s - M).
+    dev_ml.assign(static_cast<size_t>(rows) * 2, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* sm = split_ml.data() + r * S * 2;
+      float M = cpu::kAttnEmptyMax, L = 0.0f;
+      for (uint32_t sp = 0; sp < S; ++sp) M = std::max(M, sm[2 * sp]);
+      for (uint32_t sp = 0; sp < S; ++sp) L += sm[2 * sp + 1] * std::exp(sm[2 * sp] - M);
+      dev_ml[static_cast<size_t>(2 * r)] = M;
+      dev_ml[static_cast<size_t>(2 * r + 1)] = L;
+    }
+    hpart.assign(static_cast<size_t>(rows * stride), 0.0f);
+    host(qh.data(), n, pos + t0, dev_ml.data(), hpart.data(), mass ? block_mass.data() : nullptr);
+    if (mass) {  // each slot's share of the row's total, at its block
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* h = hpart.data() + r * stride;
+        const float Md = dev_ml[static_cast<size_t>(2 * r)],
+                    Ld = dev_ml[static_cast<size_t>(2 * r + 1)];
+        const float M = std::max(Md, h[0]);
+        const float L = Ld * std::exp(Md - M) + h[1] * std::exp(h[0] - M);
+        if (!(L > 0.0f)) continue;
+        const float* sm = split_ml.data() + r * S * 2;
+        for (uint32_t sp = 0; sp < S; ++sp) {
+          if (map[sp] < 0) continue;
+          const auto b = static_cast<size_t>(map[sp] / bs);
+          if (b < block_mass.size()) block_mass[b] += sm[2 * sp + 1] * std::exp(sm[2 * sp] - M) / L;
+        }
+      }
+    }
+    // The host's partial as split S.
+    const uint64_t hbytes = static_cast<uint64_t>(rows * stride) * 4;
+    LOOM_TRY(ring_reserve(hbytes));
+    const uint64_t h_off = ring_put(hpart.data(), hbytes);
+    regions.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t dst =
+          scratch_.offset +
+          ((static_cast<uint64_t>(r) * ns + S) * static_cast<uint64_t>(stride)) * 4;
+      regions.push_back(VkBufferCopy{h_off + static_cast<uint64_t>(r * stride) * 4, dst,
+                                     static_cast<uint64_t>(stride) * 4});
+    }
+    copy_regions(ring_.block, scratch_.block, regions);
+    // (With the Q8 copy for o that the all-device path would write.)
+    attn_merge(oc, n_heads, hd, ns,
+               static_cast<uint64_t>(rows) * ns * static_cast<uint64_t>(stride) * 4,
+               attn_q8_out(oc, n_heads, hd));
+    LOOM_TRY(status_);
+  }
+  if (mass) kv.add_mass(layer, block_mass.data(), n_blocks);
+  return status_;
 }
 
 namespace {

@@ -106,6 +106,8 @@ class VulkanBackend final : public Backend {
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
+  Status attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                         float scale, Act out, const HostAttentionFn& host) override;
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   /// dst = src ([rows, cols] each; row strides may differ).
@@ -297,9 +299,29 @@ class VulkanBackend final : public Backend {
   bool check_act(const Act& a, const char* op);
   bool positions_in_range(const int32_t* pos, int64_t n, int64_t n_ctx, const char* op);
   Status ensure_scratch(uint64_t bytes);
-  // KvStorage::export_layer (out set) or import_layer (in set) of tokens [0, n).
-  Status kv_transfer(VkKvStorage& s, int64_t layer, int64_t n, uint8_t* k_out, uint8_t* v_out,
-                     const uint8_t* k_in, const uint8_t* v_in);
+  // KvStorage::export_layer/export_rows (out set) or import_layer/import_rows
+  // (in set) of rows [row0, row0 + n) of every KV head.
+  Status kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, int64_t n, uint8_t* k_out,
+                     uint8_t* v_out, const uint8_t* k_in, const uint8_t* v_in);
+  // kv_store() of tokens into the given device rows of a layer.
+  void kv_store_rows(VkKvStorage& s, int64_t layer, Act k, Act v, const int32_t* rows);
+  // Decode attention (attn_split, then attn_merge unless `keep_splits`) of a
+  // layer: with `map` (slotted layers: the first position of each slot's
+  // block, -1 when free) one split per slot over the slots' rows, causal by
+  // position; `extra_splits` more splits are left for the caller to fill
+  // (attention_split's host part). Returns the number of device splits.
+  uint32_t attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
+                            int64_t n_heads, float scale, Act out, const std::vector<int32_t>* map,
+                            uint32_t extra_splits, bool keep_splits);
+  // attn_merge of the n_splits partials in the scratch into out.
+  void attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_splits, uint64_t part_bytes,
+                  bool q8_out);
+  // Whether attention output `out` (one token) gets a Q8 copy for the o matvec.
+  bool attn_q8_out(const Act& out, int64_t n_heads, int64_t hd) const;
+  // Query rows per group whose partials (n_splits each) fit kAttnGroupScratch.
+  int64_t attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n_splits) const;
+  // One vkCmdCopyBuffer of many regions.
+  void copy_regions(vk::Block* src, vk::Block* dst, const std::vector<VkBufferCopy>& regions);
 
   // Scope timing: a timestamp at each boundary (begin_scope), resolved in flush().
   void mark_scope(int32_t id);
