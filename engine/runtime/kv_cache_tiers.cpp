@@ -492,7 +492,8 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 
 Status KvCache::rebalance() {
   if (!tiered() || !policy_) return {};
-  if (dev_slots_ > 0) LOOM_TRY(rebalance_device());  // blocks it moves down count below
+  // (Not while recomputing lost blocks: they are rewritten where they lie.)
+  if (dev_slots_ > 0 && !recomputing_) LOOM_TRY(rebalance_device());  // its moves count below
   if (tiers_.ram_budget == 0) return {};
   const uint64_t budget = tiers_.ram_budget;
   const int64_t used_blocks = (n_tokens_ + cfg_.block_size - 1) / cfg_.block_size;

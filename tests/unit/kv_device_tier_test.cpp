@@ -413,6 +413,31 @@ TEST_F(VulkanKvTierSession, ASecondConversationReusesTheTiers) {
   be->release_weights();
 }
 
+// Blocks of GPU layers that went down to the SSD and cannot be read back are
+// recomputed into their host blocks (the GPU's kv_store hands those tokens to
+// the cache and leaves its slots alone): the output stays the same.
+TEST_F(VulkanKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {
+  LOOM_VULKAN_OR_SKIP(be, false);
+  const auto want = greedy(*be, KvTierConfig{}, 30, nullptr);
+  ASSERT_EQ(want.size(), 29u);
+  for (const storage::SpillFaults f :
+       {storage::SpillFaults{.fail_read = 3}, storage::SpillFaults{.short_read = 5}}) {
+    SCOPED_TRACE(f.fail_read ? "io_error" : "short_read");
+    KvTierConfig t;
+    t.device_budget = 2 * 7 * kPair;
+    t.ram_budget = 6 * kPair;
+    t.spill_dir = test::temp_dir("kv_device_tier_faults");
+    t.policy = "importance";
+    t.sink_tokens = 32;
+    t.window_tokens = 64;
+    t.faults = f;
+    KvTierStats ts;
+    EXPECT_EQ(greedy(*be, t, 30, &ts), want);
+    EXPECT_GT(ts.blocks_lost, 0u) << "no fault reached a read";
+  }
+  be->release_weights();
+}
+
 // A budget that cannot hold the sinks, the window and a step is refused with the sizes.
 TEST_F(VulkanKvTierSession, ATooSmallDeviceBudgetIsAClearError) {
   LOOM_VULKAN_OR_SKIP(be, false);
