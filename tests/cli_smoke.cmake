@@ -93,6 +93,16 @@ if(NOT LAST_OUT MATCHES "\"layer_vs_update\"")
   message(FATAL_ERROR "unexpected verify --json output:\n${LAST_OUT}")
 endif()
 
+# loom probe: per-layer activation statistics, as a table and as JSON.
+run_ok(${LOOM} probe -m ${WORK}/f32.gguf -n 16 -t 1)
+if(NOT LAST_OUT MATCHES "\n1 +ffn_in +-?[0-9]" OR NOT LAST_OUT MATCHES "final +norm")
+  message(FATAL_ERROR "unexpected probe output:\n${LAST_OUT}")
+endif()
+run_ok(${LOOM} probe -m ${WORK}/f32.gguf -n 16 --json)
+if(NOT LAST_OUT MATCHES "\"final_norm\": {\"min\"" OR NOT LAST_OUT MATCHES "\"outliers\"")
+  message(FATAL_ERROR "unexpected probe --json output:\n${LAST_OUT}")
+endif()
+
 # qwen3 and gemma2: synth, run, and a Hugging Face folder converted to GGUF.
 foreach(arch qwen3 gemma2)
   run_ok(${LOOM} synth --arch ${arch} --layers 2 --dim 64 --ffn 128 --seed 5 --out ${WORK}/${arch}.gguf)

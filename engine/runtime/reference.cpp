@@ -98,8 +98,16 @@ Result<std::vector<double>> reference_embed(const Model& m, std::span<const int3
   return x;
 }
 
+Result<std::vector<double>> reference_rms_norm(const Model& m, const Weight& w,
+                                               const std::vector<double>& x) {
+  if (x.size() % static_cast<size_t>(m.hp.n_embd) != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "reference_rms_norm: %zu values", x.size());
+  }
+  return rms_norm(x, m.hp.n_embd, w, m.hp.rms_eps);
+}
+
 Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std::vector<double>& x,
-                                            int64_t T) {
+                                            int64_t T, ReferenceTaps* taps) {
   const HParams& hp = m.hp;
   if (l < 0 || l >= hp.n_layer || static_cast<int64_t>(x.size()) != T * hp.n_embd) {
     return make_error(ErrorCode::kInvalidArgument, "reference_layer: layer %" PRId64 ", %zu values",
@@ -111,6 +119,7 @@ Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std
       m.rope_freqs.present() ? static_cast<const float*>(m.rope_freqs.data) : nullptr;
 
   LOOM_ASSIGN_OR_RETURN(Vec xb, rms_norm(x, hp.n_embd, L.attn_norm, hp.rms_eps));
+  if (taps) taps->attn_in = xb;
   LOOM_ASSIGN_OR_RETURN(Vec q, matmul(L.wq, xb, T, &L.bq));
   LOOM_ASSIGN_OR_RETURN(Vec k, matmul(L.wk, xb, T, &L.bk));
   LOOM_ASSIGN_OR_RETURN(Vec v, matmul(L.wv, xb, T, &L.bv));
@@ -159,6 +168,7 @@ Result<std::vector<double>> reference_layer(const Model& m, int64_t l, const std
   Vec y = x;
   for (size_t i = 0; i < y.size(); ++i) y[i] += o[i];
   LOOM_ASSIGN_OR_RETURN(xb, rms_norm(y, hp.n_embd, L.ffn_norm, hp.rms_eps));
+  if (taps) taps->ffn_in = xb;
   LOOM_ASSIGN_OR_RETURN(Vec g, matmul(L.w_gate, xb, T));
   LOOM_ASSIGN_OR_RETURN(Vec u, matmul(L.w_up, xb, T));
   for (size_t i = 0; i < g.size(); ++i) {

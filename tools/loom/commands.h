@@ -163,6 +163,16 @@ struct VerifyOptions {
 };
 int cmd_verify(const VerifyOptions& o);
 
+struct ProbeOptions {
+  EngineOptions engine;
+  std::string prompt =
+      "Once upon a time, in a small town by the sea, there lived an old clockmaker who";
+  int64_t n_tokens = 32;  ///< at most this many tokens of the prompt
+  bool json = false;
+  bool progress = false;
+};
+int cmd_probe(const ProbeOptions& o);
+
 struct LoadtestOptions {
   std::string url = "http://127.0.0.1:8080";
   std::string api_key;

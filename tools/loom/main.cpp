@@ -221,6 +221,18 @@ int main(int argc, char** argv) {
   c_ver->add_flag("--json", ver.json, "Print JSON");
   c_ver->add_flag("--progress", ver.progress, "Say when each layer is done");
 
+  ProbeOptions probe;
+  auto* c_probe = app.add_subcommand(
+      "probe",
+      "Per layer: min, max, mean, std and outlier share (values with |x - mean| > 6 std) of the "
+      "residual stream after the layer and of its attention and FFN matmuls' inputs (after the "
+      "norms), computed in double on the CPU; also the embeddings and the final norm");
+  engine_opts(c_probe, probe.engine);
+  c_probe->add_option("-p,--prompt", probe.prompt, "Text whose tokens are the input");
+  c_probe->add_option("-n,--n-tokens", probe.n_tokens, "At most this many tokens (1..256)");
+  c_probe->add_flag("--json", probe.json, "Print JSON");
+  c_probe->add_flag("--progress", probe.progress, "Say when each layer is done");
+
   LoadtestOptions lt;
   auto* c_lt = app.add_subcommand(
       "loadtest", "Load-test an OpenAI-compatible server: first request, steady, concurrency");
@@ -258,6 +270,7 @@ int main(int argc, char** argv) {
   if (c_kl->parsed()) return cmd_kl(kl);
   if (c_conv->parsed()) return cmd_convert(conv);
   if (c_ver->parsed()) return cmd_verify(ver);
+  if (c_probe->parsed()) return cmd_probe(probe);
 
   if (c_info->parsed()) return cmd_info(info);
   if (c_tok->parsed()) return cmd_tokenize(tok);
