@@ -2476,29 +2476,48 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
     const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
     const uint32_t S = attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true);
     const uint32_t ns = S + 1;
-    // (m, l) of each device split, to the host.
-    const uint64_t ml_bytes = static_cast<uint64_t>(rows) * S * 8;
-    LOOM_TRY(ring_reserve(ml_bytes));
-    const uint64_t ml_off = ring_put(nullptr, ml_bytes);
-    std::vector<VkBufferCopy> regions;
-    regions.reserve(static_cast<size_t>(rows) * S);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (uint32_t sp = 0; sp < S; ++sp) {
-        const uint64_t src =
-            scratch_.offset +
-            ((static_cast<uint64_t>(r) * ns + sp) * static_cast<uint64_t>(stride)) * 4;
-        regions.push_back(VkBufferCopy{src, ml_off + (static_cast<uint64_t>(r) * S + sp) * 8, 8});
-      }
-    }
-    copy_regions(scratch_.block, ring_.block, regions);
-    LOOM_TRY(flush());
-    std::vector<float> split_ml(static_cast<size_t>(rows) * S * 2);
-    std::memcpy(split_ml.data(), ring_.block->mapped + ml_off, ml_bytes);
+    // q, and where the policy measures attention mass the (m, l) of each
+    // device split, come to the host in one submission where the ring holds both.
+    const uint64_t ml_bytes = mass ? static_cast<uint64_t>(rows) * S * 8 : 0;
+    const uint64_t q_bytes = static_cast<uint64_t>(n * q.cols) * 4;
+    std::vector<float> split_ml(static_cast<size_t>(ml_bytes / 4));
     qh.resize(static_cast<size_t>(n * q.cols));
-    LOOM_TRY(download(qc, qh.data()));
-    // The device part's totals per row: M = max m_s, L = sum l_s e^(m_s - M).
-    dev_ml.assign(static_cast<size_t>(rows) * 2, 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
+    auto copy_ml = [&](uint64_t ml_off) {
+      std::vector<VkBufferCopy> regions;
+      regions.reserve(static_cast<size_t>(rows) * S);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (uint32_t sp = 0; sp < S; ++sp) {
+          const uint64_t src =
+              scratch_.offset +
+              ((static_cast<uint64_t>(r) * ns + sp) * static_cast<uint64_t>(stride)) * 4;
+          regions.push_back(VkBufferCopy{src, ml_off + (static_cast<uint64_t>(r) * S + sp) * 8, 8});
+        }
+      }
+      copy_regions(scratch_.block, ring_.block, regions);
+    };
+    if (round256(ml_bytes) + round256(q_bytes) <= ring_.size) {
+      LOOM_TRY(ring_reserve(round256(ml_bytes) + round256(q_bytes)));
+      const uint64_t q_off = ring_put(nullptr, q_bytes);
+      copy_buffer(static_cast<Block*>(qc.buffer), qc.offset, ring_.block, q_off, q_bytes);
+      const uint64_t ml_off = ml_bytes ? ring_put(nullptr, ml_bytes) : 0;
+      if (ml_bytes) copy_ml(ml_off);
+      LOOM_TRY(flush());
+      std::memcpy(qh.data(), ring_.block->mapped + q_off, q_bytes);
+      if (ml_bytes) std::memcpy(split_ml.data(), ring_.block->mapped + ml_off, ml_bytes);
+    } else {
+      if (ml_bytes) {
+        LOOM_TRY(ring_reserve(ml_bytes));
+        const uint64_t ml_off = ring_put(nullptr, ml_bytes);
+        copy_ml(ml_off);
+        LOOM_TRY(flush());
+        std::memcpy(split_ml.data(), ring_.block->mapped + ml_off, ml_bytes);
+      }
+      LOOM_TRY(download(qc, qh.data()));
+    }
+    // The device part's totals per row: M = max m_s, L = sum l_s e^(m_s - M)
+    // (for the attention mass only).
+    dev_ml.assign(mass ? static_cast<size_t>(rows) * 2 : 0, 0.0f);
+    for (int64_t r = 0; mass && r < rows; ++r) {
       const float* sm = split_ml.data() + r * S * 2;
       float M = cpu::kAttnEmptyMax, L = 0.0f;
       for (uint32_t sp = 0; sp < S; ++sp) M = std::max(M, sm[2 * sp]);
@@ -2507,7 +2526,8 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
       dev_ml[static_cast<size_t>(2 * r + 1)] = L;
     }
     hpart.assign(static_cast<size_t>(rows * stride), 0.0f);
-    host(qh.data(), n, pos + t0, dev_ml.data(), hpart.data(), mass ? block_mass.data() : nullptr);
+    host(qh.data(), n, pos + t0, mass ? dev_ml.data() : nullptr, hpart.data(),
+         mass ? block_mass.data() : nullptr);
     if (mass) {  // each slot's share of the row's total, at its block
       for (int64_t r = 0; r < rows; ++r) {
         const float* h = hpart.data() + r * stride;
@@ -2528,7 +2548,7 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
     const uint64_t hbytes = static_cast<uint64_t>(rows * stride) * 4;
     LOOM_TRY(ring_reserve(hbytes));
     const uint64_t h_off = ring_put(hpart.data(), hbytes);
-    regions.clear();
+    std::vector<VkBufferCopy> regions;
     for (int64_t r = 0; r < rows; ++r) {
       const uint64_t dst =
           scratch_.offset +
