@@ -264,6 +264,33 @@ TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
       EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)),
                 t == DType::kF16 ? 2e-3 : 2e-2);
     }
+    // A placement moves the layer's attention to the CPU and back: its
+    // blocks come off the device and go up again (the pinned ones at once).
+    if (kv.device_tiered(0)) {
+      ASSERT_TRUE(kv.move_layer(0, false).ok());
+      EXPECT_FALSE(kv.on_device(0));
+      ASSERT_TRUE(kv.move_layer(0, true).ok());
+      ASSERT_TRUE(kv.device_tiered(0));
+      ASSERT_TRUE(kv.rebalance().ok());
+      const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
+      const auto q = randn(static_cast<size_t>(n_heads * hd), 14);
+      auto dq = be->alloc_act(n_heads * hd), dout = be->alloc_act(n_heads * hd);
+      ASSERT_TRUE(dq.ok() && dout.ok());
+      const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
+      ASSERT_TRUE(be->upload(q.data(), qa).ok());
+      ASSERT_TRUE(kv.fetch_layer(0).ok());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                                 float* part, float* mass) {
+        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+      };
+      ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+      std::vector<float> got(static_cast<size_t>(n_heads * hd));
+      ASSERT_TRUE(be->download(oa, got.data()).ok());
+      EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)),
+                t == DType::kF16 ? 2e-3 : 2e-2)
+          << "after the layer moved off the device and back";
+    }
   }
 }
 
