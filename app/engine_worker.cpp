@@ -6,6 +6,7 @@
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QLocale>
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -22,7 +23,9 @@
 #include "engine/placement/placement.h"
 #include "engine/placement/strategy.h"
 #include "engine/profile/profiler.h"
+#include "engine/runtime/probe.h"
 #include "engine/runtime/session.h"
+#include "engine/runtime/verify.h"
 #include "storage/store.h"
 
 namespace {
@@ -603,6 +606,56 @@ void EngineWorker::publishMemory() {
 }
 
 // ---- placement ------------------------------------------------------------------
+
+void EngineWorker::checkPrecision(quint64 requestId, const PlacementPlan& plan) {
+  // The text of `loom verify` and `loom probe`: short, so the double reference stays quick.
+  static const char* kText =
+      "Once upon a time, in a small town by the sea, there lived an old clockmaker who";
+  if (!m_model || !m_cpu || !m_planner) {
+    emit precisionCheckFailed(requestId, tr("No model is loaded."));
+    return;
+  }
+  QString error;
+  if (plan.rows.size() != m_planner->layerCount() + 2 || !m_planner->check(plan, &error)) {
+    emit precisionCheckFailed(requestId,
+                              error.isEmpty() ? tr("This placement is for another model.") : error);
+    return;
+  }
+  std::vector<int32_t> tokens = m_model->tokenizer->encode(kText, /*add_special=*/true, false);
+  if (tokens.size() > 32) tokens.resize(32);
+  if (tokens.empty()) {
+    emit precisionCheckFailed(requestId, tr("The check's text gives no tokens."));
+    return;
+  }
+  auto cancelled = [this](int64_t) { return !m_shutdown.load(); };
+  const loom::Placement p = m_planner->toPlacement(plan);
+  auto v = loom::verify_placement(*m_model, *m_cpu, m_gpu.get(), p, tokens, cancelled);
+  if (!v.ok()) {
+    emit precisionCheckFailed(requestId, qstr(v.message()));
+    return;
+  }
+  auto pr = loom::probe_model(*m_model, tokens, cancelled);
+  if (!pr.ok()) {
+    emit precisionCheckFailed(requestId, qstr(pr.message()));
+    return;
+  }
+  PrecisionCheck c;
+  c.rows = plan.rows;
+  c.nTokens = static_cast<int>(tokens.size());
+  const int n = static_cast<int>(plan.rows.size());
+  c.error.fill(-1.0, n);
+  c.outliers.fill(-1.0, n);
+  c.outliersOut.fill(-1.0, n);
+  c.outliersOut[0] = pr->embd.outlier_share;         // the embedding row: its output only
+  c.outliers[n - 1] = pr->final_norm.outlier_share;  // the output row: the lm_head's input
+  for (const loom::VerifyRow& row : v->rows) c.error[static_cast<int>(row.layer) + 1] = row.all;
+  for (const loom::ProbeRow& row : pr->rows) {
+    const int r = static_cast<int>(row.layer) + 1;
+    c.outliers[r] = std::max(row.attn_in.outlier_share, row.ffn_in.outlier_share);
+    c.outliersOut[r] = row.out.outlier_share;
+  }
+  emit precisionChecked(requestId, c);
+}
 
 bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error,
                                     bool* waitsForReply) {

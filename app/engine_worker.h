@@ -101,6 +101,11 @@ class EngineWorker : public QObject {
   /// Asks every backend for its devices and opens the GPU backend (CUDA, else
   /// the best usable Vulkan device; slow: here, not on the GUI thread).
   void probeDevices();
+  /// "Check precision": runs `plan` layer by layer on a short built-in text
+  /// against the double reference (loom verify: each layer's error as placed)
+  /// and probes the activations (loom probe: outlier shares), then emits
+  /// precisionChecked. Slow on large models (the reference runs in double).
+  void checkPrecision(quint64 requestId, const PlacementPlan& plan);
 
  signals:
   void loadProgress(quint64 requestId, const QString& stage, int percent);  // percent < 0: unknown
@@ -124,6 +129,9 @@ class EngineWorker : public QObject {
   /// setKvTiers() is in force (ok), or could not be (the previous settings stay);
   /// `note` says what the session's KV may use now, or why not.
   void kvTiersApplied(quint64 requestId, bool ok, const QString& note);
+  /// checkPrecision's figures (for the cells in `check.rows`).
+  void precisionChecked(quint64 requestId, const PrecisionCheck& check);
+  void precisionCheckFailed(quint64 requestId, const QString& message);
   /// A problem that is not tied to a request (the store could not be opened...).
   void warning(const QString& message);
 

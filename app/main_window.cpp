@@ -59,6 +59,7 @@ void registerTypes() {
   qRegisterMetaType<KvTierSettings>();
   qRegisterMetaType<QVector<FoundModelInfo>>();
   qRegisterMetaType<PlacementPlan>();
+  qRegisterMetaType<PrecisionCheck>();
   qRegisterMetaType<PlannerPtr>();
   qRegisterMetaType<QVector<DeviceInfo>>();
 }
@@ -364,6 +365,12 @@ void MainWindow::buildUi() {
   connect(pp, &PlacementPanel::strategyChosen, this, &MainWindow::planStrategy);
   connect(pp, &PlacementPanel::applyRequested, this, &MainWindow::applyPlacement);
   connect(pp, &PlacementPanel::kvTiersRequested, this, &MainWindow::editKvTiers);
+  connect(pp, &PlacementPanel::precisionCheckRequested, this, [this] {
+    if (!m_hasModel || m_checkRequest) return;
+    m_checkRequest = m_nextPlace++;
+    m_engine->placementPanel()->setChecking(true);
+    emit workerCheckPrecision(m_checkRequest, m_placement->pending());  // on the worker's thread
+  });
   connect(pp, &PlacementPanel::savePresetRequested, this, &MainWindow::savePreset);
   connect(pp, &PlacementPanel::presetChosen, this, &MainWindow::applyPreset);
   connect(pp, &PlacementPanel::deletePresetRequested, this, &MainWindow::deletePreset);
@@ -380,6 +387,24 @@ void MainWindow::connectWorker() {
   connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
   connect(this, &MainWindow::workerSetKvTiers, w, &EngineWorker::setKvTiers);
   connect(this, &MainWindow::workerDiscoverModels, w, &EngineWorker::discoverModels);
+  connect(this, &MainWindow::workerCheckPrecision, w, &EngineWorker::checkPrecision);
+  connect(w, &EngineWorker::precisionChecked, this,
+          [this](quint64 id, const PrecisionCheck& check) {
+            if (id != m_checkRequest) return;
+            m_checkRequest = 0;
+            m_engine->placementPanel()->setChecking(false);
+            m_placement->setPrecisionCheck(check);
+            if (!m_placement->hasPrecisionCheck()) {
+              m_engine->placementPanel()->setNote(
+                  tr("The placement changed while it was checked: check it again."));
+            }
+          });
+  connect(w, &EngineWorker::precisionCheckFailed, this, [this](quint64 id, const QString& e) {
+    if (id != m_checkRequest) return;
+    m_checkRequest = 0;
+    m_engine->placementPanel()->setChecking(false);
+    m_engine->placementPanel()->setNote(tr("Precision check failed: %1").arg(e), true);
+  });
   connect(w, &EngineWorker::modelsFound, m_start, &StartScreen::setFoundModels);
   connect(w, &EngineWorker::kvTiersApplied, this, [this](quint64 id, bool ok, const QString& note) {
     if (id == 0 || id != m_kvRequest) return;

@@ -105,6 +105,7 @@ class MainWindow : public QMainWindow {
   void workerProbeDevices();
   void workerSetKvTiers(quint64 requestId, const KvTierSettings& tiers);
   void workerDiscoverModels();
+  void workerCheckPrecision(quint64 requestId, const PlacementPlan& plan);
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -183,8 +184,9 @@ class MainWindow : public QMainWindow {
   bool m_placing = false;
   quint64 m_placeRequest = 0;  ///< the placement the UI waits for (0: none)
   quint64 m_nextPlace = 1;
-  KvTierSettings m_kvTiers;  ///< the KV tier settings in force (window.ini)
-  quint64 m_kvRequest = 0;   ///< the KV tier change the UI waits for (0: none)
+  KvTierSettings m_kvTiers;    ///< the KV tier settings in force (window.ini)
+  quint64 m_kvRequest = 0;     ///< the KV tier change the UI waits for (0: none)
+  quint64 m_checkRequest = 0;  ///< the precision check the UI waits for (0: none)
   bool m_stopped = false;
   bool m_browsing = false;  ///< a chat was picked in the sidebar (shown even with no model)
   int m_screenshotStage = 0;

@@ -112,7 +112,15 @@ PlacementPlan PlacementPlan::allOn(const QString& backendId, const ModelSummary&
 
 // ---- PlacementModel -----------------------------------------------------------
 
-PlacementModel::PlacementModel(QObject* parent) : QAbstractTableModel(parent) {}
+PlacementModel::PlacementModel(QObject* parent) : QAbstractTableModel(parent) {
+  // A check is of one placement: another one clears it.
+  connect(this, &PlacementModel::pendingChanged, this, [this] {
+    if (!m_check.rows.isEmpty() && m_check.rows != m_pending.rows) {
+      m_check = PrecisionCheck();
+      checkColumnsChanged();
+    }
+  });
+}
 
 void PlacementModel::setBackends(const QVector<BackendInfo>& backends) {
   m_backends = backends;
@@ -249,6 +257,19 @@ void PlacementModel::setMeasured(const MeasuredTimes& m) {
   timingColumnChanged();
 }
 
+void PlacementModel::setPrecisionCheck(const PrecisionCheck& c) {
+  m_check = c;
+  checkColumnsChanged();
+}
+
+bool PlacementModel::hasPrecisionCheck() const {
+  return !m_check.rows.isEmpty() && m_check.rows == m_pending.rows;
+}
+
+void PlacementModel::checkColumnsChanged() {
+  if (rowCount() > 0) emit dataChanged(index(0, kColError), index(rowCount() - 1, kColOutliers));
+}
+
 void PlacementModel::cellsChanged() {
   if (rowCount() > 0) emit dataChanged(index(0, 0), index(rowCount() - 1, columnCount() - 1));
 }
@@ -263,7 +284,7 @@ int PlacementModel::rowCount(const QModelIndex& parent) const {
 }
 
 int PlacementModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : kColCount + 1;
+  return parent.isValid() ? 0 : kColAll;
 }
 
 QString PlacementModel::columnTitle(int column) {
@@ -273,6 +294,8 @@ QString PlacementModel::columnTitle(int column) {
     case kColFfnWeights: return tr("ffn");
     case kColNormRope: return tr("norm");
     case kColTiming: return tr("ms: ≈ pred\nP50 / P99");
+    case kColError: return tr("error");
+    case kColOutliers: return tr("outliers");
     default: return {};
   }
 }
@@ -301,6 +324,15 @@ QVariant PlacementModel::headerData(int section, Qt::Orientation orientation, in
             "Predicted time of the row (cost model, pending placement), then the measured P50 / "
             "P99 of "
             "decode steps (profiler, applied placement)");
+      case kColError:
+        return tr(
+            "Relative error of the layer's output as placed against a double-precision "
+            "reference on the same input (Check precision)");
+      case kColOutliers:
+        return tr(
+            "Share of the layer's matmul inputs (after the norms) farther than 6 standard "
+            "deviations from their mean: layers with many tolerate low precision least (Check "
+            "precision)");
       default: return {};
     }
   }
@@ -311,7 +343,7 @@ QVariant PlacementModel::headerData(int section, Qt::Orientation orientation, in
 
 Qt::ItemFlags PlacementModel::flags(const QModelIndex& index) const {
   if (!index.isValid()) return Qt::NoItemFlags;
-  if (index.column() == kColTiming) return Qt::ItemIsEnabled;
+  if (index.column() >= kColTiming) return Qt::ItemIsEnabled;
   if (m_pending.isEdgeRow(index.row()) && index.column() != 0) return Qt::NoItemFlags;
   return Qt::ItemIsEnabled | Qt::ItemIsSelectable;
 }
@@ -345,6 +377,26 @@ QVariant PlacementModel::data(const QModelIndex& index, int role) const {
       }
       default: return {};
     }
+  }
+  if (c == kColError || c == kColOutliers) {
+    const bool ok = hasPrecisionCheck();
+    auto at = [&](const QVector<double>& v) { return ok && r < v.size() ? v[r] : -1.0; };
+    const double e = at(m_check.error), o = at(m_check.outliers), oo = at(m_check.outliersOut);
+    if (role == Qt::DisplayRole) {
+      const double v = c == kColError ? e : o;
+      if (v < 0) return QStringLiteral("—");
+      return c == kColError ? QString::number(v, 'e', 1)
+                            : QStringLiteral("%1%").arg(100.0 * v, 0, 'f', 2);
+    }
+    if (role == Qt::ToolTipRole) {
+      if (!ok) return tr("%1: not checked (Check precision)").arg(rowTitle(r));
+      QString tip = tr("%1, %2 tokens").arg(rowTitle(r)).arg(m_check.nTokens);
+      if (e >= 0) tip += tr("\nRelative error as placed: %1").arg(e, 0, 'e', 2);
+      if (o >= 0) tip += tr("\nOutliers in the matmul inputs: %1%").arg(100.0 * o, 0, 'f', 3);
+      if (oo >= 0) tip += tr("\nOutliers in the output: %1%").arg(100.0 * oo, 0, 'f', 3);
+      return tip;
+    }
+    return {};
   }
   if (m_pending.isEdgeRow(r) && c != 0) return {};
   const PlacementCell& cell = m_pending.rows[r][c];

@@ -43,6 +43,9 @@ enum PlacementColumn : int {
   kColNormRope,            ///< norms and RoPE
   kColCount,               ///< op group columns
   kColTiming = kColCount,  ///< predicted and measured time of the row (read-only)
+  kColError,               ///< relative error of the layer as placed ("Check precision")
+  kColOutliers,            ///< outlier share of the layer's matmul inputs ("Check precision")
+  kColAll,                 ///< number of columns
 };
 
 /// The precision choice "as the file stores it".
@@ -110,6 +113,20 @@ struct MeasuredTimes {
   quint64 steps = 0;
 };
 
+/// "Check precision" (EngineWorker::checkPrecision) for one placement: per
+/// grid row (embedding, layers, output), the relative error of the layer's
+/// output as placed against the double reference (loom verify), and the
+/// share of outliers (|x - mean| > 6 std) in its activations (loom probe).
+/// A negative value: none for that row.
+struct PrecisionCheck {
+  QVector<QVector<PlacementCell>> rows;  ///< the cells checked (a change of placement clears it)
+  QVector<double> error;                 ///< whole layer as placed: ||y - y_ref|| / ||y_ref||
+  QVector<double> outliers;              ///< the larger of the attention and FFN inputs' shares
+  QVector<double> outliersOut;           ///< the residual stream's after the row
+  int nTokens = 0;
+};
+Q_DECLARE_METATYPE(PrecisionCheck)
+
 class PlacementModel : public QAbstractTableModel {
   Q_OBJECT
  public:
@@ -165,6 +182,10 @@ class PlacementModel : public QAbstractTableModel {
   /// The profiler's figures for the applied plan.
   void setMeasured(const MeasuredTimes& m);
   const MeasuredTimes& measured() const { return m_measured; }
+  /// "Check precision"'s figures; shown while the pending cells are the ones checked.
+  void setPrecisionCheck(const PrecisionCheck& c);
+  /// Whether the error and outlier columns show figures (else "—").
+  bool hasPrecisionCheck() const;
 
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
@@ -185,6 +206,7 @@ class PlacementModel : public QAbstractTableModel {
  private:
   void cellsChanged();
   void timingColumnChanged();
+  void checkColumnsChanged();
   bool validCell(int row, int column) const;
 
   QVector<BackendInfo> m_backends;
@@ -193,4 +215,5 @@ class PlacementModel : public QAbstractTableModel {
   PlacementPlan m_pending;
   PlanEstimate m_estimate;
   MeasuredTimes m_measured;
+  PrecisionCheck m_check;
 };

@@ -55,6 +55,7 @@ class CellDelegate : public QStyledItemDelegate {
   void paint(QPainter* p, const QStyleOptionViewItem& option,
              const QModelIndex& index) const override {
     if (index.column() == kColTiming) return paintTiming(p, option, index);
+    if (index.column() > kColTiming) return QStyledItemDelegate::paint(p, option, index);
     const QVariant colorVar = index.data(PlacementModel::BackendColorRole);
     if (!colorVar.isValid()) return;
     const QColor c = colorVar.value<QColor>();
@@ -284,9 +285,15 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   m_note = mutedLabel(this);
   m_note->setTextInteractionFlags(Qt::TextSelectableByMouse);
   m_revert = new QPushButton(tr("Revert"), this);
+  m_check = new QPushButton(tr("Check precision"), this);
+  m_check->setObjectName(QStringLiteral("CheckPrecisionButton"));
+  m_check->setToolTip(
+      tr("Fill the error and outliers columns: each layer of this placement against a "
+         "double-precision reference on a short text, and its activations' outliers"));
   m_apply = new QPushButton(tr("Apply"), this);
   m_apply->setObjectName(QStringLiteral("Primary"));
   actions->addWidget(m_note, 1);
+  actions->addWidget(m_check, 0, Qt::AlignTop);
   actions->addWidget(m_revert, 0, Qt::AlignTop);
   actions->addWidget(m_apply, 0, Qt::AlignTop);
   gv->addLayout(actions);
@@ -315,6 +322,9 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
 
   connect(m_apply, &QPushButton::clicked, this, &PlacementPanel::applyRequested);
   connect(m_kvTiersButton, &QPushButton::clicked, this, &PlacementPanel::kvTiersRequested);
+  connect(m_check, &QPushButton::clicked, this, &PlacementPanel::precisionCheckRequested);
+  m_grid->setColumnHidden(kColError, true);  // until the first check (setChecking)
+  m_grid->setColumnHidden(kColOutliers, true);
   connect(m_revert, &QPushButton::clicked, m_model, &PlacementModel::revertPending);
   connect(m_strategy, &QComboBox::currentIndexChanged, this, &PlacementPanel::emitStrategy);
   connect(m_layers, &QSpinBox::valueChanged, this, &PlacementPanel::emitStrategy);
@@ -455,6 +465,10 @@ void PlacementPanel::syncFromModel() {
   }
   m_grid->horizontalHeader()->setSectionResizeMode(kColTiming, QHeaderView::Fixed);
   m_grid->horizontalHeader()->resizeSection(kColTiming, 88);
+  for (int c : {kColError, kColOutliers}) {  // "3.2e-04", "0.16%", or "—" until checked
+    m_grid->horizontalHeader()->setSectionResizeMode(c, QHeaderView::Fixed);
+    m_grid->horizontalHeader()->resizeSection(c, 58);
+  }
   m_hint->setText(
       gpu ? tr("One row per layer, one column per op group, coloured by the unit that runs it, "
                "with its "
@@ -558,6 +572,17 @@ void PlacementPanel::setBusy(bool busy) {
   m_apply->setEnabled(m_model->isDirty() && !m_busy);
   m_apply->setToolTip(busy ? tr("Waits for the placement being applied")
                            : tr("Re-place the model now; the chat is kept"));
+}
+
+void PlacementPanel::setChecking(bool checking) {
+  m_check->setEnabled(!checking);
+  m_check->setText(checking ? tr("Checking…") : tr("Check precision"));
+  // The columns appear with the first check: a narrow panel has no room for
+  // them beside the op groups and the timing (the grid then scrolls sideways).
+  if (!checking) {
+    m_grid->setColumnHidden(kColError, false);
+    m_grid->setColumnHidden(kColOutliers, false);
+  }
 }
 
 void PlacementPanel::refreshMeasured() {

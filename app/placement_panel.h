@@ -53,6 +53,10 @@ class PlacementPanel : public QWidget {
   void setKvTiersSummary(const QString& text);
   /// While a placement is being applied, Apply waits.
   void setBusy(bool busy);
+  /// While a precision check runs, its button waits; after the first one the
+  /// error and outliers columns are shown (hidden before).
+  void setChecking(bool checking);
+  QPushButton* checkButton() const { return m_check; }
   /// What the engine runs on: "… and the GPU: …" or "CPU only: why" (`details` in the tooltip).
   void setUnitsText(const QString& text, const QString& details = {});
   QString unitsText() const;
@@ -65,6 +69,8 @@ class PlacementPanel : public QWidget {
   void applyRequested();
   /// "KV memory…": the owner opens the KV tier settings.
   void kvTiersRequested();
+  /// "Check precision": the owner has the worker fill the error and outlier columns.
+  void precisionCheckRequested();
   /// The user picked a strategy; the owner plans it (or not) into the model.
   void strategyChosen(const QString& strategyId, int gpuLayers, int vramBudgetMiB);
   void presetChosen(qint64 presetId);
@@ -94,6 +100,7 @@ class PlacementPanel : public QWidget {
   ElidedLabel* m_kvTiers = nullptr;
   QPushButton* m_kvTiersButton = nullptr;
   QPushButton* m_revert = nullptr;
+  QPushButton* m_check = nullptr;
   QTableView* m_grid = nullptr;
   QLabel* m_hint = nullptr;
   QLabel* m_note = nullptr;

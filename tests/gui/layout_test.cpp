@@ -179,8 +179,10 @@ TEST_P(LayoutAtSize, NothingClippedGridKeepsEightRows) {
   EXPECT_GE(grid->viewport()->height(), PlacementPanel::kGridMinRows * rowH)
       << "grid shows " << grid->viewport()->height() / rowH << " rows at " << tag.toStdString();
   EXPECT_LE(grid->horizontalHeader()->length(), grid->viewport()->width());
-  for (int c = 0; c < grid->model()->columnCount(); ++c)
+  for (int c = 0; c < grid->model()->columnCount(); ++c) {
+    if (grid->isColumnHidden(c)) continue;  // error and outliers until "Check precision"
     EXPECT_GE(grid->columnWidth(c), grid->horizontalHeader()->minimumSectionSize());
+  }
   // The panel around it: inside the scroll area's width (no horizontal clipping).
   const QScrollArea* scroll = scrollOf(grid);
   ASSERT_NE(scroll, nullptr);

@@ -90,8 +90,8 @@ TEST(PlacementModel, GridFromTheModelAllOnCpu) {
       PlacementPlan::allOn(QStringLiteral("cpu"), threeLayers(), QStringLiteral("F16"),
                            {QStringLiteral("F16"), QStringLiteral("Q8_0")}, QStringLiteral("note"));
   pm.setApplied(plan);
-  ASSERT_EQ(pm.rowCount(), 5);                 // embedding, 3 layers, output
-  EXPECT_EQ(pm.columnCount(), kColCount + 1);  // op groups, then the timing column
+  ASSERT_EQ(pm.rowCount(), 5);           // embedding, 3 layers, output
+  EXPECT_EQ(pm.columnCount(), kColAll);  // op groups, the timing column, error and outliers
   EXPECT_EQ(pm.headerData(0, Qt::Vertical, Qt::DisplayRole).toString(),
             QStringLiteral("Embedding"));
   EXPECT_EQ(pm.headerData(2, Qt::Vertical, Qt::DisplayRole).toString(), QStringLiteral("Layer 1"));
