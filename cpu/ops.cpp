@@ -386,22 +386,40 @@ void get_row(DType t, const void* w, size_t row_bytes, int64_t row, float* out, 
 
 // ---- RoPE ------------------------------------------------------------------------
 
-void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos,
-          const RopeParams& p) {
-  const int64_t n_rot = p.n_rot;
-  const int64_t n_pairs = n_rot / 2;
-  assert(n_rot % 2 == 0 && n_rot <= head_dim);
+void rope_cos_sin(int32_t pos, const RopeParams& p, float* cs) {
   // Same float expressions as ggml's rope (ref::rope spells them out one by
   // one): theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot); YaRN mixes
   // interpolated (theta * freq_scale) and extrapolated theta by a ramp over
-  // the pair index and scales cos/sin by mscale. cos/sin depend only on the
-  // position, so they are computed once per token for all heads.
+  // the pair index and scales cos/sin by mscale.
+  const int64_t n_rot = p.n_rot, n_pairs = n_rot / 2;
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_rot));
   float corr[2];
   ref::rope_yarn_corr_dims(n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
   const float ramp_denom = 0.001f > corr[1] - corr[0] ? 0.001f : corr[1] - corr[0];
   float mscale = p.attn_factor;
   if (p.ext_factor != 0.0f) mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  float theta = static_cast<float>(pos);
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    const float theta_extrap = p.freq_factors ? theta / p.freq_factors[i] : theta;
+    const float theta_interp = p.freq_scale * theta_extrap;
+    float angle = theta_interp;
+    if (p.ext_factor != 0.0f) {
+      const float y = (static_cast<float>(i) - corr[0]) / ramp_denom;
+      const float mix = (1.0f - (y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y))) * p.ext_factor;
+      angle = theta_interp * (1 - mix) + theta_extrap * mix;
+    }
+    cs[2 * i] = std::cos(angle) * mscale;
+    cs[2 * i + 1] = std::sin(angle) * mscale;
+    theta *= theta_scale;
+  }
+}
+
+void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos,
+          const RopeParams& p) {
+  const int64_t n_rot = p.n_rot;
+  const int64_t n_pairs = n_rot / 2;
+  assert(n_rot % 2 == 0 && n_rot <= head_dim);
+  // cos/sin depend only on the position: once per token for all heads.
 
   constexpr int64_t kMaxPairsOnStack = 256;
   float cs_stack[2 * kMaxPairsOnStack];
@@ -413,20 +431,7 @@ void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t*
   }
 
   for (int64_t t = 0; t < T; ++t) {
-    float theta = static_cast<float>(pos[t]);
-    for (int64_t i = 0; i < n_pairs; ++i) {
-      const float theta_extrap = p.freq_factors ? theta / p.freq_factors[i] : theta;
-      const float theta_interp = p.freq_scale * theta_extrap;
-      float angle = theta_interp;
-      if (p.ext_factor != 0.0f) {
-        const float y = (static_cast<float>(i) - corr[0]) / ramp_denom;
-        const float mix = (1.0f - (y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y))) * p.ext_factor;
-        angle = theta_interp * (1 - mix) + theta_extrap * mix;
-      }
-      cs[2 * i] = std::cos(angle) * mscale;
-      cs[2 * i + 1] = std::sin(angle) * mscale;
-      theta *= theta_scale;
-    }
+    rope_cos_sin(pos[t], p, cs);
     const int64_t stride = p.neox ? 1 : 2;  // distance between consecutive pairs' first elements
     const int64_t offset = p.neox ? n_pairs : 1;  // distance between a pair's two elements
     for (int64_t h = 0; h < n_heads; ++h) {

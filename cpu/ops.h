@@ -44,6 +44,12 @@ struct RopeParams {
   int64_t n_ctx_orig = 0;  ///< original training context (YaRN)
 };
 
+/// cos and sin of each of the p.n_rot / 2 pairs at position `pos`, times
+/// YaRN's mscale: cs[2i] = cos, cs[2i + 1] = sin. The float expressions of
+/// ggml's rope, so every backend that rotates with this table (cpu::rope,
+/// the CUDA backend's) gives the same bits.
+void rope_cos_sin(int32_t pos, const RopeParams& p, float* cs);
+
 /// Rotates x [T, n_heads, head_dim] in place; token t is at position pos[t].
 void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const int32_t* pos,
           const RopeParams& p);

@@ -570,33 +570,11 @@ void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& w
 }
 
 const float* CudaBackend::rope_table(int64_t T, const int32_t* pos, const cpu::RopeParams& p) {
-  const int64_t n_rot = p.n_rot, n_pairs = n_rot / 2;
-  // cos/sin per token and pair, with the float expressions of cpu::rope, so
-  // the rotation matches the CPU's to the last bit of its inputs.
-  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_rot));
-  float corr[2];
-  ref::rope_yarn_corr_dims(n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
-  const float ramp_denom = 0.001f > corr[1] - corr[0] ? 0.001f : corr[1] - corr[0];
-  float mscale = p.attn_factor;
-  if (p.ext_factor != 0.0f) mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  const int64_t n_pairs = p.n_rot / 2;
+  // cos/sin per token and pair as cpu::rope has them, so the rotation
+  // matches the CPU's to the last bit of its inputs.
   rope_cs_.resize(static_cast<size_t>(2 * T * n_pairs));
-  for (int64_t t = 0; t < T; ++t) {
-    float theta = static_cast<float>(pos[t]);
-    float* cs = rope_cs_.data() + 2 * t * n_pairs;
-    for (int64_t i = 0; i < n_pairs; ++i) {
-      const float theta_extrap = p.freq_factors ? theta / p.freq_factors[i] : theta;
-      const float theta_interp = p.freq_scale * theta_extrap;
-      float angle = theta_interp;
-      if (p.ext_factor != 0.0f) {
-        const float y = (static_cast<float>(i) - corr[0]) / ramp_denom;
-        const float mix = (1.0f - (y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y))) * p.ext_factor;
-        angle = theta_interp * (1 - mix) + theta_extrap * mix;
-      }
-      cs[2 * i] = std::cos(angle) * mscale;
-      cs[2 * i + 1] = std::sin(angle) * mscale;
-      theta *= theta_scale;
-    }
-  }
+  for (int64_t t = 0; t < T; ++t) cpu::rope_cos_sin(pos[t], p, rope_cs_.data() + 2 * t * n_pairs);
   return static_cast<const float*>(put(rope_cs_.data(), rope_cs_.size() * sizeof(float)));
 }
 
