@@ -173,9 +173,16 @@ void EngineWorker::ensureVulkan() {
 namespace {
 // What a session's KV may use, in words: "RAM up to 2.0 GiB, then the SSD (folder)".
 QString tiersText(const loom::KvTierConfig& t) {
+  const QString gpu =
+      t.device_budget > 0
+          ? EngineWorker::tr("KV cache on the GPU up to %1; ")
+                .arg(QLocale::system().formattedDataSize(static_cast<qint64>(t.device_budget), 1,
+                                                         QLocale::DataSizeTraditionalFormat))
+          : QString();
   if (t.ram_budget == 0)
-    return EngineWorker::tr("KV cache: host RAM without a limit (no SSD spill)");
+    return gpu + EngineWorker::tr("KV cache: host RAM without a limit (no SSD spill)");
   QString s =
+      gpu +
       EngineWorker::tr("KV cache: RAM up to %1, then the SSD in %2 (%3 blocks spill first%4)")
           .arg(QLocale::system().formattedDataSize(static_cast<qint64>(t.ram_budget), 1,
                                                    QLocale::DataSizeTraditionalFormat),
@@ -457,6 +464,9 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   } else {
     sc.kv_tiers.ram_budget = static_cast<uint64_t>(m_kvTiers.ramBudgetMiB) << 20;
   }
+  // The device tier: GPU layers keep at most this much KV on the device.
+  if (m_kvTiers.gpuBudgetMiB > 0)
+    sc.kv_tiers.device_budget = static_cast<uint64_t>(m_kvTiers.gpuBudgetMiB) << 20;
   // On the GPU backend when there is one: the CPU is then the other unit.
   loom::Backend& primary = m_gpu ? *m_gpu : static_cast<loom::Backend&>(*m_cpu);
   auto session = loom::Session::create(model, primary, sc);

@@ -18,6 +18,7 @@
 
 namespace {
 enum RamMode { kAuto = 0, kNoLimit = 1, kLimit = 2 };
+enum GpuMode { kGpuAll = 0, kGpuLimit = 1 };
 }  // namespace
 
 KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defaultDir,
@@ -38,6 +39,25 @@ KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defau
   v->addWidget(intro);
 
   auto* form = new QFormLayout;
+  auto* gpu = new QHBoxLayout;
+  m_gpuMode = new QComboBox(this);
+  m_gpuMode->setObjectName(QStringLiteral("KvGpuMode"));
+  m_gpuMode->addItem(tr("All of a GPU layer's KV on the GPU, as its memory allows"));
+  m_gpuMode->addItem(tr("Up to"));
+  m_gpuMode->setToolTip(
+      tr("With a limit, the first and the newest tokens and the blocks the model attends to "
+         "most stay on the GPU; the others move to host RAM, where the CPU attends to them."));
+  m_gpuGiB = new QDoubleSpinBox(this);
+  m_gpuGiB->setObjectName(QStringLiteral("KvGpuGiB"));
+  m_gpuGiB->setRange(0.0625, 4096);
+  m_gpuGiB->setDecimals(2);
+  m_gpuGiB->setSingleStep(0.5);
+  m_gpuGiB->setSuffix(tr(" GiB"));
+  m_gpuGiB->setValue(2);
+  gpu->addWidget(m_gpuMode, 1);
+  gpu->addWidget(m_gpuGiB);
+  form->addRow(tr("GPU"), gpu);
+
   auto* ram = new QHBoxLayout;
   m_ramMode = new QComboBox(this);
   m_ramMode->setObjectName(QStringLiteral("KvRamMode"));
@@ -93,6 +113,7 @@ KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defau
   v->addWidget(buttons);
 
   connect(m_ramMode, &QComboBox::currentIndexChanged, this, [this] { updateEnabled(); });
+  connect(m_gpuMode, &QComboBox::currentIndexChanged, this, [this] { updateEnabled(); });
   connect(m_browse, &QPushButton::clicked, this, [this] {
     const QString start = m_dir->text().isEmpty() ? m_defaultDir : m_dir->text();
     const QString d = QFileDialog::getExistingDirectory(this, tr("Spill folder"), start);
@@ -103,6 +124,8 @@ KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defau
 }
 
 void KvTiersDialog::setSettings(const KvTierSettings& s) {
+  m_gpuMode->setCurrentIndex(s.gpuBudgetMiB > 0 ? kGpuLimit : kGpuAll);
+  if (s.gpuBudgetMiB > 0) m_gpuGiB->setValue(static_cast<double>(s.gpuBudgetMiB) / 1024.0);
   if (s.ramBudgetMiB < 0) {
     m_ramMode->setCurrentIndex(kAuto);
   } else if (s.ramBudgetMiB == 0) {
@@ -119,6 +142,9 @@ void KvTiersDialog::setSettings(const KvTierSettings& s) {
 
 KvTierSettings KvTiersDialog::settings() const {
   KvTierSettings s;
+  s.gpuBudgetMiB = m_gpuMode->currentIndex() == kGpuLimit
+                       ? std::max<qint64>(1, qRound64(m_gpuGiB->value() * 1024.0))
+                       : 0;
   switch (m_ramMode->currentIndex()) {
     case kNoLimit: s.ramBudgetMiB = 0; break;
     case kLimit: s.ramBudgetMiB = std::max<qint64>(1, qRound64(m_ramGiB->value() * 1024.0)); break;
@@ -134,6 +160,7 @@ void KvTiersDialog::updateEnabled() {
   const bool limit = m_ramMode->currentIndex() == kLimit;
   const bool spills = m_ramMode->currentIndex() != kNoLimit;
   m_ramGiB->setEnabled(limit);
+  m_gpuGiB->setEnabled(m_gpuMode->currentIndex() == kGpuLimit);
   m_dir->setEnabled(spills);
   m_browse->setEnabled(spills);
   m_policy->setEnabled(spills);
@@ -160,6 +187,8 @@ void KvTiersDialog::accept() {
 KvTierSettings KvTiersDialog::load(const QString& path) {
   QSettings ini(path, QSettings::IniFormat);
   KvTierSettings s;
+  s.gpuBudgetMiB =
+      std::max<qint64>(0, ini.value(QStringLiteral("kv/gpuBudgetMiB"), 0).toLongLong());
   s.ramBudgetMiB = ini.value(QStringLiteral("kv/ramBudgetMiB"), -1).toLongLong();
   s.spillDir = ini.value(QStringLiteral("kv/spillDir")).toString();
   const QString policy = ini.value(QStringLiteral("kv/policy"), s.policy).toString();
@@ -172,6 +201,7 @@ KvTierSettings KvTiersDialog::load(const QString& path) {
 
 void KvTiersDialog::save(const QString& path, const KvTierSettings& s) {
   QSettings ini(path, QSettings::IniFormat);
+  ini.setValue(QStringLiteral("kv/gpuBudgetMiB"), s.gpuBudgetMiB);
   ini.setValue(QStringLiteral("kv/ramBudgetMiB"), s.ramBudgetMiB);
   ini.setValue(QStringLiteral("kv/spillDir"), s.spillDir);
   ini.setValue(QStringLiteral("kv/policy"), s.policy);
@@ -179,11 +209,17 @@ void KvTiersDialog::save(const QString& path, const KvTierSettings& s) {
 }
 
 QString KvTiersDialog::summary(const KvTierSettings& s, const QString& defaultDir) {
-  if (s.ramBudgetMiB == 0) return tr("KV beyond the GPU: host RAM, no limit (no SSD spill)");
+  const QString gpu = s.gpuBudgetMiB > 0
+                          ? tr("KV on the GPU up to %1; ")
+                                .arg(QLocale::system().formattedDataSize(
+                                    s.gpuBudgetMiB << 20, 1, QLocale::DataSizeTraditionalFormat))
+                          : QString();
+  if (s.ramBudgetMiB == 0) return gpu + tr("KV beyond the GPU: host RAM, no limit (no SSD spill)");
   const QString ram = s.ramBudgetMiB < 0
                           ? tr("automatic")
                           : QLocale::system().formattedDataSize(s.ramBudgetMiB << 20, 1,
                                                                 QLocale::DataSizeTraditionalFormat);
-  return tr("KV beyond the GPU: RAM %1, then SSD in %2")
-      .arg(ram, QDir::toNativeSeparators(s.spillDir.isEmpty() ? defaultDir : s.spillDir));
+  return gpu +
+         tr("KV beyond the GPU: RAM %1, then SSD in %2")
+             .arg(ram, QDir::toNativeSeparators(s.spillDir.isEmpty() ? defaultDir : s.spillDir));
 }

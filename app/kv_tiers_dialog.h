@@ -40,6 +40,8 @@ class KvTiersDialog : public QDialog {
   void updateEnabled();
 
   QString m_defaultDir;
+  QComboBox* m_gpuMode = nullptr;
+  QDoubleSpinBox* m_gpuGiB = nullptr;
   QComboBox* m_ramMode = nullptr;
   QDoubleSpinBox* m_ramGiB = nullptr;
   QLineEdit* m_dir = nullptr;

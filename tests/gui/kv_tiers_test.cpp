@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QComboBox>
 #include <QDialog>
 #include <QDir>
+#include <QDoubleSpinBox>
 #include <QFile>
 #include <QFileInfo>
 #include <QLabel>
@@ -35,6 +37,7 @@ TEST(KvTiers, DialogValuesRoundTripThroughTheIniFile) {
   EXPECT_EQ(none, KvTierSettings{});
 
   KvTierSettings s;
+  s.gpuBudgetMiB = 3072;
   s.ramBudgetMiB = 1536;
   s.spillDir = dir + QStringLiteral("/spill");
   s.policy = QStringLiteral("lru");
@@ -46,6 +49,13 @@ TEST(KvTiers, DialogValuesRoundTripThroughTheIniFile) {
   EXPECT_EQ(KvTiersDialog::load(ini), s);
   EXPECT_TRUE(
       KvTiersDialog::summary(s, QStringLiteral("/default/kv")).contains(QStringLiteral("1.5")));
+  // The GPU budget (the device tier): "Up to" with its size, else all on the GPU.
+  EXPECT_TRUE(
+      KvTiersDialog::summary(s, QStringLiteral("/default/kv")).contains(QStringLiteral("3.0")));
+  EXPECT_TRUE(dialog.findChild<QDoubleSpinBox*>(QStringLiteral("KvGpuGiB"))->isEnabled());
+  dialog.findChild<QComboBox*>(QStringLiteral("KvGpuMode"))->setCurrentIndex(0);
+  EXPECT_EQ(dialog.settings().gpuBudgetMiB, 0);
+  EXPECT_FALSE(dialog.findChild<QDoubleSpinBox*>(QStringLiteral("KvGpuGiB"))->isEnabled());
 
   // Values a hand-edited file may hold fall back to the defaults.
   {
