@@ -599,6 +599,7 @@ QString EngineWorker::placementNote() const {
 void EngineWorker::publishMemory() {
   TierBytes gpu, ram, ssd;
   bool ssdPresent = false;
+  std::vector<KvLayerBytes> kvLayers;
   if (m_model && m_session) {
     // Weights as the placement holds them (re-quantized sizes); host weights
     // are memory-mapped or re-quantized copies, resident once read.
@@ -611,8 +612,13 @@ void EngineWorker::publishMemory() {
     ram.kv = t.ram_bytes + t.staging_bytes;
     ssd.kv = t.ssd_bytes;
     ssdPresent = m_session->kv().tiered();
+    if (ssdPresent) {  // the grid's per-layer view (PlacementModel::setKvLayers)
+      for (const loom::KvLayerTiers& l : m_session->kv().layer_tiers())
+        kvLayers.push_back(KvLayerBytes{l.device, l.ram, l.ssd});
+    }
   }
-  m_stats->setMemory(gpu, ram, ssd, /*gpuPresent=*/m_gpu != nullptr, ssdPresent);
+  m_stats->setMemory(gpu, ram, ssd, /*gpuPresent=*/m_gpu != nullptr, ssdPresent,
+                     std::move(kvLayers));
 }
 
 // ---- placement ------------------------------------------------------------------

@@ -94,8 +94,9 @@ void LiveStats::generationFinished(double ttftMs, double tokensPerSecond) {
 }
 
 void LiveStats::setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd,
-                          bool gpuPresent, bool ssdPresent) {
+                          bool gpuPresent, bool ssdPresent, std::vector<KvLayerBytes> kvLayers) {
   std::lock_guard<std::mutex> lock(m_mutex);
+  m_kvLayers = std::move(kvLayers);
   m_gpu = gpu;
   m_ram = ram;
   m_ssd = ssd;
@@ -118,6 +119,7 @@ LiveSnapshot LiveStats::snapshot() const {
     s.ssd = m_ssd;
     s.gpuPresent = m_gpuPresent;
     s.ssdPresent = m_ssdPresent;
+    s.kvLayers = m_kvLayers;
     s.lastTtftMs = m_lastTtftMs;
     s.lastTokensPerSecond = m_lastTps;
     s.tokensTotal = m_tokensTotal;

@@ -21,6 +21,12 @@ struct TierBytes {
   uint64_t kv = 0;
 };
 
+/// Where one layer's KV cache lies (bytes of the blocks holding its tokens).
+struct KvLayerBytes {
+  uint64_t gpu = 0, ram = 0, ssd = 0;
+  bool operator==(const KvLayerBytes&) const = default;
+};
+
 struct LiveSnapshot {
   uint64_t version = 0;                  ///< changes whenever anything below may have changed
   loom::LatencyHistogram::Snapshot itl;  ///< inter-token latency
@@ -33,6 +39,9 @@ struct LiveSnapshot {
   std::vector<std::pair<double, double>> tokensPerSecond;
   TierBytes gpu, ram, ssd;
   bool gpuPresent = false, ssdPresent = false;
+  /// Per layer, where its KV lies; empty when the cache has no tiers (each
+  /// layer's KV is then wholly where its attention runs).
+  std::vector<KvLayerBytes> kvLayers;
   double lastTtftMs = 0;
   double lastTokensPerSecond = 0;
   uint64_t tokensTotal = 0;
@@ -54,7 +63,7 @@ class LiveStats {
   void tokenGenerated(uint64_t sincePreviousNs);
   void generationFinished(double ttftMs, double tokensPerSecond);
   void setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent,
-                 bool ssdPresent);
+                 bool ssdPresent, std::vector<KvLayerBytes> kvLayers = {});
 
   // ---- any thread (the GUI's timer) ----
   LiveSnapshot snapshot() const;
@@ -73,6 +82,7 @@ class LiveStats {
   std::vector<std::pair<double, double>> m_tps;
   TierBytes m_gpu, m_ram, m_ssd;
   bool m_gpuPresent = false, m_ssdPresent = false;
+  std::vector<KvLayerBytes> m_kvLayers;
   double m_lastTtftMs = 0, m_lastTps = 0;
   uint64_t m_tokensTotal = 0;
   bool m_generating = false;

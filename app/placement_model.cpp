@@ -4,6 +4,7 @@
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QLocale>
+#include <cmath>
 
 namespace {
 
@@ -262,6 +263,43 @@ void PlacementModel::setPrecisionCheck(const PrecisionCheck& c) {
   checkColumnsChanged();
 }
 
+void PlacementModel::setKvLayers(const std::vector<KvLayerBytes>& layers) {
+  if (layers == m_kvLayers) return;
+  m_kvLayers = layers;
+  if (rowCount() > 0) emit dataChanged(index(0, kColKvTiers), index(rowCount() - 1, kColKvTiers));
+}
+
+QVariant PlacementModel::kvTiersData(int row, int role) const {
+  // Layer rows only (row l + 1 is layer l); the embedding and output have no KV.
+  const int l = row - 1;
+  if (m_pending.isEdgeRow(row) || l < 0 || l >= static_cast<int>(m_kvLayers.size())) return {};
+  const KvLayerBytes& b = m_kvLayers[static_cast<size_t>(l)];
+  const uint64_t all = b.gpu + b.ram + b.ssd;
+  const std::pair<const char*, uint64_t> tiers[] = {
+      {QT_TR_NOOP("GPU"), b.gpu}, {QT_TR_NOOP("RAM"), b.ram}, {QT_TR_NOOP("SSD"), b.ssd}};
+  if (role == Qt::DisplayRole) {
+    if (all == 0) return QStringLiteral("—");
+    QStringList parts;  // "GPU 62% RAM 38%": the tiers that hold any of it
+    for (const auto& [name, bytes] : tiers) {
+      if (bytes == 0) continue;
+      parts << QStringLiteral("%1 %2%").arg(tr(name)).arg(static_cast<int>(
+          std::lround(100.0 * static_cast<double>(bytes) / static_cast<double>(all))));
+    }
+    return parts.join(QLatin1Char(' '));
+  }
+  if (role == Qt::ToolTipRole) {
+    if (all == 0) return tr("%1: no KV yet").arg(rowTitle(row));
+    QString tip = tr("%1's KV cache now").arg(rowTitle(row));
+    for (const auto& [name, bytes] : tiers)
+      tip += QStringLiteral("\n%1: %2")
+                 .arg(tr(name),
+                      QLocale::system().formattedDataSize(static_cast<qint64>(bytes), 1,
+                                                          QLocale::DataSizeTraditionalFormat));
+    return tip;
+  }
+  return {};
+}
+
 bool PlacementModel::hasPrecisionCheck() const {
   return !m_check.rows.isEmpty() && m_check.rows == m_pending.rows;
 }
@@ -294,6 +332,7 @@ QString PlacementModel::columnTitle(int column) {
     case kColFfnWeights: return tr("ffn");
     case kColNormRope: return tr("norm");
     case kColTiming: return tr("ms: ≈ pred\nP50 / P99");
+    case kColKvTiers: return tr("KV on");
     case kColError: return tr("error");
     case kColOutliers: return tr("outliers");
     default: return {};
@@ -378,6 +417,7 @@ QVariant PlacementModel::data(const QModelIndex& index, int role) const {
       default: return {};
     }
   }
+  if (c == kColKvTiers) return kvTiersData(r, role);
   if (c == kColError || c == kColOutliers) {
     const bool ok = hasPrecisionCheck();
     auto at = [&](const QVector<double>& v) { return ok && r < v.size() ? v[r] : -1.0; };

@@ -12,6 +12,7 @@
 #include <QVector>
 
 #include "app/app_types.h"
+#include "app/live_stats.h"
 
 /// A backend the grid can offer. Unavailable ones are shown, disabled, with the reason.
 struct BackendInfo {
@@ -43,9 +44,10 @@ enum PlacementColumn : int {
   kColNormRope,            ///< norms and RoPE
   kColCount,               ///< op group columns
   kColTiming = kColCount,  ///< predicted and measured time of the row (read-only)
-  kColError,               ///< relative error of the layer as placed ("Check precision")
-  kColOutliers,            ///< outlier share of the layer's matmul inputs ("Check precision")
-  kColAll,                 ///< number of columns
+  kColKvTiers,   ///< where the layer's KV lies now: GPU / RAM / SSD shares (tiered caches)
+  kColError,     ///< relative error of the layer as placed ("Check precision")
+  kColOutliers,  ///< outlier share of the layer's matmul inputs ("Check precision")
+  kColAll,       ///< number of columns
 };
 
 /// The precision choice "as the file stores it".
@@ -186,6 +188,9 @@ class PlacementModel : public QAbstractTableModel {
   void setPrecisionCheck(const PrecisionCheck& c);
   /// Whether the error and outlier columns show figures (else "—").
   bool hasPrecisionCheck() const;
+  /// Where each layer's KV lies now (LiveSnapshot::kvLayers; empty: no tiers).
+  void setKvLayers(const std::vector<KvLayerBytes>& layers);
+  const std::vector<KvLayerBytes>& kvLayers() const { return m_kvLayers; }
 
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
@@ -208,6 +213,7 @@ class PlacementModel : public QAbstractTableModel {
   void timingColumnChanged();
   void checkColumnsChanged();
   bool validCell(int row, int column) const;
+  QVariant kvTiersData(int row, int role) const;
 
   QVector<BackendInfo> m_backends;
   QVector<StrategyInfo> m_strategies;
@@ -216,4 +222,5 @@ class PlacementModel : public QAbstractTableModel {
   PlanEstimate m_estimate;
   MeasuredTimes m_measured;
   PrecisionCheck m_check;
+  std::vector<KvLayerBytes> m_kvLayers;
 };

@@ -323,7 +323,8 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   connect(m_apply, &QPushButton::clicked, this, &PlacementPanel::applyRequested);
   connect(m_kvTiersButton, &QPushButton::clicked, this, &PlacementPanel::kvTiersRequested);
   connect(m_check, &QPushButton::clicked, this, &PlacementPanel::precisionCheckRequested);
-  m_grid->setColumnHidden(kColError, true);  // until the first check (setChecking)
+  m_grid->setColumnHidden(kColKvTiers, true);  // while the KV cache has no tiers (refreshMeasured)
+  m_grid->setColumnHidden(kColError, true);    // until the first check (setChecking)
   m_grid->setColumnHidden(kColOutliers, true);
   connect(m_revert, &QPushButton::clicked, m_model, &PlacementModel::revertPending);
   connect(m_strategy, &QComboBox::currentIndexChanged, this, &PlacementPanel::emitStrategy);
@@ -465,6 +466,7 @@ void PlacementPanel::syncFromModel() {
   }
   m_grid->horizontalHeader()->setSectionResizeMode(kColTiming, QHeaderView::Fixed);
   m_grid->horizontalHeader()->resizeSection(kColTiming, 88);
+  m_grid->horizontalHeader()->setSectionResizeMode(kColKvTiers, QHeaderView::ResizeToContents);
   for (int c : {kColError, kColOutliers}) {  // "3.2e-04", "0.16%", or "—" until checked
     m_grid->horizontalHeader()->setSectionResizeMode(c, QHeaderView::Fixed);
     m_grid->horizontalHeader()->resizeSection(c, 58);
@@ -589,6 +591,8 @@ void PlacementPanel::refreshMeasured() {
   if (!m_stats) return;
   const LiveSnapshot s = m_stats->snapshot();
   m_statsVersion = s.version;
+  m_model->setKvLayers(s.kvLayers);
+  m_grid->setColumnHidden(kColKvTiers, s.kvLayers.empty());
   const int rows = m_model->rowCount();
   if (rows < 2 || static_cast<int>(s.layers.size()) != rows - 2) return;
   MeasuredTimes m;

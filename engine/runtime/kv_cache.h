@@ -81,6 +81,11 @@ struct KvTierStats {
   std::string note;                ///< the spill file's I/O mode, or why spilling stopped
 };
 
+/// Where one layer's tokens lie: bytes of the blocks that hold them, per tier.
+struct KvLayerTiers {
+  uint64_t device = 0, ram = 0, ssd = 0;
+};
+
 /// Bytes of memory the kernel says are available now (MemAvailable), or 0.
 uint64_t available_memory_bytes();
 /// $XDG_CACHE_HOME/loom/kv (or ~/.cache/loom/kv): where spill files go by default.
@@ -117,6 +122,9 @@ class KvCache {
   bool tiered() const { return tiers_.ram_budget > 0 || tiers_.device_budget > 0; }
   const KvTierConfig& tier_config() const { return tiers_; }
   KvTierStats tier_stats() const;
+  /// Per layer, the bytes of the blocks holding its tokens on each tier (the
+  /// app's per-layer view; SSD bytes in the spill precision).
+  std::vector<KvLayerTiers> layer_tiers() const;
   /// Makes a host layer's spilled blocks readable through view() (reads them
   /// into staging). Blocks that cannot be read back are re-allocated empty and
   /// reported by take_lost(); then this returns an kIo error naming them.

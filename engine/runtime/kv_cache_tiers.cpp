@@ -155,6 +155,32 @@ KvTierStats KvCache::tier_stats() const {
   return s;
 }
 
+std::vector<KvLayerTiers> KvCache::layer_tiers() const {
+  std::vector<KvLayerTiers> out(static_cast<size_t>(cfg_.n_layer));
+  const auto used =
+      std::min(block_table_.size(),
+               static_cast<size_t>((n_tokens_ + cfg_.block_size - 1) / cfg_.block_size));
+  const uint64_t ssd_pair = spill_ ? spill_pair_bytes() : pair_bytes();
+  for (size_t l = 0; l < out.size(); ++l) {
+    KvLayerTiers& t = out[l];
+    const bool tiered_l = device_tiered(static_cast<int64_t>(l));
+    if (on_device(static_cast<int64_t>(l)) && !tiered_l) {  // the whole layer in device storage
+      t.device = used * pair_bytes();
+      continue;
+    }
+    for (size_t i = 0; i < used; ++i) {
+      const auto b = static_cast<size_t>(block_table_[i]);
+      if (tiered_l && b < dev_slot_[l].size() && dev_slot_[l][b] >= 0)
+        t.device += pair_bytes();
+      else if (b < blocks_[l].size() && blocks_[l][b])
+        t.ram += pair_bytes();
+      else if (b < slot_[l].size() && slot_[l][b] >= 0)
+        t.ssd += ssd_pair;
+    }
+  }
+  return out;
+}
+
 bool KvCache::pinned(int64_t block) const {
   const int64_t bs = cfg_.block_size;
   const int64_t begin = block * bs;

@@ -16,14 +16,18 @@
 #include <QPushButton>
 #include <QSettings>
 #include <QSignalSpy>
+#include <QTableView>
 #include <QTest>
 #include <QTimer>
 
+#include "app/chat_controller.h"
+#include "app/composer.h"
 #include "app/engine_panel.h"
 #include "app/engine_worker.h"
 #include "app/kv_tiers_dialog.h"
 #include "app/live_stats.h"
 #include "app/main_window.h"
+#include "app/placement_model.h"
 #include "app/placement_panel.h"
 #include "tests/gui/gui_test_util.h"
 
@@ -187,6 +191,48 @@ TEST(KvTiers, TheButtonOpensTheDialogAndTheSessionFollows) {
       KvTiersDialog::load(QDir(o.dataDir).filePath(QStringLiteral("window.ini")));
   EXPECT_EQ(saved.ramBudgetMiB, 512);
   EXPECT_EQ(saved.spillDir, spill);
+
+  // With tiers, the grid shows where each layer's KV lies, once a reply has
+  // put tokens in it: all of it in RAM here (the CPU's attention, 512 MiB).
+  EXPECT_EQ(PlacementModel::columnTitle(kColKvTiers), QStringLiteral("KV on"));
+  QSignalSpy finished(w.chat(), &ChatController::replyFinished);
+  ChatInput* input = w.composer()->input();
+  input->setFocus();
+  QTest::keyClicks(input, QStringLiteral("Hello there"));
+  QTest::keyClick(input, Qt::Key_Return);
+  ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > 0; }, 120000));
+  PlacementModel* pm = w.placement();
+  ASSERT_TRUE(QTest::qWaitFor(
+      [&] {
+        panel->refreshMeasured();
+        return pm->data(pm->index(1, kColKvTiers), Qt::DisplayRole).toString() ==
+               QStringLiteral("RAM 100%");
+      },
+      120000))
+      << pm->data(pm->index(1, kColKvTiers), Qt::DisplayRole).toString().toStdString();
+  EXPECT_FALSE(panel->grid()->isColumnHidden(kColKvTiers));
+  EXPECT_TRUE(pm->data(pm->index(0, kColKvTiers), Qt::DisplayRole).isNull());  // the embedding
+  const QString tip = pm->data(pm->index(1, kColKvTiers), Qt::ToolTipRole).toString();
+  EXPECT_TRUE(tip.contains(QStringLiteral("RAM:")) && tip.contains(QStringLiteral("SSD:")))
+      << tip.toStdString();
+}
+
+// The per-layer view's text: the tiers that hold any of a layer's KV, as shares.
+TEST(KvTiers, TheKvColumnShowsEachLayersShares) {
+  PlacementModel pm;
+  ModelSummary ms;
+  ms.nLayer = 2;
+  pm.setApplied(PlacementPlan::allOn(QStringLiteral("cpu"), ms, QStringLiteral("F16"), {}, {}));
+  ASSERT_EQ(pm.rowCount(), 4);
+  EXPECT_TRUE(pm.data(pm.index(1, kColKvTiers), Qt::DisplayRole).isNull());  // no tiers
+  pm.setKvLayers({KvLayerBytes{3 << 20, 1 << 20, 0}, KvLayerBytes{0, 1 << 20, 3 << 20}});
+  EXPECT_EQ(pm.data(pm.index(1, kColKvTiers), Qt::DisplayRole).toString(),
+            QStringLiteral("GPU 75% RAM 25%"));
+  EXPECT_EQ(pm.data(pm.index(2, kColKvTiers), Qt::DisplayRole).toString(),
+            QStringLiteral("RAM 25% SSD 75%"));
+  EXPECT_TRUE(pm.data(pm.index(3, kColKvTiers), Qt::DisplayRole).isNull());  // the output row
+  pm.setKvLayers({KvLayerBytes{}, KvLayerBytes{}});
+  EXPECT_EQ(pm.data(pm.index(1, kColKvTiers), Qt::DisplayRole).toString(), QStringLiteral("—"));
 }
 
 }  // namespace

@@ -333,7 +333,8 @@ class VulkanKvTierSession : public ::testing::Test {
     model_ = nullptr;
   }
 
-  std::vector<int32_t> greedy(Backend& be, const KvTierConfig& t, int n, KvTierStats* ts) {
+  std::vector<int32_t> greedy(Backend& be, const KvTierConfig& t, int n, KvTierStats* ts,
+                              std::vector<KvLayerTiers>* layers = nullptr) {
     SessionConfig c;
     c.n_ctx = 1024;
     c.max_chunk = 64;
@@ -352,6 +353,7 @@ class VulkanKvTierSession : public ::testing::Test {
     auto r = (*s)->generate(p, gp, nullptr);
     EXPECT_TRUE(r.ok()) << r.message();
     if (ts) *ts = (*s)->kv().tier_stats();
+    if (layers) *layers = (*s)->kv().layer_tiers();
     return std::vector<int32_t>((*s)->tokens().begin() + static_cast<ptrdiff_t>(p.size()),
                                 (*s)->tokens().end());
   }
@@ -363,10 +365,16 @@ Model* VulkanKvTierSession::model_ = nullptr;
 TEST_F(VulkanKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
   LOOM_VULKAN_OR_SKIP(be, false);
   KvTierStats all_dev;
-  const auto want = greedy(*be, KvTierConfig{}, 40, &all_dev);
+  std::vector<KvLayerTiers> layers;
+  const auto want = greedy(*be, KvTierConfig{}, 40, &all_dev, &layers);
   ASSERT_EQ(want.size(), 39u);
   EXPECT_EQ(all_dev.ram_bytes, 0u);
   EXPECT_GT(all_dev.device_bytes, 0u);
+  ASSERT_EQ(layers.size(), 2u);
+  for (const KvLayerTiers& lt : layers) {  // 439 tokens: 14 blocks, all on the device
+    EXPECT_EQ(lt.device, 14 * kPair);
+    EXPECT_EQ(lt.ram + lt.ssd, 0u);
+  }
   const std::string dir = test::temp_dir("kv_device_tier_spill");
   for (const char* policy : {"lru", "importance"}) {
     for (const Mix& mix : kMixes) {
@@ -382,7 +390,20 @@ TEST_F(VulkanKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
       t.sink_tokens = 32;
       t.window_tokens = 64;
       KvTierStats ts;
-      EXPECT_EQ(greedy(*be, t, 40, &ts), want);
+      EXPECT_EQ(greedy(*be, t, 40, &ts, &layers), want);
+      // Per layer: at most its 7 slots on the device, the rest on the host.
+      ASSERT_EQ(layers.size(), 2u);
+      uint64_t dev = 0;
+      for (const KvLayerTiers& lt : layers) {
+        EXPECT_GT(lt.device, 0u);
+        EXPECT_LE(lt.device, 7 * kPair);
+        EXPECT_GT(lt.ram + lt.ssd, 0u);
+        if (mix.ram_pairs == 0) {
+          EXPECT_EQ(lt.ssd, 0u);
+        }
+        dev += lt.device;
+      }
+      EXPECT_LE(dev, ts.device_used_bytes);
       EXPECT_GT(ts.device_bytes, 0u);
       EXPECT_LE(ts.device_bytes, 2 * 7 * kPair);
       EXPECT_GT(ts.blocks_to_host, 0u);

@@ -178,6 +178,17 @@ TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
     EXPECT_EQ(ts.blocks_lost, 0u);
     EXPECT_EQ(st.n_kv_recomputed, 0);
     EXPECT_GT(ts.blocks_read_ahead, 0u);
+    // The per-layer view adds up to the totals: every layer has blocks in RAM and on the SSD.
+    uint64_t ram = 0, ssd = 0;
+    for (const KvLayerTiers& lt : s->kv().layer_tiers()) {
+      EXPECT_EQ(lt.device, 0u);
+      EXPECT_GT(lt.ram + lt.ssd, 0u);
+      ram += lt.ram;
+      ssd += lt.ssd;
+    }
+    EXPECT_LE(ram, ts.ram_bytes);
+    EXPECT_GT(ram, 0u);
+    EXPECT_EQ(ssd, ts.ssd_bytes);
     // A second turn reuses the cached prefix, spilled blocks and all.
     auto p2 = p;
     p2.insert(p2.end(), want.begin(), want.begin() + 30);

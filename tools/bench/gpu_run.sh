@@ -28,6 +28,11 @@
 #            shape, 1 the default), then the default's per-shader profile
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
+#   tiers    KV tiers (issue 16): decode after $TIER_DEPTHS tokens of the Q4_K_M
+#            model, (a) all KV on the GPU, (b) half of it in GPU memory and the
+#            rest in RAM, (c) half on the GPU, a quarter in RAM, the rest on
+#            the SSD ($TIER_CONFIGS: a b c); llama.cpp with and without -nkvo;
+#            the spill folder's disk read/write bandwidth (dd, O_DIRECT)
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
@@ -213,6 +218,34 @@ for s in $stages; do
         for pr in "" --no-profiler; do
           echo "--- profiler overhead: cpu ${pr:-(profiler on)}"
           "$L" bench -m "$m0" --strategy cpu -t "$T" -p 16 -n 64 -r 3 $pr 2>&1 | grep -E "^decode:"
+        done
+      done
+      ;;
+    tiers)  # KV tiers: decode after N tokens with the KV on GPU / GPU+RAM / GPU+RAM+SSD
+      m="$(model ${TIER_DTYPE:-q4_k_m})"
+      kvdir=/tmp/kvspill; mkdir -p "$kvdir"
+      echo "--- disk under $kvdir (dd, O_DIRECT, 1 GiB)"
+      dd if=/dev/zero of="$kvdir/dd.bin" bs=4M count=256 oflag=direct 2>&1 | tail -n 1
+      dd if="$kvdir/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -n 1
+      rm -f "$kvdir/dd.bin"
+      for n in ${TIER_DEPTHS:-4096 16384}; do
+        kv=$(( n * 128 ))  # KiB of F16 K/V at n tokens (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+        for c in ${TIER_CONFIGS:-a b c}; do
+          case $c in
+            a) flags=(); what="all KV on the GPU" ;;
+            b) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram 64G); what="GPU $(( kv / 2048 )) MiB + RAM" ;;
+            c) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram "$(( kv / 4 ))K" --kv-dir "$kvdir")
+               what="GPU $(( kv / 2048 )) MiB + RAM $(( kv / 4096 )) MiB + SSD" ;;
+          esac
+          echo "--- depth $n ($c) $what: Loom Vulkan"
+          timeout "${TIER_TIMEOUT:-200}" "$L" bench -m "$m" --backend vulkan --strategy gpu -t "$T" \
+            -c $(( n + 256 )) -p "$n" -n 64 -r 1 "${flags[@]}" 2>&1 |
+            grep -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
+        done
+        [ "${LLAMA:-1}" = 0 ] && continue
+        for nk in 0 1; do
+          echo "--- depth $n: llama.cpp Vulkan -nkvo $nk"
+          timeout "${TIER_TIMEOUT:-200}" env LD_LIBRARY_PATH="$B/llama:$B/lib" "$B/llama/llama-bench" -m "$m" -ngl 99 -t "$T" -fa 1 -nkvo "$nk" -p 0 -n 64 -d "$n" -r 1 2>&1 | grep -E "^\||rror"
         done
       done
       ;;
