@@ -160,28 +160,84 @@ TEST(CudaBackendOps, MatmulQkvEqualsCpu) {
 TEST(CudaBackendOps, RmsNormSiluMulAddEqualCpu) {
   LOOM_CUDA_BACKEND_OR_SKIP(be);
   CpuBackend cpu(2);
-  const int64_t T = 5, n = 1001;
-  HostWeight w(DType::kF32, 1, n, 60);
-  auto a = test::random_floats(static_cast<size_t>(T * n), 61, 3.0f);
-  auto b = test::random_floats(static_cast<size_t>(T * n), 62, 3.0f);
-  DevAct ad(*be, T, n, &a), bd(*be, T, n, &b), out(*be, T, n);
-  std::vector<float> want(a.size());
+  // 1001: the plain norm; 4096 (a multiple of 32, T <= 8): the norm that
+  // also writes its Q8 copy (rms_norm_q8).
+  for (const int64_t n : {int64_t{1001}, int64_t{4096}}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const int64_t T = 5;
+    HostWeight w(DType::kF32, 1, n, 60);
+    auto a = test::random_floats(static_cast<size_t>(T * n), 61, 3.0f);
+    auto b = test::random_floats(static_cast<size_t>(T * n), 62, 3.0f);
+    DevAct ad(*be, T, n, &a), bd(*be, T, n, &b), out(*be, T, n);
+    std::vector<float> want(a.size());
 
-  cpu.rms_norm(host_act(a, T, n), w.w, 1e-5f, host_act(want, T, n));
-  be->rms_norm(ad.act, w.w, 1e-5f, out.act);
-  EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
+    cpu.rms_norm(host_act(a, T, n), w.w, 1e-5f, host_act(want, T, n));
+    be->rms_norm(ad.act, w.w, 1e-5f, out.act);
+    EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
 
-  cpu.silu_mul(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
-  be->silu_mul(ad.act, bd.act, out.act);
-  EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
+    cpu.silu_mul(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
+    be->silu_mul(ad.act, bd.act, out.act);
+    EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
 
-  cpu.add(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
-  be->add(ad.act, bd.act, out.act);
-  EXPECT_EQ(out.get(*be), want);
+    cpu.add(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
+    be->add(ad.act, bd.act, out.act);
+    EXPECT_EQ(out.get(*be), want);
 
-  // In place, as the forward pass calls them (out aliases an input).
-  be->add(ad.act, bd.act, ad.act);
-  EXPECT_EQ(ad.get(*be), want);
+    // In place, as the forward pass calls them (out aliases an input).
+    be->add(ad.act, bd.act, ad.act);
+    EXPECT_EQ(ad.get(*be), want);
+  }
+}
+
+// rope_qk_kv: RoPE of q and k and the KV store in one launch (rope_kv_store)
+// against the CPU's rope_qk then kv_store: the rotated q and k, and the
+// attention over what was stored (F16 and Q8_0 caches, normal and NeoX).
+TEST(CudaBackendOps, RopeQkKvEqualsCpu) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  CpuBackend cpu(2);
+  for (DType kvt : {DType::kF16, DType::kQ8_0}) {
+    for (const bool neox : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(kvt)) + (neox ? " neox" : " normal"));
+      const int64_t n_heads = 8, n_kv = 2, hd = 64, n_ctx = 64;
+      const KvCacheConfig cfg{2, n_kv, hd, n_ctx, 32, kvt};
+      auto kc = KvCache::create(cfg), kg = KvCache::create(cfg);
+      ASSERT_TRUE(kc.ok() && kg.ok());
+      auto st = be->create_kv_storage(cfg);
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_TRUE((*kg)->attach_storage(std::move(st).value()).ok());
+      ASSERT_TRUE((*kg)->move_layer(1, true).ok());
+      cpu::RopeParams p;
+      p.n_rot = hd;
+      p.neox = neox;
+      int64_t n = 0;
+      for (const int64_t T : {5, 1, 1}) {
+        std::vector<int32_t> pos(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(n + t);
+        ASSERT_TRUE((*kc)->reserve(n + T).ok());
+        ASSERT_TRUE((*kg)->reserve(n + T).ok());
+        auto k = test::random_floats(static_cast<size_t>(T * n_kv * hd), 180 + n);
+        auto v = test::random_floats(static_cast<size_t>(T * n_kv * hd), 190 + n);
+        auto q = test::random_floats(static_cast<size_t>(T * n_heads * hd), 200 + n, 2.0f);
+        DevAct kd(*be, T, n_kv * hd, &k), vd(*be, T, n_kv * hd, &v), qd(*be, T, n_heads * hd, &q),
+            od(*be, T, n_heads * hd);
+        cpu.rope_qk(host_act(q, T, n_heads * hd), host_act(k, T, n_kv * hd), n_heads, n_kv, hd,
+                    pos.data(), p);
+        cpu.kv_store(**kc, 1, host_act(k, T, n_kv * hd), host_act(v, T, n_kv * hd), pos.data());
+        be->rope_qk_kv(qd.act, kd.act, vd.act, **kg, 1, n_heads, n_kv, hd, pos.data(), p);
+        const auto gq = qd.get(*be), gk = kd.get(*be);
+        for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(gq[i], q[i], 1e-5f) << "q " << i;
+        for (size_t i = 0; i < k.size(); ++i) ASSERT_NEAR(gk[i], k[i], 1e-5f) << "k " << i;
+        (*kc)->set_n_tokens(n + T);
+        (*kg)->set_n_tokens(n + T);
+        std::vector<float> want(q.size());
+        cpu.attention(**kc, 1, host_act(q, T, n_heads * hd), pos.data(), n_heads, 0.125f,
+                      host_act(want, T, n_heads * hd));
+        be->attention(**kg, 1, qd.act, pos.data(), n_heads, 0.125f, od.act);
+        EXPECT_LT(test::rel_error_f(od.get(*be), want), 2e-3) << "T " << T;
+        n += T;
+      }
+    }
+  }
 }
 
 TEST(CudaBackendOps, RopeEqualsCpu) {

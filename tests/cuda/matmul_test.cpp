@@ -2,8 +2,10 @@
 // dtype x odd shapes (n_in tails, odd n_out) x T in {1, 3, 8} (the matvec
 // kernels, on Q8 activations for quantized types) and {9, 64, 130} (F16
 // GEMMs through cuBLAS), with bias and accumulate; the fused gate/up product;
-// dequantize_rows. The reference dequantizes with cpu/ref and multiplies in
-// double. Skips without a CUDA device.
+// dequantize_rows; both ways of reading quantized rows in the matvecs
+// (direct, staged through shared memory); the RMS norm that writes the Q8
+// activations with its output. The reference dequantizes with cpu/ref and
+// multiplies in double. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -63,6 +65,19 @@ std::vector<float> as_q8(const std::vector<float>& x) {
 
 bool quantized(DType d);
 
+// The matvec kernels to run a case with (both for the matvec's token
+// counts); restores the default on destruction.
+struct MatvecKernels {
+  ~MatvecKernels() { cuda::set_matvec_kernel(cuda::kMatvecStaged); }
+  static std::vector<int> for_tokens(int64_t T) {
+    if (T > 8) return {cuda::kMatvecStaged};
+    return {cuda::kMatvecDirect, cuda::kMatvecStaged};
+  }
+};
+const char* kernel_name(int k) {
+  return k == cuda::kMatvecDirect ? " direct" : " staged";
+}
+
 // y [T, n_out] = x W^T (+ bias) (+ y0), in double. For quantized weights and
 // T <= 8 (the matvec kernels), x goes through the kernels' Q8 step first, so
 // the bound checks the kernels' arithmetic rather than the Q8 rounding.
@@ -101,8 +116,11 @@ double tolerance(DType d, int64_t T) {
 // multiple of the 32 lanes, and (for float types) lengths with tails.
 std::vector<int64_t> row_lengths(DType d) {
   const uint32_t bs = traits(d).block_size;
-  if (bs == 256) return {256, 768, 2816};
-  if (bs == 32) return {32, 416, 1056, 4160};
+  // The staged matvec copies rows whose size is a multiple of 16 bytes (8
+  // for Q6_K): 4352 (136 groups: four chunks and a tail) and 3072 (Q6_K:
+  // three chunks) take it; the other lengths the direct reads.
+  if (bs == 256) return {256, 768, 2816, 3072};
+  if (bs == 32) return {32, 416, 1056, 4160, 4352};
   return {1, 7, 33, 264, 1000, 4096};
 }
 
@@ -124,29 +142,32 @@ TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
       const cuda::DevMatrix w{wd.p, dt, n_out, n_in, hm.row_bytes};
       const std::vector<float> bias = test::random_floats(static_cast<size_t>(n_out), seed++);
       DevBuf<float> bd(bias);
-      for (const int64_t T : {1, 3, 8, 9, 64, 130}) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " n_out " + std::to_string(n_out) + " n_in " +
-                     std::to_string(n_in) + " T " + std::to_string(T));
-        const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), seed++);
-        const std::vector<float> y0 =
-            test::random_floats(static_cast<size_t>(T * n_out), seed++, 0.5f);
-        DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
-        // Plain.
-        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, false, s).ok());
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        std::vector<float> y = yd.download();
-        EXPECT_TRUE(test::all_finite(y));
-        EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, nullptr)), tolerance(dt, T));
-        // With a bias.
-        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, bd.p, false, s).ok());
-        y = yd.download();
-        EXPECT_LT(test::rel_error(y, reference(hm, x, T, &bias, nullptr)), tolerance(dt, T));
-        // Accumulating into y0.
-        yd.upload(y0);
-        ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, true, s).ok());
-        y = yd.download();
-        EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, &y0)), tolerance(dt, T));
-      }
+      MatvecKernels restore;
+      for (const int64_t T : {1, 3, 8, 9, 64, 130})
+        for (const int kernel : MatvecKernels::for_tokens(T)) {
+          cuda::set_matvec_kernel(kernel);
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " n_out " + std::to_string(n_out) + " n_in " +
+                       std::to_string(n_in) + " T " + std::to_string(T) + kernel_name(kernel));
+          const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), seed++);
+          const std::vector<float> y0 =
+              test::random_floats(static_cast<size_t>(T * n_out), seed++, 0.5f);
+          DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
+          // Plain.
+          ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, false, s).ok());
+          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+          std::vector<float> y = yd.download();
+          EXPECT_TRUE(test::all_finite(y));
+          EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, nullptr)), tolerance(dt, T));
+          // With a bias.
+          ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, bd.p, false, s).ok());
+          y = yd.download();
+          EXPECT_LT(test::rel_error(y, reference(hm, x, T, &bias, nullptr)), tolerance(dt, T));
+          // Accumulating into y0.
+          yd.upload(y0);
+          ASSERT_TRUE((*mm)->run(w, xd.p, T, yd.p, nullptr, true, s).ok());
+          y = yd.download();
+          EXPECT_LT(test::rel_error(y, reference(hm, x, T, nullptr, &y0)), tolerance(dt, T));
+        }
     }
   }
   EXPECT_GT((*mm)->scratch_bytes(), 0u);
@@ -184,23 +205,27 @@ TEST_P(CudaMatmul, GluIsSiluOfGateTimesUp) {
   const DType dt = GetParam();
   auto mm = cuda::Matmul::create(0);
   ASSERT_TRUE(mm.ok()) << mm.message();
-  const int64_t n_in = row_lengths(dt)[1], n_out = 75;
+  // The longest rows: whole 32-group chunks (staged) and a tail (direct).
+  const int64_t n_in = row_lengths(dt).back(), n_out = 75;
   const HostMatrix g = make_matrix(dt, n_out, n_in, 11), u = make_matrix(dt, n_out, n_in, 12);
   DevBuf<uint8_t> gd(g.bytes), ud(u.bytes);
   const cuda::DevMatrix gw{gd.p, dt, n_out, n_in, g.row_bytes},
       uw{ud.p, dt, n_out, n_in, u.row_bytes};
-  for (const int64_t T : {1, 5, 8, 9, 70}) {
-    SCOPED_TRACE("T " + std::to_string(T));
-    const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 13 + T);
-    DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
-    ASSERT_TRUE((*mm)->run_glu(gw, uw, xd.p, T, yd.p, nullptr).ok());
-    const std::vector<float> y = yd.download();
-    const std::vector<double> a = reference(g, x, T, nullptr, nullptr);
-    const std::vector<double> b = reference(u, x, T, nullptr, nullptr);
-    std::vector<double> want(a.size());
-    for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
-    EXPECT_LT(test::rel_error(y, want), 2 * tolerance(dt, T));
-  }
+  MatvecKernels restore;
+  for (const int64_t T : {1, 5, 8, 9, 70})
+    for (const int kernel : MatvecKernels::for_tokens(T)) {
+      cuda::set_matvec_kernel(kernel);
+      SCOPED_TRACE("T " + std::to_string(T) + kernel_name(kernel));
+      const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 13 + T);
+      DevBuf<float> xd(x), yd(static_cast<size_t>(T * n_out));
+      ASSERT_TRUE((*mm)->run_glu(gw, uw, xd.p, T, yd.p, nullptr).ok());
+      const std::vector<float> y = yd.download();
+      const std::vector<double> a = reference(g, x, T, nullptr, nullptr);
+      const std::vector<double> b = reference(u, x, T, nullptr, nullptr);
+      std::vector<double> want(a.size());
+      for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
+      EXPECT_LT(test::rel_error(y, want), 2 * tolerance(dt, T));
+    }
 }
 
 TEST_P(CudaMatmul, DequantizeRowsMatchesReference) {
@@ -276,29 +301,78 @@ TEST(CudaMatmulMulti, OneLaunchForMatricesOfOneType) {
   LOOM_CUDA_OR_SKIP();
   auto mm = cuda::Matmul::create(0);
   ASSERT_TRUE(mm.ok()) << mm.message();
-  for (const DType dt : {DType::kQ4_0, DType::kQ4_K, DType::kQ8_0}) {
-    const int64_t n_in = dt == DType::kQ4_K ? 768 : 416;
-    const HostMatrix a = make_matrix(dt, 97, n_in, 41), b = make_matrix(dt, 33, n_in, 42),
-                     c = make_matrix(dt, 35, n_in, 43);
-    DevBuf<uint8_t> ad(a.bytes), bd(b.bytes), cd(c.bytes);
-    const cuda::DevMatrix ws[3] = {{ad.p, dt, a.n_out, n_in, a.row_bytes},
-                                   {bd.p, dt, b.n_out, n_in, b.row_bytes},
-                                   {cd.p, dt, c.n_out, n_in, c.row_bytes}};
-    const HostMatrix* hs[3] = {&a, &b, &c};
-    const std::vector<float> bias = test::random_floats(33, 44);
-    DevBuf<float> biasd(bias);
+  MatvecKernels restore;
+  for (const DType dt : {DType::kQ4_0, DType::kQ4_K, DType::kQ8_0, DType::kQ6_K})
+    for (const int kernel : MatvecKernels::for_tokens(1)) {
+      cuda::set_matvec_kernel(kernel);
+      // Whole 32-group chunks and a tail of groups.
+      const int64_t n_in = dt == DType::kQ4_K ? 2816 : (dt == DType::kQ6_K ? 3072 : 4352);
+      const HostMatrix a = make_matrix(dt, 97, n_in, 41), b = make_matrix(dt, 33, n_in, 42),
+                       c = make_matrix(dt, 35, n_in, 43);
+      DevBuf<uint8_t> ad(a.bytes), bd(b.bytes), cd(c.bytes);
+      const cuda::DevMatrix ws[3] = {{ad.p, dt, a.n_out, n_in, a.row_bytes},
+                                     {bd.p, dt, b.n_out, n_in, b.row_bytes},
+                                     {cd.p, dt, c.n_out, n_in, c.row_bytes}};
+      const HostMatrix* hs[3] = {&a, &b, &c};
+      const std::vector<float> bias = test::random_floats(33, 44);
+      DevBuf<float> biasd(bias);
+      for (const int64_t T : {1, 3, 8}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T) + kernel_name(kernel));
+        const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 45 + T);
+        DevBuf<float> xd(x), y0(static_cast<size_t>(T * 97)), y1(static_cast<size_t>(T * 33)),
+            y2(static_cast<size_t>(T * 35));
+        float* ys[3] = {y0.p, y1.p, y2.p};
+        const float* biases[3] = {nullptr, biasd.p, nullptr};
+        ASSERT_TRUE((*mm)->run_multi(ws, biases, ys, 3, xd.p, T, nullptr).ok());
+        const DevBuf<float>* outs[3] = {&y0, &y1, &y2};
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<double> want =
+              reference(*hs[i], x, T, i == 1 ? &bias : nullptr, nullptr);
+          EXPECT_LT(test::rel_error(outs[i]->download(), want), tolerance(dt, T)) << "matrix " << i;
+        }
+      }
+    }
+}
+
+// rms_norm_q8: the norm's output against a double reference, and products
+// on its Q8 activations equal, bit for bit, to those that quantize the
+// output themselves (the quants are the same bytes), for both kernels.
+TEST(CudaMatmulNormQ8, ProductsOnTheNormsQ8EqualQuantizingItsOutput) {
+  LOOM_CUDA_OR_SKIP();
+  auto mm = cuda::Matmul::create(0);
+  ASSERT_TRUE(mm.ok()) << mm.message();
+  MatvecKernels restore;
+  for (const int64_t n : {32, 4096, 4160}) {
+    const HostMatrix m = make_matrix(DType::kQ4_0, 70, n, 51);
+    DevBuf<uint8_t> wd(m.bytes);
+    const cuda::DevMatrix w{wd.p, m.dtype, m.n_out, n, m.row_bytes};
+    const std::vector<float> nw = test::random_floats(static_cast<size_t>(n), 53);
+    DevBuf<float> nwd(nw);
     for (const int64_t T : {1, 3, 8}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T));
-      const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), 45 + T);
-      DevBuf<float> xd(x), y0(static_cast<size_t>(T * 97)), y1(static_cast<size_t>(T * 33)),
-          y2(static_cast<size_t>(T * 35));
-      float* ys[3] = {y0.p, y1.p, y2.p};
-      const float* biases[3] = {nullptr, biasd.p, nullptr};
-      ASSERT_TRUE((*mm)->run_multi(ws, biases, ys, 3, xd.p, T, nullptr).ok());
-      const DevBuf<float>* outs[3] = {&y0, &y1, &y2};
-      for (int i = 0; i < 3; ++i) {
-        const std::vector<double> want = reference(*hs[i], x, T, i == 1 ? &bias : nullptr, nullptr);
-        EXPECT_LT(test::rel_error(outs[i]->download(), want), tolerance(dt, T)) << "matrix " << i;
+      const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n), 54 + T, 3.0f);
+      DevBuf<float> xd(x), out(static_cast<size_t>(T * n));
+      DevBuf<int8_t> xq(static_cast<size_t>(T * static_cast<int64_t>(cuda::q8_token_bytes(n))));
+      DevBuf<float> xs(static_cast<size_t>(T * n / 32));
+      ASSERT_TRUE(cuda::rms_norm_q8(xd.p, nwd.p, 1e-5f, out.p, T, n, xq.p, xs.p, nullptr).ok());
+      const std::vector<float> got = out.download();
+      std::vector<double> want(got.size());
+      for (int64_t t = 0; t < T; ++t) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[t * n + i]) * x[t * n + i];
+        const double sc = 1.0 / std::sqrt(ss / static_cast<double>(n) + 1e-5);
+        for (int64_t i = 0; i < n; ++i) want[t * n + i] = x[t * n + i] * sc * nw[i];
+      }
+      EXPECT_LT(test::rel_error(got, want), 1e-6) << "n " << n << " T " << T;
+      for (const int kernel : MatvecKernels::for_tokens(T)) {
+        cuda::set_matvec_kernel(kernel);
+        SCOPED_TRACE("n " + std::to_string(n) + " T " + std::to_string(T) + kernel_name(kernel));
+        DevBuf<float> y1(static_cast<size_t>(T * 70)), y2(static_cast<size_t>(T * 70));
+        const cuda::Q8Act q8{xq.p, xs.p};
+        ASSERT_TRUE((*mm)->run(w, out.p, T, y1.p, nullptr, false, nullptr, &q8).ok());
+        ASSERT_TRUE((*mm)->run(w, out.p, T, y2.p, nullptr, false, nullptr).ok());
+        EXPECT_EQ(y1.download(), y2.download());
+        EXPECT_LT(test::rel_error(y1.download(), reference(m, got, T, nullptr, nullptr)),
+                  tolerance(m.dtype, T));
       }
     }
   }

@@ -14,6 +14,9 @@
 #   bench    llama3-8b-shaped Q4_0 / Q4_K_M ($DTYPES): Loom CUDA and llama.cpp
 #            CUDA, pp512 / tg128 (-r 3)
 #   depth    prefill of $DEPTHS tokens and the decode after it ($DTYPES)
+#   ab       Loom's decode alone under each environment of $AB (entries split
+#            by ';', e.g. AB="X=1;X=0 Y=1"), llama3-8b-shaped ${DTYPES%% *},
+#            -p 64 -n 128 -r 2: A/B of kernel switches in one run
 #   ncu      Nsight Compute: GPU time and DRAM throughput of decode kernels
 #   profile  Loom's per-op profile of decode and prefill
 # Models are written by `loom synth` into /tmp/models.
@@ -90,6 +93,15 @@ for s in $stages; do
           timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p "$n" -n 0 -r 1 2>&1 | grep -E "^\||rror"
           timeout 200 "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -p 0 -n 64 -d "$n" -r 1 2>&1 | grep -E "^\||rror"
         done
+      done
+      ;;
+    ab)
+      m="$(model ${DTYPES%% *})"
+      IFS=';' read -ra envs <<< "${AB:-LOOM_CUDA_GRAPHS=1}"
+      for e in "${envs[@]}" "${envs[@]}"; do  # twice, interleaved, to see the spread
+        echo "--- ${DTYPES%% *}: Loom CUDA with $e"
+        env $e timeout 120 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
+          grep -E "^(decode|error)|rror"
       done
       ;;
     ncu)  # per-kernel GPU time and DRAM throughput of decode launches (Nsight Compute)

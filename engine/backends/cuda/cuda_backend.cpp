@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/ref/ops_ref.h"
@@ -41,12 +42,14 @@ enum : uint64_t {
   kOpPut = 1,
   kOpGetRows,
   kOpNorm,
+  kOpNormQ8,
   kOpMatmul,
   kOpMatmulAdd,
   kOpGlu,
   kOpQkv,
   kOpRope,
   kOpKvStore,
+  kOpRopeKv,
   kOpAttention,
   kOpSiluMul,
   kOpAdd
@@ -115,6 +118,10 @@ Status CudaBackend::init(const CudaOptions& opts) {
   LOOM_ASSIGN_OR_RETURN(matmul_, cuda::Matmul::create(device_));
   attn_scratch_ = cuda::AttentionScratch::create();
   budget_.limit = opts.memory_limit;
+  const char* fuse = std::getenv("LOOM_CUDA_FUSE_NORM");
+  fuse_norm_ = !(fuse && std::strcmp(fuse, "0") == 0);
+  const char* fuse_rope = std::getenv("LOOM_CUDA_FUSE_ROPE");
+  fuse_rope_ = !(fuse_rope && std::strcmp(fuse_rope, "0") == 0);
   LOOM_CUDA_TRY(cudaMallocHost(&ring_host_, kRingBytes), "allocate the pinned input ring");
   LOOM_TRY(cuda::device_alloc(&ring_dev_, kRingBytes, "the input ring"));
   ring_bytes_ = kRingBytes;
@@ -134,6 +141,8 @@ CudaBackend::~CudaBackend() {
   attn_scratch_.reset();
   for (const Mark& m : marks_) (void)cudaEventDestroy(m.ev);
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+  if (norm_xq_) (void)cudaFree(norm_xq_);
+  if (norm_xd_) (void)cudaFree(norm_xd_);
   if (ring_host_) (void)cudaFreeHost(ring_host_);
   if (ring_dev_) (void)cudaFree(ring_dev_);
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -154,7 +163,10 @@ bool CudaBackend::supports(OpKind op, DType dtype) const {
 }
 
 uint64_t CudaBackend::device_bytes() const {
-  return budget_.used + matmul_->scratch_bytes() + attn_scratch_->bytes() + ring_bytes_;
+  const uint64_t norm =
+      norm_cols_ > 0 ? cuda::kMaxMatvecTokens * (cuda::q8_token_bytes(norm_cols_) + norm_cols_ / 8)
+                     : 0;
+  return budget_.used + matmul_->scratch_bytes() + attn_scratch_->bytes() + ring_bytes_ + norm;
 }
 
 bool CudaBackend::ready() {
@@ -494,8 +506,43 @@ void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
   const float* xp = dev(x);
   float* o = dev(out);
   const int64_t rows = x.rows, cols = x.cols;
-  launch({kOpNorm, u(xp), u(wp), u(eps), u(o), u(rows), u(cols)},
-         [=, this] { return cuda::rms_norm(xp, wp, eps, o, rows, cols, stream_); });
+  const bool fused = fuse_norm_ && rows >= 1 && rows <= cuda::kMaxMatvecTokens && cols % 32 == 0 &&
+                     out.rows == rows && out.cols == cols;
+  if (fused && cols > norm_cols_) {
+    // Grown once per model width: the launches kept so far run first (they
+    // may read the old buffers), and the step goes on op by op.
+    finish_step();
+    fail(cuda::cuda_status(cudaStreamSynchronize(stream_), "synchronize before growing scratch"));
+    if (norm_xq_) (void)cudaFree(norm_xq_);
+    if (norm_xd_) (void)cudaFree(norm_xd_);
+    norm_xq_ = norm_xd_ = nullptr;
+    norm_cols_ = 0;
+    const uint64_t n = static_cast<uint64_t>(cuda::kMaxMatvecTokens);
+    fail(cuda::device_alloc(&norm_xq_, n * cuda::q8_token_bytes(cols), "the norm's Q8 copy"));
+    if (!status_.ok()) return;
+    fail(cuda::device_alloc(&norm_xd_, n * static_cast<uint64_t>(cols / 32) * sizeof(float),
+                            "the norm's Q8 scales"));
+    if (!status_.ok()) return;
+    norm_cols_ = cols;
+  }
+  if (!fused) {
+    launch({kOpNorm, u(xp), u(wp), u(eps), u(o), u(rows), u(cols)},
+           [=, this] { return cuda::rms_norm(xp, wp, eps, o, rows, cols, stream_); });
+    return;
+  }
+  auto* xq = static_cast<int8_t*>(norm_xq_);
+  auto* xd = static_cast<float*>(norm_xd_);
+  launch({kOpNormQ8, u(xp), u(wp), u(eps), u(o), u(rows), u(cols), u(xq), u(xd)},
+         [=, this] { return cuda::rms_norm_q8(xp, wp, eps, o, rows, cols, xq, xd, stream_); });
+  norm_q8_ = NormQ8{o, rows, cols, op_seq_};
+}
+
+bool CudaBackend::norm_q8_for(const float* x, const Act& a, cuda::Q8Act* q) const {
+  if (norm_q8_.seq != op_seq_ || norm_q8_.out != x || norm_q8_.rows != a.rows ||
+      norm_q8_.cols != a.cols)
+    return false;
+  *q = cuda::Q8Act{static_cast<const int8_t*>(norm_xq_), static_cast<const float*>(norm_xd_)};
+  return true;
 }
 
 void CudaBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
@@ -510,8 +557,10 @@ void CudaBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
   const float* xp = dev(x);
   float* o = dev(out);
   const int64_t T = x.rows;
-  launch({kOpMatmul, u(m), u(xp), u(T), u(o), u(b)},
-         [=, this] { return matmul_->run(m, xp, T, o, b, false, stream_); });
+  cuda::Q8Act q8;
+  const bool pre = norm_q8_for(xp, x, &q8);
+  launch({kOpMatmul, u(m), u(xp), u(T), u(o), u(b), u(q8.q)},
+         [=, this] { return matmul_->run(m, xp, T, o, b, false, stream_, pre ? &q8 : nullptr); });
 }
 
 void CudaBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
@@ -537,8 +586,10 @@ void CudaBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act ou
   const float* xp = dev(x);
   float* o = dev(out);
   const int64_t T = x.rows;
-  launch({kOpGlu, loom::u(g), loom::u(u), loom::u(xp), loom::u(T), loom::u(o)},
-         [=, this] { return matmul_->run_glu(g, u, xp, T, o, stream_); });
+  cuda::Q8Act q8;
+  const bool pre = norm_q8_for(xp, x, &q8);
+  launch({kOpGlu, loom::u(g), loom::u(u), loom::u(xp), loom::u(T), loom::u(o), loom::u(q8.q)},
+         [=, this] { return matmul_->run_glu(g, u, xp, T, o, stream_, pre ? &q8 : nullptr); });
 }
 
 void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
@@ -564,9 +615,13 @@ void CudaBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& w
   } a{{ws[0], ws[1], ws[2]}, {biases[0], biases[1], biases[2]}, {dev(q), dev(k), dev(v)}};
   const float* xp = dev(x);
   const int64_t T = x.rows;
+  cuda::Q8Act q8;
+  const bool pre = norm_q8_for(xp, x, &q8);
   launch({kOpQkv, u(ws[0]), u(ws[1]), u(ws[2]), u(biases[0]), u(biases[1]), u(biases[2]),
-          u(a.ys[0]), u(a.ys[1]), u(a.ys[2]), u(xp), u(T)},
-         [=, this] { return matmul_->run_multi(a.ws, a.biases, a.ys, 3, xp, T, stream_); });
+          u(a.ys[0]), u(a.ys[1]), u(a.ys[2]), u(xp), u(T), u(q8.q)},
+         [=, this] {
+           return matmul_->run_multi(a.ws, a.biases, a.ys, 3, xp, T, stream_, pre ? &q8 : nullptr);
+         });
 }
 
 const float* CudaBackend::rope_table(int64_t T, const int32_t* pos, const cpu::RopeParams& p) {
@@ -649,6 +704,45 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   launch({kOpKvStore, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
           static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(T), u(d_pos)},
          [=, this] { return cuda::kv_store(l, kp, vp, T, d_pos, stream_); });
+}
+
+void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                             const cpu::RopeParams& p) {
+  if (!ready() || !check_act(q, "rope_qk_kv") || !check_act(k, "rope_qk_kv") ||
+      !check_act(v, "rope_qk_kv") || !check_rope(p, head_dim))
+    return;
+  cuda::DevKvLayer l;
+  if (!kv_layer(kv, layer, "rope_qk_kv", &l)) return;
+  const int64_t n_pairs = p.n_rot / 2, T = q.rows;
+  if (!fuse_rope_ || n_pairs == 0 || l.n_kv_heads != n_kv_heads ||
+      !cuda::rope_kv_store_fits(l, head_dim)) {
+    Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
+    return;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    if (pos[t] < 0 || pos[t] >= l.capacity) {
+      fail(make_error(ErrorCode::kOutOfRange,
+                      "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved", pos[t],
+                      l.capacity));
+      return;
+    }
+  }
+  const float* d_cs = rope_table(T, pos, p);
+  if (!d_cs) return;
+  const auto* d_pos = static_cast<const int32_t*>(put(pos, T * sizeof(int32_t)));
+  if (!d_pos) return;
+  float* qp = dev(q);
+  float* kp = dev(k);
+  const float* vp = dev(v);
+  const bool neox = p.neox;
+  launch({kOpRopeKv, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
+          static_cast<uint64_t>(l.dtype), u(qp), u(kp), u(vp), u(T), u(n_heads), u(n_pairs), neox,
+          u(d_cs), u(d_pos)},
+         [=, this] {
+           return cuda::rope_kv_store(l, qp, n_heads, kp, vp, T, n_pairs, neox, d_cs, d_pos,
+                                      stream_);
+         });
 }
 
 void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,

@@ -92,6 +92,11 @@ class CudaBackend final : public Backend {
   void rope_qk(Act q, Act k, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                const int32_t* pos, const cpu::RopeParams& p) override;
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
+  /// RoPE of q and k and the KV store in one launch (rope_kv_store) where the
+  /// cache allows it (LOOM_CUDA_FUSE_ROPE=0: apart); else the default.
+  void rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                  const cpu::RopeParams& p) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
   void silu_mul(Act gate, Act up, Act out) override;
@@ -149,6 +154,7 @@ class CudaBackend final : public Backend {
   // finish_step with `key` (its arguments) mixed into the step's hash.
   template <class F>
   void launch(std::initializer_list<uint64_t> key, F&& op) {
+    ++op_seq_;
     if (!stepping_) {
       fail(op());
       return;
@@ -156,6 +162,10 @@ class CudaBackend final : public Backend {
     for (uint64_t k : key) step_hash_ = (step_hash_ ^ k) * 0x100000001b3ull + 0x9e3779b9u;
     step_ops_.emplace_back(std::forward<F>(op));
   }
+  // The Q8 activations the last rms_norm made with its output (rms_norm_q8),
+  // when the product about to be launched reads that output: true and *q
+  // set when x is that output and no launch came between.
+  bool norm_q8_for(const float* x, const Act& a, cuda::Q8Act* q) const;
   // Ends a step: replays its graph, captures one, or runs the kept launches.
   void finish_step();
   bool capture_step(const std::vector<std::function<Status()>>& ops, uint64_t hash);
@@ -200,6 +210,21 @@ class CudaBackend final : public Backend {
   PutCopy put_cache_[kPutCache];
   int put_cache_n_ = 0, put_cache_next_ = 0;
   std::vector<float> rope_cs_;  ///< host cos/sin table, reused
+
+  // The RMS norm's Q8 copy of its output (decode, T <= 8), read by the next
+  // product instead of a quantize launch of its own. LOOM_CUDA_FUSE_NORM=0
+  // turns it off.
+  bool fuse_norm_ = true;
+  bool fuse_rope_ = true;    ///< rope_qk_kv in one launch
+  void* norm_xq_ = nullptr;  ///< [8, q8_token_bytes(norm_cols_)]
+  void* norm_xd_ = nullptr;  ///< [8, norm_cols_ / 32] floats
+  int64_t norm_cols_ = 0;    ///< the widest row the buffers hold
+  struct NormQ8 {
+    const float* out = nullptr;
+    int64_t rows = 0, cols = 0;
+    uint64_t seq = 0;  ///< op_seq_ after its launch
+  } norm_q8_;
+  uint64_t op_seq_ = 0;  ///< launches so far
 
   // Scope timing: an event per boundary since the last take_scope_times.
   bool scope_on_ = false;

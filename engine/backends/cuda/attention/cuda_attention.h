@@ -36,6 +36,17 @@ struct DevKvLayer {
 Status kv_store(const DevKvLayer& layer, const float* k, const float* v, int64_t T,
                 const int32_t* pos, cudaStream_t s);
 
+/// Whether rope_kv_store takes this layer with heads of head_dim: an F16 or
+/// Q8_0 cache, head_dim a multiple of 32 (at most 1024).
+bool rope_kv_store_fits(const DevKvLayer& layer, int64_t head_dim);
+/// RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] in place
+/// (cos/sin table cs [T, n_pairs, 2], pairs as cuda::rope), then kv_store of
+/// the rotated k and of v, in one launch; the same values as cuda::rope_qk
+/// followed by kv_store.
+Status rope_kv_store(const DevKvLayer& layer, float* q, int64_t n_heads, float* k, const float* v,
+                     int64_t T, int64_t n_pairs, bool neox, const float* cs, const int32_t* pos,
+                     cudaStream_t s);
+
 /// Scratch of the attention kernels (split-K partial results), owned by the
 /// backend, grown as needed; also the kernel choice and its test hooks.
 class AttentionScratch {

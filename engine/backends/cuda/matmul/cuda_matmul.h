@@ -33,6 +33,35 @@ bool matmul_supported(DType dtype);
 Status dequantize_rows(const DevMatrix& w, const int32_t* ids, int64_t T, float* out,
                        cudaStream_t s);
 
+/// Most tokens the matvec kernels take; beyond, the GEMM path.
+inline constexpr int64_t kMaxMatvecTokens = 8;
+
+/// Q8 activations of a product's x [T, n] (layout: q8_act.cuh), made by
+/// rms_norm_q8 together with x: q [T, q8_token_bytes(n)], d [T, n / 32].
+struct Q8Act {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+};
+
+/// Bytes of one token's Q8 quants of n values (whole chunks of 32 groups).
+uint64_t q8_token_bytes(int64_t n);
+
+/// out[t] = rms_norm(x[t]) * w as the backend's rms_norm (cuda_ops.h) gives
+/// it, bit for bit, and in the same launch its Q8 activations into xq
+/// [T, q8_token_bytes(n)] and xd [T, n / 32]. T <= kMaxMatvecTokens (8),
+/// n a multiple of 32.
+Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_t T, int64_t n,
+                   int8_t* xq, float* xd, cudaStream_t s);
+
+/// The decode matvecs' way of reading quantized rows (matvec.cu):
+/// direct loads per lane, or chunks staged through shared memory (the
+/// default; LOOM_CUDA_MATVEC=direct picks the other at start).
+inline constexpr int kMatvecDirect = 0;
+inline constexpr int kMatvecStaged = 1;
+int matvec_kernel();
+/// Test and benchmark hook: the kernel of later launches (not thread-safe).
+void set_matvec_kernel(int k);
+
 /// Runs the products of one backend on one stream. Owns the cuBLAS handle and
 /// the scratch (Q8 activations, dequantized F16 weight tiles), grown as needed.
 /// Errors (kernel launch, cuBLAS, out of memory) come back as a Status.
@@ -44,18 +73,21 @@ class Matmul {
 
   /// y [T, w.n_out] = x [T, w.n_in] W^T (+ bias [n_out] when not null); with
   /// `accumulate`, y += instead. Small T (decode): matvec kernels; large T:
-  /// a GEMM on the tensor cores. All pointers are device memory.
+  /// a GEMM on the tensor cores. All pointers are device memory. With `xq8`
+  /// (T <= 8): x's Q8 activations are already made (rms_norm_q8), so the
+  /// matvec of a quantized weight reads them instead of quantizing x.
   virtual Status run(const DevMatrix& w, const float* x, int64_t T, float* y, const float* bias,
-                     bool accumulate, cudaStream_t s) = 0;
+                     bool accumulate, cudaStream_t s, const Q8Act* xq8 = nullptr) = 0;
   /// y [T, n_out] = silu(x gate^T) * (x up^T) (the FFN's first half);
   /// gate and up have the same shape and dtype.
   virtual Status run_glu(const DevMatrix& gate, const DevMatrix& up, const float* x, int64_t T,
-                         float* y, cudaStream_t s) = 0;
+                         float* y, cudaStream_t s, const Q8Act* xq8 = nullptr) = 0;
   /// ys[i] [T, ws[i].n_out] = x ws[i]^T (+ biases[i] when not null), for n
   /// matrices of the same n_in (q, k, v of one input): x is quantized (or
   /// converted to F16) once for all of them. Types may differ.
   virtual Status run_multi(const DevMatrix* ws, const float* const* biases, float* const* ys, int n,
-                           const float* x, int64_t T, cudaStream_t s) = 0;
+                           const float* x, int64_t T, cudaStream_t s,
+                           const Q8Act* xq8 = nullptr) = 0;
   /// Device bytes of scratch held.
   virtual uint64_t scratch_bytes() const = 0;
 };

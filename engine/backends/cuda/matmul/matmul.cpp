@@ -51,12 +51,12 @@ class MatmulImpl final : public Matmul {
   }
 
   Status run(const DevMatrix& w, const float* x, int64_t T, float* y, const float* bias,
-             bool accumulate, cudaStream_t s) override {
+             bool accumulate, cudaStream_t s, const Q8Act* xq8) override {
     LOOM_TRY(check(w, T));
     if (T <= kMaxMatvecTokens) {
       const int8_t* xq = nullptr;
       const float* xd = nullptr;
-      LOOM_TRY(prepare_q8(w, x, T, s, &xq, &xd));
+      LOOM_TRY(prepare_q8(w, x, T, s, xq8, &xq, &xd));
       return matvec(w, nullptr, x, xq, xd, T, y, bias, accumulate, s);
     }
     LOOM_TRY(gemm(w, x, T, y, accumulate, s));
@@ -65,7 +65,7 @@ class MatmulImpl final : public Matmul {
   }
 
   Status run_glu(const DevMatrix& gate, const DevMatrix& up, const float* x, int64_t T, float* y,
-                 cudaStream_t s) override {
+                 cudaStream_t s, const Q8Act* xq8) override {
     LOOM_TRY(check(gate, T));
     LOOM_TRY(check(up, T));
     if (gate.dtype != up.dtype || gate.n_in != up.n_in || gate.n_out != up.n_out)
@@ -77,7 +77,7 @@ class MatmulImpl final : public Matmul {
     if (T <= kMaxMatvecTokens) {
       const int8_t* xq = nullptr;
       const float* xd = nullptr;
-      LOOM_TRY(prepare_q8(gate, x, T, s, &xq, &xd));
+      LOOM_TRY(prepare_q8(gate, x, T, s, xq8, &xq, &xd));
       return matvec(gate, &up, x, xq, xd, T, y, nullptr, false, s);
     }
     const uint64_t n = static_cast<uint64_t>(T * up.n_out);
@@ -90,7 +90,7 @@ class MatmulImpl final : public Matmul {
   }
 
   Status run_multi(const DevMatrix* ws, const float* const* biases, float* const* ys, int n,
-                   const float* x, int64_t T, cudaStream_t s) override {
+                   const float* x, int64_t T, cudaStream_t s, const Q8Act* xq8) override {
     if (n <= 0) return {};
     for (int i = 0; i < n; ++i) {
       LOOM_TRY(check(ws[i], T));
@@ -104,7 +104,7 @@ class MatmulImpl final : public Matmul {
       // One Q8 copy of x serves every quantized matrix (the same 32-value groups).
       const int8_t* xq = nullptr;
       const float* xd = nullptr;
-      for (int i = 0; i < n && !xq; ++i) LOOM_TRY(prepare_q8(ws[i], x, T, s, &xq, &xd));
+      for (int i = 0; i < n && !xq; ++i) LOOM_TRY(prepare_q8(ws[i], x, T, s, xq8, &xq, &xd));
       if (matvec_multi_fits(ws, n)) return matvec_multi(ws, n, xq, xd, T, ys, biases, s);
       for (int i = 0; i < n; ++i)
         LOOM_TRY(matvec(ws[i], nullptr, x, xq, xd, T, ys[i], biases[i], false, s));
@@ -138,12 +138,17 @@ class MatmulImpl final : public Matmul {
     return {};
   }
 
-  // Q8 copy of x for quantized weights; nothing for float ones.
-  Status prepare_q8(const DevMatrix& w, const float* x, int64_t T, cudaStream_t s,
+  // Q8 copy of x for quantized weights (xq8's where given); nothing for float ones.
+  Status prepare_q8(const DevMatrix& w, const float* x, int64_t T, cudaStream_t s, const Q8Act* xq8,
                     const int8_t** xq, const float** xd) {
     if (!matvec_uses_q8(w.dtype)) return {};
+    if (xq8 && xq8->q) {
+      *xq = xq8->q;
+      *xd = xq8->d;
+      return {};
+    }
     const uint64_t n = static_cast<uint64_t>(T * w.n_in);
-    LOOM_TRY(xq_.ensure(n, s, "Q8 activations"));
+    LOOM_TRY(xq_.ensure(static_cast<uint64_t>(T) * q8_token_bytes(w.n_in), s, "Q8 activations"));
     LOOM_TRY(xd_.ensure(n / 32 * sizeof(float), s, "Q8 activation scales"));
     LOOM_TRY(quantize_q8(x, T, w.n_in, static_cast<int8_t*>(xq_.p), static_cast<float*>(xd_.p), s));
     *xq = static_cast<const int8_t*>(xq_.p);

@@ -16,8 +16,8 @@ Status dequant_f16(const DevMatrix& w, int64_t r0, int64_t n, uint16_t* out, cud
 /// range lose accuracy in the GEMM but do not become inf).
 Status to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t s);
 /// Q8 activations of x [T, n] (n a multiple of 32): per 32 values a float
-/// scale xd = amax / 127 and int8 quants xq = round(x / xd).
-/// xq [T, n] bytes, xd [T, n / 32].
+/// scale xd = amax / 127 and int8 quants xq = round(x / xd), laid out as
+/// q8_act.cuh says. xq [T, q8_token_bytes(n)] bytes, xd [T, n / 32].
 Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, cudaStream_t s);
 /// Decode products, T <= kMaxMatvecTokens. y [T, w.n_out] = x W^T (+ bias)
 /// (+ y when accumulate). With `up` (same shape and dtype as w):
@@ -38,8 +38,6 @@ Status add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t 
 /// out[i] = silu(g[i]) * u[i], n values (out may alias g or u).
 Status silu_mul_f32(const float* g, const float* u, float* out, int64_t n, cudaStream_t s);
 
-/// Most tokens the matvec kernels take; beyond, the GEMM path.
-inline constexpr int64_t kMaxMatvecTokens = 8;
 /// Whether w's dtype has an int8 dot-product matvec (reads Q8 activations).
 bool matvec_uses_q8(DType d);
 

@@ -4,7 +4,16 @@
 //    scale and int8 quants, quantize_q8), then each lane takes whole 32-value
 //    groups of the row (lane, lane + 32, ...: a warp reads a contiguous span
 //    of blocks), decodes them to int8 (decode_group) and multiplies with dp4a;
-//    the Q8 activations are read 128 bits at a time.
+//    the Q8 activations are read 128 bits at a time (layout: q8_act.cuh).
+//    Two ways to read the row (matvec_kernel()):
+//      direct: each lane loads its group's bytes from global memory (two or
+//        four bytes at a time, the format's alignment: a warp's load
+//        instruction touches 18-34 bytes per lane over ~600 bytes);
+//      staged (default): the warp copies chunks of 32 groups (576 to 1088
+//        contiguous bytes) into shared memory with 16-byte cp.async (8 for
+//        Q6_K, whose 840-byte chunks are not 16-byte multiples), two chunks
+//        a stage and two stages in flight, then each lane decodes its group
+//        from there; groups past the last whole chunk are read directly.
 //  - F32/F16/BF16: products in float; 128-bit loads of 8 values per lane
 //    where the row length is a multiple of 8 and the rows and x are 16-byte
 //    aligned, else one value per lane per step.
@@ -13,9 +22,12 @@
 #include <cuda_fp16.h>
 
 #include <cinttypes>
+#include <cstdlib>
+#include <cstring>
 
 #include "engine/backends/cuda/cuda_util.h"
 #include "engine/backends/cuda/matmul/matmul_kernels.h"
+#include "engine/backends/cuda/matmul/q8_act.cuh"
 #include "engine/backends/cuda/quant_device.cuh"
 
 namespace loom::cuda {
@@ -68,24 +80,24 @@ __device__ __forceinline__ void epilogue(float (&acc)[kT], float (&acc2)[kT], in
 // Row `row` (and `row2` for the fused gate/up product) against the Q8
 // activations: this lane's share of the products, per token. kT: 1 for one
 // token (decode: the fewest registers, so the most warps in flight per SM),
-// else 8 with T checked at run time.
+// else 8 with T checked at run time. Groups from g0 on, read directly.
 template <DType D, bool kGlu, bool kVec16, int kT>
-__device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* row2,
-                                             int64_t n_groups, const int8_t* xq, const float* xd,
-                                             int T, float (&acc)[kT], float (&acc2)[kT]) {
+__device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* row2, int64_t g0,
+                                             int64_t n_groups, const int8_t* xq, uint64_t xq_stride,
+                                             const float* xd, int T, float (&acc)[kT],
+                                             float (&acc2)[kT]) {
   const int lane = threadIdx.x & 31;
   // Unrolled so that the loads of several groups are in flight at once.
 #pragma unroll 4
-  for (int64_t g = lane; g < n_groups; g += 32) {
+  for (int64_t g = g0 + lane; g < n_groups; g += 32) {
     const QGroup a = decode_group<D, kVec16>(row, g);
     QGroup b{};
     if constexpr (kGlu) b = decode_group<D, kVec16>(row2, g);
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
       if (t < T) {
-        const int4* x4 = reinterpret_cast<const int4*>(xq + (t * n_groups + g) * 32);
-        const int4 p = x4[0], q = x4[1];
-        const int xw[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        int xw[8];
+        q8_load(xq + t * xq_stride, g, xw);
         const float s = xd[t * n_groups + g];
         acc[t] += group_dot(a, xw, s);
         if constexpr (kGlu) acc2[t] += group_dot(b, xw, s);
@@ -94,16 +106,131 @@ __device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* 
   }
 }
 
-template <DType D, bool kGlu, bool kVec16, int kT>
+// The staged reads: a chunk is 32 groups of a row (contiguous bytes).
+template <DType D>
+struct Chunk {
+  static constexpr bool kSuper = D == DType::kQ4_K || D == DType::kQ5_K || D == DType::kQ6_K;
+  static constexpr int kBytes =
+      (kSuper ? 4 : 32) * static_cast<int>(sizeof(typename ref::BlockOf<D>::type));
+  static constexpr int kLoad = kBytes % 16 == 0 ? 16 : 8;  // cp.async size
+  static_assert(kBytes % kLoad == 0, "a chunk of whole cp.async pieces");
+};
+constexpr int kStageChunks = 2;  // chunks per row per stage
+constexpr int kStages = 2;       // stages in flight per warp
+
+// Shared bytes of one warp: kStages stages of kStageChunks chunks per row.
+template <DType D, bool kGlu>
+constexpr int staged_warp_bytes() {
+  return kStages * kStageChunks * (kGlu ? 2 : 1) * Chunk<D>::kBytes;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(smem)), "l"(gmem)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most one of this thread's committed groups is in flight.
+__device__ __forceinline__ void cp_async_wait_1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// row_products over the row's whole chunks through the warp's shared bytes
+// `sm` (staged_warp_bytes, 16-byte aligned), then its tail groups directly.
+// The rows start kLoad-aligned and row_bytes is a multiple of kLoad
+// (checked on the host).
+template <DType D, bool kGlu, int kT>
+__device__ __forceinline__ void row_products_staged(const uint8_t* row, const uint8_t* row2,
+                                                    int64_t n_groups, const int8_t* xq,
+                                                    uint64_t xq_stride, const float* xd, int T,
+                                                    float (&acc)[kT], float (&acc2)[kT],
+                                                    uint8_t* sm) {
+  constexpr int kBytes = Chunk<D>::kBytes, kLoad = Chunk<D>::kLoad;
+  constexpr int kRows = kGlu ? 2 : 1;
+  constexpr int kStageBytes = kStageChunks * kRows * kBytes;
+  constexpr bool kVec16 = D == DType::kQ4_K || D == DType::kQ5_K;  // shared chunks are aligned
+  const int lane = threadIdx.x & 31;
+  const int64_t n_chunks = n_groups / 32;
+  const int64_t n_stages = (n_chunks + kStageChunks - 1) / kStageChunks;
+  auto issue = [&](int64_t b) {
+    uint8_t* dst = sm + (b % kStages) * kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kStageChunks; ++u) {
+      const int64_t c = b * kStageChunks + u;
+      if (c < n_chunks) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const uint8_t* src = (r == 0 ? row : row2) + c * kBytes;
+          uint8_t* d = dst + (u * kRows + r) * kBytes;
+#pragma unroll
+          for (int p = lane * kLoad; p < kBytes; p += 32 * kLoad) cp_async<kLoad>(d + p, src + p);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  if (n_stages > 0) issue(0);
+  for (int64_t b = 0; b < n_stages; ++b) {
+    if (b + 1 < n_stages)
+      issue(b + 1);
+    else
+      cp_async_commit();  // an empty group: the wait below then still means stage b
+    cp_async_wait_1();
+    __syncwarp();  // every lane's copies of stage b are visible to the warp
+    const uint8_t* st = sm + (b % kStages) * kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kStageChunks; ++u) {
+      const int64_t c = b * kStageChunks + u;
+      if (c < n_chunks) {
+        const int64_t g = c * 32 + lane;
+        const QGroup a = decode_group<D, kVec16>(st + u * kRows * kBytes, lane);
+        QGroup bq{};
+        if constexpr (kGlu) bq = decode_group<D, kVec16>(st + (u * kRows + 1) * kBytes, lane);
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          if (t < T) {
+            int xw[8];
+            q8_load(xq + t * xq_stride, g, xw);
+            const float s = xd[t * n_groups + g];
+            acc[t] += group_dot(a, xw, s);
+            if constexpr (kGlu) acc2[t] += group_dot(bq, xw, s);
+          }
+        }
+      }
+    }
+    __syncwarp();  // stage b read by every lane before issue(b + 2) refills it
+  }
+  row_products<D, kGlu, false, kT>(row, row2, n_chunks * 32, n_groups, xq, xq_stride, xd, T, acc,
+                                   acc2);
+}
+
+// kStaged: row_products_staged (kVec16 unused), else row_products.
+template <DType D, bool kGlu, bool kVec16, int kT, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
-                     int64_t n_groups, const int8_t* xq, const float* xd, int T, float* y,
-                     const float* bias, int accumulate) {
+                     int64_t n_groups, const int8_t* xq, uint64_t xq_stride, const float* xd, int T,
+                     float* y, const float* bias, int accumulate) {
+  constexpr int kSm = kStaged ? staged_warp_bytes<D, kGlu>() : 16;
+  __shared__ __align__(16) uint8_t sm[kWarps][kSm];
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= n_out) return;  // the whole warp leaves together
   float acc[kT] = {}, acc2[kT] = {};
-  row_products<D, kGlu, kVec16, kT>(w + r * row_bytes, kGlu ? w2 + r * row_bytes : nullptr,
-                                    n_groups, xq, xd, T, acc, acc2);
+  const uint8_t* row = w + r * row_bytes;
+  const uint8_t* row2 = kGlu ? w2 + r * row_bytes : nullptr;
+  if constexpr (kStaged)
+    row_products_staged<D, kGlu, kT>(row, row2, n_groups, xq, xq_stride, xd, T, acc, acc2,
+                                     sm[threadIdx.x / 32]);
+  else
+    row_products<D, kGlu, kVec16, kT>(row, row2, 0, n_groups, xq, xq_stride, xd, T, acc, acc2);
   epilogue<kGlu, kT>(acc, acc2, T, r, n_out, y, bias, accumulate);
 }
 
@@ -116,17 +243,23 @@ struct MultiRows {
   int64_t rows[3];
 };
 
-template <DType D, bool kVec16, int kT>
+template <DType D, bool kVec16, int kT, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_multi_kernel(MultiRows m, uint64_t row_bytes, int64_t n_groups, const int8_t* xq,
-                           const float* xd, int T) {
+                           uint64_t xq_stride, const float* xd, int T) {
+  constexpr int kSm = kStaged ? staged_warp_bytes<D, false>() : 16;
+  __shared__ __align__(16) uint8_t sm[kWarps][kSm];
   int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   int i = 0;
   while (i < 3 && r >= m.rows[i]) r -= m.rows[i++];
   if (i == 3) return;  // the whole warp leaves together
   float acc[kT] = {}, acc2[kT] = {};
-  row_products<D, false, kVec16, kT>(m.w[i] + r * row_bytes, nullptr, n_groups, xq, xd, T, acc,
-                                     acc2);
+  const uint8_t* row = m.w[i] + r * row_bytes;
+  if constexpr (kStaged)
+    row_products_staged<D, false, kT>(row, nullptr, n_groups, xq, xq_stride, xd, T, acc, acc2,
+                                      sm[threadIdx.x / 32]);
+  else
+    row_products<D, false, kVec16, kT>(row, nullptr, 0, n_groups, xq, xq_stride, xd, T, acc, acc2);
   epilogue<false, kT>(acc, acc2, T, r, m.rows[i], m.y[i], m.bias[i], 0);
 }
 
@@ -201,24 +334,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   epilogue<kGlu>(acc, acc2, T, r, n_out, y, bias, accumulate);
 }
 
-__global__ void quantize_q8_kernel(const float* x, int64_t n_groups_total, int8_t* xq, float* xd) {
-  // One warp per 32-value group; lane j quantizes value j.
-  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-  if (g >= n_groups_total) return;
-  const int lane = threadIdx.x & 31;
-  const float v = x[g * 32 + lane];
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  const float q = fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
-  xq[g * 32 + lane] = static_cast<int8_t>(q);
-  // The scale rounded to F16, as the CPU's Q8_0 activations keep it: the
-  // quants are the CPU's, and so are the products for Q8_0/Q4_0/Q5_x weights.
-  if (lane == 0) xd[g] = __half2float(__float2half_rn(d));
-}
-
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t T, int64_t n) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < T * n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -240,42 +355,63 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-// Calls f.template operator()<kVec16, kT>() for the Q8 matvec kernels of D:
-// 128-bit quant loads only for Q4_K/Q5_K rows that allow them, and one token
-// or up to eight.
+// Calls f.template operator()<kVec16, kT, kStaged>() for the Q8 matvec
+// kernels of D: staged where matvec_kernel() asks for it and the rows are
+// aligned for its copies (`staged`), else direct, with 128-bit quant loads
+// only for Q4_K/Q5_K rows that allow them; one token or up to eight.
 template <DType D, typename F>
-void q8_variant(bool vec16, int T, F&& f) {
-  auto by_t = [&]<bool kVec16>() {
+void q8_variant(bool staged, bool vec16, int T, F&& f) {
+  auto by_t = [&]<bool kVec16, bool kStaged>() {
     if (T == 1)
-      f.template operator()<kVec16, 1>();
+      f.template operator()<kVec16, 1, kStaged>();
     else
-      f.template operator()<kVec16, kMaxT>();
+      f.template operator()<kVec16, kMaxT, kStaged>();
   };
+  if (staged) {
+    by_t.template operator()<false, true>();
+    return;
+  }
   if constexpr (D == DType::kQ4_K || D == DType::kQ5_K) {
     if (vec16) {
-      by_t.template operator()<true>();
+      by_t.template operator()<true, false>();
       return;
     }
   }
-  by_t.template operator()<false>();
+  by_t.template operator()<false, false>();
 }
+
+// Whether the staged kernel can copy rows of D starting at each of ps (n of
+// them, null ones skipped), row_bytes apart.
+template <DType D>
+bool staged_fits(const void* const* ps, int n, uint64_t row_bytes) {
+  if (matvec_kernel() != kMatvecStaged) return false;
+  constexpr uint64_t a = Chunk<D>::kLoad;
+  if (row_bytes % a != 0) return false;
+  for (int i = 0; i < n; ++i)
+    if (ps[i] && reinterpret_cast<uintptr_t>(ps[i]) % a != 0) return false;
+  return true;
+}
+
+int initial_matvec_kernel() {
+  const char* e = std::getenv("LOOM_CUDA_MATVEC");
+  if (e && std::strcmp(e, "direct") == 0) return kMatvecDirect;
+  return kMatvecStaged;
+}
+int g_matvec_kernel = -1;
 
 }  // namespace
 
-bool matvec_uses_q8(DType d) {
-  return has_group_decode(d);
+int matvec_kernel() {
+  if (g_matvec_kernel < 0) g_matvec_kernel = initial_matvec_kernel();
+  return g_matvec_kernel;
 }
 
-Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, cudaStream_t s) {
-  if (n % 32 != 0)
-    return make_error(ErrorCode::kInternal, "CUDA quantize_q8: %" PRId64 " is not a multiple of 32",
-                      n);
-  const int64_t groups = T * n / 32;
-  if (groups <= 0) return {};
-  constexpr int kThreads = 256;  // 8 groups per block
-  const int64_t blocks = (groups + 7) / 8;
-  quantize_q8_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, groups, xq, xd);
-  return launch_status("quantize_q8");
+void set_matvec_kernel(int k) {
+  g_matvec_kernel = k;
+}
+
+bool matvec_uses_q8(DType d) {
+  return has_group_decode(d);
 }
 
 Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int8_t* xq,
@@ -294,18 +430,21 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
   const int acc = accumulate ? 1 : 0;
   if (has_group_decode(w.dtype)) {
     const int64_t n_groups = w.n_in / 32;
+    const uint64_t xs = q8_token_bytes(w.n_in);
     // 128-bit loads of Q4_K/Q5_K quants where every row starts 16-byte aligned.
     const bool vec16 = w.row_bytes % 16 == 0 && aligned16(p) && (!p2 || aligned16(p2));
     dispatch_dtype(w.dtype, [&]<DType D>() {
       if constexpr (has_group_decode(D)) {
-        q8_variant<D>(vec16, t, [&]<bool kVec16, int kT>() {
-          if (up)
-            matvec_q8_kernel<D, true, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
-                p, p2, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, nullptr, 0);
-          else
-            matvec_q8_kernel<D, false, kVec16, kT><<<blocks, kWarps * 32, 0, s>>>(
-                p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xd, t, y, bias, acc);
-        });
+        const void* ps[2] = {p, p2};
+        q8_variant<D>(
+            staged_fits<D>(ps, 2, w.row_bytes), vec16, t, [&]<bool kVec16, int kT, bool kStaged>() {
+              if (up)
+                matvec_q8_kernel<D, true, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
+                    p, p2, w.row_bytes, w.n_out, n_groups, xq, xs, xd, t, y, nullptr, 0);
+              else
+                matvec_q8_kernel<D, false, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
+                    p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xs, xd, t, y, bias, acc);
+            });
       }
     });
     return launch_status("matvec_q8");
@@ -356,6 +495,7 @@ Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* x
   MultiRows m{};
   int64_t total = 0;
   bool vec16 = ws[0].row_bytes % 16 == 0;
+  const void* ps[3] = {nullptr, nullptr, nullptr};
   for (int i = 0; i < n; ++i) {
     m.w[i] = static_cast<const uint8_t*>(ws[i].data);
     m.y[i] = ys[i];
@@ -363,16 +503,19 @@ Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* x
     m.rows[i] = ws[i].n_out;
     total += ws[i].n_out;
     vec16 = vec16 && aligned16(m.w[i]);
+    ps[i] = m.w[i];
   }
   const unsigned blocks = static_cast<unsigned>((total + kWarps - 1) / kWarps);
   const int64_t n_groups = ws[0].n_in / 32;
+  const uint64_t xs = q8_token_bytes(ws[0].n_in);
   const int t = static_cast<int>(T);
   dispatch_dtype(ws[0].dtype, [&]<DType D>() {
     if constexpr (has_group_decode(D)) {
-      q8_variant<D>(vec16, t, [&]<bool kVec16, int kT>() {
-        matvec_q8_multi_kernel<D, kVec16, kT>
-            <<<blocks, kWarps * 32, 0, s>>>(m, ws[0].row_bytes, n_groups, xq, xd, t);
-      });
+      q8_variant<D>(staged_fits<D>(ps, 3, ws[0].row_bytes), vec16, t,
+                    [&]<bool kVec16, int kT, bool kStaged>() {
+                      matvec_q8_multi_kernel<D, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
+                          m, ws[0].row_bytes, n_groups, xq, xs, xd, t);
+                    });
     }
   });
   return launch_status("matvec_q8_multi");
