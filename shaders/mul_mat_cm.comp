@@ -2,7 +2,7 @@
 // Y[n][m] = sum_k W[m][k] * X[n][k] (+ bias[m]) for many columns (prefill),
 // on the tensor cores through GL_NV_cooperative_matrix: F16 inputs, F32
 // accumulators. The tiled fallback for devices without cooperative matrices
-// is mul_mat.comp; the host picks (engine/backends/vulkan/vulkan_backend.cpp).
+// is mul_mat.comp; the host picks (engine/backends/vulkan/vulkan_matmul.cpp).
 //
 // A workgroup of NSG subgroups of 32 threads (4: 2 x 2, or 8: 2 x 4)
 // computes a tile of BM = 128 weight rows x BN tokens. Each step takes one
