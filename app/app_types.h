@@ -57,8 +57,10 @@ struct SamplingSettings {
 /// Where the KV cache may live beyond the GPU: host RAM up to a budget, the
 /// rest in a spill file on the SSD (engine: loom::KvTierConfig).
 struct KvTierSettings {
-  /// 0: a GPU layer keeps all its KV on the device; > 0: device slots up to
-  /// this many MiB in all, older blocks in RAM (engine: device_budget).
+  /// 0: automatic, a GPU layer keeps all its KV on the device while it fits
+  /// beside the weights, else what is left (loom::default_kv_device_budget);
+  /// > 0: device slots up to this many MiB in all, older blocks in RAM
+  /// (engine: device_budget).
   qint64 gpuBudgetMiB = 0;
   qint64 ramBudgetMiB = -1;  ///< < 0: automatic (from free memory); 0: no limit (nothing spills)
   QString spillDir;          ///< empty: the user cache folder (default_kv_spill_dir)

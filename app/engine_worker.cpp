@@ -465,8 +465,17 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
     sc.kv_tiers.ram_budget = static_cast<uint64_t>(m_kvTiers.ramBudgetMiB) << 20;
   }
   // The device tier: GPU layers keep at most this much KV on the device.
-  if (m_kvTiers.gpuBudgetMiB > 0)
+  // Without a size, as much as fits beside the GPU's weights (all of it
+  // when the whole context's KV fits; the same default as `loom run`).
+  if (m_kvTiers.gpuBudgetMiB > 0) {
     sc.kv_tiers.device_budget = static_cast<uint64_t>(m_kvTiers.gpuBudgetMiB) << 20;
+  } else if (m_gpu) {
+    loom::StrategyOptions so;
+    so.n_ctx = nCtx > 0 ? nCtx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
+    so.kv_dtype = *dt;
+    sc.kv_tiers.device_budget =
+        loom::default_kv_device_budget(model, placement, so, m_gpu->memory_capacity());
+  }
   // On the GPU backend when there is one: the CPU is then the other unit.
   loom::Backend& primary = m_gpu ? *m_gpu : static_cast<loom::Backend&>(*m_cpu);
   auto session = loom::Session::create(model, primary, sc);

@@ -42,7 +42,7 @@ KvTiersDialog::KvTiersDialog(const KvTierSettings& current, const QString& defau
   auto* gpu = new QHBoxLayout;
   m_gpuMode = new QComboBox(this);
   m_gpuMode->setObjectName(QStringLiteral("KvGpuMode"));
-  m_gpuMode->addItem(tr("All of a GPU layer's KV on the GPU, as its memory allows"));
+  m_gpuMode->addItem(tr("As much as fits beside the weights (all, when the context fits)"));
   m_gpuMode->addItem(tr("Up to"));
   m_gpuMode->setToolTip(
       tr("With a limit, the first and the newest tokens and the blocks the model attends to "

@@ -191,6 +191,10 @@ class Backend {
   virtual void release_weight(const Weight& w) { (void)w; }
   /// Bytes of weights resident in this backend's own memory (0 for host backends).
   virtual uint64_t weight_bytes() const { return 0; }
+  /// Bytes of device memory this backend may take in all (its memory limit,
+  /// or the device's), 0 when unknown or for host backends. The default
+  /// device KV budget (default_kv_device_budget) comes from it.
+  virtual uint64_t memory_capacity() const { return 0; }
   /// Whether ops on `w` can run here now: the dtype is supported and the
   /// weight is resident (upload_weight succeeded).
   virtual bool has_weight(OpKind op, const Weight& w) const { return supports(op, w.dtype); }

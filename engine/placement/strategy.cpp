@@ -54,6 +54,19 @@ uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk) {
          (64ull << 20);  // logits, scratch and blocks' slack
 }
 
+uint64_t default_kv_device_budget(const Model& m, const Placement& p, const StrategyOptions& o,
+                                  uint64_t device_bytes) {
+  if (device_bytes == 0 || !p.uses(Unit::kGpu)) return 0;
+  const PlacementBytes b = placement_bytes(m, p, kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype));
+  const uint64_t kv = b.kv[static_cast<size_t>(Unit::kGpu)];
+  if (kv == 0) return 0;
+  const uint64_t taken =
+      b.weights[static_cast<size_t>(Unit::kGpu)] + gpu_overhead_bytes(m, o.max_chunk);
+  const uint64_t left = device_bytes > taken ? device_bytes - taken : 0;
+  if (kv <= left) return 0;
+  return std::max<uint64_t>(1, left - left / 16);
+}
+
 namespace {
 
 void set_dtypes(Placement* p, const StrategyOptions& o) {

@@ -39,6 +39,15 @@ uint64_t kv_bytes_per_layer(const Model& m, int64_t n_ctx, DType kv_dtype);
 /// GPU bytes the forward pass needs besides weights and KV (activations, logits, margin).
 uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk);
 
+/// The device KV budget (KvTierConfig::device_budget) to use when the user
+/// set none, for placement `p` on a GPU with `device_bytes` of memory for
+/// Loom: 0 (no limit) while the full-context KV of the layers whose attention
+/// runs there fits beside the GPU's weights and working memory; else what is
+/// left of `device_bytes` after them, less a 1/16 margin (0 left: 1 byte, so
+/// that the session's error names the device budget as too small).
+uint64_t default_kv_device_budget(const Model& m, const Placement& p, const StrategyOptions& o,
+                                  uint64_t device_bytes);
+
 /// Makes the placement `o.strategy` names. Errors: unknown strategy, a GPU
 /// strategy without a GPU, a bad custom file.
 Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const CostModel& cost);

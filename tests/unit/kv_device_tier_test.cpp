@@ -238,7 +238,7 @@ TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
     }
 
     auto ref_kv = host_cache(cfg, k, v, n);
-    for (const int64_t T : {int64_t{1}, int64_t{3}}) {
+    for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{40}}) {  // 40: gathered (prefill)
       SCOPED_TRACE("query rows " + std::to_string(T));
       std::vector<int32_t> pos;
       for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));

@@ -111,6 +111,28 @@ TEST(Strategy, ParseSize) {
   EXPECT_FALSE(parse_size("8Q"));
 }
 
+// Without --kv-gpu: no limit while the GPU layers' KV fits beside the
+// weights; else what is left of the device, less a margin.
+TEST(Strategy, DefaultDeviceKvBudgetComesFromTheDevicesMemory) {
+  auto m = synth_model("f32");
+  ASSERT_TRUE(m);
+  StrategyOptions o;
+  o.n_ctx = 4096;
+  o.max_chunk = 16;
+  const Placement gpu = Placement::uniform(4, Unit::kGpu);
+  const PlacementBytes b = placement_bytes(*m, gpu, kv_bytes_per_layer(*m, o.n_ctx, o.kv_dtype));
+  const uint64_t w =
+      b.weights[static_cast<size_t>(Unit::kGpu)] + gpu_overhead_bytes(*m, o.max_chunk);
+  const uint64_t kv = b.kv[static_cast<size_t>(Unit::kGpu)];
+  ASSERT_GT(kv, 0u);
+  EXPECT_EQ(default_kv_device_budget(*m, gpu, o, w + kv), 0u);  // it all fits
+  EXPECT_EQ(default_kv_device_budget(*m, gpu, o, 0), 0u);       // no GPU memory known
+  const uint64_t half = default_kv_device_budget(*m, gpu, o, w + kv / 2);
+  EXPECT_EQ(half, kv / 2 - kv / 2 / 16);                       // what is left, less 1/16
+  EXPECT_EQ(default_kv_device_budget(*m, gpu, o, w / 2), 1u);  // nothing left: too small
+  EXPECT_EQ(default_kv_device_budget(*m, Placement::uniform(4, Unit::kCpu), o, w), 0u);
+}
+
 TEST(Strategy, EachStrategyMakesTheDocumentedPlacement) {
   auto m = synth_model("f32");
   ASSERT_TRUE(m);

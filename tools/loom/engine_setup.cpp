@@ -172,6 +172,20 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     return e;
   }
 
+  // Without --kv-gpu: the GPU layers' KV stays whole on the device while it
+  // fits beside the weights, else what is left holds the device tier.
+  if (o.kv_gpu.empty() && e->gpu) {
+    e->kv_tiers.device_budget = default_kv_device_budget(model, *p, so, e->gpu->memory_capacity());
+    if (e->kv_tiers.device_budget > 0) {
+      std::fprintf(stderr,
+                   "%s: note: the KV cache of the GPU layers at %lld tokens does not fit beside "
+                   "the weights in %.0f MiB of GPU memory: %.1f MiB of it stays on the GPU, the "
+                   "rest in RAM (--kv-gpu sets this)\n",
+                   who, static_cast<long long>(so.n_ctx),
+                   static_cast<double>(e->gpu->memory_capacity()) / 1048576.0,
+                   static_cast<double>(e->kv_tiers.device_budget) / 1048576.0);
+    }
+  }
   SessionConfig sc;
   sc.kv_tiers = e->kv_tiers;
   sc.n_ctx = so.n_ctx;

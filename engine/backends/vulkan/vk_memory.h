@@ -49,6 +49,8 @@ class MemoryPool {
   void free(const Alloc& a);
   /// Bytes held in blocks now.
   uint64_t reserved_bytes() const { return reserved_; }
+  /// The most bytes it may hold (0: no limit of its own).
+  uint64_t limit() const { return limit_; }
 
   static constexpr uint64_t kAlign = 256;
   /// The bytes alloc() takes for a request of `size`.

@@ -21,6 +21,13 @@ constexpr uint64_t kAttnGroupScratch = 64ull
 constexpr int64_t kAttnTileMaxHeadDim = 128;   // HD_MAX in attn_tile.comp
 constexpr uint32_t kAttnTileRows = 16;         // BR in attn_tile.comp
 constexpr uint32_t kWgAttnTile = 128;          // BR * TPQ in attn_tile.comp
+// Query rows from which attention over a slotted layer gathers its blocks
+// (vulkan_kv_gather.cpp) instead of one split per slot and the host's part.
+constexpr int64_t kGatherMinRows = 16;
+
+bool gathers(int64_t T, int64_t hd) {
+  return T >= kGatherMinRows && hd <= kAttnTileMaxHeadDim;
+}
 
 }  // namespace
 
@@ -37,8 +44,14 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
   if (!positions_in_range(pos, T, c.n_ctx, "attention")) return;
   const auto l = static_cast<size_t>(layer);
   if (s->layer_slots(layer) > 0) {
+    if (gathers(T, hd)) {
+      Status g = attention_gathered(kv, *s, layer, q, pos, n_heads, scale, out);
+      if (g.ok() || !status_.ok()) return;
+      if (g.error().code() != ErrorCode::kOutOfMemory) return fail(g);
+      // No device memory to gather into: one split per slot, below.
+    }
     // Device tier: one split per slot, causal by each slot's position; the
-    // query rows in groups whose partials fit the scratch (prefill too).
+    // query rows in groups whose partials fit the scratch (no room to gather).
     const std::vector<int32_t> map = kv.slot_positions(layer);
     const int64_t tn = attn_rows_per_group(n_heads, hd, map.size() + 1);
     for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
@@ -48,38 +61,43 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
     }
     return;
   }
-  const Alloc& ka = s->k_[l];
-  const Alloc& va = s->v_[l];
   if (T > 1 && hd <= kAttnTileMaxHeadDim) {  // prefill: tiled flash attention
-    auto po = put_ints(pos, T);
-    if (!po.ok()) return fail(po.status());
-    struct {
-      uint32_t q_off, q_ld, o_off, o_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
-          n_kv_heads, head_dim, pos_off, T;
-      float scale;
-    } pc{u32(q.offset / 4),
-         u32(q.cols),
-         u32(out.offset / 4),
-         u32(out.cols),
-         u32(ka.offset / 4),
-         u32((ka.offset + s->quant_bytes(l)) / 4),
-         u32(va.offset / 4),
-         u32((va.offset + s->quant_bytes(l)) / 4),
-         u32(c.n_ctx),
-         u32(n_heads),
-         u32(c.n_kv_heads),
-         u32(hd),
-         *po,
-         u32(T),
-         scale};
-    dispatch(typed("attn_tile", c.dtype, false, true), Spec{kWgAttnTile},
-             {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
-              Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
-              Bind{ring_.block, 0, 0, false}},
-             &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
+    attention_tile(q, pos, n_heads, scale, out, s->k_[l], s->v_[l], s->quant_bytes(l), c.n_ctx, c);
     return;
   }
   attention_decode(*s, layer, q, pos, n_heads, scale, out, nullptr, 0, false);
+}
+
+void VulkanBackend::attention_tile(Act q, const int32_t* pos, int64_t n_heads, float scale, Act out,
+                                   const Alloc& ka, const Alloc& va, uint64_t quant_bytes,
+                                   int64_t rows, const KvCacheConfig& c) {
+  const int64_t T = q.rows;
+  auto po = put_ints(pos, T);
+  if (!po.ok()) return fail(po.status());
+  struct {
+    uint32_t q_off, q_ld, o_off, o_ld, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
+        n_kv_heads, head_dim, pos_off, T;
+    float scale;
+  } pc{u32(q.offset / 4),
+       u32(q.cols),
+       u32(out.offset / 4),
+       u32(out.cols),
+       u32(ka.offset / 4),
+       u32((ka.offset + quant_bytes) / 4),
+       u32(va.offset / 4),
+       u32((va.offset + quant_bytes) / 4),
+       u32(rows),
+       u32(n_heads),
+       u32(c.n_kv_heads),
+       u32(c.head_dim),
+       *po,
+       u32(T),
+       scale};
+  dispatch(typed("attn_tile", c.dtype, false, true), Spec{kWgAttnTile},
+           {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
+            Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
+            Bind{ring_.block, 0, 0, false}},
+           &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
 }
 
 int64_t VulkanBackend::attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n_splits) const {
@@ -264,6 +282,11 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
   if (!kv.has_host_blocks(layer, n_blocks)) {  // all on the device: no host part
     attention(kv, layer, q, pos, n_heads, scale, out);
     return status_;
+  }
+  if (gathers(T, hd)) {  // prefill: host blocks go up once for all the rows
+    Status g = attention_gathered(kv, *s, layer, q, pos, n_heads, scale, out);
+    if (g.ok() || !status_.ok() || g.error().code() != ErrorCode::kOutOfMemory) return g;
+    // No device memory to gather into: the split path below.
   }
   const std::vector<int32_t> map = kv.slot_positions(layer);
   const bool mass = kv.wants_mass(layer);

@@ -70,6 +70,7 @@ class VulkanBackend final : public Backend {
   void release_weights() override;
   void release_weight(const Weight& w) override;
   uint64_t weight_bytes() const override { return weight_bytes_; }
+  uint64_t memory_capacity() const override { return device_pool_ ? device_pool_->limit() : 0; }
   bool has_weight(OpKind op, const Weight& w) const override;
   Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
 
@@ -318,6 +319,18 @@ class VulkanBackend final : public Backend {
                   bool q8_out);
   // Whether attention output `out` (one token) gets a Q8 copy for the o matvec.
   bool attn_q8_out(const Act& out, int64_t n_heads, int64_t hd) const;
+  // Tiled flash attention (attn_tile) of T query rows over a K/V pair of
+  // `rows` rows per KV head (row = position; Q8_0 scales at `quant_bytes`).
+  void attention_tile(Act q, const int32_t* pos, int64_t n_heads, float scale, Act out,
+                      const vk::Alloc& ka, const vk::Alloc& va, uint64_t quant_bytes, int64_t rows,
+                      const KvCacheConfig& c);
+  // Prefill over a slotted layer (vulkan_kv_gather.cpp): its device and host
+  // blocks gathered by position into gather_k_/gather_v_, then attention_tile.
+  Status attention_gathered(KvCache& kv, VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
+                            int64_t n_heads, float scale, Act out);
+  Status ensure_gather(const VkKvStorage& s, int64_t rows);
+  static uint64_t gather_quant_bytes(const KvCacheConfig& c, int64_t rows);
+  static uint64_t gather_scale_bytes(const KvCacheConfig& c, int64_t rows);
   // Query rows per group whose partials (n_splits each) fit kAttnGroupScratch.
   int64_t attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n_splits) const;
   // One vkCmdCopyBuffer of many regions.
@@ -470,6 +483,9 @@ class VulkanBackend final : public Backend {
   bool ints_memo_valid_ = false;
 
   vk::Alloc scratch_;  ///< attention partials
+  /// One layer's K and V gathered by position (prefill over the device tier).
+  vk::Alloc gather_k_, gather_v_;
+  int64_t gather_rows_ = 0;  ///< rows per KV head they hold
   // Arrival counters of dispatches that finish part of their output once all
   // of it is written (matvec1x_glu_q8's Q8 blocks): zero between dispatches
   // (whoever completes a count resets it). Allocated and zeroed on first use.
