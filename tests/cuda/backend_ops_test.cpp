@@ -189,6 +189,55 @@ TEST(CudaBackendOps, RmsNormSiluMulAddEqualCpu) {
   }
 }
 
+// The decode attention writes the Q8 activations of the o product with its
+// output (after a norm has made the buffers): attention then matmul_add
+// (Q4_0 o, a Q8 copy taken from the attention) against the CPU's.
+TEST(CudaBackendOps, AttentionThenOProductEqualsCpu) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  CpuBackend cpu(2);
+  const int64_t n_heads = 8, n_kv = 2, hd = 64, width = n_heads * hd, n_ctx = 600;
+  const KvCacheConfig cfg{2, n_kv, hd, n_ctx, 32, DType::kF16};
+  auto kc = KvCache::create(cfg), kg = KvCache::create(cfg);
+  ASSERT_TRUE(kc.ok() && kg.ok());
+  auto st = be->create_kv_storage(cfg);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE((*kg)->attach_storage(std::move(st).value()).ok());
+  ASSERT_TRUE((*kg)->move_layer(1, true).ok());
+  HostWeight norm_w(DType::kF32, 1, width, 300), wo(DType::kQ4_0, 256, width, 301);
+  int64_t n = 0;
+  // 500 keys: several splits and the merge; then one more token (the plan's
+  // bucket of 512: splits too).
+  for (const int64_t T : {500, 1, 3}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(n + t);
+    ASSERT_TRUE((*kc)->reserve(n + T).ok());
+    ASSERT_TRUE((*kg)->reserve(n + T).ok());
+    auto k = test::random_floats(static_cast<size_t>(T * n_kv * hd), 310 + n);
+    auto v = test::random_floats(static_cast<size_t>(T * n_kv * hd), 320 + n);
+    auto q = test::random_floats(static_cast<size_t>(T * width), 330 + n, 2.0f);
+    auto x = test::random_floats(static_cast<size_t>(T * width), 340 + n);
+    auto y = test::random_floats(static_cast<size_t>(T * 256), 350 + n);
+    cpu.kv_store(**kc, 1, host_act(k, T, n_kv * hd), host_act(v, T, n_kv * hd), pos.data());
+    (*kc)->set_n_tokens(n + T);
+    std::vector<float> att(q.size()), want = y, tmp(y.size());
+    cpu.attention(**kc, 1, host_act(q, T, width), pos.data(), n_heads, 0.125f,
+                  host_act(att, T, width));
+    cpu.matmul_add(wo.w, host_act(att, T, width), host_act(want, T, 256), host_act(tmp, T, 256));
+    DevAct kd(*be, T, n_kv * hd, &k), vd(*be, T, n_kv * hd, &v), qd(*be, T, width, &q),
+        od(*be, T, width), xd(*be, T, width, &x), nd(*be, T, width), yd(*be, T, 256, &y),
+        td(*be, T, 256);
+    be->kv_store(**kg, 1, kd.act, vd.act, pos.data());
+    (*kg)->set_n_tokens(n + T);
+    be->rms_norm(xd.act, norm_w.w, 1e-5f, nd.act);  // makes the Q8 buffers (T <= 8)
+    be->attention(**kg, 1, qd.act, pos.data(), n_heads, 0.125f, od.act);
+    be->matmul_add(wo.w, od.act, yd.act, td.act);
+    EXPECT_LT(test::rel_error_f(od.get(*be), att), 2e-3);
+    EXPECT_LT(test::rel_error_f(yd.get(*be), want), 5e-3);
+    n += T;
+  }
+}
+
 // rope_qk_kv: RoPE of q and k and the KV store in one launch (rope_kv_store)
 // against the CPU's rope_qk then kv_store: the rotated q and k, and the
 // attention over what was stored (F16 and Q8_0 caches, normal and NeoX).

@@ -16,7 +16,8 @@
 #   depth    prefill of $DEPTHS tokens and the decode after it ($DTYPES)
 #   ab       Loom's decode alone under each environment of $AB (entries split
 #            by ';', e.g. AB="X=1;X=0 Y=1"), llama3-8b-shaped ${DTYPES%% *},
-#            -p 64 -n 128 -r 2: A/B of kernel switches in one run
+#            -p ${AB_P:-64} -n ${AB_N:-128} -r ${AB_R:-2}, each twice,
+#            interleaved: A/B of kernel switches in one run
 #   ncu      Nsight Compute: GPU time and DRAM throughput of decode kernels
 #   profile  Loom's per-op profile of decode and prefill
 # Models are written by `loom synth` into /tmp/models.
@@ -100,8 +101,9 @@ for s in $stages; do
       IFS=';' read -ra envs <<< "${AB:-LOOM_CUDA_GRAPHS=1}"
       for e in "${envs[@]}" "${envs[@]}"; do  # twice, interleaved, to see the spread
         echo "--- ${DTYPES%% *}: Loom CUDA with $e"
-        env $e timeout 120 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 64 -n 128 -r 2 2>&1 |
-          grep -E "^(decode|error)|rror"
+        p="${AB_P:-64}"
+        env $e timeout 200 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -c $((p + 256)) \
+          -p "$p" -n "${AB_N:-128}" -r "${AB_R:-2}" 2>&1 | grep -E "^(decode|error)|rror"
       done
       ;;
     ncu)  # per-kernel GPU time and DRAM throughput of decode launches (Nsight Compute)

@@ -122,6 +122,8 @@ Status CudaBackend::init(const CudaOptions& opts) {
   fuse_norm_ = !(fuse && std::strcmp(fuse, "0") == 0);
   const char* fuse_rope = std::getenv("LOOM_CUDA_FUSE_ROPE");
   fuse_rope_ = !(fuse_rope && std::strcmp(fuse_rope, "0") == 0);
+  const char* fuse_attn = std::getenv("LOOM_CUDA_FUSE_ATTN");
+  fuse_attn_ = !(fuse_attn && std::strcmp(fuse_attn, "0") == 0);
   LOOM_CUDA_TRY(cudaMallocHost(&ring_host_, kRingBytes), "allocate the pinned input ring");
   LOOM_TRY(cuda::device_alloc(&ring_dev_, kRingBytes, "the input ring"));
   ring_bytes_ = kRingBytes;
@@ -571,8 +573,11 @@ void CudaBackend::matmul_add(const Weight& w, Act x, Act y, Act tmp) {
   const float* xp = dev(x);
   float* yp = dev(y);
   const int64_t T = x.rows;
-  launch({kOpMatmulAdd, u(m), u(xp), u(T), u(yp)},
-         [=, this] { return matmul_->run(m, xp, T, yp, nullptr, true, stream_); });
+  cuda::Q8Act q8;
+  const bool pre = norm_q8_for(xp, x, &q8);
+  launch({kOpMatmulAdd, u(m), u(xp), u(T), u(yp), u(q8.q)}, [=, this] {
+    return matmul_->run(m, xp, T, yp, nullptr, true, stream_, pre ? &q8 : nullptr);
+  });
 }
 
 void CudaBackend::matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) {
@@ -762,13 +767,23 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   const float* qp = dev(q);
   float* o = dev(out);
   const int64_t T = q.rows;
-  launch(
-      {kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
-       static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads), u(scale), u(o), u(plan)},
-      [=, this] {
-        return cuda::attention(l, qp, T, d_pos, max_pos, n_heads, scale, o, *attn_scratch_, stream_,
-                               plan);
-      });
+  // The decode kernels also write the Q8 activations of the o product (into
+  // the norm's buffers, free between the q/k/v product and the next norm).
+  const int64_t width = n_heads * l.head_dim;
+  const bool q8 = fuse_attn_ && width <= norm_cols_ && out.cols == width && out.rows == T &&
+                  T <= cuda::kMaxMatvecTokens && cuda::attention_writes_q8(l, T, *attn_scratch_);
+  const cuda::Q8Out q8o =
+      q8 ? cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
+                       cuda::q8_token_bytes(width)}
+         : cuda::Q8Out{};
+  launch({kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
+          static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads), u(scale), u(o),
+          u(plan), u(q8o.q)},
+         [=, this] {
+           return cuda::attention(l, qp, T, d_pos, max_pos, n_heads, scale, o, *attn_scratch_,
+                                  stream_, plan, q8 ? &q8o : nullptr);
+         });
+  if (q8) norm_q8_ = NormQ8{o, T, width, op_seq_};
 }
 
 void CudaBackend::silu_mul(Act gate, Act up, Act out) {

@@ -215,7 +215,10 @@ class CudaBackend final : public Backend {
   // product instead of a quantize launch of its own. LOOM_CUDA_FUSE_NORM=0
   // turns it off.
   bool fuse_norm_ = true;
-  bool fuse_rope_ = true;    ///< rope_qk_kv in one launch
+  bool fuse_rope_ = true;  ///< rope_qk_kv in one launch
+  /// The decode attention writes the o product's Q8 activations into the
+  /// same buffers (LOOM_CUDA_FUSE_ATTN=0: off).
+  bool fuse_attn_ = true;
   void* norm_xq_ = nullptr;  ///< [8, q8_token_bytes(norm_cols_)]
   void* norm_xd_ = nullptr;  ///< [8, norm_cols_ / 32] floats
   int64_t norm_cols_ = 0;    ///< the widest row the buffers hold

@@ -227,18 +227,31 @@ __device__ __forceinline__ QGroup decode_group(const uint8_t* row, int64_t g) {
   return r;
 }
 
-/// sum_e y[e] x[e] of a decoded group and 32 Q8 activations (xq: 8 words, scale xd).
+/// Whether decode_group of D sets a min (QGroup::m), else m is 0.
+__host__ __device__ constexpr bool group_has_min(DType d) {
+  return d == DType::kQ4_1 || d == DType::kQ5_1 || d == DType::kQ4_K || d == DType::kQ5_K;
+}
+
+/// sum_e y[e] x[e] of a decoded group and 32 Q8 activations (xq: 8 words,
+/// scale xd). kMin false (group_has_min): m is 0, and the sum of the quants
+/// it multiplies is not computed (8 dp4a fewer).
+template <bool kMin = true>
 __device__ __forceinline__ float group_dot(const QGroup& g, const int* xq, float xd) {
-  int lo = 0, hi = 0, sum = 0;
+  int lo = 0, hi = 0;
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     lo = __dp4a(g.q[w], xq[w], lo);
     hi = __dp4a(g.q[w + 4], xq[w + 4], hi);
   }
+  if constexpr (!kMin) {
+    return xd * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi));
+  } else {
+    int sum = 0;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) sum = __dp4a(0x01010101, xq[w], sum);
-  return xd * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi) +
-               g.m * static_cast<float>(sum));
+    for (int w = 0; w < 8; ++w) sum = __dp4a(0x01010101, xq[w], sum);
+    return xd * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi) +
+                 g.m * static_cast<float>(sum));
+  }
 }
 
 /// Calls f.template operator()<D>() for the runtime dtype `d` among those

@@ -182,9 +182,14 @@ int AttentionScratch::sm_count() {
 
 // ---- attention ------------------------------------------------------------------
 
+bool attention_writes_q8(const DevKvLayer& layer, int64_t T, const AttentionScratch& scratch) {
+  return T >= 1 && T <= kMaxSplitTokens && (scratch.kernel() == 0 || scratch.kernel() == 2) &&
+         layer.head_dim % 32 == 0;
+}
+
 Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                  int64_t max_pos, int64_t n_heads, float scale, float* out,
-                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys) {
+                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys, const Q8Out* q8) {
   if (T <= 0) return {};
   if (!layer.k || !layer.v)
     return make_error(ErrorCode::kInternal, "CUDA attention: the layer is not on the device");
@@ -235,7 +240,8 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
   // Decode: split-K over the planned keys (decode_attention.cu).
   const int64_t n_ctx = std::min(std::max(max_pos + 1, plan_keys), layer.capacity);
   return detail::decode_attention(layer, q, T, pos, n_ctx, nh, scale, scratch.split_keys(), scratch,
-                                  out, s);
+                                  out, s,
+                                  q8 && attention_writes_q8(layer, T, scratch) ? q8 : nullptr);
 }
 
 }  // namespace loom::cuda

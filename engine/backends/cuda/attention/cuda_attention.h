@@ -83,6 +83,19 @@ class AttentionScratch {
   int sm_count_ = 0;
 };
 
+/// Where the decode attention also writes its output's Q8 activations (the
+/// layout of the decode matvecs, matmul/q8_act.cuh): q [T, token_bytes]
+/// bytes, d [T, width / 32] scales, width = n_heads * head_dim.
+struct Q8Out {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  uint64_t token_bytes = 0;
+};
+/// Whether attention() of T queries over `layer` writes a Q8Out it is given:
+/// the split-K decode kernels (T <= 8 unless another kernel is forced),
+/// head_dim a multiple of 32.
+bool attention_writes_q8(const DevKvLayer& layer, int64_t T, const AttentionScratch& scratch);
+
 /// Causal GQA attention: query t (q [T, n_heads * head_dim], f32, device)
 /// attends to cached tokens 0 .. pos[t] inclusive (pos: device int32[T];
 /// `max_pos` is the largest pos[t], known on the host), query head h to KV
@@ -92,9 +105,11 @@ class AttentionScratch {
 /// split count and grid), at least max_pos + 1; the kernels read the keys of
 /// each query from `pos` on the device, so one launch serves every position
 /// up to it (a captured CUDA graph replays it as the context grows).
+/// `q8` (optional; used where attention_writes_q8): out's Q8 activations too.
 Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                  int64_t max_pos, int64_t n_heads, float scale, float* out,
-                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys = 0);
+                 AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys = 0,
+                 const Q8Out* q8 = nullptr);
 
 /// The device K/V of a KvCache (Backend::create_kv_storage of the CUDA
 /// backend): the layers made resident here, each as a DevKvLayer.

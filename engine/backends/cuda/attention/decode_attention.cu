@@ -3,9 +3,13 @@
 // Grid (head group, query token, split). A block takes kG query heads that
 // share one KV head (kG: the largest divisor of the GQA group up to 8), so
 // each K and V row of its split is read once for all of them:
-//  1. scores: a thread per key (F16 rows: 16-byte loads, 8 values each)
-//     against the kG queries in shared memory; the scores go to shared
-//     memory;
+//  1. scores: F16 rows of a multiple of 8 values (kCoop, the default): P
+//     lanes per key (hd / 8 rounded up to a power of two), each with 8
+//     values of the row (one 16-byte load) and of the kG queries (in
+//     registers), their partial dots added across the P lanes by shuffles,
+//     so a warp takes 32 / P keys at a time; else (Q8_0 rows, or
+//     LOOM_CUDA_ATTN_SCORES=thread) a thread per key against the kG queries
+//     in shared memory. The scores go to shared memory;
 //  2. softmax of the split: block-wide max and sum per head;
 //  3. values: threads over (row, 16-byte segment) accumulate p * v for the
 //     kG heads, then the rows' partial sums are added in shared memory.
@@ -19,9 +23,12 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "engine/backends/cuda/attention/decode_attention.h"
 #include "engine/backends/cuda/cuda_util.h"
+#include "engine/backends/cuda/matmul/q8_act.cuh"
 
 namespace loom::cuda::detail {
 
@@ -31,6 +38,30 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 1024;     // keys per split at most
 constexpr int kSmemFloats = 12000;  // dynamic shared memory (48 KiB with the static part)
+
+// LOOM_CUDA_ATTN_SCORES=thread: a thread per key in step 1 (the first
+// version) instead of lanes sharing a key.
+bool coop_scores() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_ATTN_SCORES");
+    return !(e && std::strcmp(e, "thread") == 0);
+  }();
+  return on;
+}
+
+// Blocks the split plan aims at, per SM: LOOM_CUDA_ATTN_WAVES, default 8.
+// Measured on the H200 (llama3-8b Q4_0, decode after 32768 tokens, run of
+// 2026-12-04 09:00): 165.1 tokens/s at 8 against 140.3 at 2 (the earlier
+// default), where a block's keys were too few loads in flight per SM. Up to
+// about 1,000 keys both plan the same splits (at least 32 keys each).
+int64_t waves() {
+  static const int64_t w = [] {
+    const char* e = std::getenv("LOOM_CUDA_ATTN_WAVES");
+    const long v = e ? std::strtol(e, nullptr, 10) : 0;
+    return static_cast<int64_t>(v >= 1 && v <= 64 ? v : 8);
+  }();
+  return w;
+}
 
 struct Fmt {
   const uint8_t* k;
@@ -88,10 +119,10 @@ __device__ __forceinline__ void block_reduce(float (&v)[kG], float (*red)[kG]) {
   __syncthreads();  // red is reused
 }
 
-template <int kG>
+template <int kG, bool kCoop>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(Fmt f, const float* q, const int32_t* pos, int n_heads, int group, float scale,
-                  int chunk, float* part, float2* part_ml, float* out) {
+                  int chunk, float* part, float2* part_ml, float* out, Q8Out q8) {
   extern __shared__ float smem[];
   __shared__ float red[kWarps][kG];
   const int hd = f.hd;
@@ -107,44 +138,95 @@ __global__ void __launch_bounds__(kThreads)
     q_s[i] = q[(static_cast<int64_t>(t) * n_heads + h0 + i / hd) * hd + i % hd] * scale;
   __syncthreads();
 
-  // 1. Scores, a thread per key.
   float mx[kG];
 #pragma unroll
   for (int g = 0; g < kG; ++g) mx[g] = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += kThreads) {
-    const uint8_t* kr = row_at(f.k, f, kvh, k0 + j);
-    float acc[kG];
+  if constexpr (kCoop) {
+    // 1. Scores, P lanes per key (f.vec16: hd a multiple of 8, hd <= 256).
+    int P = 1;
+    while (P * 8 < hd) P *= 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int c = lane % P, slot = lane / P, per_warp = 32 / P;
+    const bool seg = c * 8 < hd;  // this lane holds 8 values of the row
+    float qv[kG][8];
 #pragma unroll
-    for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
-    if (f.vec16) {
-      const uint4* k4 = reinterpret_cast<const uint4*>(kr);
-#pragma unroll 4
-      for (int c = 0; c < hd / 8; ++c) {
-        const uint4 w = k4[c];
-        const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+    for (int g = 0; g < kG; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qv[g][e] = seg ? q_s[g * hd + 8 * c + e] : 0.0f;
+    // kU keys per lane at a time, their loads issued together.
+    constexpr int kU = 4;
+    const int step = kWarps * per_warp;
+    for (int j0 = warp * per_warp; j0 < n; j0 += kU * step) {
+      uint4 w[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int j = j0 + u * step + slot;
+        w[u] = j < n && seg ? reinterpret_cast<const uint4*>(row_at(f.k, f, kvh, k0 + j))[c]
+                            : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int j = j0 + u * step + slot;
+        float acc[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
+        const __half2* h2 = reinterpret_cast<const __half2*>(&w[u]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 kv = __half22float2(h2[e]);
-          const int d = c * 8 + 2 * e;
+#pragma unroll
+          for (int g = 0; g < kG; ++g) acc[g] += qv[g][2 * e] * kv.x + qv[g][2 * e + 1] * kv.y;
+        }
+        for (int o = P / 2; o > 0; o >>= 1) {
+#pragma unroll
+          for (int g = 0; g < kG; ++g) acc[g] += __shfl_xor_sync(0xFFFFFFFFu, acc[g], o);
+        }
+        if (c == 0 && j < n) {
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            p_s[g * chunk + j] = acc[g];
+            mx[g] = fmaxf(mx[g], acc[g]);
+          }
+        }
+      }
+    }
+  } else
+    // 1. Scores, a thread per key.
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const uint8_t* kr = row_at(f.k, f, kvh, k0 + j);
+      float acc[kG];
+#pragma unroll
+      for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
+      if (f.vec16) {
+        const uint4* k4 = reinterpret_cast<const uint4*>(kr);
+#pragma unroll 4
+        for (int c = 0; c < hd / 8; ++c) {
+          const uint4 w = k4[c];
+          const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 kv = __half22float2(h2[e]);
+            const int d = c * 8 + 2 * e;
+#pragma unroll
+            for (int g = 0; g < kG; ++g)
+              acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
+          }
+        }
+      } else {
+#pragma unroll 4
+        for (int d = 0; d < hd; d += 2) {
+          const float2 kv = pair_at(kr, d, f.q8);
 #pragma unroll
           for (int g = 0; g < kG; ++g)
             acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
         }
       }
-    } else {
-#pragma unroll 4
-      for (int d = 0; d < hd; d += 2) {
-        const float2 kv = pair_at(kr, d, f.q8);
 #pragma unroll
-        for (int g = 0; g < kG; ++g) acc[g] += q_s[g * hd + d] * kv.x + q_s[g * hd + d + 1] * kv.y;
+      for (int g = 0; g < kG; ++g) {
+        p_s[g * chunk + j] = acc[g];
+        mx[g] = fmaxf(mx[g], acc[g]);
       }
     }
-#pragma unroll
-    for (int g = 0; g < kG; ++g) {
-      p_s[g * chunk + j] = acc[g];
-      mx[g] = fmaxf(mx[g], acc[g]);
-    }
-  }
   // 2. Softmax of the split.
   block_reduce<kG, true>(mx, red);
   float sum[kG];
@@ -170,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int g = 0; g < kG; ++g)
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
-#pragma unroll 2
+#pragma unroll 4
     for (int j = r; j < n; j += rows) {
       const uint4 w = *reinterpret_cast<const uint4*>(row_at(f.v, f, kvh, k0 + j) + 16 * c);
       const __half2* h2 = reinterpret_cast<const __half2*>(&w);
@@ -219,7 +301,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < rows; ++rr) acc += o_s[(rr * kG + g) * hd + d];
     const int64_t row = static_cast<int64_t>(t) * n_heads + h0 + g;
     if (n_splits == 1) {
-      out[row * hd + d] = sum[g] > 0.0f ? acc / sum[g] : 0.0f;
+      const float v = sum[g] > 0.0f ? acc / sum[g] : 0.0f;
+      out[row * hd + d] = v;
+      // A warp's 32 values are one group of the token's row (hd % 32 == 0).
+      if (q8.q)
+        q8_store_lane(v, ((h0 + g) * hd + d) / 32, threadIdx.x & 31, q8.q + t * q8.token_bytes,
+                      q8.d + static_cast<int64_t>(t) * (n_heads * hd / 32));
     } else {
       part[(row * n_splits + s) * hd + d] = acc;
       if (d == 0) part_ml[row * n_splits + s] = make_float2(n > 0 ? mx[g] : -INFINITY, sum[g]);
@@ -229,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // out = the splits' partials combined. Grid (head, token); thread d.
 __global__ void merge_kernel(const float* part, const float2* part_ml, int n_heads, int n_splits,
-                             int hd, float* out) {
+                             int hd, float* out, Q8Out q8) {
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t row = static_cast<int64_t>(t) * n_heads + h;
   const float2* ml = part_ml + row * n_splits;
@@ -242,23 +329,32 @@ __global__ void merge_kernel(const float* part, const float2* part_ml, int n_hea
       L += ml[s].y * w;
       O += part[(row * n_splits + s) * hd + d] * w;
     }
-    out[row * hd + d] = L > 0.0f ? O / L : 0.0f;
+    const float v = L > 0.0f ? O / L : 0.0f;
+    out[row * hd + d] = v;
+    if (q8.q)  // a warp's 32 values are one group (hd % 32 == 0)
+      q8_store_lane(v, (h * hd + d) / 32, threadIdx.x & 31, q8.q + t * q8.token_bytes,
+                    q8.d + static_cast<int64_t>(t) * (n_heads * hd / 32));
   }
 }
 
 template <int kG>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q,
             const int32_t* pos, int n_heads, int group, float scale, int chunk, float* part,
-            float2* part_ml, float* out) {
-  decode_kernel<kG>
-      <<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk, part, part_ml, out);
+            float2* part_ml, float* out, const Q8Out& q8) {
+  if (f.vec16 && f.hd <= 256 && coop_scores())
+    decode_kernel<kG, true><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk,
+                                                         part, part_ml, out, q8);
+  else
+    decode_kernel<kG, false><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk,
+                                                          part, part_ml, out, q8);
 }
 
 }  // namespace
 
 Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                         int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
-                        AttentionScratch& scratch, float* out, cudaStream_t s) {
+                        AttentionScratch& scratch, float* out, cudaStream_t s,
+                        const Q8Out* out_q8) {
   const int hd = static_cast<int>(layer.head_dim);
   if (hd % 2 != 0 || hd > 2 * kThreads)
     return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d", hd);
@@ -282,8 +378,8 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   const int64_t n_blocks = n_heads / kg;
   int64_t chunk = forced_chunk;
   if (chunk <= 0) {
-    // Enough splits that the grid covers the SMs about twice.
-    const int64_t want = 2 * static_cast<int64_t>(scratch.sm_count());
+    // Enough splits that the grid covers the SMs waves() times.
+    const int64_t want = waves() * static_cast<int64_t>(scratch.sm_count());
     const int64_t splits = std::max<int64_t>(1, (want + n_blocks * T - 1) / (n_blocks * T));
     chunk = std::max<int64_t>(32, (plan_keys + splits - 1) / splits);
   }
@@ -309,18 +405,19 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
               vec16};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
                   static_cast<unsigned>(n_splits));
+  const Q8Out qo = out_q8 && hd % 32 == 0 ? *out_q8 : Q8Out{};
   const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
   // One kernel per heads-per-block count.
   using Launch = void (*)(dim3, size_t, cudaStream_t, const Fmt&, const float*, const int32_t*, int,
-                          int, float, int, float*, float2*, float*);
+                          int, float, int, float*, float2*, float*, const Q8Out&);
   static constexpr Launch kLaunch[8] = {launch<1>, launch<2>, launch<3>, launch<4>,
                                         launch<5>, launch<6>, launch<7>, launch<8>};
   kLaunch[kg - 1](grid, smem, s, f, q, pos, n_heads, group, scale, static_cast<int>(chunk), part,
-                  part_ml, out);
+                  part_ml, out, qo);
   LOOM_TRY(launch_status("attention (decode)"));
   if (n_splits > 1) {
     merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s>>>(
-        part, part_ml, n_heads, static_cast<int>(n_splits), hd, out);
+        part, part_ml, n_heads, static_cast<int>(n_splits), hd, out, qo);
     LOOM_TRY(launch_status("attention (merge)"));
   }
   return {};

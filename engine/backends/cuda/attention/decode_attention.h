@@ -14,8 +14,10 @@ namespace loom::cuda::detail {
 /// `layer`; out [T, n_heads * head_dim]. The launch is planned for
 /// `plan_keys` keys (>= every pos[t] + 1); `forced_chunk` > 0 fixes the keys
 /// per split (tests), else the split count follows plan_keys and the SMs.
+/// `q8` (optional, head_dim a multiple of 32): out's Q8 activations too.
 Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                         int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
-                        AttentionScratch& scratch, float* out, cudaStream_t s);
+                        AttentionScratch& scratch, float* out, cudaStream_t s,
+                        const Q8Out* q8 = nullptr);
 
 }  // namespace loom::cuda::detail

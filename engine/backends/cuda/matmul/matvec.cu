@@ -99,8 +99,8 @@ __device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* 
         int xw[8];
         q8_load(xq + t * xq_stride, g, xw);
         const float s = xd[t * n_groups + g];
-        acc[t] += group_dot(a, xw, s);
-        if constexpr (kGlu) acc2[t] += group_dot(b, xw, s);
+        acc[t] += group_dot<group_has_min(D)>(a, xw, s);
+        if constexpr (kGlu) acc2[t] += group_dot<group_has_min(D)>(b, xw, s);
       }
     }
   }
@@ -201,8 +201,8 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
             int xw[8];
             q8_load(xq + t * xq_stride, g, xw);
             const float s = xd[t * n_groups + g];
-            acc[t] += group_dot(a, xw, s);
-            if constexpr (kGlu) acc2[t] += group_dot(bq, xw, s);
+            acc[t] += group_dot<group_has_min(D)>(a, xw, s);
+            if constexpr (kGlu) acc2[t] += group_dot<group_has_min(D)>(bq, xw, s);
           }
         }
       }

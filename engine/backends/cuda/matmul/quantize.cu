@@ -30,6 +30,10 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_groups, int64_t gro
 // writes in one pass are one group.
 constexpr int kNormThreads = 1024;
 
+// kPer > 0: n <= kPer * kNormThreads, and each thread loads its values of x
+// and w once, all at the start (the weights' loads wait on nothing), and
+// keeps them in registers; kPer == 0: any n, loads in the loops.
+template <int kPer>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_q8_kernel(const float* x, const float* w, float eps, float* out, int64_t n,
                        uint64_t token_bytes, int8_t* xq, float* xd) {
@@ -38,11 +42,27 @@ __global__ void __launch_bounds__(kNormThreads)
   float* yr = out + blockIdx.x * n;
   int8_t* xq_t = xq + blockIdx.x * token_bytes;
   float* xd_t = xd + blockIdx.x * (n / 32);
+  constexpr int kRegs = kPer > 0 ? kPer : 1;
+  float xv[kRegs], wv[kRegs];
   double sum = 0.0;
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      xv[k] = i < n ? xr[i] : 0.0f;
+      wv[k] = i < n ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (threadIdx.x + static_cast<int64_t>(k) * kNormThreads < n)
+        sum += static_cast<double>(xv[k] * xv[k]);
+    }
+  } else {
 #pragma unroll 4
-  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
-    const float v = xr[i];
-    sum += static_cast<double>(v * v);
+    for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
+      const float v = xr[i];
+      sum += static_cast<double>(v * v);
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
@@ -54,11 +74,23 @@ __global__ void __launch_bounds__(kNormThreads)
   const float mean = static_cast<float>(total / static_cast<double>(n));
   const float scale = 1.0f / sqrtf(mean + eps);
   const int lane = threadIdx.x & 31;
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      if (i < n) {  // the same for the whole warp (n is a multiple of 32)
+        const float v = (xv[k] * scale) * wv[k];
+        yr[i] = v;
+        q8_store_lane(v, i / 32, lane, xq_t, xd_t);
+      }
+    }
+  } else {
 #pragma unroll 4
-  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
-    const float v = (xr[i] * scale) * w[i];
-    yr[i] = v;
-    q8_store_lane(v, i / 32, lane, xq_t, xd_t);
+    for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
+      const float v = (xr[i] * scale) * w[i];
+      yr[i] = v;
+      q8_store_lane(v, i / 32, lane, xq_t, xd_t);
+    }
   }
 }
 
@@ -89,8 +121,16 @@ Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_
                       "CUDA rms_norm_q8: %" PRId64 " rows of %" PRId64 " (at most %" PRId64
                       ", a multiple of 32)",
                       T, n, kMaxMatvecTokens);
-  rms_norm_q8_kernel<<<static_cast<unsigned>(T), kNormThreads, 0, s>>>(x, w, eps, out, n,
-                                                                       q8_token_bytes(n), xq, xd);
+  const auto blocks = static_cast<unsigned>(T);
+  if (n <= 4 * kNormThreads)
+    rms_norm_q8_kernel<4>
+        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
+  else if (n <= 8 * kNormThreads)
+    rms_norm_q8_kernel<8>
+        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
+  else
+    rms_norm_q8_kernel<0>
+        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
   return launch_status("rms_norm_q8");
 }
 
