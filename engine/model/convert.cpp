@@ -17,6 +17,7 @@
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_writer.h"
 #include "engine/model/hf_model.h"
+#include "engine/tokenizer/vocab_writer.h"
 
 namespace loom {
 
@@ -55,6 +56,7 @@ struct Source {
   bool rope_neox_layout = false;
   std::string chat_template;
   std::string tokenizer_json, tokenizer_config_json;  ///< HF folder's, verbatim
+  std::optional<Vocab> vocab;  ///< what Loom read from the folder's tokenizer.json
 };
 
 Result<Source> open_source(const std::string& path) {
@@ -70,6 +72,7 @@ Result<Source> open_source(const std::string& path) {
     s.chat_template = hf.chat_template;
     if (has_tok) {
       LOOM_ASSIGN_OR_RETURN(s.tokenizer_json, read_text_file(tok));
+      s.vocab = std::move(hf.vocab);
     }
     const fs::path cfg = fs::path(path) / "tokenizer_config.json";
     if (fs::is_regular_file(cfg, ec)) {
@@ -254,6 +257,8 @@ Result<ConvertReport> convert_model(const ConvertOptions& o) {
     w.set_value(key, value);
   }
   if (!src.tokenizer_json.empty()) {
+    // The standard keys for other GGUF readers (Loom prefers the tokenizer.json below).
+    if (src.vocab) write_vocab_metadata(*src.vocab, &w);
     w.set_string(kHfTokenizerJsonKey, src.tokenizer_json);
     if (!src.tokenizer_config_json.empty())
       w.set_string(kHfTokenizerConfigKey, src.tokenizer_config_json);

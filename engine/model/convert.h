@@ -15,7 +15,9 @@
 // (as GGUF converters do), vectors become F32, and the folder's tokenizer.json
 // and tokenizer_config.json are embedded verbatim (keys `loom.hf.tokenizer_json`
 // and `loom.hf.tokenizer_config_json`; load_model reads them), with the chat
-// template also under `tokenizer.chat_template`.
+// template also under `tokenizer.chat_template`. The vocabulary Loom read from
+// them is also written as the standard `tokenizer.ggml.*` keys
+// (engine/tokenizer/vocab_writer.h), for llama.cpp and the programs built on it.
 #pragma once
 
 #include <cstdint>

@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "engine/model/gguf.h"
+#include "engine/model/gguf_writer.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_json.h"
 #include "engine/tokenizer/vocab.h"
+#include "engine/tokenizer/vocab_writer.h"
 #include "tests/test_util.h"
 
 namespace loom {
@@ -323,6 +325,20 @@ TEST(TokenizerVectors, TenKilobytesTiming) {
 
 // ---- tokenizer.json --------------------------------------------------------
 
+// A vocabulary written as the standard tokenizer.ggml.* keys (as `loom
+// convert` writes them for a Hugging Face folder) and read back by load_vocab().
+Result<Tokenizer> through_ggml_keys(const Vocab& vocab, const std::string& name) {
+  const std::string path = test::temp_dir("ggml_keys_" + name) + "/vocab.gguf";
+  GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  write_vocab_metadata(vocab, &w);
+  LOOM_TRY(w.open(path));
+  LOOM_TRY(w.close());
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::open(path));
+  LOOM_ASSIGN_OR_RETURN(Vocab back, load_vocab(*f));
+  return Tokenizer::create(std::move(back));
+}
+
 // Phi-3-mini's own tokenizer.json (SentencePiece-style BPE: Prepend + Replace
 // normalizers, byte fallback, merges by rank) with the phi-3 vectors.
 TEST(TokenizerJsonVectors, Phi3) {
@@ -345,6 +361,10 @@ TEST(TokenizerJsonVectors, Phi3) {
   EXPECT_EQ(tok->vocab().special().unk, 0);
   EXPECT_FALSE(config->chat_template.empty());
   check_cases("phi-3 (tokenizer.json)", *tok, load_cases(inp_path, out_path));
+  // Its tokenizer.ggml.* keys (scores from the merge ranks) pass them too.
+  auto ggml = through_ggml_keys(tok->vocab(), "phi3");
+  ASSERT_TRUE(ggml.ok()) << ggml.message();
+  check_cases("phi-3 (tokenizer.json -> tokenizer.ggml.*)", *ggml, load_cases(inp_path, out_path));
 
   // The same ids as the GGUF vocabulary (scores) where that fixture exists.
   auto gguf_path = test::fixture_path("llama.cpp-vocab/ggml-vocab-phi-3.gguf");
@@ -441,6 +461,13 @@ TEST(TokenizerJsonVectors, Llama3) {
   EXPECT_EQ(tok->vocab().special().eot, 128009);
   EXPECT_EQ(tok->vocab().special().eom, 128008);
   check_cases("llama-bpe (tokenizer.json)", *tok, load_cases(inp_path, out_path));
+  // Its tokenizer.ggml.* keys name llama.cpp's pre-tokenizer and pass them too.
+  EXPECT_EQ(gguf_pre_tokenizer_name(tok->vocab()), "llama-bpe");
+  auto ggml = through_ggml_keys(tok->vocab(), "llama3");
+  ASSERT_TRUE(ggml.ok()) << ggml.message();
+  EXPECT_EQ(ggml->vocab().special().eot, 128009);
+  check_cases("llama-bpe (tokenizer.json -> tokenizer.ggml.*)", *ggml,
+              load_cases(inp_path, out_path));
   const std::string chat = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>";
   const std::vector<int32_t> parsed = tok->encode(chat, true, true);
   ASSERT_GE(parsed.size(), 4u);
