@@ -239,8 +239,8 @@ std::string Model::cpu_only_reason() const {
            "scale are not on the GPU backends yet";
   }
   for (const LayerWeights& l : layers) {
-    if (l.q_norm.present() || l.post_attn_norm.present()) {
-      return hp.arch + ": per-head q/k norms are not on the GPU backends yet";
+    if (l.post_attn_norm.present() || l.post_ffn_norm.present()) {
+      return hp.arch + ": post-attention and post-FFN norms are not on the GPU backends yet";
     }
   }
   return "";

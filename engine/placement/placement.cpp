@@ -180,7 +180,7 @@ std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g) {
       for (const Weight* x : {&w.w_gate, &w.w_up, &w.w_down}) add(*x);
       break;
     case OpGroup::kNorm:
-      for (const Weight* x : {&w.attn_norm, &w.ffn_norm}) add(*x);
+      for (const Weight* x : {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm}) add(*x);
       break;
     case OpGroup::kAttn: break;
   }

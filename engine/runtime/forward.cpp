@@ -23,6 +23,12 @@ constexpr uint8_t bit(Unit u) {
   return static_cast<uint8_t>(1u << static_cast<unsigned>(u));
 }
 constexpr Unit kUnits[] = {Unit::kCpu, Unit::kGpu};
+// [T, n * head_dim] as [T * n, head_dim]: one row per head (host or device alike).
+Act heads(Act a, int64_t rows, int64_t head_dim) {
+  a.rows = rows;
+  a.cols = head_dim;
+  return a;
+}
 
 }  // namespace
 
@@ -249,7 +255,8 @@ Status ForwardPass::apply(const Placement& requested) {
       const std::string at = "layer " + std::to_string(l) + " ";
       // Norm weights and RoPE factors are small vectors: they go first.
       LOOM_TRY(place(lp[OpGroup::kNorm],
-                     {&w.attn_norm, &w.ffn_norm, static_cast<const Weight*>(&nw.rope_freqs)},
+                     {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm,
+                      static_cast<const Weight*>(&nw.rope_freqs)},
                      OpKind::kRmsNorm, at + "norm"));
       if (lp[OpGroup::kAttnW].unit == Unit::kGpu) {
         Status s = upload_group({&w.bq, &w.bk, &w.bv}, OpKind::kAdd, at + "attn_w");
@@ -654,8 +661,10 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     be(un).rms_norm(x, w.attn_norm, hp.rms_eps, out(kXb, un, T));
   }
   // Projections, RoPE and the KV store in one op where all three run on one
-  // unit (timed with attn_w), else apart.
-  const bool qkv_rope = uw == ua && un == ua;
+  // unit (timed with attn_w), else apart; apart too where q and k get their
+  // per-head norms first (qwen3).
+  const bool qk_norm = w.q_norm.present();
+  const bool qkv_rope = uw == ua && un == ua && !qk_norm;
   {
     OpTimer timer(stats_, OpLabel::kQkv);
     group_begin(scope(OpGroup::kAttnW), uw);
@@ -668,6 +677,17 @@ void ForwardPass::layer(int64_t l, int64_t T) {
       be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
                         out(kV, uw, T));
     }
+  }
+  if (qk_norm) {
+    // q, k = rms_norm of each head's head_dim values * q_norm, k_norm (qwen3).
+    OpTimer timer(stats_, OpLabel::kNorm);
+    group_begin(scope(OpGroup::kNorm), un);
+    Act q = in(kQ, un, T), k = in(kK, un, T);
+    valid_[kQ] = valid_[kK] = bit(un);
+    const Act qh = heads(q, T * hp.n_head, hp.head_dim),
+              kh = heads(k, T * hp.n_head_kv, hp.head_dim);
+    be(un).rms_norm(qh, w.q_norm, hp.rms_eps, qh);
+    be(un).rms_norm(kh, w.k_norm, hp.rms_eps, kh);
   }
   if (qkv_rope) {
     group_begin(scope(OpGroup::kAttn), ua);
@@ -793,7 +813,8 @@ void ForwardPass::layer_host(int64_t l, int64_t T) {
   b.matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, q, k, v);
   group_begin(scope(OpGroup::kNorm), u);
   if (w.q_norm.present()) {
-    const Act qh{q.data, T * hp.n_head, hp.head_dim}, kh{k.data, T * hp.n_head_kv, hp.head_dim};
+    const Act qh = heads(q, T * hp.n_head, hp.head_dim),
+              kh = heads(k, T * hp.n_head_kv, hp.head_dim);
     b.rms_norm(qh, w.q_norm, eps, qh);
     b.rms_norm(kh, w.k_norm, eps, kh);
   }

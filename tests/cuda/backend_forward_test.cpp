@@ -54,6 +54,7 @@ const Case kCases[] = {
     {"llama", "q8_0", 2e-2}, {"llama", "q4_0", 3e-2}, {"llama", "q4_k", 2e-2},
     {"llama", "q5_k", 2e-2}, {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2},
     {"qwen2", "q8_0", 2e-2}, {"phi3", "f16", 1e-2},   {"phi3", "q4_0", 3e-2},
+    {"qwen3", "f32", 3e-3},  {"qwen3", "q8_0", 2e-2}, {"qwen3", "q4_k", 3e-2},
 };
 
 class CudaForward : public ::testing::TestWithParam<Case> {};

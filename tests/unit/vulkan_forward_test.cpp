@@ -52,10 +52,21 @@ struct Case {
 // dot products (as the CPU converts activations to Q8 for quantized weights):
 // the bounds are those of forward_test.cpp or tighter.
 const Case kCases[] = {
-    {"llama", "f32", 2e-3},  {"llama", "f16", 3e-3},    {"llama", "q8_0", 2e-2},
-    {"llama", "q4_0", 3e-2}, {"llama", "q4_k", 2e-2},   {"llama", "q5_k", 2e-2},
-    {"llama", "q6_k", 2e-2}, {"llama", "q4_k_m", 2e-2}, {"qwen2", "q8_0", 2e-2},
-    {"phi3", "f16", 3e-3},   {"phi3", "q4_0", 3e-2},
+    {"llama", "f32", 2e-3},
+    {"llama", "f16", 3e-3},
+    {"llama", "q8_0", 2e-2},
+    {"llama", "q4_0", 3e-2},
+    {"llama", "q4_k", 2e-2},
+    {"llama", "q5_k", 2e-2},
+    {"llama", "q6_k", 2e-2},
+    {"llama", "q4_k_m", 2e-2},
+    {"qwen2", "q8_0", 2e-2},
+    {"phi3", "f16", 3e-3},
+    {"phi3", "q4_0", 3e-2},
+    // qwen3: per-head q/k norms (rms_norm over [T * heads, head_dim]) before RoPE.
+    {"qwen3", "f32", 2e-3},
+    {"qwen3", "q8_0", 2e-2},
+    {"qwen3", "q4_k", 3e-2},
 };
 
 class VulkanForward : public ::testing::TestWithParam<Case> {};
