@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "engine/model/arch/arch.h"
+#include "engine/model/arch/bind_attn_ffn.h"
 
 namespace loom {
 namespace {
@@ -43,23 +44,15 @@ Status bind_gemma2(const GgufFile& f, Model* m) {
   hp.attn_scale = 1.0f / std::sqrt(qpas);
 
   LOOM_TRY(detail::bind_decoder_common(f, m));
-  const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  for (int64_t l = 0; l < hp.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights& L = m->layers[static_cast<size_t>(l)];
-    LOOM_ASSIGN_OR_RETURN(L.wq, detail::bind_weight(f, p + "attn_q.weight", {hp.n_embd, q_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wk, detail::bind_weight(f, p + "attn_k.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wv, detail::bind_weight(f, p + "attn_v.weight", {hp.n_embd, kv_dim}));
+  // The post-attention and post-FFN norms, between the attention and the FFN
+  // weights.
+  return detail::bind_attn_ffn(f, m, [&](const std::string& p, LayerWeights& L) -> Status {
     LOOM_ASSIGN_OR_RETURN(L.post_attn_norm,
                           detail::bind_weight(f, p + "post_attention_norm.weight", {hp.n_embd}));
     LOOM_ASSIGN_OR_RETURN(L.post_ffn_norm,
                           detail::bind_weight(f, p + "post_ffw_norm.weight", {hp.n_embd}));
-    LOOM_ASSIGN_OR_RETURN(L.w_gate,
-                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up,
-                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
-  }
-  return {};
+    return {};
+  });
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // projections, normal (GPT-J style, adjacent pairs) RoPE ordering, optional
 // llama3 per-frequency RoPE divisors in `rope_freqs.weight`.
 #include "engine/model/arch/arch.h"
+#include "engine/model/arch/bind_attn_ffn.h"
 
 namespace loom {
 namespace {
@@ -19,19 +20,7 @@ Status bind_llama(const GgufFile& f, Model* m) {
     }
     hp.rope_scaling = RopeScaling::kLlama3;
   }
-  const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  for (int64_t l = 0; l < hp.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights& L = m->layers[static_cast<size_t>(l)];
-    LOOM_ASSIGN_OR_RETURN(L.wq, detail::bind_weight(f, p + "attn_q.weight", {hp.n_embd, q_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wk, detail::bind_weight(f, p + "attn_k.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wv, detail::bind_weight(f, p + "attn_v.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.w_gate,
-                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up,
-                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
-  }
-  return {};
+  return detail::bind_attn_ffn(f, m);
 }
 
 }  // namespace

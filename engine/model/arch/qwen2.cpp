@@ -1,6 +1,7 @@
 // qwen2: a llama-style decoder with biases on the q/k/v projections, NeoX
 // RoPE ordering (rotating pairs (i, i + n_rot/2)), and usually tied embeddings.
 #include "engine/model/arch/arch.h"
+#include "engine/model/arch/bind_attn_ffn.h"
 
 namespace loom {
 namespace {
@@ -10,12 +11,8 @@ Status bind_qwen2(const GgufFile& f, Model* m) {
   hp.rope_neox = true;
   LOOM_TRY(detail::bind_decoder_common(f, m));
   const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  for (int64_t l = 0; l < hp.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights& L = m->layers[static_cast<size_t>(l)];
-    LOOM_ASSIGN_OR_RETURN(L.wq, detail::bind_weight(f, p + "attn_q.weight", {hp.n_embd, q_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wk, detail::bind_weight(f, p + "attn_k.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wv, detail::bind_weight(f, p + "attn_v.weight", {hp.n_embd, kv_dim}));
+  // The q/k/v biases, between the attention and the FFN weights.
+  return detail::bind_attn_ffn(f, m, [&](const std::string& p, LayerWeights& L) -> Status {
     LOOM_ASSIGN_OR_RETURN(L.bq, detail::bind_weight(f, p + "attn_q.bias", {q_dim}));
     LOOM_ASSIGN_OR_RETURN(L.bk, detail::bind_weight(f, p + "attn_k.bias", {kv_dim}));
     LOOM_ASSIGN_OR_RETURN(L.bv, detail::bind_weight(f, p + "attn_v.bias", {kv_dim}));
@@ -25,12 +22,8 @@ Status bind_qwen2(const GgufFile& f, Model* m) {
                           b->name().c_str());
       }
     }
-    LOOM_ASSIGN_OR_RETURN(L.w_gate,
-                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up,
-                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
-  }
-  return {};
+    return {};
+  });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // and before RoPE; NeoX RoPE ordering; the head size may differ from
 // n_embd / n_head (attention.key_length).
 #include "engine/model/arch/arch.h"
+#include "engine/model/arch/bind_attn_ffn.h"
 
 namespace loom {
 namespace {
@@ -12,12 +13,9 @@ Status bind_qwen3(const GgufFile& f, Model* m) {
   hp.rope_neox = true;
   LOOM_TRY(detail::bind_decoder_common(f, m));
   const int64_t q_dim = hp.n_head * hp.head_dim, kv_dim = hp.n_head_kv * hp.head_dim;
-  for (int64_t l = 0; l < hp.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights& L = m->layers[static_cast<size_t>(l)];
-    LOOM_ASSIGN_OR_RETURN(L.wq, detail::bind_weight(f, p + "attn_q.weight", {hp.n_embd, q_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wk, detail::bind_weight(f, p + "attn_k.weight", {hp.n_embd, kv_dim}));
-    LOOM_ASSIGN_OR_RETURN(L.wv, detail::bind_weight(f, p + "attn_v.weight", {hp.n_embd, kv_dim}));
+  // The per-head q/k norms and optional biases, between the attention and
+  // the FFN weights.
+  return detail::bind_attn_ffn(f, m, [&](const std::string& p, LayerWeights& L) -> Status {
     LOOM_ASSIGN_OR_RETURN(L.q_norm,
                           detail::bind_weight(f, p + "attn_q_norm.weight", {hp.head_dim}));
     LOOM_ASSIGN_OR_RETURN(L.k_norm,
@@ -33,12 +31,8 @@ Status bind_qwen3(const GgufFile& f, Model* m) {
                           n->name().c_str());
       }
     }
-    LOOM_ASSIGN_OR_RETURN(L.w_gate,
-                          detail::bind_weight(f, p + "ffn_gate.weight", {hp.n_embd, hp.n_ff}));
-    LOOM_ASSIGN_OR_RETURN(L.w_up,
-                          detail::bind_weight(f, p + "ffn_up.weight", {hp.n_embd, hp.n_ff}));
-  }
-  return {};
+    return {};
+  });
 }
 
 }  // namespace
