@@ -3,6 +3,8 @@
 // the perplexity of each). OTHER defaults to BASE, so `--dtype q4_0` alone
 // compares a model with itself requantized at load.
 #include <cstdio>
+#include <optional>
+#include <vector>
 
 #include "engine/runtime/quality.h"
 #include "tools/loom/engine_setup.h"
@@ -29,24 +31,18 @@ int cmd_kl(const KlOptions& o) {
   if (!base) return 1;
   auto other = open_engine(other_o, who);
   if (!other) return 1;
-  const std::vector<int32_t> tokens = read_eval_tokens(o.file, *base->model, who);
-  if (tokens.empty()) return 1;
-  WindowOptions wo;
-  wo.n_ctx = base_o.ctx;
-  wo.stride = o.stride;
-  wo.max_windows = o.chunks;
-  auto n = count_windows(static_cast<int64_t>(tokens.size()), wo);
-  if (!n.ok()) {
-    std::fprintf(stderr, "%s: %s\n", who, n.message().c_str());
-    return 1;
-  }
+  const std::optional<EvalText> text =
+      read_eval_text(o.file, *base->model, base_o.ctx, o.stride, o.chunks, who);
+  if (!text) return 1;
+  const std::vector<int32_t>& tokens = text->tokens;
+  const WindowOptions& wo = text->windows;
   std::fprintf(stderr, "%s: base  %s\n%s: other %s%s%s\n", who, base->model->describe().c_str(),
                who, other->model->describe().c_str(), o.dtype2.empty() ? "" : ", requantized to ",
                o.dtype2.c_str());
   std::fprintf(stderr,
                "%s: %zu tokens, %lld windows of %lld tokens, scoring the last %lld of each\n", who,
-               tokens.size(), static_cast<long long>(*n), static_cast<long long>(wo.n_ctx),
-               static_cast<long long>(scored_per_window(wo)));
+               tokens.size(), static_cast<long long>(text->n_windows),
+               static_cast<long long>(wo.n_ctx), static_cast<long long>(scored_per_window(wo)));
   auto r =
       kl_compare(*base->session, *other->session, tokens, wo, [](int64_t i, const KlResult& k) {
         std::printf("[%lld] KL %.6f top-1 %.2f%%\n", static_cast<long long>(i + 1), k.kl_mean(),

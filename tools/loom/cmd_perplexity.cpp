@@ -2,6 +2,8 @@
 // layout: engine/runtime/quality.h). Running values to stdout as
 // "[1]12.3456,[2]..." and the final "PPL = x +/- e".
 #include <cstdio>
+#include <optional>
+#include <vector>
 
 #include "engine/runtime/quality.h"
 #include "tools/loom/engine_setup.h"
@@ -15,22 +17,16 @@ int cmd_perplexity(const PerplexityOptions& o) {
   if (eo.ctx <= 0) eo.ctx = 512;
   auto e = open_engine(eo, who);
   if (!e) return 1;
-  const std::vector<int32_t> tokens = read_eval_tokens(o.file, *e->model, who);
-  if (tokens.empty()) return 1;
-  WindowOptions wo;
-  wo.n_ctx = eo.ctx;
-  wo.stride = o.stride;
-  wo.max_windows = o.chunks;
-  auto n = count_windows(static_cast<int64_t>(tokens.size()), wo);
-  if (!n.ok()) {
-    std::fprintf(stderr, "%s: %s\n", who, n.message().c_str());
-    return 1;
-  }
+  const std::optional<EvalText> text =
+      read_eval_text(o.file, *e->model, eo.ctx, o.stride, o.chunks, who);
+  if (!text) return 1;
+  const std::vector<int32_t>& tokens = text->tokens;
+  const WindowOptions& wo = text->windows;
   std::fprintf(stderr,
                "%s: %s | %s\n%s: %zu tokens, %lld windows of %lld tokens (stride %lld), scoring "
                "the last %lld of each\n",
                who, e->model->describe().c_str(), e->backend_name().c_str(), who, tokens.size(),
-               static_cast<long long>(*n), static_cast<long long>(wo.n_ctx),
+               static_cast<long long>(text->n_windows), static_cast<long long>(wo.n_ctx),
                static_cast<long long>(wo.stride > 0 ? wo.stride : wo.n_ctx),
                static_cast<long long>(scored_per_window(wo)));
   auto r = perplexity(*e->session, tokens, wo, [](int64_t i, double ppl) {
