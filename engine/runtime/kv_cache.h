@@ -267,6 +267,7 @@ class KvCache {
   std::vector<std::vector<int32_t>> dev_slot_, slot_block_;
   int64_t dev_slots_ = 0, n_dev_layers_ = 0;
   uint64_t n_to_host_ = 0, n_to_device_ = 0;
+  uint64_t n_rebalances_ = 0;  ///< steps so far (wants_mass samples device-tiered layers)
   std::vector<const void*> host_k_, host_v_;  ///< host_view()'s block pointers
   /// Device tier moves of one block (between two steps): slot -> new RAM
   /// block; RAM (read back first from the SSD) -> slot.

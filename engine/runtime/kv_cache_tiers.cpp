@@ -21,6 +21,8 @@ namespace loom {
 namespace {
 // How much of a block's earlier attention mass carries over to the next step.
 constexpr float kMassDecay = 0.9f;
+// Device-tiered layers measure their attention mass one step in this many.
+constexpr int kDeviceMassEvery = 4;
 // Most blocks promoted in one rebalance (bounds the I/O between two tokens).
 constexpr size_t kMaxPromotions = 8;
 // Records per io_uring submission, and so the most blocks one read-ahead
@@ -188,13 +190,26 @@ bool KvCache::pinned(int64_t block) const {
 }
 
 bool KvCache::wants_mass(int64_t layer) const {
-  return policy_ && policy_->wants_mass() && (!on_device(layer) || device_tiered(layer));
+  if (!policy_ || !policy_->wants_mass()) return false;
+  if (!on_device(layer)) return true;  // the CPU's attention has it at hand
+  // A device-tiered layer's mass costs a download of the device splits' (m, l):
+  // measured one step in kDeviceMassEvery, and weighted as that many (add_mass).
+  return device_tiered(layer) && n_rebalances_ % kDeviceMassEvery == 0;
 }
 
 void KvCache::add_mass(int64_t layer, const float* mass, int64_t n_blocks) {
   auto& m = mass_[static_cast<size_t>(layer)];
   const auto n = std::min(m.size(), static_cast<size_t>(std::max<int64_t>(n_blocks, 0)));
-  for (size_t b = 0; b < n; ++b) m[b] = m[b] * kMassDecay + mass[b];
+  // One step's mass, or, for a device-tiered layer (measured one step in
+  // kDeviceMassEvery), as if each of those steps had had it.
+  float decay = kMassDecay, weight = 1.0f;
+  if (device_tiered(layer)) {
+    for (int i = 1; i < kDeviceMassEvery; ++i) {
+      weight += decay;
+      decay *= kMassDecay;
+    }
+  }
+  for (size_t b = 0; b < n; ++b) m[b] = m[b] * decay + mass[b] * weight;
 }
 
 // Writes the given (layer, block) pairs to the SSD and frees their RAM.
@@ -518,6 +533,7 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 
 Status KvCache::rebalance() {
   if (!tiered() || !policy_) return {};
+  ++n_rebalances_;
   // (Not while recomputing lost blocks: they are rewritten where they lie.)
   if (dev_slots_ > 0 && !recomputing_) LOOM_TRY(rebalance_device());  // its moves count below
   if (tiers_.ram_budget == 0) return {};
