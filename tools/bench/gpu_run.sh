@@ -32,7 +32,10 @@
 #            model, (a) all KV on the GPU, (b) half of it in GPU memory and the
 #            rest in RAM, (c) half on the GPU, a quarter in RAM, the rest on
 #            the SSD ($TIER_CONFIGS: a b c); llama.cpp with and without -nkvo;
-#            the spill folder's disk read/write bandwidth (dd, O_DIRECT)
+#            the spill folder's disk read/write bandwidth (dd, O_DIRECT).
+#            Its filters are line-buffered: a run cut by its time limit keeps
+#            what it printed (pipe the whole script through `tee` likewise,
+#            never through a block-buffered grep)
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 B="$1"; OUT="$2"; shift 2
@@ -240,12 +243,12 @@ for s in $stages; do
           echo "--- depth $n ($c) $what: Loom Vulkan"
           timeout "${TIER_TIMEOUT:-200}" "$L" bench -m "$m" --backend vulkan --strategy gpu -t "$T" \
             -c $(( n + 256 )) -p "$n" -n 64 -r 1 "${flags[@]}" 2>&1 |
-            grep -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
+            grep --line-buffered -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
         done
         [ "${LLAMA:-1}" = 0 ] && continue
         for nk in 0 1; do
           echo "--- depth $n: llama.cpp Vulkan -nkvo $nk"
-          timeout "${TIER_TIMEOUT:-200}" env LD_LIBRARY_PATH="$B/llama:$B/lib" "$B/llama/llama-bench" -m "$m" -ngl 99 -t "$T" -fa 1 -nkvo "$nk" -p 0 -n 64 -d "$n" -r 1 2>&1 | grep -E "^\||rror"
+          timeout "${TIER_TIMEOUT:-200}" env LD_LIBRARY_PATH="$B/llama:$B/lib" "$B/llama/llama-bench" -m "$m" -ngl 99 -t "$T" -fa 1 -nkvo "$nk" -p 0 -n 64 -d "$n" -r 1 2>&1 | grep --line-buffered -E "^\||rror"
         done
       done
       ;;
