@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,17 @@ class KvStorage {
   virtual Status export_rows(int64_t layer, int64_t row0, int64_t n, uint8_t* k, uint8_t* v) {
     (void)layer, (void)row0, (void)n, (void)k, (void)v;
     return make_error(ErrorCode::kUnsupported, "export_rows: no device tier on this backend");
+  }
+  /// Rows to export (export_blocks): [row0, row0 + n) into k and v.
+  struct KvRowsOut {
+    int64_t row0 = 0, n = 0;
+    uint8_t *k = nullptr, *v = nullptr;
+  };
+  /// export_rows of several ranges of one layer, in as few submissions as the
+  /// storage can (the device tier's evictions of one step).
+  virtual Status export_blocks(int64_t layer, std::span<const KvRowsOut> items) {
+    for (const KvRowsOut& it : items) LOOM_TRY(export_rows(layer, it.row0, it.n, it.k, it.v));
+    return {};
   }
   /// Writes rows [row0, row0 + n) of every KV head from host rows (as above).
   virtual Status import_rows(int64_t layer, int64_t row0, int64_t n, const uint8_t* k,

@@ -271,12 +271,15 @@ class KvCache {
   std::vector<const void*> host_k_, host_v_;  ///< host_view()'s block pointers
   /// Device tier moves of one block (between two steps): slot -> new RAM
   /// block; RAM (read back first from the SSD) -> slot.
-  Status block_to_host(size_t l, size_t b);
+  /// With `deferred`, the rows' export is left to the caller's
+  /// KvStorage::export_blocks (before anything writes the slot or reads the block).
+  Status block_to_host(size_t l, size_t b, std::vector<KvStorage::KvRowsOut>* deferred = nullptr);
   Status block_to_device(size_t l, size_t b, size_t slot);
   /// A free slot of layer l, or one whose block holds only forgotten tokens,
   /// or the coldest unpinned block's (moved to the host); blocks in
   /// [keep_from, keep_to) are not taken. kNoSpace when none.
-  Result<size_t> take_slot(size_t l, size_t keep_from, size_t keep_to);
+  Result<size_t> take_slot(size_t l, size_t keep_from, size_t keep_to,
+                           std::vector<KvStorage::KvRowsOut>* deferred = nullptr);
   /// Blocks [first, need) of a device-tiered layer (those the step writes)
   /// get slots: new ones, and host blocks come onto the device.
   Status device_reserve(size_t l, size_t first, size_t need);

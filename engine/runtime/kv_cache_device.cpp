@@ -79,7 +79,7 @@ int64_t KvCache::max_step_tokens() const {
   return std::max<int64_t>(dev_slots_ - pinned, 1) * bs;
 }
 
-Status KvCache::block_to_host(size_t l, size_t b) {
+Status KvCache::block_to_host(size_t l, size_t b, std::vector<KvStorage::KvRowsOut>* deferred) {
   const int32_t slot = dev_slot_[l][b];
   std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
   if (!kv) {
@@ -87,8 +87,12 @@ Status KvCache::block_to_host(size_t l, size_t b) {
                       "KV cache: out of memory moving block %zu of layer %zu off the device", b, l);
   }
   // A host block is K then V, each [kv_head][block_size][row]: the export format.
-  LOOM_TRY(storage_->export_rows(static_cast<int64_t>(l), int64_t{slot} * cfg_.block_size,
-                                 cfg_.block_size, kv.get(), kv.get() + block_bytes()));
+  const KvStorage::KvRowsOut rows{int64_t{slot} * cfg_.block_size, cfg_.block_size, kv.get(),
+                                  kv.get() + block_bytes()};
+  if (deferred)
+    deferred->push_back(rows);
+  else
+    LOOM_TRY(storage_->export_rows(static_cast<int64_t>(l), rows.row0, rows.n, rows.k, rows.v));
   point_at(l, b, kv.get());
   blocks_[l][b] = std::move(kv);
   dev_slot_[l][b] = -1;
@@ -122,7 +126,8 @@ Status KvCache::block_to_device(size_t l, size_t b, size_t slot) {
   return {};
 }
 
-Result<size_t> KvCache::take_slot(size_t l, size_t keep_from, size_t keep_to) {
+Result<size_t> KvCache::take_slot(size_t l, size_t keep_from, size_t keep_to,
+                                  std::vector<KvStorage::KvRowsOut>* deferred) {
   auto& sb = slot_block_[l];
   for (size_t s = 0; s < sb.size(); ++s) {
     if (sb[s] < 0) return s;
@@ -157,7 +162,7 @@ Result<size_t> KvCache::take_slot(size_t l, size_t keep_from, size_t keep_to) {
                       "%" PRId64 " tokens and this step's: raise --kv-gpu",
                       dev_slots_, tiers_.window_tokens);
   }
-  LOOM_TRY(block_to_host(l, static_cast<size_t>(sb[best])));
+  LOOM_TRY(block_to_host(l, static_cast<size_t>(sb[best]), deferred));
   return best;
 }
 
@@ -171,14 +176,29 @@ Status KvCache::device_reserve(size_t l, size_t first, size_t need) {
     mass_[l].push_back(0.0f);
     dev_slot_[l].push_back(-1);
   }
+  // The evicted blocks' rows leave in one export (a prefill chunk evicts
+  // one block per new block), before anything writes their slots.
+  std::vector<KvStorage::KvRowsOut> evicted;
+  auto export_evicted = [&]() -> Status {
+    if (evicted.empty()) return {};
+    Status s = storage_->export_blocks(static_cast<int64_t>(l), evicted);
+    evicted.clear();
+    return s;
+  };
   for (size_t b = first; b < n; ++b) {
     if (dev_slot_[l][b] >= 0) continue;
     const bool holds_tokens = static_cast<int64_t>(b) * cfg_.block_size < n_tokens_;
     // A recompute writes lost host blocks where they are (store()).
     if (recomputing_ && (blocks_[l][b] || slot_[l][b] >= 0)) continue;
-    LOOM_ASSIGN_OR_RETURN(const size_t slot, take_slot(l, first, n));
+    auto taken = take_slot(l, first, n, &evicted);
+    if (!taken.ok()) {
+      (void)export_evicted();  // the blocks evicted so far keep their rows
+      return taken.status();
+    }
+    const size_t slot = *taken;
     if (blocks_[l][b] || slot_[l][b] >= 0) {
       if (holds_tokens) {
+        LOOM_TRY(export_evicted());  // the slot's old rows out before these go in
         LOOM_TRY(block_to_device(l, b, slot));
         continue;
       }
@@ -196,7 +216,7 @@ Status KvCache::device_reserve(size_t l, size_t first, size_t need) {
     dev_slot_[l][b] = static_cast<int32_t>(slot);
     slot_block_[l][slot] = static_cast<int32_t>(b);
   }
-  return {};
+  return export_evicted();
 }
 
 Status KvCache::layer_to_slots(size_t l) {

@@ -302,6 +302,73 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndMixes, VulkanKvTier,
                                   std::get<1>(p.param).name;
                          });
 
+// A prefill chunk takes a slot for each new block, evicting as many blocks
+// to RAM: their rows leave in one submission (export_blocks), and they are
+// the blocks' rows (attention over every tier still matches the reference).
+TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
+  LOOM_VULKAN_OR_SKIP(be, false);
+  const int64_t n_heads = 4, n_kv = 2, hd = 64, bs = 32, d = n_kv * hd;
+  const KvCacheConfig cfg{1, n_kv, hd, 1024, bs, DType::kF16};
+  auto kvr = KvCache::create(cfg);
+  ASSERT_TRUE(kvr.ok());
+  KvCache& kv = **kvr;
+  KvTierConfig tiers;
+  tiers.device_budget = 12 * pair_bytes(DType::kF16);  // 12 slots
+  tiers.sink_tokens = 32;
+  tiers.window_tokens = 64;
+  tiers.policy = "lru";
+  ASSERT_TRUE(kv.configure_tiers(tiers).ok());
+  auto st = be->create_kv_storage(cfg);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(kv.attach_storage(std::move(st).value()).ok());
+  kv.set_device_layers(1);
+  ASSERT_TRUE(kv.move_layer(0, true).ok());
+  ASSERT_TRUE(kv.device_tiered(0));
+  const int64_t n = 16 * bs;  // 12 blocks fill the slots, then a chunk of 4 more
+  const auto k = randn(static_cast<size_t>(n * d), 21);
+  const auto v = randn(static_cast<size_t>(n * d), 22);
+  auto dk = be->alloc_act(128 * d), dv = be->alloc_act(128 * d);
+  ASSERT_TRUE(dk.ok() && dv.ok());
+  for (int64_t p0 = 0; p0 < n; p0 += 128) {
+    ASSERT_TRUE(be->synchronize().ok());
+    const uint64_t subs = be->submissions(), to_host = kv.tier_stats().blocks_to_host;
+    ASSERT_TRUE(kv.reserve(p0 + 128).ok());
+    const uint64_t evicted = kv.tier_stats().blocks_to_host - to_host;
+    if (p0 == 12 * bs) {
+      EXPECT_EQ(evicted, 4u);
+      EXPECT_EQ(be->submissions() - subs, 1u) << "one submission for the chunk's evictions";
+    }
+    const Act ka = (*dk)->view(128, d), va = (*dv)->view(128, d);
+    ASSERT_TRUE(be->upload(k.data() + p0 * d, ka).ok());
+    ASSERT_TRUE(be->upload(v.data() + p0 * d, va).ok());
+    std::vector<int32_t> pos;
+    for (int64_t i = 0; i < 128; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
+    be->kv_store(kv, 0, ka, va, pos.data());
+    kv.set_n_tokens(p0 + 128);
+  }
+  ASSERT_TRUE(be->synchronize().ok());
+  ASSERT_GT(kv.tier_stats().ram_bytes, 0u);
+  // Decode-sized attention (the split path) over device and host blocks.
+  CpuBackend cpu(2);
+  const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
+  const auto q = randn(static_cast<size_t>(n_heads * hd), 23);
+  auto dq = be->alloc_act(n_heads * hd), dout = be->alloc_act(n_heads * hd);
+  ASSERT_TRUE(dq.ok() && dout.ok());
+  const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
+  ASSERT_TRUE(be->upload(q.data(), qa).ok());
+  ASSERT_TRUE(kv.fetch_layer(0).ok());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                             float* part, float* mass) {
+    cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+  };
+  ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+  std::vector<float> got(static_cast<size_t>(n_heads * hd));
+  ASSERT_TRUE(be->download(oa, got.data()).ok());
+  auto ref_kv = host_cache(cfg, k, v, n);
+  EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)), 2e-3);
+}
+
 // ---- Vulkan: whole sessions ---------------------------------------------------------
 
 class VulkanKvTierSession : public ::testing::Test {

@@ -302,6 +302,12 @@ class VulkanBackend final : public Backend {
   Status ensure_scratch(uint64_t bytes);
   // KvStorage::export_layer/export_rows (out set) or import_layer/import_rows
   // (in set) of rows [row0, row0 + n) of every KV head.
+  struct KvRows {  // rows [row0, row0 + n) of every KV head, out (k_out/v_out) or in
+    int64_t row0, n;
+    uint8_t *k_out, *v_out;
+    const uint8_t *k_in, *v_in;
+  };
+  Status kv_transfer(VkKvStorage& s, int64_t layer, std::span<const KvRows> items);
   Status kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, int64_t n, uint8_t* k_out,
                      uint8_t* v_out, const uint8_t* k_in, const uint8_t* v_in);
   // kv_store() of tokens into the given device rows of a layer.

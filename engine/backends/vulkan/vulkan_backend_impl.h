@@ -143,6 +143,15 @@ class VkKvStorage final : public KvStorage {
     LOOM_TRY(check_rows(layer, row0, n, "export_rows"));
     return owner_->kv_transfer(*this, layer, row0, n, k, v, nullptr, nullptr);
   }
+  Status export_blocks(int64_t layer, std::span<const KvRowsOut> items) override {
+    std::vector<VulkanBackend::KvRows> rows;
+    rows.reserve(items.size());
+    for (const KvRowsOut& it : items) {
+      LOOM_TRY(check_rows(layer, it.row0, it.n, "export_blocks"));
+      rows.push_back(VulkanBackend::KvRows{it.row0, it.n, it.k, it.v, nullptr, nullptr});
+    }
+    return owner_->kv_transfer(*this, layer, rows);
+  }
   Status import_rows(int64_t layer, int64_t row0, int64_t n, const uint8_t* k,
                      const uint8_t* v) override {
     LOOM_TRY(check_rows(layer, row0, n, "import_rows"));

@@ -45,8 +45,16 @@ Result<std::unique_ptr<KvStorage>> VulkanBackend::create_kv_storage(const KvCach
 Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, int64_t n,
                                   uint8_t* k_out, uint8_t* v_out, const uint8_t* k_in,
                                   const uint8_t* v_in) {
+  const KvRows one{row0, n, k_out, v_out, k_in, v_in};
+  return kv_transfer(s, layer, std::span<const KvRows>(&one, 1));
+}
+
+// Several row ranges of one layer, all out or all in: exports share their
+// submissions (one, while the ring holds them all).
+Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, std::span<const KvRows> items) {
   LOOM_TRY(status_);
-  const bool out = k_out != nullptr;
+  if (items.empty()) return status_;
+  const bool out = items[0].k_out != nullptr;
   const KvCacheConfig& c = s.cfg_;
   const bool f16 = c.dtype == DType::kF16;
   const auto hd = static_cast<uint64_t>(c.head_dim);
@@ -57,8 +65,7 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, i
   const uint64_t limit = transfer_chunk_ ? std::min(transfer_chunk_, ring_.size) : ring_.size;
   const uint64_t chunk = std::max<uint64_t>(1, (limit > 512 ? limit - 512 : 0) / (q_row + d_row));
   const auto l = static_cast<size_t>(layer);
-  const auto ctx = static_cast<uint64_t>(s.rows(l)), un = static_cast<uint64_t>(n);
-  const auto r0 = static_cast<uint64_t>(row0);
+  const auto ctx = static_cast<uint64_t>(s.rows(l));
 
   // Export: chunks copied into the ring, converted once their submission ran.
   struct Staged {
@@ -89,45 +96,48 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, int64_t row0, i
     return {};
   };
 
-  for (int which = 0; which < 2; ++which) {
-    const Alloc& a = which == 0 ? s.k_[l] : s.v_[l];
-    for (uint64_t h = 0; h < static_cast<uint64_t>(c.n_kv_heads); ++h) {
-      for (uint64_t t0 = 0; t0 < un; t0 += chunk) {
-        const uint64_t m = std::min(chunk, un - t0);
-        const uint64_t row = h * ctx + r0 + t0;  // device row of token t0
-        const uint64_t host = (h * un + t0) * host_row;
-        const uint64_t qb = m * q_row, db = m * d_row;
-        const uint64_t q_dev = a.offset + row * q_row,
-                       d_dev = a.offset + s.quant_bytes(l) + row * d_row;
-        if (out) {
-          if (ring_used_ + round256(qb) + round256(db) > ring_.size) LOOM_TRY(drain());
-          const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
-          copy_buffer(a.block, q_dev, ring_.block, qo, qb);
-          if (db) copy_buffer(a.block, d_dev, ring_.block, d_o, db);
-          staged.push_back(Staged{qo, d_o, m, (which == 0 ? k_out : v_out) + host});
-        } else {
-          // A flush here runs the copies out of the ring staged before.
-          LOOM_TRY(ring_reserve(round256(qb) + round256(db)));
-          const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
-          const uint8_t* src = (which == 0 ? k_in : v_in) + host;
-          uint8_t* mp = ring_.block->mapped;
-          if (f16) {
-            std::memcpy(mp + qo, src, qb);
+  for (const KvRows& it : items) {
+    const auto un = static_cast<uint64_t>(it.n), r0 = static_cast<uint64_t>(it.row0);
+    for (int which = 0; which < 2; ++which) {
+      const Alloc& a = which == 0 ? s.k_[l] : s.v_[l];
+      for (uint64_t h = 0; h < static_cast<uint64_t>(c.n_kv_heads); ++h) {
+        for (uint64_t t0 = 0; t0 < un; t0 += chunk) {
+          const uint64_t m = std::min(chunk, un - t0);
+          const uint64_t row = h * ctx + r0 + t0;  // device row of token t0
+          const uint64_t host = (h * un + t0) * host_row;
+          const uint64_t qb = m * q_row, db = m * d_row;
+          const uint64_t q_dev = a.offset + row * q_row,
+                         d_dev = a.offset + s.quant_bytes(l) + row * d_row;
+          if (out) {
+            if (ring_used_ + round256(qb) + round256(db) > ring_.size) LOOM_TRY(drain());
+            const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
+            copy_buffer(a.block, q_dev, ring_.block, qo, qb);
+            if (db) copy_buffer(a.block, d_dev, ring_.block, d_o, db);
+            staged.push_back(Staged{qo, d_o, m, (which == 0 ? it.k_out : it.v_out) + host});
           } else {
-            for (uint64_t r = 0; r < m; ++r) {
-              for (uint64_t b = 0; b < nb; ++b) {
-                ref::BlockQ8_0 blk;
-                std::memcpy(&blk, src + r * host_row + b * sizeof(blk), sizeof(blk));
-                const float d = ref::fp16_to_fp32(blk.d);
-                std::memcpy(mp + d_o + (r * nb + b) * 4, &d, 4);
-                std::memcpy(mp + qo + r * hd + b * 32, blk.qs, 32);
+            // A flush here runs the copies out of the ring staged before.
+            LOOM_TRY(ring_reserve(round256(qb) + round256(db)));
+            const uint64_t qo = ring_put(nullptr, qb), d_o = db ? ring_put(nullptr, db) : 0;
+            const uint8_t* src = (which == 0 ? it.k_in : it.v_in) + host;
+            uint8_t* mp = ring_.block->mapped;
+            if (f16) {
+              std::memcpy(mp + qo, src, qb);
+            } else {
+              for (uint64_t r = 0; r < m; ++r) {
+                for (uint64_t b = 0; b < nb; ++b) {
+                  ref::BlockQ8_0 blk;
+                  std::memcpy(&blk, src + r * host_row + b * sizeof(blk), sizeof(blk));
+                  const float d = ref::fp16_to_fp32(blk.d);
+                  std::memcpy(mp + d_o + (r * nb + b) * 4, &d, 4);
+                  std::memcpy(mp + qo + r * hd + b * 32, blk.qs, 32);
+                }
               }
             }
+            copy_buffer(ring_.block, qo, a.block, q_dev, qb);
+            if (db) copy_buffer(ring_.block, d_o, a.block, d_dev, db);
           }
-          copy_buffer(ring_.block, qo, a.block, q_dev, qb);
-          if (db) copy_buffer(ring_.block, d_o, a.block, d_dev, db);
+          LOOM_TRY(status_);
         }
-        LOOM_TRY(status_);
       }
     }
   }
