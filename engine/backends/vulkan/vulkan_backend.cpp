@@ -190,6 +190,8 @@ VulkanBackend::~VulkanBackend() {
   if (keep_flag_) host_pool_->free(keep_flag_);
   for (auto& a : weights_) device_pool_->free(a.second.alloc);
   device_pool_->free(scratch_);
+  device_pool_->free(gather_k_);
+  device_pool_->free(gather_v_);
   device_pool_->free(counters_);
   device_pool_->free(xq8_buf_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
