@@ -8,9 +8,12 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "cpu/ref/blocks.h"
+#include "cpu/ref/fp16.h"
 #include "engine/backends/vulkan/vulkan_backend.h"
 #include "engine/runtime/kv_cache.h"
 
@@ -43,6 +46,23 @@ inline Status not_resident(int64_t layer, const char* op) {
   return make_error(ErrorCode::kInternal,
                     "Vulkan %s: layer %" PRId64 " of the KV cache is not resident on the GPU", op,
                     layer);
+}
+
+// `rows` Q8_0 host rows (head_dim / 32 blocks of an fp16 scale and 32 int8)
+// in the device layout: each row's quants contiguous at `q`, its scales as
+// floats holding the fp16 values at `d`.
+inline void q8_rows_to_device(const uint8_t* src, uint64_t rows, uint64_t hd, uint8_t* q,
+                              uint8_t* d) {
+  const uint64_t nb = hd / 32, host_row = nb * sizeof(ref::BlockQ8_0);
+  for (uint64_t r = 0; r < rows; ++r) {
+    for (uint64_t b = 0; b < nb; ++b) {
+      ref::BlockQ8_0 blk;
+      std::memcpy(&blk, src + r * host_row + b * sizeof(blk), sizeof(blk));
+      const float s = ref::fp16_to_fp32(blk.d);
+      std::memcpy(d + (r * nb + b) * 4, &s, 4);
+      std::memcpy(q + r * hd + b * 32, blk.qs, 32);
+    }
+  }
 }
 
 // " MxK", appended to a matvec's profile label so each weight shape is timed apart.

@@ -105,7 +105,6 @@ Status VulkanBackend::attention_gathered(KvCache& kv, VkKvStorage& s, int64_t la
   //    Q8_0 rows split into quants and float scales as the shaders read them.
   std::vector<int32_t> blocks;
   const cpu::KvView hv = kv.host_view(layer, n_blocks, &blocks);
-  const uint64_t host_row = f16 ? q_row : nb * sizeof(ref::BlockQ8_0);
   const uint64_t per_block =
       2 * static_cast<uint64_t>(H) * (round256(ubs * q_row) + (d_row ? round256(ubs * d_row) : 0));
   std::vector<VkBufferCopy> to_k, to_v;
@@ -130,16 +129,8 @@ Status VulkanBackend::attention_gathered(KvCache& kv, VkKvStorage& s, int64_t la
         regions.push_back(VkBufferCopy{qo, dst.offset + row * q_row, ubs * q_row});
         if (f16) continue;
         const uint64_t d_o = ring_put(nullptr, ubs * d_row);
-        uint8_t* mp = ring_.block->mapped;
-        for (uint64_t r = 0; r < ubs; ++r) {
-          for (uint64_t k = 0; k < nb; ++k) {
-            ref::BlockQ8_0 q8;
-            std::memcpy(&q8, src + r * host_row + k * sizeof(q8), sizeof(q8));
-            const float d = ref::fp16_to_fp32(q8.d);
-            std::memcpy(mp + d_o + (r * nb + k) * 4, &d, 4);
-            std::memcpy(mp + qo + r * q_row + k * 32, q8.qs, 32);
-          }
-        }
+        q8_rows_to_device(src, ubs, static_cast<uint64_t>(hd), ring_.block->mapped + qo,
+                          ring_.block->mapped + d_o);
         regions.push_back(VkBufferCopy{d_o, dst.offset + g_quant + row * d_row, ubs * d_row});
       }
     }

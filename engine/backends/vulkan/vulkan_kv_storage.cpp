@@ -123,15 +123,7 @@ Status VulkanBackend::kv_transfer(VkKvStorage& s, int64_t layer, std::span<const
             if (f16) {
               std::memcpy(mp + qo, src, qb);
             } else {
-              for (uint64_t r = 0; r < m; ++r) {
-                for (uint64_t b = 0; b < nb; ++b) {
-                  ref::BlockQ8_0 blk;
-                  std::memcpy(&blk, src + r * host_row + b * sizeof(blk), sizeof(blk));
-                  const float d = ref::fp16_to_fp32(blk.d);
-                  std::memcpy(mp + d_o + (r * nb + b) * 4, &d, 4);
-                  std::memcpy(mp + qo + r * hd + b * 32, blk.qs, 32);
-                }
-              }
+              q8_rows_to_device(src, m, hd, mp + qo, mp + d_o);
             }
             copy_buffer(ring_.block, qo, a.block, q_dev, qb);
             if (db) copy_buffer(ring_.block, d_o, a.block, d_dev, db);
