@@ -217,6 +217,72 @@ TEST(GpuKv, LargeLayerRoundTripAndAttention) {
   EXPECT_EQ(be->validation_messages(), 0u);
 }
 
+// Prefill attention at model size (32 heads over 8 KV heads of 128, 1,000
+// tokens before 333 queries: several 64-row tiles, one partial, the causal
+// edge inside key tiles), F16 and Q8_0 KV: the tiled kernel and the one on
+// cooperative matrices (attn_cm.comp, where the device has them) against
+// cpu/ref; a 64-wide head without GQA as well.
+TEST(GpuAttention, PrefillMatchesReference) {
+  LOOM_GPU_OR_SKIP(be);
+  struct Case {
+    DType t;
+    int64_t n_heads, n_kv, hd;
+  };
+  for (const Case& cs : {Case{DType::kF16, 32, 8, 128}, Case{DType::kQ8_0, 32, 8, 128},
+                         Case{DType::kF16, 8, 8, 64}}) {
+    SCOPED_TRACE(std::string(dtype_name(cs.t)) + " head " + std::to_string(cs.hd));
+    const int64_t past = 1000, T = 333, n = past + T, kv_dim = cs.n_kv * cs.hd,
+                  q_dim = cs.n_heads * cs.hd;
+    KvCacheConfig cfg{1, cs.n_kv, cs.hd, 2048, 32, cs.t};
+    auto host_kv = KvCache::create(cfg), dev_kv = KvCache::create(cfg);
+    ASSERT_TRUE(host_kv.ok() && dev_kv.ok());
+    auto storage = be->create_kv_storage(cfg);
+    ASSERT_TRUE(storage.ok()) << storage.message();
+    ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
+    KvStorage& s = *(*dev_kv)->storage();
+    ASSERT_TRUE(s.set_layer_resident(0, true).ok());
+    ASSERT_TRUE((*host_kv)->reserve(n).ok());
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size()), q(size_t(T * q_dim));
+    for (float& x : k) x = d(rng);
+    for (float& x : v) x = d(rng);
+    for (float& x : q) x = d(rng);
+    const size_t rb = static_cast<size_t>(*dtype_row_bytes(cs.t, cs.hd));
+    std::vector<uint8_t> hk(rb * static_cast<size_t>(n * cs.n_kv)), hv(hk.size());
+    for (int64_t i = 0; i < n; ++i) {
+      (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
+      cpu::kv_store(cs.t, hk.data(), rb * static_cast<size_t>(n), cs.n_kv, cs.hd, i,
+                    k.data() + i * kv_dim);
+      cpu::kv_store(cs.t, hv.data(), rb * static_cast<size_t>(n), cs.n_kv, cs.hd, i,
+                    v.data() + i * kv_dim);
+    }
+    ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cs.hd));
+    std::vector<float> ref(q.size()), out(q.size());
+    ref::attention(q.data(), T, pos.data(), cs.n_heads, (*host_kv)->view(0), scale, ref.data(), 0,
+                   cs.n_heads);
+    auto bq = be->alloc_act(T * q_dim), bo = be->alloc_act(T * q_dim);
+    ASSERT_TRUE(bq.ok() && bo.ok());
+    const Act aq = (*bq)->view(T, q_dim), ao = (*bo)->view(T, q_dim);
+    ASSERT_TRUE(be->upload(q.data(), aq).ok());
+    for (bool cm : {false, true}) {
+      if (cm && !be->caps().coopmat) {
+        std::printf("note: no cooperative matrices on this device: attn_cm not tested\n");
+        continue;
+      }
+      be->set_attn_coopmat(cm);
+      be->attention(**dev_kv, 0, aq, pos.data(), cs.n_heads, scale, ao);
+      ASSERT_TRUE(be->download(ao, out.data()).ok());
+      EXPECT_LT(nerr(out, ref), cm ? 3e-3 : 1e-5) << (cm ? "attn_cm" : "attn_tile");
+    }
+    be->set_attn_coopmat(true);
+  }
+  EXPECT_EQ(be->validation_messages(), 0u);
+}
+
 // Scope timing over a decode-like step: 32 layers x 3 scopes of real-size
 // matvecs in one submission; one entry per scope, within the wall time.
 TEST(GpuScopes, ADecodeStepOfScopes) {

@@ -871,6 +871,8 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
                  r.data(), 0, c.n_heads);
   // Keys per split as chosen, and few (several threads per key, many splits
   // to merge: more than a workgroup's worth at 3 keys and 300 on lavapipe).
+  // Prefill: the tiled kernel here, the tensor-core one below.
+  be->set_attn_coopmat(false);
   {
     for (uint32_t keys : {0u, 8u, 3u}) {
       SCOPED_TRACE("keys per split " + std::to_string(keys));
@@ -895,6 +897,15 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
     }
   }
   be->set_attn_split_keys(0);
+  be->set_attn_coopmat(true);
+  // Prefill on cooperative matrices (attn_cm.comp: F16 Q, K, V and P, F32
+  // sums), where the device has them; lavapipe has not.
+  if (c.T > 1 && be->caps().coopmat) {
+    be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
+    const auto out = dout.fetch();
+    EXPECT_TRUE(all_finite(out));
+    EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())), 3e-3) << "attn_cm";
+  }
   if (o_w.w.data) be->release_weight(o_w.w);
 }
 
@@ -909,19 +920,17 @@ TEST_P(VulkanAttention, MatchesReference) {
 // head of 18 and 21 keys (tails of attn_split's unrolled K and V loops).
 // Prefill (T > 1, attn_tile): partial and several query tiles, odd head sizes,
 // the causal mask inside a tile; a head of 256 (too big for the tiles: split).
-INSTANTIATE_TEST_SUITE_P(Cases, VulkanAttention,
-                         ::testing::Values(AttnCase{DType::kF16, 4, 2, 64, 0, 1},
-                                           AttnCase{DType::kF16, 4, 2, 64, 127, 1},
-                                           AttnCase{DType::kF16, 4, 2, 64, 299, 1},
-                                           AttnCase{DType::kF16, 12, 1, 32, 40, 1},
-                                           AttnCase{DType::kF16, 4, 2, 18, 20, 1},
-                                           AttnCase{DType::kF16, 6, 3, 128, 130, 5},
-                                           AttnCase{DType::kF16, 2, 2, 18, 0, 7},
-                                           AttnCase{DType::kF16, 4, 2, 64, 40, 37},
-                                           AttnCase{DType::kF16, 2, 1, 256, 10, 3},
-                                           AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
-                                           AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}),
-                         [](const auto& pi) { return attn_name(pi.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, VulkanAttention,
+    ::testing::Values(
+        AttnCase{DType::kF16, 4, 2, 64, 0, 1}, AttnCase{DType::kF16, 4, 2, 64, 127, 1},
+        AttnCase{DType::kF16, 4, 2, 64, 299, 1}, AttnCase{DType::kF16, 12, 1, 32, 40, 1},
+        AttnCase{DType::kF16, 4, 2, 18, 20, 1}, AttnCase{DType::kF16, 6, 3, 128, 130, 5},
+        AttnCase{DType::kF16, 4, 1, 64, 100, 70}, AttnCase{DType::kQ8_0, 4, 2, 64, 40, 65},
+        AttnCase{DType::kF16, 2, 2, 18, 0, 7}, AttnCase{DType::kF16, 4, 2, 64, 40, 37},
+        AttnCase{DType::kF16, 2, 1, 256, 10, 3}, AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
+        AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}),
+    [](const auto& pi) { return attn_name(pi.param); });
 
 // ---- KV residency and transfers -----------------------------------------------------
 

@@ -26,6 +26,9 @@
 #            (LOOM_VK_COOPMAT: 0 tiled; cooperative matrices: 4 four subgroups,
 #            64 / 128 eight with that many tokens per tile, 2 eight by the
 #            shape, 1 the default), then the default's per-shader profile
+#   depth    prefill of $DEPTHS tokens and decode after them (Q4_K_M or
+#            $DTYPES), prefill attention on cooperative matrices and tiled
+#            (LOOM_VK_ATTN_CM=0; $DEPTH_AB), against llama.cpp Vulkan (-fa 1)
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
 #   tiers    KV tiers (issue 16): decode after $TIER_DEPTHS tokens of the Q4_K_M
@@ -104,6 +107,22 @@ for s in $stages; do
         [ "${ISSUE4_PROFILE:-1}" = 0 ] && continue
         echo "--- $d: Loom Vulkan, per-shader profile"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 30
+      done
+      ;;
+    depth)  # long prompts: prefill at depth, decode after it, against llama.cpp (-fa 1)
+      for d in ${DTYPES:-q4_k_m}; do
+        m="$(model $d)"
+        for n in ${DEPTHS:-8192 32768}; do
+          for e in ${DEPTH_AB:-1 0}; do
+            echo "--- $d depth $n: Loom Vulkan, LOOM_VK_ATTN_CM=$e"
+            LOOM_VK_ATTN_CM=$e timeout "${DEPTH_TIMEOUT:-200}" "$L" bench -m "$m" --backend vulkan -t "$T" \
+              -c $((n + 256)) -p "$n" -n 64 -r 1 2>&1 | grep --line-buffered -E "^(prefill|decode|itl|error)|rror"
+          done
+          [ "${LLAMA:-1}" = 0 ] && continue
+          echo "--- $d depth $n: llama.cpp Vulkan"
+          LD_LIBRARY_PATH="$B/llama:$B/lib" timeout 200 "$B/llama/llama-bench" -m "$m" -ngl 99 -t "$T" -fa 1 -p "$n" -n 0 -r 1 2>&1 | grep --line-buffered -E "^\||rror"
+          LD_LIBRARY_PATH="$B/llama:$B/lib" timeout 200 "$B/llama/llama-bench" -m "$m" -ngl 99 -t "$T" -fa 1 -p 0 -n 64 -d "$n" -r 1 2>&1 | grep --line-buffered -E "^\||rror"
+        done
       done
       ;;
     quick)  # Loom alone: full-GPU decode and the per-shader profile

@@ -21,6 +21,9 @@ constexpr uint64_t kAttnGroupScratch = 64ull
 constexpr int64_t kAttnTileMaxHeadDim = 128;   // HD_MAX in attn_tile.comp
 constexpr uint32_t kAttnTileRows = 16;         // BR in attn_tile.comp
 constexpr uint32_t kWgAttnTile = 128;          // BR * TPQ in attn_tile.comp
+constexpr uint32_t kAttnCmRows = 64;           // BR in attn_cm.comp
+constexpr uint32_t kWgAttnCm = 128;            // NT in attn_cm.comp
+constexpr uint32_t kAttnCmShared = 30720;      // its shared memory, bytes
 // Query rows from which attention over a slotted layer gathers its blocks
 // (vulkan_kv_gather.cpp) instead of one split per slot and the host's part.
 constexpr int64_t kGatherMinRows = 16;
@@ -93,11 +96,19 @@ void VulkanBackend::attention_tile(Act q, const int32_t* pos, int64_t n_heads, f
        *po,
        u32(T),
        scale};
-  dispatch(typed("attn_tile", c.dtype, false, true), Spec{kWgAttnTile},
+  // Tensor cores where the device has cooperative matrices (subgroups of 32)
+  // and the head and the cache's offsets suit attn_cm.comp's 16-byte loads.
+  const vk::DeviceCaps& dc = dev_->caps();
+  const bool cm = attn_coopmat_ && dc.coopmat && dc.subgroup_size == 32 &&
+                  dc.max_shared_bytes >= kAttnCmShared && c.head_dim % 16 == 0 &&
+                  ka.offset % 16 == 0 && va.offset % 16 == 0 && quant_bytes % 4 == 0;
+  const uint32_t rows_per_group = cm ? kAttnCmRows : kAttnTileRows;
+  dispatch(typed(cm ? "attn_cm" : "attn_tile", c.dtype, false, !cm),
+           Spec{cm ? kWgAttnCm : kWgAttnTile},
            {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
             Bind{va.block, va.offset, va.size, false}, act_bind(out, true),
             Bind{ring_.block, 0, 0, false}},
-           &pc, sizeof(pc), u32((T + kAttnTileRows - 1) / kAttnTileRows), u32(n_heads), 1);
+           &pc, sizeof(pc), u32((T + rows_per_group - 1) / rows_per_group), u32(n_heads), 1);
 }
 
 int64_t VulkanBackend::attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n_splits) const {

@@ -117,6 +117,8 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     coopmat_ = v != 0;
     coopmat_variant_ = v == 2 || v == 4 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
   }
+  // LOOM_VK_ATTN_CM=0 (A/B runs): prefill attention on the tiled kernel.
+  if (const char* e = std::getenv("LOOM_VK_ATTN_CM")) attn_coopmat_ = std::atoi(e) != 0;
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
   probe_loads_ = std::getenv("LOOM_VK_PROBE_LOADS") != nullptr;
   keep_groups_ = std::clamp<uint32_t>(opts.keep_busy_groups, 1, c.max_groups[0]);

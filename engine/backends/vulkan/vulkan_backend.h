@@ -149,6 +149,9 @@ class VulkanBackend final : public Backend {
     coopmat_ = on;
     coopmat_variant_ = variant;
   }
+  /// Test hook: prefill attention on cooperative matrices where the device
+  /// has them (attn_cm.comp, the default), or the tiled kernel (attn_tile.comp).
+  void set_attn_coopmat(bool on) { attn_coopmat_ = on; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
@@ -401,6 +404,7 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
+  bool attn_coopmat_ = true;             ///< set_attn_coopmat(), LOOM_VK_ATTN_CM
   bool matmul_n64_ = false;              ///< set_matmul_n64()
   bool coopmat_ = true;                  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
   uint32_t coopmat_variant_ = 0;         ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
