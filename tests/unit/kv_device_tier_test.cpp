@@ -238,8 +238,12 @@ TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
     }
 
     auto ref_kv = host_cache(cfg, k, v, n);
-    for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{40}}) {  // 40: gathered (prefill)
-      SCOPED_TRACE("query rows " + std::to_string(T));
+    // 40: gathered (prefill); with 3 slots per split on the device (no mass: lru).
+    const std::pair<int64_t, uint32_t> runs[] = {{1, 0}, {3, 0}, {40, 0}, {1, 3}, {3, 3}};
+    for (const auto& [T, chunks] : runs) {
+      SCOPED_TRACE("query rows " + std::to_string(T) + ", slots per split " +
+                   std::to_string(chunks));
+      be->set_attn_split_chunks(chunks);
       std::vector<int32_t> pos;
       for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));
       const auto q = randn(static_cast<size_t>(T * n_heads * hd), 13);
@@ -264,6 +268,7 @@ TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
       EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)),
                 t == DType::kF16 ? 2e-3 : 2e-2);
     }
+    be->set_attn_split_chunks(0);
     // A placement moves the layer's attention to the CPU and back: its
     // blocks come off the device and go up again (the pinned ones at once).
     if (kv.device_tiered(0)) {

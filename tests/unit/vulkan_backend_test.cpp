@@ -874,9 +874,12 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   // Prefill: the tiled kernel here, the tensor-core one below.
   be->set_attn_coopmat(false);
   {
-    for (uint32_t keys : {0u, 8u, 3u}) {
-      SCOPED_TRACE("keys per split " + std::to_string(keys));
+    // Then splits of several chunks (online softmax inside a split).
+    const std::pair<uint32_t, uint32_t> splits[] = {{0, 0}, {8, 0}, {3, 0}, {8, 5}, {3, 7}};
+    for (const auto& [keys, chunks] : splits) {
+      SCOPED_TRACE("keys per split " + std::to_string(keys) + ", chunks " + std::to_string(chunks));
       be->set_attn_split_keys(keys);
+      be->set_attn_split_chunks(chunks);
       be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
       const auto out = dout.fetch();
       EXPECT_TRUE(all_finite(out));
@@ -897,10 +900,11 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
     }
   }
   be->set_attn_split_keys(0);
+  be->set_attn_split_chunks(0);
   be->set_attn_coopmat(true);
   // Prefill on cooperative matrices (attn_cm.comp: F16 Q, K, V and P, F32
-  // sums), where the device has them; lavapipe has not.
-  if (c.T > 1 && be->caps().coopmat) {
+  // sums), where the device has them (from 16 query rows); lavapipe has not.
+  if (c.T >= 16 && be->caps().coopmat) {
     be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
     const auto out = dout.fetch();
     EXPECT_TRUE(all_finite(out));

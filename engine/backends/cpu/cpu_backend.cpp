@@ -1,6 +1,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -180,6 +181,17 @@ void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q,
   const float* qt = q + t0 * n_heads * hd;
   float* pt = part + t0 * n_heads * (hd + 2);
   const float* ml = device_ml ? device_ml + t0 * n_heads * 2 : nullptr;
+  // Without the attention mass, the blocks are split in ranges too, so every
+  // thread has work (a KV head per task leaves half of 16 threads idle with
+  // 8 KV heads), and the ranges' partials merged. The mass is normalized over
+  // the whole row inside attention_partial, so it keeps one range.
+  const int64_t n_kv = view.n_kv_heads;
+  const int64_t ranges =
+      block_mass ? 1 : std::clamp<int64_t>((2 * pool_.size() + n_kv - 1) / n_kv, 1, nb);
+  if (ranges > 1) {
+    host_ranges(qt, T - t0, hpos.data() + t0, n_heads, view, scale, pt, ranges);
+    return;
+  }
   pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
     const auto i = static_cast<size_t>(ith);
     cpu::attention_partial(qt, T - t0, hpos.data() + t0, n_heads, view, scale, pt, h0, h1,
@@ -189,6 +201,52 @@ void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q,
     for (const auto& m : att_mass_) {
       for (int64_t i = 0; i < nb; ++i)
         block_mass[blocks[static_cast<size_t>(i)]] += m[static_cast<size_t>(i)];
+    }
+  }
+}
+
+void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int64_t n_heads,
+                             const cpu::KvView& view, float scale, float* part, int64_t ranges) {
+  const int64_t bs = view.block_size, hd = view.head_dim, stride = hd + 2;
+  const int64_t n_kv = view.n_kv_heads, group = n_heads / n_kv, rows = T * n_heads;
+  int64_t nb = 0;  // the view's blocks: enough for the last visible row
+  for (int64_t t = 0; t < T; ++t) nb = std::max<int64_t>(nb, hpos[t] / bs + 1);
+  const int64_t per = (nb + ranges - 1) / ranges;
+  ranges = (nb + per - 1) / per;
+  range_parts_.resize(static_cast<size_t>(ranges * rows * stride));
+  std::vector<int32_t> rpos(static_cast<size_t>(ranges * T));
+  for (int64_t r = 0; r < ranges; ++r) {
+    const int64_t b0 = r * per, b1 = std::min(nb, b0 + per);
+    for (int64_t t = 0; t < T; ++t) {
+      rpos[static_cast<size_t>(r * T + t)] =
+          static_cast<int32_t>(std::clamp<int64_t>(hpos[t] + 1 - b0 * bs, 0, (b1 - b0) * bs) - 1);
+    }
+  }
+  pool_.parallel_for(n_kv * ranges, 1, [&](int64_t i0, int64_t i1, int ith) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t g = i / ranges, r = i % ranges;
+      cpu::KvView sub = view;
+      sub.k_blocks += r * per;
+      sub.v_blocks += r * per;
+      cpu::attention_partial(q, T, rpos.data() + r * T, n_heads, sub, scale,
+                             range_parts_.data() + r * rows * stride, g * group, (g + 1) * group,
+                             att_scratch_[static_cast<size_t>(ith)].data(), nullptr, nullptr);
+    }
+  });
+  // Log-sum-exp over the ranges, into one partial per row.
+  for (int64_t row = 0; row < rows; ++row) {
+    float M = cpu::kAttnEmptyMax;
+    for (int64_t r = 0; r < ranges; ++r)
+      M = std::max(M, range_parts_[static_cast<size_t>((r * rows + row) * stride)]);
+    float* out = part + row * stride;
+    std::fill(out, out + stride, 0.0f);
+    out[0] = M;
+    for (int64_t r = 0; r < ranges; ++r) {
+      const float* p = range_parts_.data() + (r * rows + row) * stride;
+      if (!(p[1] > 0.0f)) continue;  // a range this row sees no key of
+      const float w = std::exp(p[0] - M);
+      out[1] += p[1] * w;
+      for (int64_t d = 0; d < hd; ++d) out[2 + d] += p[2 + d] * w;
     }
   }
 }

@@ -16,6 +16,7 @@ namespace {
 constexpr uint32_t kAttnHeadsPerGroup = 8;   // GM in attn_split.comp
 constexpr uint32_t kAttnSplitKeys = 32;      // keys per split past kAttnOneSplitKeys (GPUs)
 constexpr uint32_t kAttnOneSplitKeys = 128;  // up to this many keys in one split (GPUs)
+constexpr uint32_t kAttnSplitGroups = 1024;  // workgroups that fill a GPU (long contexts)
 constexpr uint64_t kAttnGroupScratch = 64ull
                                        << 20;  // partials of one group of query rows (device tier)
 constexpr int64_t kAttnTileMaxHeadDim = 128;   // HD_MAX in attn_tile.comp
@@ -24,6 +25,10 @@ constexpr uint32_t kWgAttnTile = 128;          // BR * TPQ in attn_tile.comp
 constexpr uint32_t kAttnCmRows = 64;           // BR in attn_cm.comp
 constexpr uint32_t kWgAttnCm = 128;            // NT in attn_cm.comp
 constexpr uint32_t kAttnCmShared = 30720;      // its shared memory, bytes
+// Query rows from which prefill attention takes the tensor cores: below, a
+// 64-row tile would be mostly empty, and short prompts keep F32 scores and
+// probabilities (as their matmuls keep F32 activations in the matvecs).
+constexpr int64_t kAttnCmMinRows = 16;
 // Query rows from which attention over a slotted layer gathers its blocks
 // (vulkan_kv_gather.cpp) instead of one split per slot and the host's part.
 constexpr int64_t kGatherMinRows = 16;
@@ -53,14 +58,14 @@ void VulkanBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* 
       if (g.error().code() != ErrorCode::kOutOfMemory) return fail(g);
       // No device memory to gather into: one split per slot, below.
     }
-    // Device tier: one split per slot, causal by each slot's position; the
+    // Device tier: splits over the slots, causal by each slot's position; the
     // query rows in groups whose partials fit the scratch (no room to gather).
     const std::vector<int32_t> map = kv.slot_positions(layer);
     const int64_t tn = attn_rows_per_group(n_heads, hd, map.size() + 1);
     for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
       const int64_t n = std::min(tn, T - t0);
       attention_decode(*s, layer, q.rows_view(t0, n), pos + t0, n_heads, scale,
-                       out.rows_view(t0, n), &map, 0, false);
+                       out.rows_view(t0, n), &map, 0, false, true);
     }
     return;
   }
@@ -99,7 +104,7 @@ void VulkanBackend::attention_tile(Act q, const int32_t* pos, int64_t n_heads, f
   // Tensor cores where the device has cooperative matrices (subgroups of 32)
   // and the head and the cache's offsets suit attn_cm.comp's 16-byte loads.
   const vk::DeviceCaps& dc = dev_->caps();
-  const bool cm = attn_coopmat_ && dc.coopmat && dc.subgroup_size == 32 &&
+  const bool cm = attn_coopmat_ && T >= kAttnCmMinRows && dc.coopmat && dc.subgroup_size == 32 &&
                   dc.max_shared_bytes >= kAttnCmShared && c.head_dim % 16 == 0 &&
                   ka.offset % 16 == 0 && va.offset % 16 == 0 && quant_bytes % 4 == 0;
   const uint32_t rows_per_group = cm ? kAttnCmRows : kAttnTileRows;
@@ -121,7 +126,7 @@ int64_t VulkanBackend::attn_rows_per_group(int64_t n_heads, int64_t hd, size_t n
 uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
                                          int64_t n_heads, float scale, Act out,
                                          const std::vector<int32_t>* map, uint32_t extra_splits,
-                                         bool keep_splits) {
+                                         bool keep_splits, bool slot_chunks) {
   const KvCacheConfig& c = s.cfg_;
   const auto l = static_cast<size_t>(layer);
   const int64_t T = q.rows, hd = c.head_dim;
@@ -132,7 +137,8 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
   const std::vector<int32_t> no_block{-1};  // a layer with no block in a slot yet
   if (map && map->empty()) map = &no_block;
   if (map) {
-    // One split per slot: its (m, l) is the slot's block's share (attention mass).
+    // A chunk per slot, and a split per slot (its (m, l) is the slot's
+    // block's share: attention mass) unless slot_chunks.
     kps = u32(c.block_size);
     n_keys = u32(map->size()) * kps;
   } else {
@@ -150,7 +156,23 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
                                                         : kAttnSplitKeys;
   }
   kps = std::max<uint32_t>(kps, 1);
-  const uint32_t n_dev = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
+  // Chunks of kps keys per split: one, unless there are more chunks than it
+  // takes to fill the GPU (about kAttnSplitGroups workgroups), and then as
+  // many as that leaves, so the merge reads few partials (on the H200 at
+  // 32,768 keys: 1,024 splits a head, merged by one workgroup each).
+  const uint32_t group = u32(n_heads / c.n_kv_heads);
+  const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
+  const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
+  const uint32_t n_chunks = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
+  uint32_t cps = 1;
+  const bool chunks_ok = !map || slot_chunks;
+  if (chunks_ok && attn_split_chunks_) {
+    cps = attn_split_chunks_;
+  } else if (chunks_ok && gpu_device_ && !attn_split_keys_) {
+    const uint32_t want = std::max<uint32_t>(1, kAttnSplitGroups / (gy * u32(T)));
+    if (n_chunks > want) cps = (n_chunks + want - 1) / want;
+  }
+  const uint32_t n_dev = (n_chunks + cps - 1) / cps;
   const uint32_t n_splits = n_dev + extra_splits;
   uint32_t tpk = 1;
   while (tpk * 2 * std::min(kps, std::max<uint32_t>(n_keys, 1)) <= wg && tpk * 2 <= u32(hd / 2))
@@ -177,7 +199,7 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
     uint32_t q_off, q_ld, o_off, o_ld, part_off, kc_off, kc_d_off, vc_off, vc_d_off, n_ctx, n_heads,
         n_kv_heads, head_dim, pos_off, n_splits;
     float scale;
-    uint32_t kps, tpk, qo_off, qdo_off, map_off, map_keys, map_bs;
+    uint32_t kps, tpk, qo_off, qdo_off, map_off, map_keys, map_bs, cps;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(out.offset / 4),
@@ -200,11 +222,9 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
        0,
        *po + u32(T),
        n_keys,
-       map ? kps : 0};
+       map ? kps : 0,
+       cps};
   static_assert(sizeof(pc) <= kPushBytes);
-  const uint32_t group = u32(n_heads / c.n_kv_heads);
-  const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
-  const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
   const Bind part = part_bytes ? Bind{scratch_.block, scratch_.offset, part_bytes, true}
                                : Bind{ka.block, 0, 0, false};
   // One token with integer dots on: the output's Q8 copy for o, written by
@@ -308,7 +328,8 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
   for (int64_t t0 = 0; t0 < T; t0 += tn) {
     const int64_t n = std::min(tn, T - t0), rows = n * n_heads;
     const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
-    const uint32_t S = attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true);
+    const uint32_t S =
+        attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true, !mass);
     const uint32_t ns = S + 1;
     // q, and where the policy measures attention mass the (m, l) of each
     // device split, come to the host in one submission where the ring holds both.

@@ -154,6 +154,8 @@ class VulkanBackend final : public Backend {
   void set_attn_coopmat(bool on) { attn_coopmat_ = on; }
   /// Test hook: keys per split of decode attention (0: chosen from the context).
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
+  /// Test hook: chunks of those keys per split (0: chosen from the context).
+  void set_attn_split_chunks(uint32_t c) { attn_split_chunks_ = c; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
   /// Test hook: integer-dot matvecs where the device has them (the default),
@@ -319,10 +321,12 @@ class VulkanBackend final : public Backend {
   // layer: with `map` (slotted layers: the first position of each slot's
   // block, -1 when free) one split per slot over the slots' rows, causal by
   // position; `extra_splits` more splits are left for the caller to fill
-  // (attention_split's host part). Returns the number of device splits.
+  // (attention_split's host part). `slot_chunks`: with `map`, a split may
+  // take several slots (no slot's own (m, l) is wanted: no attention mass).
+  // Returns the number of device splits.
   uint32_t attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
                             int64_t n_heads, float scale, Act out, const std::vector<int32_t>* map,
-                            uint32_t extra_splits, bool keep_splits);
+                            uint32_t extra_splits, bool keep_splits, bool slot_chunks = false);
   // attn_merge of the n_splits partials in the scratch into out.
   void attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_splits, uint64_t part_bytes,
                   bool q8_out);
@@ -404,6 +408,7 @@ class VulkanBackend final : public Backend {
   Status record_keep_busy();
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
+  uint32_t attn_split_chunks_ = 0;       ///< set_attn_split_chunks()
   bool attn_coopmat_ = true;             ///< set_attn_coopmat(), LOOM_VK_ATTN_CM
   bool matmul_n64_ = false;              ///< set_matmul_n64()
   bool coopmat_ = true;                  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
