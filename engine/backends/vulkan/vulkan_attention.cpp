@@ -16,7 +16,6 @@ namespace {
 constexpr uint32_t kAttnHeadsPerGroup = 8;   // GM in attn_split.comp
 constexpr uint32_t kAttnSplitKeys = 32;      // keys per split past kAttnOneSplitKeys (GPUs)
 constexpr uint32_t kAttnOneSplitKeys = 128;  // up to this many keys in one split (GPUs)
-constexpr uint32_t kAttnSplitGroups = 1024;  // workgroups that fill a GPU (long contexts)
 constexpr uint64_t kAttnGroupScratch = 64ull
                                        << 20;  // partials of one group of query rows (device tier)
 constexpr int64_t kAttnTileMaxHeadDim = 128;   // HD_MAX in attn_tile.comp
@@ -153,7 +152,7 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
     n_keys = static_cast<uint32_t>(max_pos) + 1;
     kps = attn_split_keys_                              ? std::min(attn_split_keys_, wg)
           : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
-                                                        : kAttnSplitKeys;
+                                                        : std::min(kAttnSplitKeys, wg);
   }
   kps = std::max<uint32_t>(kps, 1);
   // Chunks of kps keys per split: one, unless there are more chunks than it
@@ -163,14 +162,22 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t n_gchunks = (group + kAttnHeadsPerGroup - 1) / kAttnHeadsPerGroup;
   const uint32_t gy = u32(c.n_kv_heads) * n_gchunks;
-  const uint32_t n_chunks = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
+  uint32_t n_chunks = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
   uint32_t cps = 1;
   const bool chunks_ok = !map || slot_chunks;
   if (chunks_ok && attn_split_chunks_) {
     cps = attn_split_chunks_;
   } else if (chunks_ok && gpu_device_ && !attn_split_keys_) {
-    const uint32_t want = std::max<uint32_t>(1, kAttnSplitGroups / (gy * u32(T)));
-    if (n_chunks > want) cps = (n_chunks + want - 1) / want;
+    const uint32_t want = std::max<uint32_t>(1, attn_groups_ / (gy * u32(T)));
+    if (n_chunks > want) {
+      // Splits of several chunks: chunks of attn_chunk_keys_ (64) keys
+      // (H200, decode after 32,768 tokens: 81.8 t/s, 67.8 with 32-key chunks).
+      if (!map) {
+        kps = std::min(attn_chunk_keys_, wg);
+        n_chunks = std::max<uint32_t>((n_keys + kps - 1) / kps, 1);
+      }
+      cps = (n_chunks + want - 1) / want;
+    }
   }
   const uint32_t n_dev = (n_chunks + cps - 1) / cps;
   const uint32_t n_splits = n_dev + extra_splits;
@@ -328,8 +335,22 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
   for (int64_t t0 = 0; t0 < T; t0 += tn) {
     const int64_t n = std::min(tn, T - t0), rows = n * n_heads;
     const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
+    const uint64_t q_bytes = static_cast<uint64_t>(n * q.cols) * 4;
+    qh.resize(static_cast<size_t>(n * q.cols));
+    // Without the attention mass nothing the host needs comes from the
+    // device part: q comes down first, and the device part runs (submitted,
+    // not waited for) while the CPU attends over the host blocks.
+    const bool overlap = !mass && round256(q_bytes) <= ring_.size;
+    if (overlap) {
+      LOOM_TRY(ring_reserve(round256(q_bytes)));
+      const uint64_t q_off = ring_put(nullptr, q_bytes);
+      copy_buffer(static_cast<Block*>(qc.buffer), qc.offset, ring_.block, q_off, q_bytes);
+      LOOM_TRY(flush());
+      std::memcpy(qh.data(), ring_.block->mapped + q_off, q_bytes);
+    }
     const uint32_t S =
         attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true, !mass);
+    if (overlap) LOOM_TRY(submit_chunk());
     const uint32_t ns = S + 1;
     // q, and where the policy measures attention mass the (m, l) of each
     // device split, come to the host in one submission where the ring holds both.
@@ -339,9 +360,7 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
     const uint64_t whole = static_cast<uint64_t>(rows) * ns * static_cast<uint64_t>(stride) * 4;
     const bool one_copy = whole <= ring_.size / 2;
     const uint64_t ml_bytes = !mass ? 0 : one_copy ? whole : static_cast<uint64_t>(rows) * S * 8;
-    const uint64_t q_bytes = static_cast<uint64_t>(n * q.cols) * 4;
     std::vector<float> split_ml(mass ? static_cast<size_t>(rows) * S * 2 : 0);
-    qh.resize(static_cast<size_t>(n * q.cols));
     auto take_ml = [&](uint64_t ml_off) {
       const uint8_t* m = ring_.block->mapped + ml_off;
       if (!one_copy) return std::memcpy(split_ml.data(), m, ml_bytes), void();
@@ -366,7 +385,9 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
       }
       copy_regions(scratch_.block, ring_.block, regions);
     };
-    if (round256(ml_bytes) + round256(q_bytes) <= ring_.size) {
+    if (overlap) {
+      // q is here; the device part is running.
+    } else if (round256(ml_bytes) + round256(q_bytes) <= ring_.size) {
       LOOM_TRY(ring_reserve(round256(ml_bytes) + round256(q_bytes)));
       const uint64_t q_off = ring_put(nullptr, q_bytes);
       copy_buffer(static_cast<Block*>(qc.buffer), qc.offset, ring_.block, q_off, q_bytes);

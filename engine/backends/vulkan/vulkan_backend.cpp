@@ -117,6 +117,13 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     coopmat_ = v != 0;
     coopmat_variant_ = v == 2 || v == 4 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
   }
+  // LOOM_VK_ATTN_KEYS / LOOM_VK_ATTN_GROUPS (A/B runs): decode attention's
+  // keys per chunk where splits take several (up to the workgroup size), and
+  // the workgroups per layer past which they do.
+  if (const char* e = std::getenv("LOOM_VK_ATTN_KEYS"))
+    attn_chunk_keys_ = std::clamp<uint32_t>(static_cast<uint32_t>(std::atoi(e)), 1, 256);
+  if (const char* e = std::getenv("LOOM_VK_ATTN_GROUPS"))
+    attn_groups_ = std::max<uint32_t>(static_cast<uint32_t>(std::atoi(e)), 1);
   // LOOM_VK_ATTN_CM=0 (A/B runs): prefill attention on the tiled kernel.
   if (const char* e = std::getenv("LOOM_VK_ATTN_CM")) attn_coopmat_ = std::atoi(e) != 0;
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
@@ -156,7 +163,7 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // lavapipe: 32, where every barrier is a costly coroutine switch).
   reduce_wg_ = c.subgroup_arithmetic ? std::clamp<uint32_t>(4 * c.subgroup_size, 32, 256) : 128;
   // Decode attention (attn_split): 256 threads on GPUs, eight per key of a
-  // kAttnSplitKeys split; CPU devices keep reduce_wg_.
+  // 32-key split; CPU devices keep reduce_wg_.
   attn_wg_ =
       gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads) : reduce_wg_;
 

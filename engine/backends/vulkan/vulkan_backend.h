@@ -409,15 +409,20 @@ class VulkanBackend final : public Backend {
   volatile uint32_t* keep_word() const;  // the flag the kernel polls (host-visible)
   uint32_t attn_split_keys_ = 0;         ///< set_attn_split_keys()
   uint32_t attn_split_chunks_ = 0;       ///< set_attn_split_chunks()
-  bool attn_coopmat_ = true;             ///< set_attn_coopmat(), LOOM_VK_ATTN_CM
-  bool matmul_n64_ = false;              ///< set_matmul_n64()
-  bool coopmat_ = true;                  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
-  uint32_t coopmat_variant_ = 0;         ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
-  bool qkv_rope_ = true;                 ///< set_qkv_rope()
-  bool probe_loads_ = false;             ///< LOOM_VK_PROBE_LOADS (benchmarks)
-  bool int_dot_ = true;                  ///< set_int_dot()
-  bool int_dot_inputs_ = false;  ///< set_int_dot(): quant_q8 copies of o's and down's inputs
-  bool int_dot_outputs_ = true;  ///< set_int_dot(): Q8 copies from gate+up and the attention merge
+  // Decode attention on GPUs: the workgroups that fill the GPU, past which a
+  // split takes several chunks, and the keys per chunk then.
+  // LOOM_VK_ATTN_GROUPS, LOOM_VK_ATTN_KEYS (A/B runs).
+  uint32_t attn_groups_ = 1024;
+  uint32_t attn_chunk_keys_ = 64;
+  bool attn_coopmat_ = true;      ///< set_attn_coopmat(), LOOM_VK_ATTN_CM
+  bool matmul_n64_ = false;       ///< set_matmul_n64()
+  bool coopmat_ = true;           ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
+  uint32_t coopmat_variant_ = 0;  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
+  bool qkv_rope_ = true;          ///< set_qkv_rope()
+  bool probe_loads_ = false;      ///< LOOM_VK_PROBE_LOADS (benchmarks)
+  bool int_dot_ = true;           ///< set_int_dot()
+  bool int_dot_inputs_ = false;   ///< set_int_dot(): quant_q8 copies of o's and down's inputs
+  bool int_dot_outputs_ = true;   ///< set_int_dot(): Q8 copies from gate+up and the attention merge
   // The Q8 copy last made of one token's row (by rms_norm_q8, the gate+up
   // matvec, the attention merge or quant_q8: the act range it mirrors, and
   // where its quants and block scales are): the integer-dot matvecs (matvec1x)
