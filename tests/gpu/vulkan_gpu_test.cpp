@@ -168,6 +168,43 @@ TEST(GpuOps, LargeMatmuls) {
   EXPECT_EQ(be->validation_messages(), 0u);
 }
 
+// One layer of n random tokens (values in [-2, 2) from rng) in a host cache,
+// for cpu/ref, and imported into a device cache (KvStorage::import_layer)
+// from the rows in `hk` / `hv`.
+struct TwinKv {
+  std::unique_ptr<KvCache> host, dev;
+  std::vector<uint8_t> hk, hv;
+};
+void make_twin_kv(VulkanBackend* be, const KvCacheConfig& cfg, int64_t n, std::mt19937& rng,
+                  TwinKv* tw) {
+  const DType t = cfg.dtype;
+  const int64_t n_kv = cfg.n_kv_heads, hd = cfg.head_dim, kv_dim = n_kv * hd;
+  auto host_kv = KvCache::create(cfg), dev_kv = KvCache::create(cfg);
+  ASSERT_TRUE(host_kv.ok() && dev_kv.ok());
+  tw->host = std::move(host_kv).value();
+  tw->dev = std::move(dev_kv).value();
+  auto storage = be->create_kv_storage(cfg);
+  ASSERT_TRUE(storage.ok()) << storage.message();
+  ASSERT_TRUE(tw->dev->attach_storage(std::move(storage).value()).ok());
+  ASSERT_TRUE(tw->dev->storage()->set_layer_resident(0, true).ok());
+  ASSERT_TRUE(tw->host->reserve(n).ok());
+  std::uniform_real_distribution<float> d(-2, 2);
+  std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size());
+  for (float& x : k) x = d(rng);
+  for (float& x : v) x = d(rng);
+  const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, hd));
+  tw->hk.assign(rb * static_cast<size_t>(n * n_kv), 0);
+  tw->hv.assign(tw->hk.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    tw->host->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
+    cpu::kv_store(t, tw->hk.data(), rb * static_cast<size_t>(n), n_kv, hd, i,
+                  k.data() + i * kv_dim);
+    cpu::kv_store(t, tw->hv.data(), rb * static_cast<size_t>(n), n_kv, hd, i,
+                  v.data() + i * kv_dim);
+  }
+  ASSERT_TRUE(tw->dev->storage()->import_layer(0, n, tw->hk.data(), tw->hv.data()).ok());
+}
+
 // A model-size layer (8 KV heads x 128, 8000 tokens: 16 MB of F16 K) through
 // export/import, larger than the staging ring (several submissions), then
 // decode attention over it against the reference on the host cache.
@@ -175,29 +212,13 @@ TEST(GpuKv, LargeLayerRoundTripAndAttention) {
   LOOM_GPU_OR_SKIP(be);
   for (DType t : {DType::kF16, DType::kQ8_0}) {
     SCOPED_TRACE(dtype_name(t));
-    const int64_t n_kv = 8, hd = 128, n = 8000, kv_dim = n_kv * hd, n_heads = 32;
-    KvCacheConfig cfg{1, n_kv, hd, 8192, 32, t};
-    auto host_kv = KvCache::create(cfg), dev_kv = KvCache::create(cfg);
-    ASSERT_TRUE(host_kv.ok() && dev_kv.ok());
-    auto storage = be->create_kv_storage(cfg);
-    ASSERT_TRUE(storage.ok()) << storage.message();
-    ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
-    KvStorage& s = *(*dev_kv)->storage();
-    ASSERT_TRUE(s.set_layer_resident(0, true).ok());
-    ASSERT_TRUE((*host_kv)->reserve(n).ok());
+    const int64_t n_kv = 8, hd = 128, n = 8000, n_heads = 32;
     std::mt19937 rng(9);
     std::uniform_real_distribution<float> d(-2, 2);
-    std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size());
-    for (float& x : k) x = d(rng);
-    for (float& x : v) x = d(rng);
-    const size_t rb = static_cast<size_t>(*dtype_row_bytes(t, hd));
-    std::vector<uint8_t> hk(rb * static_cast<size_t>(n * n_kv)), hv(hk.size());
-    for (int64_t i = 0; i < n; ++i) {
-      (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
-      cpu::kv_store(t, hk.data(), rb * static_cast<size_t>(n), n_kv, hd, i, k.data() + i * kv_dim);
-      cpu::kv_store(t, hv.data(), rb * static_cast<size_t>(n), n_kv, hd, i, v.data() + i * kv_dim);
-    }
-    ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
+    TwinKv tw;
+    ASSERT_NO_FATAL_FAILURE(make_twin_kv(be.get(), {1, n_kv, hd, 8192, 32, t}, n, rng, &tw));
+    KvStorage& s = *tw.dev->storage();
+    const std::vector<uint8_t>&hk = tw.hk, &hv = tw.hv;
     std::vector<uint8_t> ek(hk.size()), ev(hv.size());
     ASSERT_TRUE(s.export_layer(0, n, ek.data(), ev.data()).ok());
     EXPECT_TRUE(ek == hk && ev == hv) << "the round trip changed bytes";
@@ -209,9 +230,9 @@ TEST(GpuKv, LargeLayerRoundTripAndAttention) {
     ASSERT_TRUE(be->upload(q.data(), aq).ok());
     const int32_t pos = static_cast<int32_t>(n - 1);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    be->attention(**dev_kv, 0, aq, &pos, n_heads, scale, ao);
+    be->attention(*tw.dev, 0, aq, &pos, n_heads, scale, ao);
     ASSERT_TRUE(be->download(ao, out.data()).ok());
-    ref::attention(q.data(), 1, &pos, n_heads, (*host_kv)->view(0), scale, ref.data(), 0, n_heads);
+    ref::attention(q.data(), 1, &pos, n_heads, tw.host->view(0), scale, ref.data(), 0, n_heads);
     EXPECT_LT(nerr(out, ref), 1e-5);
   }
   EXPECT_EQ(be->validation_messages(), 0u);
@@ -231,38 +252,19 @@ TEST(GpuAttention, PrefillMatchesReference) {
   for (const Case& cs : {Case{DType::kF16, 32, 8, 128}, Case{DType::kQ8_0, 32, 8, 128},
                          Case{DType::kF16, 8, 8, 64}}) {
     SCOPED_TRACE(std::string(dtype_name(cs.t)) + " head " + std::to_string(cs.hd));
-    const int64_t past = 1000, T = 333, n = past + T, kv_dim = cs.n_kv * cs.hd,
-                  q_dim = cs.n_heads * cs.hd;
-    KvCacheConfig cfg{1, cs.n_kv, cs.hd, 2048, 32, cs.t};
-    auto host_kv = KvCache::create(cfg), dev_kv = KvCache::create(cfg);
-    ASSERT_TRUE(host_kv.ok() && dev_kv.ok());
-    auto storage = be->create_kv_storage(cfg);
-    ASSERT_TRUE(storage.ok()) << storage.message();
-    ASSERT_TRUE((*dev_kv)->attach_storage(std::move(storage).value()).ok());
-    KvStorage& s = *(*dev_kv)->storage();
-    ASSERT_TRUE(s.set_layer_resident(0, true).ok());
-    ASSERT_TRUE((*host_kv)->reserve(n).ok());
+    const int64_t past = 1000, T = 333, n = past + T, q_dim = cs.n_heads * cs.hd;
     std::mt19937 rng(17);
     std::uniform_real_distribution<float> d(-2, 2);
-    std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size()), q(size_t(T * q_dim));
-    for (float& x : k) x = d(rng);
-    for (float& x : v) x = d(rng);
+    TwinKv tw;
+    ASSERT_NO_FATAL_FAILURE(
+        make_twin_kv(be.get(), {1, cs.n_kv, cs.hd, 2048, 32, cs.t}, n, rng, &tw));
+    std::vector<float> q(static_cast<size_t>(T * q_dim));
     for (float& x : q) x = d(rng);
-    const size_t rb = static_cast<size_t>(*dtype_row_bytes(cs.t, cs.hd));
-    std::vector<uint8_t> hk(rb * static_cast<size_t>(n * cs.n_kv)), hv(hk.size());
-    for (int64_t i = 0; i < n; ++i) {
-      (*host_kv)->store(0, i, k.data() + i * kv_dim, v.data() + i * kv_dim);
-      cpu::kv_store(cs.t, hk.data(), rb * static_cast<size_t>(n), cs.n_kv, cs.hd, i,
-                    k.data() + i * kv_dim);
-      cpu::kv_store(cs.t, hv.data(), rb * static_cast<size_t>(n), cs.n_kv, cs.hd, i,
-                    v.data() + i * kv_dim);
-    }
-    ASSERT_TRUE(s.import_layer(0, n, hk.data(), hv.data()).ok());
     std::vector<int32_t> pos(static_cast<size_t>(T));
     for (int64_t i = 0; i < T; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
     const float scale = 1.0f / std::sqrt(static_cast<float>(cs.hd));
     std::vector<float> ref(q.size()), out(q.size());
-    ref::attention(q.data(), T, pos.data(), cs.n_heads, (*host_kv)->view(0), scale, ref.data(), 0,
+    ref::attention(q.data(), T, pos.data(), cs.n_heads, tw.host->view(0), scale, ref.data(), 0,
                    cs.n_heads);
     auto bq = be->alloc_act(T * q_dim), bo = be->alloc_act(T * q_dim);
     ASSERT_TRUE(bq.ok() && bo.ok());
@@ -274,7 +276,7 @@ TEST(GpuAttention, PrefillMatchesReference) {
         continue;
       }
       be->set_attn_coopmat(cm);
-      be->attention(**dev_kv, 0, aq, pos.data(), cs.n_heads, scale, ao);
+      be->attention(*tw.dev, 0, aq, pos.data(), cs.n_heads, scale, ao);
       ASSERT_TRUE(be->download(ao, out.data()).ok());
       EXPECT_LT(nerr(out, ref), cm ? 3e-3 : 1e-5) << (cm ? "attn_cm" : "attn_tile");
     }
