@@ -189,7 +189,7 @@ void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q,
   const int64_t ranges =
       block_mass ? 1 : std::clamp<int64_t>((2 * pool_.size() + n_kv - 1) / n_kv, 1, nb);
   if (ranges > 1) {
-    host_ranges(qt, T - t0, hpos.data() + t0, n_heads, view, scale, pt, ranges);
+    host_ranges(qt, T - t0, hpos.data() + t0, n_heads, view, nb, scale, pt, ranges);
     return;
   }
   pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
@@ -206,11 +206,10 @@ void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q,
 }
 
 void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int64_t n_heads,
-                             const cpu::KvView& view, float scale, float* part, int64_t ranges) {
+                             const cpu::KvView& view, int64_t nb, float scale, float* part,
+                             int64_t ranges) {
   const int64_t bs = view.block_size, hd = view.head_dim, stride = hd + 2;
   const int64_t n_kv = view.n_kv_heads, group = n_heads / n_kv, rows = T * n_heads;
-  int64_t nb = 0;  // the view's blocks: enough for the last visible row
-  for (int64_t t = 0; t < T; ++t) nb = std::max<int64_t>(nb, hpos[t] / bs + 1);
   const int64_t per = (nb + ranges - 1) / ranges;
   ranges = (nb + per - 1) / per;
   range_parts_.resize(static_cast<size_t>(ranges * rows * stride));

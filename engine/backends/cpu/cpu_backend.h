@@ -38,11 +38,11 @@ class CpuBackend final : public Backend {
 
  private:
   void add_bias(Act out, const Weight& bias, int64_t r0, int64_t r1);
-  // attention_host_part without the mass: the view's blocks in `ranges`
-  // ranges x KV heads tasks, their partials merged into `part`. Row t sees
-  // the view's first hpos[t] + 1 rows.
+  // attention_host_part without the mass: the view's `nb` blocks in
+  // `ranges` ranges x KV heads tasks, their partials merged into `part`.
+  // Row t sees the view's first hpos[t] + 1 rows.
   void host_ranges(const float* q, int64_t T, const int32_t* hpos, int64_t n_heads,
-                   const cpu::KvView& view, float scale, float* part, int64_t ranges);
+                   const cpu::KvView& view, int64_t nb, float scale, float* part, int64_t ranges);
 
   cpu::ThreadPool pool_;
   std::unique_ptr<cpu::OneDnnMatmul> onednn_;    ///< dense prefill matmuls, made on first use

@@ -340,14 +340,8 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
     // Without the attention mass nothing the host needs comes from the
     // device part: q comes down first, and the device part runs (submitted,
     // not waited for) while the CPU attends over the host blocks.
-    const bool overlap = !mass && round256(q_bytes) <= ring_.size;
-    if (overlap) {
-      LOOM_TRY(ring_reserve(round256(q_bytes)));
-      const uint64_t q_off = ring_put(nullptr, q_bytes);
-      copy_buffer(static_cast<Block*>(qc.buffer), qc.offset, ring_.block, q_off, q_bytes);
-      LOOM_TRY(flush());
-      std::memcpy(qh.data(), ring_.block->mapped + q_off, q_bytes);
-    }
+    const bool overlap = !mass;
+    if (overlap) LOOM_TRY(download(qc, qh.data()));
     const uint32_t S =
         attention_decode(*s, layer, qc, pos + t0, n_heads, scale, oc, &map, 1, true, !mass);
     if (overlap) LOOM_TRY(submit_chunk());
