@@ -132,16 +132,20 @@ TEST(GpuOps, LargeMatmuls) {
       int64_t T;
       bool coopmat;
       uint32_t variant;
+      std::string tile;  // a cooperative-matrix tile by name
     };
-    for (const Run run :
-         {Run{1, false, 0}, Run{5, false, 0}, Run{300, false, 0}, Run{300, true, 64},
-          Run{300, true, 128}, Run{300, true, 4}, Run{300, true, 2}, Run{300, true, 0}}) {
+    std::vector<Run> runs = {Run{1, false, 0, {}}, Run{5, false, 0, {}}, Run{300, false, 0, {}},
+                             Run{300, true, 2, {}}, Run{300, true, 0, {}}};
+    for (const std::string& tile : VulkanBackend::matmul_cm_tiles())
+      runs.push_back(Run{300, true, 0, tile});
+    for (const Run& run : runs) {
       const int64_t T = run.T;
       if (run.coopmat && !be->caps().coopmat) {
         std::printf("note: no cooperative matrices on this device: coopmat matmul not tested\n");
         continue;
       }
       be->set_matmul_coopmat(run.coopmat, run.variant);
+      if (!run.tile.empty()) be->set_matmul_cm_tile(run.tile);
       std::vector<float> x(static_cast<size_t>(T * n_in)), y(static_cast<size_t>(T * n_out));
       for (float& v : x) v = d(rng);
       auto bx = be->alloc_act(T * n_in), by = be->alloc_act(T * n_out);
@@ -160,7 +164,7 @@ TEST(GpuOps, LargeMatmuls) {
       }
       EXPECT_LT(nerr(y, ref), run.coopmat ? 2e-3 : 1e-5)
           << dtype_name(t) << " T=" << T << (run.coopmat ? " coopmat variant " : "")
-          << (run.coopmat ? std::to_string(run.variant) : "");
+          << (run.coopmat ? std::to_string(run.variant) + " " + run.tile : "");
     }
     be->release_weights();
   }

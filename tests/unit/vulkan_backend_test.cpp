@@ -292,7 +292,7 @@ TEST_P(VulkanMatmul, CoopmatMatchesReference) {
   const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
   std::vector<std::pair<int64_t, int64_t> > shapes;
   if (t == DType::kF16)
-    shapes = {{67, 13}, {96, 200}, {1024, 130}};
+    shapes = {{67, 13}, {32, 40}, {96, 200}, {1024, 130}};
   else if (kq)
     shapes = {{256, 19}, {512, 200}, {1280, 131}};
   else
@@ -300,16 +300,25 @@ TEST_P(VulkanMatmul, CoopmatMatchesReference) {
   // F16 rounding of x and W: about 4e-4 relative; a wrong index gives ~1.
   constexpr double kTol = 2e-3;
   uint32_t seed = 300;
-  for (uint32_t v : {64u, 128u, 4u, 2u, 0u}) {
-    SCOPED_TRACE("variant " + std::to_string(v));
-    be_->set_matmul_coopmat(true, v);
+  auto check_all = [&] {
     for (auto [n_in, n_out] : shapes) {
       for (int64_t T : {9, 64, 70, 131, 257}) {
         check_matmul(be_, t, n_in, n_out, T, /*bias=*/T == 70 || T == 257, /*view=*/T == 131,
                      seed++, false, kTol);
       }
     }
+  };
+  for (uint32_t v : {2u, 0u}) {
+    SCOPED_TRACE("variant " + std::to_string(v));
+    be_->set_matmul_coopmat(true, v);
+    check_all();
   }
+  for (const std::string& tile : VulkanBackend::matmul_cm_tiles()) {
+    SCOPED_TRACE(tile);
+    be_->set_matmul_cm_tile(tile);
+    check_all();
+  }
+  be_->set_matmul_coopmat(true, 0);
 }
 
 // matmul_add (y += W x): one fused matvec for a single token (both row

@@ -25,7 +25,11 @@
 #   prefill  prefill ($QUICK_DTYPES) under each prefill matmul in $PREFILL_AB
 #            (LOOM_VK_COOPMAT: 0 tiled; cooperative matrices: 4 four subgroups,
 #            64 / 128 eight with that many tokens per tile, 2 eight by the
-#            shape, 1 the default), then the default's per-shader profile
+#            shape, 1 the default), each tile of $PREFILL_TILES for every
+#            matmul (LOOM_VK_CM_TILE), then the default's per-shader profile
+#   gemm     the prefill matmul alone (loom_vulkan_gemm_bench): GPU time and
+#            TFLOP/s per dtype ($GEMM_DTYPES), token count ($GEMM_TOKENS) and
+#            cooperative-matrix tile ($GEMM_TILES: all, or names)
 #   depth    prefill of $DEPTHS tokens and decode after them (Q4_K_M or
 #            $DTYPES), prefill attention on cooperative matrices and tiled
 #            (LOOM_VK_ATTN_CM=0; $DEPTH_AB), against llama.cpp Vulkan (-fa 1)
@@ -93,6 +97,10 @@ for s in $stages; do
           echo "--- $d LOOM_VK_COOPMAT=$e"
           LOOM_VK_COOPMAT=$e timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 4 -r 3 2>&1 | grep -E "^prefill"
         done
+        for e in ${PREFILL_TILES:-}; do
+          echo "--- $d LOOM_VK_CM_TILE=$e"
+          LOOM_VK_CM_TILE=$e timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 4 -r 3 2>&1 | grep -E "^prefill"
+        done
         echo "--- $d: per-shader profile of prefill"
         timeout 90 "$L" bench -m "$m" --backend vulkan -t "$T" -p "${PP:-512}" -n 1 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 16
       done
@@ -108,6 +116,10 @@ for s in $stages; do
         echo "--- $d: Loom Vulkan, per-shader profile"
         "$L" bench -m "$m" --backend vulkan -t "$T" -p 16 -n 32 -r 1 --gpu-profile 2>&1 | sed -n '/GPU shaders/,$p' | head -n 30
       done
+      ;;
+    gemm)  # the prefill matmul alone per dtype, shape and cooperative-matrix tile ($GEMM_TILES)
+      "$B/loom_vulkan_gemm_bench" --dtypes "${GEMM_DTYPES:-q4_0,q4_k,q6_k,f16}" --tokens "${GEMM_TOKENS:-512,2048}" \
+        --tiles "${GEMM_TILES:-all}" --reps "${GEMM_REPS:-10}" 2>&1 | grep --line-buffered -E "^(gemm|device)|rror"
       ;;
     depth)  # long prompts: prefill at depth, decode after it, against llama.cpp (-fa 1)
       for d in ${DTYPES:-q4_k_m}; do

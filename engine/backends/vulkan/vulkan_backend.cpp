@@ -110,13 +110,16 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     int_dot_outputs_ = (bits & 4) != 0;
   }
   // LOOM_VK_COOPMAT (A/B runs): 0 the tiled prefill matmul; 1 (the default)
-  // the default cooperative-matrix kernel; 2, 4, 64 or 128 a variant of
+  // the default cooperative-matrix kernel; 2, 64 or 128 a variant of
   // set_matmul_coopmat.
   if (const char* e = std::getenv("LOOM_VK_COOPMAT")) {
     const int v = std::atoi(e);
     coopmat_ = v != 0;
-    coopmat_variant_ = v == 2 || v == 4 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
+    coopmat_variant_ = v == 2 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
   }
+  // LOOM_VK_CM_TILE (A/B runs): one cooperative-matrix variant by name for every
+  // prefill matmul (matmul_cm_n64, ...; the table in vulkan_matmul.cpp).
+  if (const char* e = std::getenv("LOOM_VK_CM_TILE")) cm_tile_name_ = e;
   // LOOM_VK_ATTN_KEYS / LOOM_VK_ATTN_GROUPS (A/B runs): decode attention's
   // keys per chunk where splits take several (up to the workgroup size), and
   // the workgroups per layer past which they do.
@@ -203,6 +206,7 @@ VulkanBackend::~VulkanBackend() {
   device_pool_->free(gather_v_);
   device_pool_->free(counters_);
   device_pool_->free(xq8_buf_);
+  device_pool_->free(xf16_buf_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
   for (VkDescriptorPool p : desc_pools_) fn.vkDestroyDescriptorPool(d, p, nullptr);
   for (uint32_t n = 1; n <= kMaxBindings; ++n) {

@@ -142,13 +142,20 @@ class VulkanBackend final : public Backend {
   void set_matmul_n64(bool on) { matmul_n64_ = on; }
   /// Test hook: prefill matmuls on cooperative matrices where the device has
   /// them (the default; caps().coopmat), or the tiled kernel. `variant`: 0 the
-  /// default; 4 128 tokens per tile in four subgroups (matmul_cm4); 64 or 128
-  /// tokens per tile in eight (matmul_cm_n64, matmul_cm); 2 eight subgroups,
-  /// 64 or 128 tokens by the shape.
+  /// default; 64 or 128 tokens per tile (matmul_cm_n64, matmul_cm); 2 64 or
+  /// 128 by the shape.
   void set_matmul_coopmat(bool on, uint32_t variant = 0) {
     coopmat_ = on;
     coopmat_variant_ = variant;
+    cm_tile_name_.clear();
   }
+  /// Test and bench hook: every prefill matmul on cooperative matrices in
+  /// the tile of that name (mul_mat_cm.comp's variants: "matmul_cm_64", ...;
+  /// one the device has no room for falls back to "matmul_cm_n64"); empty:
+  /// chosen as set_matmul_coopmat says.
+  void set_matmul_cm_tile(std::string name) { cm_tile_name_ = std::move(name); }
+  /// The names set_matmul_cm_tile() takes.
+  static std::vector<std::string> matmul_cm_tiles();
   /// Test hook: prefill attention on cooperative matrices where the device
   /// has them (attn_cm.comp, the default), or the tiled kernel (attn_tile.comp).
   void set_attn_coopmat(bool on) { attn_coopmat_ = on; }
@@ -418,6 +425,7 @@ class VulkanBackend final : public Backend {
   bool matmul_n64_ = false;       ///< set_matmul_n64()
   bool coopmat_ = true;           ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
   uint32_t coopmat_variant_ = 0;  ///< set_matmul_coopmat(), LOOM_VK_COOPMAT
+  std::string cm_tile_name_;      ///< set_matmul_cm_tile(), LOOM_VK_CM_TILE
   bool qkv_rope_ = true;          ///< set_qkv_rope()
   bool probe_loads_ = false;      ///< LOOM_VK_PROBE_LOADS (benchmarks)
   bool int_dot_ = true;           ///< set_int_dot()
@@ -437,6 +445,20 @@ class VulkanBackend final : public Backend {
   };
   Xq8 xq8_;
   vk::Alloc xq8_buf_;
+  // The F16 copy of a prefill matmul's input in xf16_buf_ (to_f16.comp),
+  // rows of `units` 32-wide units: q, k and v (gate and up) read one copy.
+  // A write over the source rows makes it stale (barrier_if_needed).
+  struct Xf16 {
+    void* buffer = nullptr;  ///< the source activation's block
+    uint64_t offset = 0;
+    int64_t rows = 0, cols = 0;
+    uint32_t units = 0;
+    uint64_t bytes() const { return static_cast<uint64_t>(rows * cols) * 4; }
+  };
+  Xf16 xf16_;
+  vk::Alloc xf16_buf_;
+  // x's F16 copy (made now unless xf16_ holds it), bound for reading.
+  Result<Bind> xf16_for(const Act& x, uint32_t units);
   uint64_t xq8_slot_ = 0;  ///< bytes per slot of xq8_buf_
   // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
   const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;

@@ -177,6 +177,10 @@ void VulkanBackend::barrier_if_needed(const Bind* binds, uint32_t n) {
     if (b.write && xq8_.buffer == b.block && b.offset < xq8_.offset + uint64_t(xq8_.n) * 4 &&
         xq8_.offset < b.offset + b.size)
       xq8_ = Xq8{};
+    // Likewise the F16 copy of a prefill matmul's input (xf16_for).
+    if (b.write && xf16_.buffer == b.block && b.offset < xf16_.offset + xf16_.bytes() &&
+        xf16_.offset < b.offset + b.size)
+      xf16_ = Xf16{};
     (b.write ? pending_writes_ : pending_reads_)
         .push_back(Range{b.block->buffer, b.offset, b.offset + b.size});
   }

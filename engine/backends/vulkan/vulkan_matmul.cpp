@@ -3,6 +3,7 @@
 // few-token matvecs, and prefill matmuls on cooperative matrices or the
 // tiled kernel; and the Q8 copies of activations the integer-dot matvecs read.
 #include <algorithm>
+#include <string_view>
 
 #include "engine/backends/vulkan/vulkan_backend_impl.h"
 
@@ -26,15 +27,46 @@ uint32_t matvec_parts(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 2 : kMatvecPartsMax;
 }
 constexpr uint32_t kManyGroups = 2048;
+constexpr uint32_t kWgCast = 256;    // to_f16.comp
 constexpr uint32_t kWgMatmul = 256;  // mul_mat.comp's tile needs exactly 256
 // BM and BN of mul_mat.comp's "matmul" ("matmul_n64": half the BN).
 constexpr uint32_t kMatmulTileM = 128;
 constexpr uint32_t kMatmulTileN = 128;
 constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared memory
-// mul_mat_cm.comp (cooperative matrices): 128 rows x 128 tokens per
-// workgroup of eight subgroups ("matmul_cm") or four ("matmul_cm4"), or 128 x
-// 64 ("matmul_cm_n64", eight), in double-buffered F16 tiles of 40 and 30 KiB.
-constexpr uint32_t kMatmulCmShared[2] = {30720, 40960};  // 64, 128 tokens
+// mul_mat_cm.comp (cooperative matrices): BM rows x BN tokens per workgroup
+// of SGM x SGN subgroups, in double-buffered F16 tiles (2 (BM + BN) 40
+// halves), reading x from its F16 copy (to_f16.comp). The variants of
+// shaders/variants.txt; set_matmul_coopmat / set_matmul_cm_tile pick one.
+// H200, loom_vulkan_gemm_bench on 8B shapes at 512 and 2048 tokens
+// (docs/PERFORMANCE.md): 128 x 128 in eight subgroups was the fastest of 128
+// x 128 in four or sixteen, 128 x 64, 64 x 128 and 64 x 64 (also with 64-wide
+// k steps), by 0-40%. Loading two steps ahead (PREFETCH2) bought 7-15% for
+// 128 x 64 and nothing for 128 x 128, so only matmul_cm_n64 does.
+struct CmTile {
+  const char* name;
+  uint32_t bm, bn, sgm, sgn;
+  uint32_t threads() const { return 32 * sgm * sgn; }
+  uint32_t shared_bytes() const { return 2 * (bm + bn) * 40 * 2; }
+};
+constexpr CmTile kCmTiles[] = {
+    {"matmul_cm", 128, 128, 2, 4},
+    {"matmul_cm_n64", 128, 64, 2, 4},
+};
+// Benchmarks only (wrong results; Q4_K and F16): matmul_cm without its
+// loads, or without its products (PROBE_* in mul_mat_cm.comp).
+constexpr CmTile kCmProbes[] = {
+    {"matmul_cm_probe_noload", 128, 128, 2, 4},
+    {"matmul_cm_probe_nomma", 128, 128, 2, 4},
+};
+const CmTile* cm_tile(std::string_view name) {
+  for (const CmTile& t : kCmTiles) {
+    if (name == t.name) return &t;
+  }
+  for (const CmTile& t : kCmProbes) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
 // Variant 2 (eight subgroups by the shape): matrices whose 128 x 128 grid
 // has fewer workgroups than this take 128 x 64 tiles (k and v at 512 tokens:
 // 32 workgroups for the H200's 132 SMs).
@@ -45,6 +77,38 @@ constexpr uint32_t kMatmulCmNarrowBelow = 66;
 constexpr uint32_t kMatmulCmDefault = 2;
 
 }  // namespace
+
+std::vector<std::string> VulkanBackend::matmul_cm_tiles() {
+  std::vector<std::string> names;
+  for (const CmTile& t : kCmTiles) names.emplace_back(t.name);
+  return names;
+}
+
+Result<VulkanBackend::Bind> VulkanBackend::xf16_for(const Act& x, uint32_t units) {
+  const uint64_t bytes = static_cast<uint64_t>(x.rows) * units * 64;
+  if (xf16_.buffer == x.buffer && xf16_.offset == x.offset && xf16_.rows == x.rows &&
+      xf16_.cols == x.cols && xf16_.units == units)
+    return Bind{xf16_buf_.block, xf16_buf_.offset, bytes, false};
+  if (xf16_buf_.size < bytes) {
+    LOOM_TRY(flush());  // the old copy may be in use by recorded work
+    device_pool_->free(xf16_buf_);
+    xf16_buf_ = Alloc{};
+    xf16_ = Xf16{};
+    LOOM_ASSIGN_OR_RETURN(
+        xf16_buf_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "F16 activations"));
+  }
+  struct {
+    uint32_t a_off, a_ld, n, o_off, o_ld, v4;
+  } pc{u32(x.offset / 4), u32(x.cols), u32(x.cols), u32(xf16_buf_.offset / 16), units * 4, 0};
+  pc.v4 = (pc.a_off | pc.a_ld) % 4 == 0 ? 1 : 0;
+  uint32_t gx, gz;
+  grid_1d((pc.o_ld + kWgCast - 1) / kWgCast, &gx, &gz);
+  dispatch(plain("to_f16"), Spec{kWgCast},
+           {act_bind(x, false), Bind{xf16_buf_.block, xf16_buf_.offset, bytes, true}}, &pc,
+           sizeof(pc), gx, u32(x.rows), gz);
+  xf16_ = Xf16{x.buffer, x.offset, x.rows, x.cols, units};
+  return Bind{xf16_buf_.block, xf16_buf_.offset, bytes, false};
+}
 
 uint64_t VulkanBackend::q8_bytes(uint64_t n) {
   return n + n / 32 * 8;
@@ -211,20 +275,27 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
              Spec{kWgMatvec, kMatvecRows, nsg}, {wb, act_bind(x, false), act_bind(out, true), bb},
              &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else if (coopmat_ && dev_->caps().coopmat && r->dtype != DType::kF32 &&
-             dev_->caps().max_shared_bytes >= kMatmulCmShared[0]) {
+             dev_->caps().max_shared_bytes >= cm_tile("matmul_cm_n64")->shared_bytes()) {
     // Tensor cores: F16 tiles, F32 sums (F32 weights stay on the exact kernel).
     // 128 x 128 tiles where the shared memory has room, else 128 x 64.
-    const uint32_t grid_m = (M + kMatmulTileM - 1) / kMatmulTileM;
-    uint32_t v = coopmat_variant_ ? coopmat_variant_ : kMatmulCmDefault;
-    if (v == 2) v = grid_m * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
-    if (dev_->caps().max_shared_bytes < kMatmulCmShared[1]) v = 64;
-    const uint32_t bn = v == 64 ? 64 : 128;
-    dispatch(typed(v == 64  ? "matmul_cm_n64"
-                   : v == 4 ? "matmul_cm4"
-                            : "matmul_cm",
-                   r->dtype, false, true),
-             Spec{v == 4 ? 128u : 256u}, {wb, act_bind(x, false), act_bind(out, true), bb}, &pc,
-             sizeof(pc), grid_m, (T + bn - 1) / bn, 1);
+    const CmTile* tile = cm_tile(cm_tile_name_);
+    if (!tile) {
+      uint32_t v = coopmat_variant_ ? coopmat_variant_ : kMatmulCmDefault;
+      if (v == 2) v = ((M + 127) / 128) * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
+      tile = cm_tile(v == 64 ? "matmul_cm_n64" : "matmul_cm");
+    }
+    if (dev_->caps().max_shared_bytes < tile->shared_bytes() ||
+        dev_->caps().max_wg_threads < tile->threads()) {
+      tile = cm_tile("matmul_cm_n64");
+    }
+    // x's F16 copy: rows of row_units 32-wide units, zeros past n_in.
+    const Result<Bind> xh = xf16_for(x, r->row_units);
+    if (!xh.ok()) return fail(xh.status());
+    pc.x_off = u32(xh->offset / 16);
+    pc.x_ld = r->row_units * 4;
+    dispatch(typed(tile->name, r->dtype, false, true), Spec{tile->threads()},
+             {wb, *xh, act_bind(out, true), bb}, &pc, sizeof(pc), (M + tile->bm - 1) / tile->bm,
+             (T + tile->bn - 1) / tile->bn, 1);
   } else {
     // 128 x 128 tiles (32 KiB of shared memory) where the device has room,
     // else 128 x 64 (24 KiB).
