@@ -26,11 +26,13 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cpu/ref/fp16.h"
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 #include "engine/backends/cpu/cpu_backend.h"
@@ -319,6 +321,42 @@ TEST_P(VulkanMatmul, CoopmatMatchesReference) {
     check_all();
   }
   be_->set_matmul_coopmat(true, 0);
+}
+
+// The F16 copy the cooperative-matrix matmul reads (to_f16.comp), on every
+// device: odd row lengths (scalar loads and zeros to the unit's end), row
+// views at odd offsets, values past F16's range and below it (zero).
+TEST_F(VulkanTest, F16CopyOfActivations) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 67}, {5, 64}, {2, 300}}) {
+    const uint32_t units = static_cast<uint32_t>((cols + 31) / 32);
+    auto x = random_floats(static_cast<size_t>((rows + 1) * cols),
+                           7000 + static_cast<uint32_t>(cols), -3.0f, 3.0f);
+    x[1] = 1e6f;   // past 65504: +Inf
+    x[2] = -1e6f;  // -Inf
+    x[3] = 1e-9f;  // below the smallest subnormal half: 0
+    DevMat dx(be_, rows + 1, cols, x);
+    // Rows 1 .. rows of the matrix: an offset of `cols` floats.
+    const Act view = dx.act().rows_view(1, rows);
+    auto h = be_->f16_copy(view, units);
+    ASSERT_TRUE(h.ok()) << h.message();
+    ASSERT_EQ(h->size(), static_cast<size_t>(rows) * units * 32);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < int64_t{units} * 32; ++k) {
+        // GLSL leaves packHalf2x16's rounding to the device: the nearest half
+        // or its neighbour toward zero.
+        const int got = (*h)[static_cast<size_t>(r * units * 32 + k)];
+        const float want = k < cols ? x[static_cast<size_t>((r + 1) * cols + k)] : 0.0f;
+        EXPECT_LE(std::abs(got - int{ref::fp32_to_fp16(want)}), 1) << "row " << r << " k " << k;
+      }
+    }
+    // Row 0 of the whole matrix: the Inf, -Inf and zero cases.
+    auto h0 = be_->f16_copy(dx.act().rows_view(0, 1), units);
+    ASSERT_TRUE(h0.ok()) << h0.message();
+    // Past F16's range: Inf (round to nearest) or the largest half (toward zero).
+    EXPECT_TRUE((*h0)[1] == 0x7C00u || (*h0)[1] == 0x7BFFu) << (*h0)[1];
+    EXPECT_TRUE((*h0)[2] == 0xFC00u || (*h0)[2] == 0xFBFFu) << (*h0)[2];
+    EXPECT_EQ((*h0)[3] & 0x7FFFu, 0u);
+  }
 }
 
 // matmul_add (y += W x): one fused matvec for a single token (both row

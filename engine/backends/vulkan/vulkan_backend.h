@@ -154,6 +154,10 @@ class VulkanBackend final : public Backend {
   /// one the device has no room for falls back to "matmul_cm_n64"); empty:
   /// chosen as set_matmul_coopmat says.
   void set_matmul_cm_tile(std::string name) { cm_tile_name_ = std::move(name); }
+  /// Test hook: the F16 copy of x that prefill matmuls on cooperative matrices
+  /// read (to_f16.comp): rows of `units` 32-wide units, zeros past x.cols, as
+  /// half-precision bit patterns.
+  Result<std::vector<uint16_t>> f16_copy(Act x, uint32_t units);
   /// The names set_matmul_cm_tile() takes.
   static std::vector<std::string> matmul_cm_tiles();
   /// Test hook: prefill attention on cooperative matrices where the device

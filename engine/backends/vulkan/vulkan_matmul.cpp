@@ -110,6 +110,20 @@ Result<VulkanBackend::Bind> VulkanBackend::xf16_for(const Act& x, uint32_t units
   return Bind{xf16_buf_.block, xf16_buf_.offset, bytes, false};
 }
 
+Result<std::vector<uint16_t>> VulkanBackend::f16_copy(Act x, uint32_t units) {
+  if (!check_act(x, "f16_copy")) return status_;
+  LOOM_ASSIGN_OR_RETURN(const Bind b, xf16_for(x, units));
+  LOOM_TRY(status_);
+  std::vector<uint16_t> h(b.size / 2);
+  Act view;
+  view.buffer = b.block;
+  view.offset = b.offset;
+  view.rows = 1;
+  view.cols = static_cast<int64_t>(b.size / 4);
+  LOOM_TRY(download(view, reinterpret_cast<float*>(h.data())));
+  return h;
+}
+
 uint64_t VulkanBackend::q8_bytes(uint64_t n) {
   return n + n / 32 * 8;
 }
