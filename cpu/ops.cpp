@@ -657,17 +657,25 @@ void attention_partial(const float* q, int64_t T, const int32_t* q_pos, int64_t 
                  other_ml);
 }
 
+void attention_fold_partial(float* acc, const float* p, int64_t head_dim) {
+  if (!(p[1] > 0.0f)) return;
+  if (p[0] > acc[0]) {
+    const float s = std::exp(acc[0] - p[0]);
+    for (int64_t i = 1; i < head_dim + 2; ++i) acc[i] *= s;
+    acc[0] = p[0];
+  }
+  const float w = std::exp(p[0] - acc[0]);
+  for (int64_t i = 1; i < head_dim + 2; ++i) acc[i] += p[i] * w;
+}
+
 void attention_merge_partials(const float* a, const float* b, int64_t rows, int64_t head_dim,
                               float* out) {
   const int64_t stride = head_dim + 2;
+  std::vector<float> acc(static_cast<size_t>(stride));
   for (int64_t r = 0; r < rows; ++r) {
-    const float* pa = a + r * stride;
-    const float* pb = b + r * stride;
-    const float m = std::max(pa[0], pb[0]);
-    const float wa = std::exp(pa[0] - m), wb = std::exp(pb[0] - m);
-    const float l = pa[1] * wa + pb[1] * wb;
-    for (int64_t d = 0; d < head_dim; ++d)
-      out[r * head_dim + d] = (pa[2 + d] * wa + pb[2 + d] * wb) / l;
+    std::copy(a + r * stride, a + (r + 1) * stride, acc.begin());
+    attention_fold_partial(acc.data(), b + r * stride, head_dim);
+    for (int64_t d = 0; d < head_dim; ++d) out[r * head_dim + d] = acc[2 + d] / acc[1];
   }
 }
 

@@ -109,6 +109,12 @@ void attention_partial(const float* q, int64_t T, const int32_t* q_pos, int64_t 
                        float* scratch, float* block_mass = nullptr,
                        const float* other_ml = nullptr);
 
+/// Folds partial `p` (one row of the layout above: m, l, then head_dim
+/// unnormalized sums) into `acc`, rescaling whichever has the smaller max
+/// (log-sum-exp). A partial that saw no key (l == 0) leaves acc as it is; an
+/// empty acc is {kAttnEmptyMax, 0, zeros}.
+void attention_fold_partial(float* acc, const float* p, int64_t head_dim);
+
 /// Merges two partials of the layout above into normalized outputs
 /// out [rows][head_dim] (rows = T * n_heads): the reference of the GPU merge.
 void attention_merge_partials(const float* a, const float* b, int64_t rows, int64_t head_dim,

@@ -232,21 +232,14 @@ void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int
                              att_scratch_[static_cast<size_t>(ith)].data(), nullptr, nullptr);
     }
   });
-  // Log-sum-exp over the ranges, into one partial per row.
+  // Log-sum-exp over the ranges, into one partial per row (a range this row
+  // sees no key of has l == 0 and is skipped).
   for (int64_t row = 0; row < rows; ++row) {
-    float M = cpu::kAttnEmptyMax;
-    for (int64_t r = 0; r < ranges; ++r)
-      M = std::max(M, range_parts_[static_cast<size_t>((r * rows + row) * stride)]);
     float* out = part + row * stride;
     std::fill(out, out + stride, 0.0f);
-    out[0] = M;
-    for (int64_t r = 0; r < ranges; ++r) {
-      const float* p = range_parts_.data() + (r * rows + row) * stride;
-      if (!(p[1] > 0.0f)) continue;  // a range this row sees no key of
-      const float w = std::exp(p[0] - M);
-      out[1] += p[1] * w;
-      for (int64_t d = 0; d < hd; ++d) out[2 + d] += p[2 + d] * w;
-    }
+    out[0] = cpu::kAttnEmptyMax;
+    for (int64_t r = 0; r < ranges; ++r)
+      cpu::attention_fold_partial(out, range_parts_.data() + (r * rows + row) * stride, hd);
   }
 }
 
