@@ -150,7 +150,7 @@ class VulkanBackend final : public Backend {
     cm_tile_name_.clear();
   }
   /// Test and bench hook: every prefill matmul on cooperative matrices in
-  /// the tile of that name (mul_mat_cm.comp's variants: "matmul_cm_64", ...;
+  /// the tile of that name (mul_mat_cm.comp's variants: "matmul_cm_n64", ...;
   /// one the device has no room for falls back to "matmul_cm_n64"); empty:
   /// chosen as set_matmul_coopmat says.
   void set_matmul_cm_tile(std::string name) { cm_tile_name_ = std::move(name); }
@@ -449,6 +449,9 @@ class VulkanBackend final : public Backend {
   };
   Xq8 xq8_;
   vk::Alloc xq8_buf_;
+  uint64_t xq8_slot_ = 0;  ///< bytes per slot of xq8_buf_
+  // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
+  const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
   // The F16 copy of a prefill matmul's input in xf16_buf_ (to_f16.comp),
   // rows of `units` 32-wide units: q, k and v (gate and up) read one copy.
   // A write over the source rows makes it stale (barrier_if_needed).
@@ -457,15 +460,12 @@ class VulkanBackend final : public Backend {
     uint64_t offset = 0;
     int64_t rows = 0, cols = 0;
     uint32_t units = 0;
-    uint64_t bytes() const { return static_cast<uint64_t>(rows * cols) * 4; }
+    uint64_t src_bytes() const { return static_cast<uint64_t>(rows * cols) * 4; }
   };
   Xf16 xf16_;
   vk::Alloc xf16_buf_;
   // x's F16 copy (made now unless xf16_ holds it), bound for reading.
   Result<Bind> xf16_for(const Act& x, uint32_t units);
-  uint64_t xq8_slot_ = 0;  ///< bytes per slot of xq8_buf_
-  // xq8_ when x is the row it copies, K long, and t has an integer-dot matvec.
-  const Xq8* xq8_for(const Act& x, int64_t K, DType t) const;
   static bool int_dot_type(DType t);     // a matvec1x variant exists for t
   static uint64_t q8_bytes(uint64_t n);  // a Q8 copy of n: int8 quants, then (d, d sum q) per block
   Status ensure_xq8(uint64_t n);         // xq8_buf_'s slots hold a copy of n elements

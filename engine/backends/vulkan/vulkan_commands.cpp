@@ -178,7 +178,7 @@ void VulkanBackend::barrier_if_needed(const Bind* binds, uint32_t n) {
         xq8_.offset < b.offset + b.size)
       xq8_ = Xq8{};
     // Likewise the F16 copy of a prefill matmul's input (xf16_for).
-    if (b.write && xf16_.buffer == b.block && b.offset < xf16_.offset + xf16_.bytes() &&
+    if (b.write && xf16_.buffer == b.block && b.offset < xf16_.offset + xf16_.src_bytes() &&
         xf16_.offset < b.offset + b.size)
       xf16_ = Xf16{};
     (b.write ? pending_writes_ : pending_reads_)

@@ -52,6 +52,8 @@ constexpr CmTile kCmTiles[] = {
     {"matmul_cm", 128, 128, 2, 4},
     {"matmul_cm_n64", 128, 64, 2, 4},
 };
+constexpr const CmTile& kCmWide = kCmTiles[0];
+constexpr const CmTile& kCmNarrow = kCmTiles[1];  // also where shared memory is short
 // Benchmarks only (wrong results; Q4_K and F16): matmul_cm without its
 // loads, or without its products (PROBE_* in mul_mat_cm.comp).
 constexpr CmTile kCmProbes[] = {
@@ -289,18 +291,18 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
              Spec{kWgMatvec, kMatvecRows, nsg}, {wb, act_bind(x, false), act_bind(out, true), bb},
              &pc, sizeof(pc), gx, (T + kMatvecCols - 1) / kMatvecCols, gz);
   } else if (coopmat_ && dev_->caps().coopmat && r->dtype != DType::kF32 &&
-             dev_->caps().max_shared_bytes >= cm_tile("matmul_cm_n64")->shared_bytes()) {
+             dev_->caps().max_shared_bytes >= kCmNarrow.shared_bytes()) {
     // Tensor cores: F16 tiles, F32 sums (F32 weights stay on the exact kernel).
     // 128 x 128 tiles where the shared memory has room, else 128 x 64.
-    const CmTile* tile = cm_tile(cm_tile_name_);
+    const CmTile* tile = cm_tile_name_.empty() ? nullptr : cm_tile(cm_tile_name_);
     if (!tile) {
       uint32_t v = coopmat_variant_ ? coopmat_variant_ : kMatmulCmDefault;
       if (v == 2) v = ((M + 127) / 128) * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
-      tile = cm_tile(v == 64 ? "matmul_cm_n64" : "matmul_cm");
+      tile = v == 64 ? &kCmNarrow : &kCmWide;
     }
     if (dev_->caps().max_shared_bytes < tile->shared_bytes() ||
         dev_->caps().max_wg_threads < tile->threads()) {
-      tile = cm_tile("matmul_cm_n64");
+      tile = &kCmNarrow;
     }
     // x's F16 copy: rows of row_units 32-wide units, zeros past n_in.
     const Result<Bind> xh = xf16_for(x, r->row_units);
