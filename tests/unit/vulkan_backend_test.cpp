@@ -359,6 +359,37 @@ TEST_F(VulkanTest, F16CopyOfActivations) {
   }
 }
 
+// The F16 copy of a quantized weight that the direct tensor-core matmul reads
+// (dequant_f16.comp), on every device: whole matrices and row ranges against
+// the reference dequantizer rounded to half.
+TEST_P(VulkanMatmul, F16CopyOfWeights) {
+  const DType t = GetParam();
+  if (t == DType::kF32 || t == DType::kF16) GTEST_SKIP() << "F32 and F16 weights are not copied";
+  const bool kq = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  uint32_t seed = 1300;
+  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{kq ? 256 : 96, 37}, {kq ? 512 : 160, 5}}) {
+    HostWeight h = make_weight(t, n_in, n_out, seed++);
+    ASSERT_TRUE(be_->upload_weight(h.w).ok());
+    const int64_t units = (n_in + 31) / 32;
+    for (auto [row0, rows] : {std::pair<int64_t, int64_t>{0, n_out}, {1, n_out - 2}}) {
+      SCOPED_TRACE(testing::Message() << n_in << "x" << n_out << " rows " << row0 << "+" << rows);
+      auto c = be_->f16_weight_copy(h.w, static_cast<uint64_t>(row0), static_cast<uint32_t>(rows));
+      ASSERT_TRUE(c.ok()) << c.message();
+      ASSERT_EQ(c->size(), static_cast<size_t>(rows * units * 32));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < units * 32; ++k) {
+          const float want = k < n_in ? h.deq[static_cast<size_t>((row0 + r) * n_in + k)] : 0.0f;
+          const int got = (*c)[static_cast<size_t>(r * units * 32 + k)];
+          ASSERT_LE(std::abs(got - int{ref::fp32_to_fp16(want)}), 1) << "row " << r << " k " << k;
+        }
+      }
+    }
+    be_->release_weight(h.w);
+  }
+  EXPECT_FALSE(
+      be_->f16_weight_copy(make_weight(t, kq ? 256 : 64, 2, 1).w, 0, 2).ok());  // not uploaded
+}
+
 // matmul_add (y += W x): one fused matvec for a single token (both row
 // splits), the plain ops for more tokens.
 TEST_P(VulkanMatmul, MatmulAdd) {

@@ -207,6 +207,7 @@ VulkanBackend::~VulkanBackend() {
   device_pool_->free(counters_);
   device_pool_->free(xq8_buf_);
   device_pool_->free(xf16_buf_);
+  device_pool_->free(wf16_buf_);
   for (auto& [k, p] : pipelines_) fn.vkDestroyPipeline(d, p.pipe, nullptr);
   for (VkDescriptorPool p : desc_pools_) fn.vkDestroyDescriptorPool(d, p, nullptr);
   for (uint32_t n = 1; n <= kMaxBindings; ++n) {

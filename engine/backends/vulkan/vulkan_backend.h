@@ -158,6 +158,10 @@ class VulkanBackend final : public Backend {
   /// read (to_f16.comp): rows of `units` 32-wide units, zeros past x.cols, as
   /// half-precision bit patterns.
   Result<std::vector<uint16_t>> f16_copy(Act x, uint32_t units);
+  /// Test hook: rows row0 .. row0 + rows - 1 of a quantized weight (uploaded
+  /// first) as the direct tensor-core matmul reads them (dequant_f16.comp):
+  /// rows of row_units 32-wide units, half-precision bit patterns.
+  Result<std::vector<uint16_t>> f16_weight_copy(const Weight& w, uint64_t row0, uint32_t rows);
   /// The names set_matmul_cm_tile() takes.
   static std::vector<std::string> matmul_cm_tiles();
   /// Test hook: prefill attention on cooperative matrices where the device
@@ -466,6 +470,17 @@ class VulkanBackend final : public Backend {
   vk::Alloc xf16_buf_;
   // x's F16 copy (made now unless xf16_ holds it), bound for reading.
   Result<Bind> xf16_for(const Act& x, uint32_t units);
+  // Rows row0 .. row0 + rows - 1 of a quantized resident weight as F16 rows
+  // in wf16_buf_ (dequant_f16.comp), for the direct tensor-core matmul; the
+  // last copy is kept while the next call asks for the same rows.
+  struct Wf16 {
+    const void* block = nullptr;  ///< the weight's block, offset and fingerprint
+    uint64_t offset = 0, fingerprint = 0;
+    uint64_t row0 = 0, rows = 0;
+  };
+  Wf16 wf16_;
+  vk::Alloc wf16_buf_;
+  Result<Bind> wf16_for(const Resident& r, uint64_t row0, uint32_t rows);
   static bool int_dot_type(DType t);     // a matvec1x variant exists for t
   static uint64_t q8_bytes(uint64_t n);  // a Q8 copy of n: int8 quants, then (d, d sum q) per block
   Status ensure_xq8(uint64_t n);         // xq8_buf_'s slots hold a copy of n elements

@@ -42,15 +42,20 @@ constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared m
 // x 128 in four or sixteen, 128 x 64, 64 x 128 and 64 x 64 (also with 64-wide
 // k steps), by 0-40%. Loading two steps ahead (PREFETCH2) bought 7-15% for
 // 128 x 64 and nothing for 128 x 128, so only matmul_cm_n64 does.
+// A "pre" tile runs its shader's F16 variant on an F16 copy of a quantized
+// matrix (dequant_f16.comp, made before the matmul).
 struct CmTile {
   const char* name;
   uint32_t bm, bn, sgm, sgn;
+  const char* shader = nullptr;  ///< pre tiles: the variant they run
   uint32_t threads() const { return 32 * sgm * sgn; }
   uint32_t shared_bytes() const { return 2 * (bm + bn) * 40 * 2; }
 };
 constexpr CmTile kCmTiles[] = {
     {"matmul_cm", 128, 128, 2, 4},
     {"matmul_cm_n64", 128, 64, 2, 4},
+    {"matmul_cm_pre", 128, 128, 2, 4, "matmul_cm"},
+    {"matmul_cm_n64_pre", 128, 64, 2, 4, "matmul_cm_n64"},
 };
 constexpr const CmTile& kCmWide = kCmTiles[0];
 constexpr const CmTile& kCmNarrow = kCmTiles[1];  // also where shared memory is short
@@ -112,9 +117,57 @@ Result<VulkanBackend::Bind> VulkanBackend::xf16_for(const Act& x, uint32_t units
   return Bind{xf16_buf_.block, xf16_buf_.offset, bytes, false};
 }
 
+Result<VulkanBackend::Bind> VulkanBackend::wf16_for(const Resident& r, uint64_t row0,
+                                                    uint32_t rows) {
+  const uint64_t bytes = uint64_t{rows} * r.row_units * 64;
+  if (wf16_.block == r.alloc.block && wf16_.offset == r.alloc.offset &&
+      wf16_.fingerprint == r.fingerprint && wf16_.row0 == row0 && wf16_.rows == rows)
+    return Bind{wf16_buf_.block, wf16_buf_.offset, bytes, false};
+  if (wf16_buf_.size < bytes) {
+    LOOM_TRY(flush());  // the old copy may be in use by recorded work
+    device_pool_->free(wf16_buf_);
+    wf16_buf_ = Alloc{};
+    wf16_ = Wf16{};
+    LOOM_ASSIGN_OR_RETURN(wf16_buf_, device_pool_->alloc(bytes, "F16 weights"));
+  }
+  struct {
+    uint32_t w_off, w_off2, row0, row_units, rows, o_off;
+  } pc{u32(r.alloc.offset / 4),   u32((r.alloc.offset + r.off2) / 4), u32(row0), r.row_units, rows,
+       u32(wf16_buf_.offset / 16)};
+  uint32_t gx, gz;
+  grid_1d((uint64_t{rows} * r.row_units + kWgCast - 1) / kWgCast, &gx, &gz);
+  dispatch(typed("dequant_f16", r.dtype, false, false), Spec{kWgCast},
+           {Bind{r.alloc.block, r.alloc.offset, r.alloc.size, false},
+            Bind{wf16_buf_.block, wf16_buf_.offset, bytes, true}},
+           &pc, sizeof(pc), gx, 1, gz);
+  wf16_ = Wf16{r.alloc.block, r.alloc.offset, r.fingerprint, row0, rows};
+  return Bind{wf16_buf_.block, wf16_buf_.offset, bytes, false};
+}
+
 Result<std::vector<uint16_t>> VulkanBackend::f16_copy(Act x, uint32_t units) {
   if (!check_act(x, "f16_copy")) return status_;
   LOOM_ASSIGN_OR_RETURN(const Bind b, xf16_for(x, units));
+  LOOM_TRY(status_);
+  std::vector<uint16_t> h(b.size / 2);
+  Act view;
+  view.buffer = b.block;
+  view.offset = b.offset;
+  view.rows = 1;
+  view.cols = static_cast<int64_t>(b.size / 4);
+  LOOM_TRY(download(view, reinterpret_cast<float*>(h.data())));
+  return h;
+}
+
+Result<std::vector<uint16_t>> VulkanBackend::f16_weight_copy(const Weight& w, uint64_t row0,
+                                                             uint32_t rows) {
+  LOOM_TRY(status_);
+  const Resident* r = find_weight(w.data);
+  if (!r || r->dtype == DType::kF32 || r->dtype == DType::kF16 ||
+      row0 + rows > static_cast<uint64_t>(r->n_rows))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "f16_weight_copy: '%s' is not a resident quantized weight with those rows",
+                      w.name().c_str());
+  LOOM_ASSIGN_OR_RETURN(const Bind b, wf16_for(*r, row0, rows));
   LOOM_TRY(status_);
   std::vector<uint16_t> h(b.size / 2);
   Act view;
@@ -309,9 +362,19 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     if (!xh.ok()) return fail(xh.status());
     pc.x_off = u32(xh->offset / 16);
     pc.x_ld = r->row_units * 4;
-    dispatch(typed(tile->name, r->dtype, false, true), Spec{tile->threads()},
-             {wb, *xh, act_bind(out, true), bb}, &pc, sizeof(pc), (M + tile->bm - 1) / tile->bm,
-             (T + tile->bn - 1) / tile->bn, 1);
+    Bind wbind = wb;
+    DType wt = r->dtype;
+    if (tile->shader && wt != DType::kF16) {
+      const Result<Bind> wh = wf16_for(*r, row0, M);
+      if (!wh.ok()) return fail(wh.status());
+      wbind = *wh;
+      wt = DType::kF16;
+      pc.w_off = u32(wh->offset / 4);
+      pc.row0 = 0;
+    }
+    dispatch(typed(tile->shader ? tile->shader : tile->name, wt, false, true),
+             Spec{tile->threads()}, {wbind, *xh, act_bind(out, true), bb}, &pc, sizeof(pc),
+             (M + tile->bm - 1) / tile->bm, (T + tile->bn - 1) / tile->bn, 1);
   } else {
     // 128 x 128 tiles (32 KiB of shared memory) where the device has room,
     // else 128 x 64 (24 KiB).
