@@ -22,6 +22,8 @@ CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
   att_scratch_.resize(static_cast<size_t>(pool_.size()));
   // Tuning knob for measurements: how long idle workers spin before sleeping.
   if (const char* e = std::getenv("LOOM_CPU_SPIN_US")) pool_.set_spin_us(std::atoi(e));
+  // A/B knob for measurements: LOOM_CPU_FUSE=0 runs the fused decode ops unfused.
+  if (const char* e = std::getenv("LOOM_CPU_FUSE")) fuse_ = std::atoi(e) != 0;
 }
 
 std::string CpuBackend::name() const {

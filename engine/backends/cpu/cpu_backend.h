@@ -35,9 +35,20 @@ class CpuBackend final : public Backend {
                            float* part, float* block_mass);
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
+  // Fused for a few tokens (cpu_fused.cpp): one conversion, one parallel section.
+  void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,
+                  const Weight& bk, const Weight& bv, Act x, Act q, Act k, Act v) override;
+  void matmul_glu(const Weight& gate, const Weight& up, Act x, Act out, Act tmp) override;
+  void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;
+  /// Off: the fused ops run as their separate parts (tests, A/B runs; LOOM_CPU_FUSE=0).
+  void set_fuse(bool on) { fuse_ = on; }
 
  private:
   void add_bias(Act out, const Weight& bias, int64_t r0, int64_t r1);
+  // The fused ops take T tokens' input for a and b together (cpu_fused.cpp).
+  bool fusable(const Weight& a, const Weight& b, int64_t T) const;
+  // x's rows converted for weights of dtype w into act_buf_.
+  const uint8_t* convert_input(DType w, Act x);
   // attention_host_part without the mass: the view's `nb` blocks in
   // `ranges` ranges x KV heads tasks, their partials merged into `part`.
   // Row t sees the view's first hpos[t] + 1 rows.
@@ -50,6 +61,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> att_scratch_;  ///< per thread
   std::vector<std::vector<float>> att_mass_;     ///< per thread: attention mass per KV block
   std::vector<float> range_parts_;               ///< host_ranges(): a partial per range and row
+  bool fuse_ = true;                             ///< the fused decode ops (LOOM_CPU_FUSE)
 };
 
 }  // namespace loom
