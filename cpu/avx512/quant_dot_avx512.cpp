@@ -524,6 +524,29 @@ LOOM_INLINE void load_xk(const uint8_t* blk, XK* x) {
   x->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(bsums), x->dx);
 }
 
+// load_xk with the quants in unpack_pairs' order: q[k] = elements
+// pair_base(k) + 0..31 and + 64..95 (pair_base 0, 32, 128, 160).
+LOOM_INLINE void load_xk_pairs(const uint8_t* blk, XK* x) {
+  float d;
+  __builtin_memcpy(&d, blk, 4);
+  x->dx = _mm512_set1_ps(d);
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t* q = blk + 4 + 128 * (k / 2) + 32 * (k % 2);
+    x->q[k] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(q)), load256(q + 64), 1);
+  }
+  const __m512i bsums = _mm512_cvtepi16_epi32(load256(blk + 4 + 256));
+  x->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(bsums), x->dx);
+}
+
+// The 16-element sub-block of each lane of the product with the pairs' w[k]:
+// lane i -> lane (sub-block of pair_base(k) + 4i, and of + 64 for i >= 8) of v.
+LOOM_INLINE __m512 spread_pairs(__m512 v, int k) {
+  const int base = 8 * (k / 2) + 2 * (k % 2);
+  const __m512i idx = _mm512_add_epi32(
+      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5), _mm512_set1_epi32(base));
+  return _mm512_permutexvar_ps(idx, v);
+}
+
 // Two fp16 values at p (p[0..1], p[2..3]) as fp32.
 LOOM_INLINE void load_two_halves(const uint8_t* p, float* a, float* b) {
   uint32_t v;
@@ -551,15 +574,19 @@ LOOM_INLINE __m512i halves_epi16(int a, int b) {
 
 // 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K (12 packed bytes, see
 // ref::scale_min_k4) as bytes: returns sc in the low 8 bytes, mn in the high.
+// With u = the three words: sc 0-3 = u0 & 0x3F, mn 0-3 = u1 & 0x3F, sc 4-7 =
+// (u2 & 0x0F) | (u0 >> 6) << 4, mn 4-7 = (u2 >> 4 & 0x0F) | (u1 >> 6) << 4,
+// per byte, all four at once in dwords (reads 16 bytes: p + 12 .. 15 too).
 LOOM_INLINE __m128i unpack_scales_k4(const uint8_t* p) {
-  uint32_t u[3];
-  __builtin_memcpy(u, p, 12);
-  const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu;
-  const uint32_t mn_lo = u[1] & 0x3F3F3F3Fu;
-  const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-  const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  return _mm_set_epi32(static_cast<int>(mn_hi), static_cast<int>(mn_lo), static_cast<int>(sc_hi),
-                       static_cast<int>(sc_lo));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0 u2 u1 u2
+  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0 u0 u1 u1
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+  // ((x >> 6) & 3) << 4 per byte is (x >> 2) & 0x30.
+  const __m128i high =
+      _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(low, high);
 }
 
 struct FmtQ4_K {
@@ -578,6 +605,27 @@ struct FmtQ4_K {
     const __m512i shift = halves_epi16(0, 4);
     for (int k = 0; k < 4; ++k)
       w[k] = _mm512_and_si512(_mm512_srlv_epi16(load_dup32(b + 16 + 32 * k), shift), m4);
+  }
+  // The GEMV's order (kPairs): w[k] = the low (k even) or high (k odd)
+  // nibbles of quant bytes 64 (k / 2) .. + 63, i.e. elements (pair_base)
+  // 0-31 and 64-95 (k 0), 32-63 and 96-127 (1), 128-159 and 192-223 (2),
+  // 160-191 and 224-255 (3); two loads instead of four.
+  static constexpr bool kPairs = true;
+  static LOOM_INLINE void unpack_pairs(const uint8_t* b, __m512i w[4], __m512* scale16,
+                                       __m512* bias16) {
+    float d, dmin;
+    load_two_halves(b, &d, &dmin);
+    const __m128i sm = unpack_scales_k4(b + 4);
+    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
+                             _mm512_set1_ps(d));
+    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
+                            _mm512_set1_ps(-dmin));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i v = load512(b + 16 + 64 * h);
+      w[2 * h] = _mm512_and_si512(v, m4);
+      w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
   }
 };
 
@@ -701,6 +749,12 @@ struct FmtQ3_K {
   }
 };
 
+// Whether F has the GEMV's nibble-pair order (unpack_pairs).
+template <class F>
+constexpr bool kPairs = requires {
+  F::kPairs;
+};
+
 // R weight rows x C activation rows over all super-blocks.
 template <class F, int R, int C>
 LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const* x, int64_t nb,
@@ -711,7 +765,13 @@ LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const*
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     XK xk[C];
-    for (int c = 0; c < C; ++c) load_xk(x[c] + b * kXBytes, &xk[c]);
+    for (int c = 0; c < C; ++c) {
+      if constexpr (kPairs<F>) {
+        load_xk_pairs(x[c] + b * kXBytes, &xk[c]);
+      } else {
+        load_xk(x[c] + b * kXBytes, &xk[c]);
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + b * F::kBytes;
       const size_t ahead = prefetch_distance(R * wrb);
@@ -719,13 +779,18 @@ LOOM_INLINE void gemv_k_tile(const uint8_t* w, size_t wrb, const uint8_t* const*
         _mm_prefetch(reinterpret_cast<const char*>(p + ahead + l), _MM_HINT_T1);
       __m512i q[4];
       __m512 scale16, bias16;
-      F::unpack(p, q, &scale16, &bias16);
+      if constexpr (kPairs<F>) {
+        F::unpack_pairs(p, q, &scale16, &bias16);
+      } else {
+        F::unpack(p, q, &scale16, &bias16);
+      }
       for (int c = 0; c < C; ++c) {
         const __m512 s = _mm512_mul_ps(scale16, xk[c].dx);
         __m512 a = _mm512_fmadd_ps(bias16, xk[c].bs, acc[r][c]);
         for (int k = 0; k < 4; ++k) {
           const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[k], xk[c].q[k]);
-          a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), spread_quarter(s, k), a);
+          const __m512 sk = kPairs<F> ? spread_pairs(s, k) : spread_quarter(s, k);
+          a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sk, a);
         }
         acc[r][c] = a;
       }
