@@ -589,18 +589,25 @@ LOOM_INLINE __m128i unpack_scales_k4(const uint8_t* p) {
   return _mm_or_si128(low, high);
 }
 
+// Q4_K/Q5_K's d, dmin and packed scales (bytes 0-15 of a super-block) as
+// scale16 = d sc and bias16 = -dmin mn per 16-element sub-block (each
+// 32-element scale twice).
+LOOM_INLINE void scales_k4(const uint8_t* b, __m512* scale16, __m512* bias16) {
+  float d, dmin;
+  load_two_halves(b, &d, &dmin);
+  const __m128i sm = unpack_scales_k4(b + 4);
+  *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
+                           _mm512_set1_ps(d));
+  *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
+                          _mm512_set1_ps(-dmin));
+}
+
 struct FmtQ4_K {
   static constexpr int kBytes = 144;
   static constexpr bool kHasMin = true;
   static constexpr bool kScales32 = true;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
-    float d, dmin;
-    load_two_halves(b, &d, &dmin);
-    const __m128i sm = unpack_scales_k4(b + 4);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
-                             _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
-                            _mm512_set1_ps(-dmin));
+    scales_k4(b, scale16, bias16);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = halves_epi16(0, 4);
     for (int k = 0; k < 4; ++k)
@@ -613,13 +620,7 @@ struct FmtQ4_K {
   static constexpr bool kPairs = true;
   static LOOM_INLINE void unpack_pairs(const uint8_t* b, __m512i w[4], __m512* scale16,
                                        __m512* bias16) {
-    float d, dmin;
-    load_two_halves(b, &d, &dmin);
-    const __m128i sm = unpack_scales_k4(b + 4);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
-                             _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
-                            _mm512_set1_ps(-dmin));
+    scales_k4(b, scale16, bias16);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int h = 0; h < 2; ++h) {
       const __m512i v = load512(b + 16 + 64 * h);
@@ -634,13 +635,7 @@ struct FmtQ5_K {
   static constexpr bool kHasMin = true;
   static constexpr bool kScales32 = true;  // scales and mins per 32 elements (GemmK32)
   static LOOM_INLINE void unpack(const uint8_t* b, __m512i w[4], __m512* scale16, __m512* bias16) {
-    float d, dmin;
-    load_two_halves(b, &d, &dmin);
-    const __m128i sm = unpack_scales_k4(b + 4);
-    *scale16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm))),
-                             _mm512_set1_ps(d));
-    *bias16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sm, sm))),
-                            _mm512_set1_ps(-dmin));
+    scales_k4(b, scale16, bias16);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = halves_epi16(0, 4);
     const __m512i qh = load_dup32(b + 16);

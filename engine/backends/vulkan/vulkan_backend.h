@@ -481,6 +481,8 @@ class VulkanBackend final : public Backend {
   Wf16 wf16_;
   vk::Alloc wf16_buf_;
   Result<Bind> wf16_for(const Resident& r, uint64_t row0, uint32_t rows);
+  // A bound range's bytes as half-precision bit patterns (test hooks).
+  Result<std::vector<uint16_t>> download_halves(const Bind& b);
   static bool int_dot_type(DType t);     // a matvec1x variant exists for t
   static uint64_t q8_bytes(uint64_t n);  // a Q8 copy of n: int8 quants, then (d, d sum q) per block
   Status ensure_xq8(uint64_t n);         // xq8_buf_'s slots hold a copy of n elements

@@ -144,10 +144,7 @@ Result<VulkanBackend::Bind> VulkanBackend::wf16_for(const Resident& r, uint64_t 
   return Bind{wf16_buf_.block, wf16_buf_.offset, bytes, false};
 }
 
-Result<std::vector<uint16_t>> VulkanBackend::f16_copy(Act x, uint32_t units) {
-  if (!check_act(x, "f16_copy")) return status_;
-  LOOM_ASSIGN_OR_RETURN(const Bind b, xf16_for(x, units));
-  LOOM_TRY(status_);
+Result<std::vector<uint16_t>> VulkanBackend::download_halves(const Bind& b) {
   std::vector<uint16_t> h(b.size / 2);
   Act view;
   view.buffer = b.block;
@@ -156,6 +153,13 @@ Result<std::vector<uint16_t>> VulkanBackend::f16_copy(Act x, uint32_t units) {
   view.cols = static_cast<int64_t>(b.size / 4);
   LOOM_TRY(download(view, reinterpret_cast<float*>(h.data())));
   return h;
+}
+
+Result<std::vector<uint16_t>> VulkanBackend::f16_copy(Act x, uint32_t units) {
+  if (!check_act(x, "f16_copy")) return status_;
+  LOOM_ASSIGN_OR_RETURN(const Bind b, xf16_for(x, units));
+  LOOM_TRY(status_);
+  return download_halves(b);
 }
 
 Result<std::vector<uint16_t>> VulkanBackend::f16_weight_copy(const Weight& w, uint64_t row0,
@@ -169,14 +173,7 @@ Result<std::vector<uint16_t>> VulkanBackend::f16_weight_copy(const Weight& w, ui
                       w.name().c_str());
   LOOM_ASSIGN_OR_RETURN(const Bind b, wf16_for(*r, row0, rows));
   LOOM_TRY(status_);
-  std::vector<uint16_t> h(b.size / 2);
-  Act view;
-  view.buffer = b.block;
-  view.offset = b.offset;
-  view.rows = 1;
-  view.cols = static_cast<int64_t>(b.size / 4);
-  LOOM_TRY(download(view, reinterpret_cast<float*>(h.data())));
-  return h;
+  return download_halves(b);
 }
 
 uint64_t VulkanBackend::q8_bytes(uint64_t n) {
