@@ -309,7 +309,8 @@ void MainWindow::buildUi() {
   addAction(open);
   file->addAction(open);
   auto* openDir = new QAction(tr("Open Hugging Face model folder…"), this);
-  openDir->setToolTip(tr("A folder with config.json, *.safetensors and tokenizer.json"));
+  openDir->setToolTip(
+      tr("A folder with config.json, *.safetensors and tokenizer.json or tokenizer.model"));
   connect(openDir, &QAction::triggered, this, [this] {
     const QString start = m_hasModel ? QFileInfo(m_model.path).absolutePath() : QDir::homePath();
     const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a model folder"), start);

@@ -65,15 +65,16 @@ Result<Source> open_source(const std::string& path) {
     std::error_code ec;
     const fs::path tok = fs::path(path) / "tokenizer.json";
     const bool has_tok = fs::is_regular_file(tok, ec);
+    const bool has_spm = fs::is_regular_file(fs::path(path) / "tokenizer.model", ec);
     // Opening with the tokenizer checks it parses before anything is written.
-    LOOM_ASSIGN_OR_RETURN(HfFolder hf, open_hf_folder(path, /*need_tokenizer=*/has_tok));
+    LOOM_ASSIGN_OR_RETURN(HfFolder hf, open_hf_folder(path, /*need_tokenizer=*/has_tok || has_spm));
     s.file = std::move(hf.file);
     s.rope_neox_layout = hf.rope_neox_layout;
     s.chat_template = hf.chat_template;
     if (has_tok) {
       LOOM_ASSIGN_OR_RETURN(s.tokenizer_json, read_text_file(tok));
-      s.vocab = std::move(hf.vocab);
     }
+    if (has_tok || has_spm) s.vocab = std::move(hf.vocab);
     const fs::path cfg = fs::path(path) / "tokenizer_config.json";
     if (fs::is_regular_file(cfg, ec)) {
       LOOM_ASSIGN_OR_RETURN(s.tokenizer_config_json, read_text_file(cfg));
@@ -256,10 +257,11 @@ Result<ConvertReport> convert_model(const ConvertOptions& o) {
     if (key == "general.file_type" && changed_types) continue;
     w.set_value(key, value);
   }
-  if (!src.tokenizer_json.empty()) {
-    // The standard keys for other GGUF readers (Loom prefers the tokenizer.json below).
-    if (src.vocab) write_vocab_metadata(*src.vocab, &w);
-    w.set_string(kHfTokenizerJsonKey, src.tokenizer_json);
+  // A folder's vocabulary (tokenizer.json or tokenizer.model) as the standard
+  // keys for every GGUF reader; tokenizer.json also verbatim (Loom prefers it).
+  if (src.vocab) {
+    write_vocab_metadata(*src.vocab, &w);
+    if (!src.tokenizer_json.empty()) w.set_string(kHfTokenizerJsonKey, src.tokenizer_json);
     if (!src.tokenizer_config_json.empty())
       w.set_string(kHfTokenizerConfigKey, src.tokenizer_config_json);
     if (!src.chat_template.empty()) w.set_string("tokenizer.chat_template", src.chat_template);

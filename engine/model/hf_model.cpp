@@ -9,6 +9,7 @@
 
 #include "cpu/ref/fp16.h"
 #include "engine/model/safetensors.h"
+#include "engine/tokenizer/spm_model.h"
 #include "engine/tokenizer/tokenizer_json.h"
 
 namespace loom {
@@ -376,21 +377,28 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
   if (fs::is_regular_file(tok_config_path, ec)) {
     LOOM_ASSIGN_OR_RETURN(tok_config, load_hf_tokenizer_config(tok_config_path.string()));
   }
+  // tokenizer.json, else SentencePiece's tokenizer.model (Llama 2, Mistral).
   const fs::path tok_path = root / "tokenizer.json";
-  const bool has_tokenizer = fs::is_regular_file(tok_path, ec);
-  if (!has_tokenizer && !need_tokenizer) {
+  const fs::path spm_path = root / "tokenizer.model";
+  const bool has_json = fs::is_regular_file(tok_path, ec);
+  const bool has_spm = !has_json && fs::is_regular_file(spm_path, ec);
+  if (!has_json && !has_spm && !need_tokenizer) {
     const uint64_t n = storage->set.total_bytes();
     out.file = GgufFile::from_parts(dir, std::move(kv), std::move(tensors), std::move(storage), n);
     return out;
   }
-  if (!has_tokenizer) {
+  if (!has_json && !has_spm) {
     return make_error(ErrorCode::kFormat,
-                      "%s: no tokenizer.json (tokenizer.model alone is not supported yet)",
+                      "%s: no tokenizer.json or tokenizer.model (give one with --tokenizer)",
                       dir.c_str());
   }
-  LOOM_ASSIGN_OR_RETURN(HfVocab hv, load_tokenizer_json(tok_path.string(), &tok_config));
-  out.vocab = std::move(hv.vocab);
-  out.notes = std::move(hv.notes);
+  if (has_json) {
+    LOOM_ASSIGN_OR_RETURN(HfVocab hv, load_tokenizer_json(tok_path.string(), &tok_config));
+    out.vocab = std::move(hv.vocab);
+    out.notes = std::move(hv.notes);
+  } else {
+    LOOM_ASSIGN_OR_RETURN(out.vocab, load_spm_model(spm_path.string(), &tok_config));
+  }
   out.chat_template = tok_config.chat_template;
 
   const uint64_t size = storage->set.total_bytes();

@@ -8,6 +8,7 @@
 #include "engine/model/arch/arch.h"
 #include "engine/model/convert.h"
 #include "engine/model/hf_model.h"
+#include "engine/tokenizer/spm_model.h"
 #include "engine/tokenizer/tokenizer_json.h"
 
 namespace loom {
@@ -204,21 +205,34 @@ Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   TokenizerSource out;
-  fs::path json_path;
+  // A folder's tokenizer.json, else its tokenizer.model; or such a file.
+  fs::path json_path, spm_path;
   if (fs::is_directory(path, ec)) {
     json_path = fs::path(path) / "tokenizer.json";
+    if (!fs::is_regular_file(json_path, ec) &&
+        fs::is_regular_file(fs::path(path) / "tokenizer.model", ec)) {
+      spm_path = fs::path(path) / "tokenizer.model";
+      json_path.clear();
+    }
   } else if (fs::path(path).extension() == ".json") {
     json_path = path;
+  } else if (fs::path(path).extension() == ".model") {
+    spm_path = path;
   }
-  if (!json_path.empty()) {
+  if (!json_path.empty() || !spm_path.empty()) {
     HfTokenizerConfig config;
-    const fs::path config_path = json_path.parent_path() / "tokenizer_config.json";
+    const fs::path config_path =
+        (json_path.empty() ? spm_path : json_path).parent_path() / "tokenizer_config.json";
     if (fs::is_regular_file(config_path, ec)) {
       LOOM_ASSIGN_OR_RETURN(config, load_hf_tokenizer_config(config_path.string()));
     }
-    LOOM_ASSIGN_OR_RETURN(HfVocab hv, load_tokenizer_json(json_path.string(), &config));
-    out.vocab = std::move(hv.vocab);
-    out.notes = std::move(hv.notes);
+    if (!spm_path.empty()) {
+      LOOM_ASSIGN_OR_RETURN(out.vocab, load_spm_model(spm_path.string(), &config));
+    } else {
+      LOOM_ASSIGN_OR_RETURN(HfVocab hv, load_tokenizer_json(json_path.string(), &config));
+      out.vocab = std::move(hv.vocab);
+      out.notes = std::move(hv.notes);
+    }
     out.chat_template = config.chat_template;
     return out;
   }

@@ -249,6 +249,38 @@ Result<HfTokenizerConfig> load_hf_tokenizer_config(const std::string& path) {
   return parse_hf_tokenizer_config(text, path);
 }
 
+Status apply_hf_tokenizer_config(Vocab& vocab, const HfTokenizerConfig* config, const char* file) {
+  SpecialTokens& sp = vocab.special();
+  if (config) {
+    if (!config->bos_token.empty()) {
+      const int32_t id = vocab.find(config->bos_token);
+      if (id < 0) {
+        return make_error(ErrorCode::kFormat,
+                          "%s: bos_token '%s' of tokenizer_config.json is "
+                          "not a token",
+                          file, config->bos_token.c_str());
+      }
+      sp.bos = id;
+    }
+    if (!config->eos_token.empty()) {
+      const int32_t id = vocab.find(config->eos_token);
+      if (id < 0) {
+        return make_error(ErrorCode::kFormat,
+                          "%s: eos_token '%s' of tokenizer_config.json is "
+                          "not a token",
+                          file, config->eos_token.c_str());
+      }
+      sp.eos = id;
+    }
+    if (config->add_bos) vocab.set_add_bos(*config->add_bos && sp.bos >= 0);
+    if (config->add_eos) vocab.set_add_eos(*config->add_eos && sp.eos >= 0);
+  }
+  sp.eot = find_eot_by_text(vocab);
+  if (sp.eot == sp.eos) sp.eot = -1;
+  sp.eom = vocab.find("<|eom_id|>");
+  return {};
+}
+
 Result<HfVocab> parse_tokenizer_json(std::string_view text, const std::string& name,
                                      const HfTokenizerConfig* config) {
   LOOM_ASSIGN_OR_RETURN(json root, parse_json(text, name));
@@ -458,33 +490,7 @@ Result<HfVocab> parse_tokenizer_json(std::string_view text, const std::string& n
       if ((sp.eos = vocab.find(t)) >= 0) break;
     }
   }
-  if (config) {
-    if (!config->bos_token.empty()) {
-      const int32_t id = vocab.find(config->bos_token);
-      if (id < 0) {
-        return make_error(ErrorCode::kFormat,
-                          "%s: bos_token '%s' of tokenizer_config.json is "
-                          "not a token",
-                          file, config->bos_token.c_str());
-      }
-      sp.bos = id;
-    }
-    if (!config->eos_token.empty()) {
-      const int32_t id = vocab.find(config->eos_token);
-      if (id < 0) {
-        return make_error(ErrorCode::kFormat,
-                          "%s: eos_token '%s' of tokenizer_config.json is "
-                          "not a token",
-                          file, config->eos_token.c_str());
-      }
-      sp.eos = id;
-    }
-    if (config->add_bos) vocab.set_add_bos(*config->add_bos && sp.bos >= 0);
-    if (config->add_eos) vocab.set_add_eos(*config->add_eos && sp.eos >= 0);
-  }
-  sp.eot = find_eot_by_text(vocab);
-  if (sp.eot == sp.eos) sp.eot = -1;
-  sp.eom = vocab.find("<|eom_id|>");
+  LOOM_TRY(apply_hf_tokenizer_config(vocab, config, file));
   LOOM_TRY(vocab.validate());
   return out;
 }

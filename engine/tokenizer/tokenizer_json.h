@@ -36,6 +36,12 @@ Result<HfTokenizerConfig> load_hf_tokenizer_config(const std::string& path);
 /// The same from text already in memory; `name` is used in error messages.
 Result<HfTokenizerConfig> parse_hf_tokenizer_config(std::string_view text, const std::string& name);
 
+/// Sets BOS/EOS (and whether encoding adds them) from tokenizer_config.json
+/// (`config`, may be null), then the end-of-turn and end-of-message ids from
+/// the token texts. `file` names the tokenizer in errors (a token the config
+/// names that the vocabulary lacks).
+Status apply_hf_tokenizer_config(Vocab& vocab, const HfTokenizerConfig* config, const char* file);
+
 /// A vocabulary from tokenizer.json, with notes on what is approximated
 /// (e.g. an NFC normalizer, which Loom does not apply).
 struct HfVocab {

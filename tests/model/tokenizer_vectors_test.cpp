@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "engine/model/gguf_writer.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/pretokenize.h"
+#include "engine/tokenizer/spm_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_json.h"
 #include "engine/tokenizer/vocab.h"
@@ -163,6 +165,49 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufVocabVectors,
                            }
                            return n;
                          });
+
+// Llama 2's tokenizer.model (a SentencePiece protobuf, as a Hugging Face
+// folder without tokenizer.json carries it) against llama.cpp's llama-spm
+// vectors, token for token the vocabulary of the llama-spm GGUF, and read as
+// --tokenizer (the file, or a folder holding only it).
+TEST(TokenizerVectors, SentencePieceModelFile) {
+  LOOM_FIXTURE_OR_SKIP(model_path, "tokenizers/llama2-spm/tokenizer.model");
+  LOOM_FIXTURE_OR_SKIP(gguf_path, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf");
+  LOOM_FIXTURE_OR_SKIP(inp_path, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf.inp");
+  LOOM_FIXTURE_OR_SKIP(out_path, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf.out");
+  auto v = load_spm_model(model_path);
+  ASSERT_TRUE(v.ok()) << v.message();
+  auto ref = tokenizer_from_gguf(gguf_path);
+  ASSERT_TRUE(ref.ok()) << ref.message();
+  const Vocab& g = ref->vocab();
+  ASSERT_EQ(v->n_tokens(), g.n_tokens());
+  int differ = 0;
+  for (int32_t id = 0; id < g.n_tokens() && differ < 5; ++id) {
+    if (v->text(id) != g.text(id) || v->score(id) != g.score(id) || v->type(id) != g.type(id)) {
+      ++differ;
+      ADD_FAILURE() << "token " << id << ": '" << v->text(id) << "' " << v->score(id) << " "
+                    << static_cast<int>(v->type(id)) << " against '" << g.text(id) << "' "
+                    << g.score(id) << " " << static_cast<int>(g.type(id));
+    }
+  }
+  EXPECT_EQ(v->special().bos, g.special().bos);
+  EXPECT_EQ(v->special().eos, g.special().eos);
+  EXPECT_EQ(v->special().unk, g.special().unk);
+  EXPECT_EQ(v->add_bos(), g.add_bos());
+  EXPECT_EQ(v->add_space_prefix(), g.add_space_prefix());
+  auto tok = Tokenizer::create(std::move(*v));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  check_cases("llama-spm tokenizer.model", *tok, load_cases(inp_path, out_path));
+
+  const std::string dir = test::temp_dir("spm_only");
+  std::filesystem::copy_file(model_path, dir + "/tokenizer.model",
+                             std::filesystem::copy_options::overwrite_existing);
+  for (const std::string& p : {model_path, dir}) {
+    auto src = load_tokenizer_source(p);
+    ASSERT_TRUE(src.ok()) << p << ": " << src.message();
+    EXPECT_EQ(src->vocab.n_tokens(), g.n_tokens()) << p;
+  }
+}
 
 TEST(TokenizerVectors, BertIsUnsupported) {
   LOOM_FIXTURE_OR_SKIP(path, "llama.cpp-vocab/ggml-vocab-bert-bge.gguf");
