@@ -11,9 +11,6 @@
 namespace loom {
 
 namespace {
-// Rows of a matmul handed to one thread come in multiples of this, so threads
-// never share a cache line of output and kernels can work on row groups.
-constexpr int64_t kRowAlign = 16;
 // Below this many floats of work a parallel section costs more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 14;
 }  // namespace
@@ -87,21 +84,28 @@ void CpuBackend::matmul(const Weight& w, Act x, Act out, const Weight* bias) {
     // Not expected (the shapes come from a validated model); the path below always works.
   }
   const size_t xrb = cpu::activation_row_bytes(w.dtype, n);
-  if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
-  uint8_t* xq = act_buf_.data();
-  if (T * n < kMinParallelWork) {
-    for (int64_t t = 0; t < T; ++t)
-      cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
-  } else {
-    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
-      for (int64_t t = b; t < e; ++t)
-        cpu::convert_activation(w.dtype, x.row(t), xq + xrb * static_cast<size_t>(t), n);
-    });
-  }
+  const uint8_t* xq = convert_input(w.dtype, x);
   pool_.parallel_for(w.n_out, kRowAlign, [&](int64_t r0, int64_t r1, int) {
     cpu::matmul_rows(w.dtype, w.data, w.row_bytes, xq, xrb, T, out.data, out.cols, n, r0, r1);
     if (bias) add_bias(out, *bias, r0, r1);
   });
+}
+
+const uint8_t* CpuBackend::convert_input(DType w, Act x) {
+  const int64_t T = x.rows, n = x.cols;
+  const size_t xrb = cpu::activation_row_bytes(w, n);
+  if (act_buf_.size() < xrb * static_cast<size_t>(T)) act_buf_.resize(xrb * static_cast<size_t>(T));
+  uint8_t* xq = act_buf_.data();
+  if (T * n < kMinParallelWork) {
+    for (int64_t t = 0; t < T; ++t)
+      cpu::convert_activation(w, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+  } else {
+    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t)
+        cpu::convert_activation(w, x.row(t), xq + xrb * static_cast<size_t>(t), n);
+    });
+  }
+  return xq;
 }
 
 void CpuBackend::rope(Act x, int64_t n_heads, int64_t head_dim, const int32_t* pos,

@@ -43,11 +43,16 @@ class CpuBackend final : public Backend {
   /// Off: the fused ops run as their separate parts (tests, A/B runs; LOOM_CPU_FUSE=0).
   void set_fuse(bool on) { fuse_ = on; }
 
+  // Rows of a matmul handed to one thread come in multiples of this, so threads
+  // never share a cache line of output and kernels can work on row groups.
+  static constexpr int64_t kRowAlign = 16;
+
  private:
   void add_bias(Act out, const Weight& bias, int64_t r0, int64_t r1);
   // The fused ops take T tokens' input for a and b together (cpu_fused.cpp).
   bool fusable(const Weight& a, const Weight& b, int64_t T) const;
-  // x's rows converted for weights of dtype w into act_buf_.
+  // x's rows converted for weights of dtype w into act_buf_ (in parallel for
+  // large inputs); matmul and the fused ops.
   const uint8_t* convert_input(DType w, Act x);
   // attention_host_part without the mass: the view's `nb` blocks in
   // `ranges` ranges x KV heads tasks, their partials merged into `part`.

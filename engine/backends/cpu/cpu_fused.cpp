@@ -16,11 +16,8 @@ namespace {
 // Up to this many tokens the fused ops run (the dense prefill takes oneDNN
 // above six, cpu_backend.cpp).
 constexpr int64_t kFusedMaxTokens = 6;
-// Row pieces handed to one thread (as CpuBackend::matmul's).
-constexpr int64_t kRowAlign = 16;
-
 int64_t align_up(int64_t v) {
-  return (v + kRowAlign - 1) / kRowAlign * kRowAlign;
+  return (v + CpuBackend::kRowAlign - 1) / CpuBackend::kRowAlign * CpuBackend::kRowAlign;
 }
 }  // namespace
 
@@ -28,16 +25,6 @@ bool CpuBackend::fusable(const Weight& a, const Weight& b, int64_t T) const {
   return fuse_ && T <= kFusedMaxTokens && a.n_in == b.n_in && cpu::matmul_supported(a.dtype) &&
          cpu::matmul_supported(b.dtype) &&
          cpu::activation_type(a.dtype) == cpu::activation_type(b.dtype);
-}
-
-const uint8_t* CpuBackend::convert_input(DType w, Act x) {
-  const int64_t n = x.cols;
-  const size_t xrb = cpu::activation_row_bytes(w, n);
-  if (act_buf_.size() < xrb * static_cast<size_t>(x.rows))
-    act_buf_.resize(xrb * static_cast<size_t>(x.rows));
-  for (int64_t t = 0; t < x.rows; ++t)
-    cpu::convert_activation(w, x.row(t), act_buf_.data() + xrb * static_cast<size_t>(t), n);
-  return act_buf_.data();
 }
 
 void CpuBackend::matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,

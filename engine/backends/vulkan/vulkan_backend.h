@@ -481,6 +481,9 @@ class VulkanBackend final : public Backend {
   Wf16 wf16_;
   vk::Alloc wf16_buf_;
   Result<Bind> wf16_for(const Resident& r, uint64_t row0, uint32_t rows);
+  // Replaces a scratch buffer by one of `bytes` (after a flush: recorded
+  // work may still use the old one); its contents are gone.
+  Status grow_scratch(vk::Alloc* buf, uint64_t bytes, const char* what);
   // A bound range's bytes as half-precision bit patterns (test hooks).
   Result<std::vector<uint16_t>> download_halves(const Bind& b);
   static bool int_dot_type(DType t);     // a matvec1x variant exists for t

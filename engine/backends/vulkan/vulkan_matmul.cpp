@@ -91,18 +91,22 @@ std::vector<std::string> VulkanBackend::matmul_cm_tiles() {
   return names;
 }
 
+Status VulkanBackend::grow_scratch(Alloc* buf, uint64_t bytes, const char* what) {
+  LOOM_TRY(flush());  // the old contents may be in use by recorded work
+  device_pool_->free(*buf);
+  *buf = Alloc{};
+  LOOM_ASSIGN_OR_RETURN(*buf, device_pool_->alloc(bytes, what));
+  return {};
+}
+
 Result<VulkanBackend::Bind> VulkanBackend::xf16_for(const Act& x, uint32_t units) {
   const uint64_t bytes = static_cast<uint64_t>(x.rows) * units * 64;
   if (xf16_.buffer == x.buffer && xf16_.offset == x.offset && xf16_.rows == x.rows &&
       xf16_.cols == x.cols && xf16_.units == units)
     return Bind{xf16_buf_.block, xf16_buf_.offset, bytes, false};
   if (xf16_buf_.size < bytes) {
-    LOOM_TRY(flush());  // the old copy may be in use by recorded work
-    device_pool_->free(xf16_buf_);
-    xf16_buf_ = Alloc{};
     xf16_ = Xf16{};
-    LOOM_ASSIGN_OR_RETURN(
-        xf16_buf_, device_pool_->alloc(std::max<uint64_t>(bytes, 1 << 20), "F16 activations"));
+    LOOM_TRY(grow_scratch(&xf16_buf_, std::max<uint64_t>(bytes, 1 << 20), "F16 activations"));
   }
   struct {
     uint32_t a_off, a_ld, n, o_off, o_ld, v4;
@@ -124,11 +128,8 @@ Result<VulkanBackend::Bind> VulkanBackend::wf16_for(const Resident& r, uint64_t 
       wf16_.fingerprint == r.fingerprint && wf16_.row0 == row0 && wf16_.rows == rows)
     return Bind{wf16_buf_.block, wf16_buf_.offset, bytes, false};
   if (wf16_buf_.size < bytes) {
-    LOOM_TRY(flush());  // the old copy may be in use by recorded work
-    device_pool_->free(wf16_buf_);
-    wf16_buf_ = Alloc{};
     wf16_ = Wf16{};
-    LOOM_ASSIGN_OR_RETURN(wf16_buf_, device_pool_->alloc(bytes, "F16 weights"));
+    LOOM_TRY(grow_scratch(&wf16_buf_, bytes, "F16 weights"));
   }
   struct {
     uint32_t w_off, w_off2, row0, row_units, rows, o_off;
