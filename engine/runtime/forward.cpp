@@ -33,7 +33,7 @@ Act heads(Act a, int64_t rows, int64_t head_dim) {
 }  // namespace
 
 ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int64_t max_chunk)
-    : m_(model), kv_(kv), max_chunk_(max_chunk < 1 ? 1 : max_chunk) {
+    : m_(model), caches_{&kv}, max_chunk_(max_chunk < 1 ? 1 : max_chunk) {
   const HParams& hp = m_.hp;
   rope_.n_rot = hp.n_rot;
   rope_.neox = hp.rope_neox;
@@ -202,8 +202,9 @@ Status ForwardPass::apply(const Placement& requested) {
 
   // 1. KV of layers leaving the GPU comes back first (frees device memory).
   for (int64_t l = 0; l < L; ++l) {
-    if (kv_.on_device(l) && p.layers[static_cast<size_t>(l)][OpGroup::kAttn].unit != Unit::kGpu) {
-      LOOM_TRY(kv_.move_layer(l, false));
+    if (p.layers[static_cast<size_t>(l)][OpGroup::kAttn].unit == Unit::kGpu) continue;
+    for (KvCache* kv : caches_) {
+      if (kv->on_device(l)) LOOM_TRY(kv->move_layer(l, false));
     }
   }
   // 2. Weights in the requested precisions (requantized copies made once).
@@ -282,36 +283,45 @@ Status ForwardPass::apply(const Placement& requested) {
     // 5. KV of layers whose attention runs on the GPU.
     bool want_gpu_kv = false;
     for (const auto& lp : p.layers) want_gpu_kv |= lp[OpGroup::kAttn].unit == Unit::kGpu;
-    if (want_gpu_kv && !kv_.storage()) {
-      auto st = gpu->create_kv_storage(kv_.config());
+    for (KvCache* kv : caches_) {
+      if (!want_gpu_kv || kv->storage()) continue;
+      auto st = gpu->create_kv_storage(kv->config());
       if (st.ok() && *st) {
-        LOOM_TRY(kv_.attach_storage(std::move(st).value()));
-      } else {
-        const Status why = st.ok() ? make_error(ErrorCode::kUnsupported, "%s keeps no KV cache",
-                                                gpu->name().c_str())
-                                   : st.status();
-        for (auto& lp : p.layers) {
-          if (lp[OpGroup::kAttn].unit == Unit::kGpu) lp[OpGroup::kAttn].unit = Unit::kCpu;
-        }
-        notes.push_back("attention runs on the CPU: " + why.message());
+        LOOM_TRY(kv->attach_storage(std::move(st).value()));
+        continue;
       }
+      const Status why =
+          st.ok() ? make_error(ErrorCode::kUnsupported, "%s keeps no KV cache", gpu->name().c_str())
+                  : st.status();
+      for (auto& lp : p.layers) {
+        if (lp[OpGroup::kAttn].unit == Unit::kGpu) lp[OpGroup::kAttn].unit = Unit::kCpu;
+      }
+      notes.push_back("attention runs on the CPU: " + why.message());
+      want_gpu_kv = false;
     }
     int64_t n_gpu_attn = 0;  // they share the device tier's budget
     for (const auto& lp : p.layers) n_gpu_attn += lp[OpGroup::kAttn].unit == Unit::kGpu;
-    kv_.set_device_layers(n_gpu_attn);
+    for (KvCache* kv : caches_) kv->set_device_layers(n_gpu_attn);
     for (int64_t l = 0; l < L; ++l) {
       GroupPlace& g = p.layers[static_cast<size_t>(l)][OpGroup::kAttn];
-      if (g.unit != Unit::kGpu || kv_.on_device(l)) continue;
-      Status s = kv_.move_layer(l, true);
-      if (!s.ok()) {
-        if (!recoverable(s)) return s;
-        if (s.error().code() == ErrorCode::kUnsupported && kv_.tier_config().device_budget > 0) {
-          s = make_error(ErrorCode::kUnsupported,
-                         "the device KV tier (--kv-gpu) is not supported on %s yet (%s)",
-                         gpu->name().c_str(), s.message().c_str());
-        }
-        fall_back(g, "layer " + std::to_string(l) + " attention (KV cache)", s);
+      if (g.unit != Unit::kGpu) continue;
+      // Every sequence's KV of the layer moves, or none does.
+      Status s;
+      size_t moved = 0;
+      for (; moved < caches_.size() && s.ok(); ++moved) {
+        KvCache& kv = *caches_[moved];
+        if (!kv.on_device(l)) s = kv.move_layer(l, true);
       }
+      if (s.ok()) continue;
+      if (!recoverable(s)) return s;
+      for (size_t i = 0; i + 1 < moved; ++i) LOOM_TRY(caches_[i]->move_layer(l, false));
+      if (s.error().code() == ErrorCode::kUnsupported &&
+          caches_.front()->tier_config().device_budget > 0) {
+        s = make_error(ErrorCode::kUnsupported,
+                       "the device KV tier (--kv-gpu) is not supported on %s yet (%s)",
+                       gpu->name().c_str(), s.message().c_str());
+      }
+      fall_back(g, "layer " + std::to_string(l) + " attention (KV cache)", s);
     }
   }
   // Requantized copies no placement group uses any more.
@@ -492,15 +502,7 @@ void ForwardPass::flush_device_times() {
   }
 }
 
-Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
-                         bool all_logits) {
-  const auto T = static_cast<int64_t>(tokens.size());
-  if (T == 0) return make_error(ErrorCode::kInvalidArgument, "eval: no tokens");
-  if (pos0 != kv_.n_tokens()) {
-    return make_error(ErrorCode::kInternal,
-                      "eval at position %" PRId64 " but the cache holds %" PRId64 " tokens", pos0,
-                      kv_.n_tokens());
-  }
+Status ForwardPass::check_tokens(std::span<const int32_t> tokens) const {
   const int32_t n_vocab = static_cast<int32_t>(m_.hp.n_vocab);
   for (int32_t id : tokens) {
     if (id < 0 || id >= n_vocab) {
@@ -508,29 +510,155 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
                         "token id %d is outside the vocabulary (0..%d)", id, n_vocab - 1);
     }
   }
+  return {};
+}
+
+Status ForwardPass::attach_kv(KvCache& kv) {
+  if (std::find(caches_.begin(), caches_.end(), &kv) != caches_.end()) return {};
+  const KvCacheConfig& a = kv.config();
+  if (a.n_layer != m_.hp.n_layer || a.n_kv_heads != m_.hp.n_head_kv ||
+      a.head_dim != m_.hp.head_dim) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "attach_kv: the cache's shape does not match the model's");
+  }
+  if (prepared_) {  // put its layers where their attention runs now
+    int64_t n_gpu_attn = 0;
+    for (const auto& lp : placement_.layers) n_gpu_attn += lp[OpGroup::kAttn].unit == Unit::kGpu;
+    if (n_gpu_attn > 0) {
+      Backend& gpu = be(Unit::kGpu);
+      LOOM_TRY(gpu.synchronize());
+      if (!kv.storage()) {
+        auto st = gpu.create_kv_storage(kv.config());
+        if (!st.ok()) return st.status();
+        if (!*st)
+          return make_error(ErrorCode::kUnsupported, "%s keeps no KV cache", gpu.name().c_str());
+        LOOM_TRY(kv.attach_storage(std::move(st).value()));
+      }
+      kv.set_device_layers(n_gpu_attn);
+      for (int64_t l = 0; l < m_.hp.n_layer; ++l) {
+        const bool dev =
+            placement_.layers[static_cast<size_t>(l)][OpGroup::kAttn].unit == Unit::kGpu;
+        if (dev != kv.on_device(l)) LOOM_TRY(kv.move_layer(l, dev));
+      }
+    }
+  }
+  caches_.push_back(&kv);
+  return {};
+}
+
+void ForwardPass::detach_kv(KvCache& kv) {
+  if (Backend* gpu = unit(Unit::kGpu)) (void)gpu->synchronize();  // queued work may read it
+  std::erase(caches_, &kv);
+}
+
+Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
+                         bool all_logits) {
+  if (caches_.empty()) return make_error(ErrorCode::kInternal, "eval: no KV cache attached");
+  return eval(*caches_.front(), tokens, pos0, logits, all_logits);
+}
+
+Status ForwardPass::eval(KvCache& kv, std::span<const int32_t> tokens, int64_t pos0, float* logits,
+                         bool all_logits) {
+  const auto T = static_cast<int64_t>(tokens.size());
+  if (T == 0) return make_error(ErrorCode::kInvalidArgument, "eval: no tokens");
+  if (pos0 != kv.n_tokens()) {
+    return make_error(ErrorCode::kInternal,
+                      "eval at position %" PRId64 " but the cache holds %" PRId64 " tokens", pos0,
+                      kv.n_tokens());
+  }
+  if (std::find(caches_.begin(), caches_.end(), &kv) == caches_.end())
+    return make_error(ErrorCode::kInternal, "eval: the KV cache is not attached to this pass");
+  LOOM_TRY(check_tokens(tokens));
   LOOM_TRY(prepare());
-  if (pos0 + T > kv_.capacity()) LOOM_TRY(kv_.reserve(pos0 + T));  // the error names the limit
-  // A tiered cache grows chunk by chunk, and goes back under its RAM budget
-  // between chunks; an untiered one is reserved at once.
-  if (!kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + T));
+  if (pos0 + T > kv.capacity()) LOOM_TRY(kv.reserve(pos0 + T));  // the error names the limit
+  if (!kv.tiered()) LOOM_TRY(kv.reserve(pos0 + T));
   const uint64_t t_step = now_ns();
-  // (The device tier bounds a step by the free slots beside its pinned blocks.)
-  const int64_t chunk = std::min(max_chunk_, kv_.max_step_tokens());
+  const int64_t chunk = std::min(max_chunk_, kv.max_step_tokens());
   for (int64_t c = 0; c < T; c += chunk) {
     const int64_t n = std::min(chunk, T - c);
-    if (kv_.tiered()) LOOM_TRY(kv_.reserve(pos0 + c + n));
+    if (kv.tiered()) LOOM_TRY(kv.reserve(pos0 + c + n));
     const bool last = c + n == T;
     float* out = nullptr;
     if (all_logits)
       out = logits + c * m_.hp.n_vocab;
     else if (last)
       out = logits;
-    LOOM_TRY(eval_chunk(tokens.data() + c, n, pos0 + c, out, all_logits));
-    kv_.set_n_tokens(pos0 + c + n);
-    LOOM_TRY(kv_.rebalance());
+    segs_.assign(1, Seg{&kv, 0, n});
+    for (int64_t t = 0; t < n; ++t)
+      pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + c + t);
+    LOOM_TRY(eval_rows(tokens.data() + c, n, all_logits ? 0 : n - 1, out));
+    kv.set_n_tokens(pos0 + c + n);
+    LOOM_TRY(kv.rebalance());
   }
-  kv_.prefetch_first_layer();  // read while the caller samples the next token
-  // Device backends queue ops: wait for them, and report what went wrong on the way.
+  kv.prefetch_first_layer();  // read while the caller samples the next token
+  LOOM_TRY(finish_step());
+  if (prof_ && T == 1) prof_->record_step(now_ns() - t_step);
+  return {};
+}
+
+Status ForwardPass::eval_batch(std::span<const SeqStep> seqs) {
+  if (seqs.empty()) return make_error(ErrorCode::kInvalidArgument, "eval_batch: no sequences");
+  int64_t R = 0;
+  for (const SeqStep& q : seqs) {
+    const auto n = static_cast<int64_t>(q.tokens.size());
+    if (!q.kv || n == 0)
+      return make_error(ErrorCode::kInvalidArgument, "eval_batch: a sequence without tokens");
+    if (std::find(caches_.begin(), caches_.end(), q.kv) == caches_.end())
+      return make_error(ErrorCode::kInternal, "eval_batch: a KV cache not attached to this pass");
+    for (const SeqStep& o : seqs) {
+      if (&o != &q && o.kv == q.kv)
+        return make_error(ErrorCode::kInvalidArgument, "eval_batch: one cache twice in a step");
+    }
+    if (n > q.kv->max_step_tokens()) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "eval_batch: %" PRId64 " tokens of one sequence, its cache takes %" PRId64
+                        " in a step",
+                        n, q.kv->max_step_tokens());
+    }
+    LOOM_TRY(check_tokens(q.tokens));
+    R += n;
+  }
+  if (R > max_chunk_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "eval_batch: %" PRId64 " tokens in one step, at most %" PRId64, R,
+                      max_chunk_);
+  }
+  LOOM_TRY(prepare());
+  // Rows of the step: each sequence's tokens in turn, at its cache's positions.
+  batch_tokens_.clear();
+  segs_.clear();
+  int64_t first_out = R;  // logits are computed from the first row that needs them to the last
+  for (const SeqStep& q : seqs) {
+    const int64_t pos0 = q.kv->n_tokens(), n = static_cast<int64_t>(q.tokens.size());
+    LOOM_TRY(q.kv->reserve(pos0 + n));  // the error names the limit
+    const int64_t r0 = static_cast<int64_t>(batch_tokens_.size());
+    for (int64_t t = 0; t < n; ++t)
+      pos_[static_cast<size_t>(r0 + t)] = static_cast<int32_t>(pos0 + t);
+    batch_tokens_.insert(batch_tokens_.end(), q.tokens.begin(), q.tokens.end());
+    segs_.push_back(Seg{q.kv, r0, n});
+    if (q.logits) first_out = std::min(first_out, r0 + n - 1);
+  }
+  const int64_t V = m_.hp.n_vocab;
+  float* out = nullptr;
+  if (first_out < R) {
+    batch_logits_.resize(static_cast<size_t>((R - first_out) * V));
+    out = batch_logits_.data();
+  }
+  LOOM_TRY(eval_rows(batch_tokens_.data(), R, first_out, out));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Seg& g = segs_[i];
+    if (seqs[i].logits) {
+      const float* row = batch_logits_.data() + (g.r0 + g.n - 1 - first_out) * V;
+      std::copy(row, row + V, seqs[i].logits);
+    }
+    g.kv->set_n_tokens(g.kv->n_tokens() + g.n);
+    LOOM_TRY(g.kv->rebalance());
+    g.kv->prefetch_first_layer();
+  }
+  return finish_step();
+}
+
+Status ForwardPass::finish_step() {
   for (Unit u : kUnits) {
     if (unit(u) && placement_.uses(u)) LOOM_TRY(be(u).synchronize());
   }
@@ -538,7 +666,6 @@ Status ForwardPass::eval(std::span<const int32_t> tokens, int64_t pos0, float* l
     flush_device_times();
     profiling_ = false;
   }
-  if (prof_ && T == 1) prof_->record_step(now_ns() - t_step);
   return {};
 }
 
@@ -550,13 +677,16 @@ Status ForwardPass::eval_layer(int64_t l, const float* x, int64_t T, float* y) {
                       " tokens (1..%" PRId64 ")",
                       l, hp.n_layer, T, max_chunk_);
   }
-  if (kv_.n_tokens() != 0) {
+  if (caches_.empty()) return make_error(ErrorCode::kInternal, "eval_layer: no KV cache attached");
+  KvCache& kv = *caches_.front();
+  if (kv.n_tokens() != 0) {
     return make_error(ErrorCode::kInternal, "eval_layer: the cache holds %" PRId64 " tokens",
-                      kv_.n_tokens());
+                      kv.n_tokens());
   }
   LOOM_TRY(prepare());
-  LOOM_TRY(kv_.reserve(T));
+  LOOM_TRY(kv.reserve(T));
   for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  segs_.assign(1, Seg{&kv, 0, T});
   profiling_ = false;
   const Unit un = placement_.layers[static_cast<size_t>(l)][OpGroup::kNorm].unit;
   Act xa = out(kX, un, T);
@@ -572,22 +702,20 @@ Status ForwardPass::eval_layer(int64_t l, const float* x, int64_t T, float* y) {
   for (Unit u : kUnits) {
     if (s.ok() && unit(u) && placement_.uses(u)) s = be(u).synchronize();
   }
-  kv_.clear();
+  kv.clear();
   valid_.fill(0);
   return s;
 }
 
-Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits,
-                               bool all_logits) {
+Status ForwardPass::eval_rows(const int32_t* tokens, int64_t T, int64_t first, float* logits) {
   const HParams& hp = m_.hp;
-  for (int64_t t = 0; t < T; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
+  const bool tiered =
+      std::any_of(segs_.begin(), segs_.end(), [](const Seg& g) { return g.kv->tiered(); });
   profiling_ =
       prof_ != nullptr && T == 1 &&
       decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) ==
           0;
-  // A decode step wholly on the GPU repeats: the backend may record it once
-  // and replay it (CUDA graphs); the logits' download ends it.
-  if (T == 1 && !profiling_ && unit(Unit::kGpu) && !placement_.uses(Unit::kCpu) && !kv_.tiered())
+  if (T == 1 && !profiling_ && unit(Unit::kGpu) && !placement_.uses(Unit::kCpu) && !tiered)
     unit(Unit::kGpu)->begin_step();
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;
@@ -616,7 +744,6 @@ Status ForwardPass::eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, f
   OpTimer timer(stats_, OpLabel::kOutput);
   const Unit uo = placement_.output.unit;
   // Only the rows whose logits are wanted go through the output matrix.
-  const int64_t first = all_logits ? 0 : T - 1;
   const int64_t rows = T - first;
   group_begin(prof_ ? prof_->output_scope() : 0, uo);
   Act x = in(kX, uo, T).rows_view(first, rows);
@@ -662,17 +789,17 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   }
   // Projections, RoPE and the KV store in one op where all three run on one
   // unit (timed with attn_w), else apart; apart too where q and k get their
-  // per-head norms first (qwen3).
+  // per-head norms first (qwen3), or where the step holds several sequences.
   const bool qk_norm = w.q_norm.present();
-  const bool qkv_rope = uw == ua && un == ua && !qk_norm;
+  const bool qkv_rope = segs_.size() == 1 && uw == ua && un == ua && !qk_norm;
   {
     OpTimer timer(stats_, OpLabel::kQkv);
     group_begin(scope(OpGroup::kAttnW), uw);
     Act xb = in(kXb, uw, T);
     if (qkv_rope) {
       be(uw).matmul_qkv_rope_kv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T),
-                                out(kK, uw, T), out(kV, uw, T), kv_, l, hp.n_head, hp.n_head_kv,
-                                hp.head_dim, pos_.data(), rope_);
+                                out(kK, uw, T), out(kV, uw, T), *segs_[0].kv, l, hp.n_head,
+                                hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
     } else {
       be(uw).matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, out(kQ, uw, T), out(kK, uw, T),
                         out(kV, uw, T));
@@ -697,7 +824,10 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     group_begin(scope(OpGroup::kAttn), ua);
     Act q = in(kQ, ua, T), k = in(kK, ua, T), v = in(kV, ua, T);
     valid_[kQ] = valid_[kK] = bit(ua);
-    be(ua).rope_qk_kv(q, k, v, kv_, l, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
+    for (const Seg& g : segs_) {
+      be(ua).rope_qk_kv(q.rows_view(g.r0, g.n), k.rows_view(g.r0, g.n), v.rows_view(g.r0, g.n),
+                        *g.kv, l, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data() + g.r0, rope_);
+    }
   } else {
     {
       OpTimer timer(stats_, OpLabel::kRope);
@@ -709,30 +839,36 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kKvStore);
     group_begin(scope(OpGroup::kAttn), ua);
     Act k = in(kK, ua, T), v = in(kV, ua, T);
-    be(ua).kv_store(kv_, l, k, v, pos_.data());
+    for (const Seg& g : segs_)
+      be(ua).kv_store(*g.kv, l, k.rows_view(g.r0, g.n), v.rows_view(g.r0, g.n), pos_.data() + g.r0);
   }
   {
     OpTimer timer(stats_, OpLabel::kAttention);
-    // Spilled KV blocks of a host layer come back from the SSD to be read.
-    if (Status s = kv_.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
-    Act q = in(kQ, ua, T);
+    // Each sequence of the step attends over its own cache.
+    Act q = in(kQ, ua, T), att = out(kAtt, ua, T);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
-    if (ua == Unit::kGpu && kv_.device_tiered(l)) {
-      // The device tier: the GPU over its slots, the CPU over the host blocks, merged.
-      // (The CPU unit is made when first needed: an all-GPU placement has none.)
-      auto* cpu =
-          ensure_unit(Unit::kCpu).ok() ? dynamic_cast<CpuBackend*>(unit(Unit::kCpu)) : nullptr;
-      HostAttentionFn host = [&](const float* qh, int64_t n, const int32_t* pos,
-                                 const float* dev_ml, float* part, float* mass) {
-        cpu->attention_host_part(kv_, l, qh, n, pos, hp.n_head, scale, dev_ml, part, mass);
-      };
-      Status s = cpu ? be(ua).attention_split(kv_, l, q, pos_.data(), hp.n_head, scale,
-                                              out(kAtt, ua, T), host)
-                     : make_error(ErrorCode::kInternal,
-                                  "the device KV tier needs the CPU backend for the host blocks");
-      if (!s.ok() && op_status_.ok()) op_status_ = s;
-    } else {
-      be(ua).attention(kv_, l, q, pos_.data(), hp.n_head, scale, out(kAtt, ua, T));
+    for (const Seg& g : segs_) {
+      KvCache& kv = *g.kv;
+      // Spilled KV blocks of a host layer come back from the SSD to be read.
+      if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
+      const Act qg = q.rows_view(g.r0, g.n), ag = att.rows_view(g.r0, g.n);
+      const int32_t* pos = pos_.data() + g.r0;
+      if (ua == Unit::kGpu && kv.device_tiered(l)) {
+        // The device tier: the GPU over its slots, the CPU over the host blocks, merged.
+        // (The CPU unit is made when first needed: an all-GPU placement has none.)
+        auto* cpu =
+            ensure_unit(Unit::kCpu).ok() ? dynamic_cast<CpuBackend*>(unit(Unit::kCpu)) : nullptr;
+        HostAttentionFn host = [&](const float* qh, int64_t n, const int32_t* hpos,
+                                   const float* dev_ml, float* part, float* mass) {
+          cpu->attention_host_part(kv, l, qh, n, hpos, hp.n_head, scale, dev_ml, part, mass);
+        };
+        Status s = cpu ? be(ua).attention_split(kv, l, qg, pos, hp.n_head, scale, ag, host)
+                       : make_error(ErrorCode::kInternal,
+                                    "the device KV tier needs the CPU backend for the host blocks");
+        if (!s.ok() && op_status_.ok()) op_status_ = s;
+      } else {
+        be(ua).attention(kv, l, qg, pos, hp.n_head, scale, ag);
+      }
     }
   }
   if (uw == un) {
@@ -820,17 +956,22 @@ void ForwardPass::layer_host(int64_t l, int64_t T) {
   }
   b.rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
   group_begin(scope(OpGroup::kAttn), u);
-  b.kv_store(kv_, l, k, v, pos_.data());
-  if (Status s = kv_.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
   Act att = out(kAtt, u, T);
   const float scale =
       hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
   const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
-  if (hp.attn_softcap > 0 || swa) {
-    host_attention(kv_, l, q, pos_.data(), hp.n_head, scale, hp.attn_softcap,
-                   swa ? hp.sliding_window : 0, att);
-  } else {
-    b.attention(kv_, l, q, pos_.data(), hp.n_head, scale, att);
+  for (const Seg& g : segs_) {
+    KvCache& kv = *g.kv;
+    const Act qg = q.rows_view(g.r0, g.n), ag = att.rows_view(g.r0, g.n);
+    const int32_t* pos = pos_.data() + g.r0;
+    b.kv_store(kv, l, k.rows_view(g.r0, g.n), v.rows_view(g.r0, g.n), pos);
+    if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
+    if (hp.attn_softcap > 0 || swa) {
+      host_attention(kv, l, qg, pos, hp.n_head, scale, hp.attn_softcap, swa ? hp.sliding_window : 0,
+                     ag);
+    } else {
+      b.attention(kv, l, qg, pos, hp.n_head, scale, ag);
+    }
   }
   group_begin(scope(OpGroup::kAttnW), u);
   Act o = out(kXb, u, T);

@@ -55,6 +55,32 @@ class ForwardPass {
   /// [T, n_vocab], when `all_logits`). The cache must hold exactly pos0 tokens.
   Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits,
               bool all_logits = false);
+  /// The same on another sequence's cache (attached with attach_kv).
+  Status eval(KvCache& kv, std::span<const int32_t> tokens, int64_t pos0, float* logits,
+              bool all_logits = false);
+
+  /// One sequence's part of a batched step.
+  struct SeqStep {
+    KvCache* kv = nullptr;            ///< its cache (attached); the tokens go at kv->n_tokens()
+    std::span<const int32_t> tokens;  ///< at least one
+    float* logits = nullptr;          ///< the last token's logits [n_vocab], or null for none
+  };
+  /// Continuous batching: one forward step over several sequences, each with
+  /// its own cache. Their rows go through every matmul together (one
+  /// matrix-matrix product per weight); RoPE, the KV store and attention run
+  /// per sequence on its cache. At most max_chunk() tokens in all, and one
+  /// step's worth per cache (KvCache::max_step_tokens). Logits are computed
+  /// from the first row that wants them to the last: put the sequences that
+  /// want none (prompt chunks before their end) first.
+  Status eval_batch(std::span<const SeqStep> seqs);
+  /// Adds a cache for eval(kv, ...) and eval_batch, its layers put where
+  /// their attention runs (a GPU's KV storage made when the placement needs
+  /// one); later placements move it with the others. The constructor's cache
+  /// is attached already.
+  Status attach_kv(KvCache& kv);
+  /// Forgets a cache (before it is destroyed).
+  void detach_kv(KvCache& kv);
+  int64_t max_chunk() const { return max_chunk_; }
 
   /// Runs layer `l` alone on the hidden states `x` [T, n_embd] (host memory),
   /// as placed, at positions [0, T), and writes its output [T, n_embd] to
@@ -113,7 +139,12 @@ class ForwardPass {
   Status upload_group(std::vector<const Weight*> ws, OpKind op, const std::string& where);
   Status ensure_unit(Unit u);
   Status alloc_acts(Unit u);
-  Status eval_chunk(const int32_t* tokens, int64_t T, int64_t pos0, float* logits, bool all_logits);
+  Status check_tokens(std::span<const int32_t> tokens) const;
+  /// One step over T rows (tokens at pos_, sequences as in segs_); logits of
+  /// rows [first, T) into `logits` [T - first, n_vocab] unless it is null.
+  Status eval_rows(const int32_t* tokens, int64_t T, int64_t first, float* logits);
+  /// Waits for the units after a step; the profiler's device times.
+  Status finish_step();
   void layer(int64_t l, int64_t T);
   /// One layer of an architecture only the CPU runs yet (qwen3, gemma2).
   void layer_host(int64_t l, int64_t T);
@@ -130,8 +161,17 @@ class ForwardPass {
   void group_end();
   void flush_device_times();
 
+  // The rows of one sequence in the step being run.
+  struct Seg {
+    KvCache* kv;
+    int64_t r0, n;
+  };
+
   const Model& m_;
-  KvCache& kv_;
+  std::vector<KvCache*> caches_;  ///< attached caches, the constructor's first
+  std::vector<Seg> segs_;         ///< the step's sequences
+  std::vector<int32_t> batch_tokens_;
+  std::vector<float> batch_logits_;
   int64_t max_chunk_;
   cpu::RopeParams rope_;
   OpStats* stats_ = nullptr;

@@ -41,9 +41,27 @@ Result<std::unique_ptr<Session>> Session::create(const Model& model, Backend& ba
   if (!kv.ok()) return kv.error();
   s->kv_ = std::move(kv).value();
   LOOM_TRY(s->kv_->configure_tiers(cfg.kv_tiers));
-  s->fwd_ = std::make_unique<ForwardPass>(model, backend, *s->kv_, cfg.max_chunk);
+  s->fwd_ = std::make_shared<ForwardPass>(model, backend, *s->kv_, cfg.max_chunk);
   s->logits_.resize(static_cast<size_t>(model.hp.n_vocab));
   return s;
+}
+
+Result<std::unique_ptr<Session>> Session::create_sharing(Session& base, const SessionConfig& cfg) {
+  std::unique_ptr<Session> s(new Session(base.m_));
+  KvCacheConfig kc = base.kv_->config();
+  if (cfg.n_ctx > 0) kc.n_ctx = cfg.n_ctx;
+  auto kv = KvCache::create(kc);
+  if (!kv.ok()) return kv.error();
+  s->kv_ = std::move(kv).value();
+  LOOM_TRY(s->kv_->configure_tiers(cfg.kv_tiers));
+  LOOM_TRY(base.fwd_->attach_kv(*s->kv_));
+  s->fwd_ = base.fwd_;
+  s->logits_.resize(base.logits_.size());
+  return s;
+}
+
+Session::~Session() {
+  if (fwd_ && kv_) fwd_->detach_kv(*kv_);
 }
 
 std::vector<int32_t> Session::tokenize_raw(std::string_view text) const {
@@ -102,7 +120,7 @@ Status Session::recompute_lost(std::span<const int32_t> pending, int64_t pos0, G
     for (int64_t i = a; i < b; ++i) toks.push_back(token_at(i));
     kv_->set_n_tokens(a);
     kv_->set_recomputing(true);
-    Status s = fwd_->eval(toks, a, scratch.data());
+    Status s = fwd_->eval(*kv_, toks, a, scratch.data());
     kv_->set_recomputing(false);
     kv_->set_n_tokens(done);
     if (!s.ok()) {
@@ -126,7 +144,7 @@ Status Session::eval(std::span<const int32_t> tokens, int64_t pos0, float* logit
   // Blocks lost outside a step (moving a layer's KV, say) hold zeros: recompute them first.
   if (kv_->has_lost()) LOOM_TRY(recompute_lost(tokens.first(0), pos0, st));
   for (int attempt = 0;; ++attempt) {
-    Status s = fwd_->eval(tokens, pos0, logits);
+    Status s = fwd_->eval(*kv_, tokens, pos0, logits);
     if (s.ok() || attempt >= 8 || !kv_->has_lost()) return s;
     LOOM_TRY(recompute_lost(tokens, pos0, st));
     // Go on from where the failed evaluation stopped.
@@ -158,6 +176,35 @@ Status Session::append(std::span<const int32_t> tokens, float* logits, GenerateS
   LOOM_TRY(eval(tokens, pos0, logits, st));
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   return {};
+}
+
+void Session::append_batch(std::span<BatchItem> items) {
+  if (items.empty()) return;
+  std::vector<ForwardPass::SeqStep> steps;
+  bool batched = items.size() > 1;
+  for (BatchItem& it : items) {
+    Session& s = *it.session;
+    it.status = Status();
+    batched &= s.fwd_ == items[0].session->fwd_ && !s.kv_->has_lost() && !s.has_pending_.load();
+    if (s.tokens_.size() + it.tokens.size() > static_cast<size_t>(s.kv_->capacity()) ||
+        it.tokens.empty())
+      batched = false;  // append() gives the error
+    steps.push_back({s.kv_.get(), it.tokens, it.logits});
+  }
+  if (batched) {
+    Status st = items[0].session->fwd_->eval_batch(steps);
+    if (st.ok()) {
+      for (BatchItem& it : items) {
+        auto& t = it.session->tokens_;
+        t.insert(t.end(), it.tokens.begin(), it.tokens.end());
+      }
+      return;
+    }
+    // Back to what each session holds; then one at a time.
+    for (BatchItem& it : items)
+      it.session->kv_->set_n_tokens(static_cast<int64_t>(it.session->tokens_.size()));
+  }
+  for (BatchItem& it : items) it.status = it.session->append(it.tokens, it.logits);
 }
 
 void Session::request_placement(const Placement& p, std::function<void(const Status&)> done) {

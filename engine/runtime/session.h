@@ -66,6 +66,13 @@ class Session {
  public:
   static Result<std::unique_ptr<Session>> create(const Model& model, Backend& backend,
                                                  const SessionConfig& cfg);
+  /// Another sequence over `base`'s forward pass (its weights, placement and
+  /// units, uploaded once), with a KV cache of its own made from `cfg`
+  /// (n_ctx, tiers; the dtype and chunk are base's). Sessions that share a
+  /// pass can be stepped together by append_batch; they must run on one
+  /// thread, and placement requests go to the shared pass.
+  static Result<std::unique_ptr<Session>> create_sharing(Session& base, const SessionConfig& cfg);
+  ~Session();
 
   const Model& model() const { return m_; }
   int64_t n_ctx() const { return kv_->capacity(); }
@@ -98,6 +105,19 @@ class Session {
   /// Errors: more tokens than the context has room for, or the forward's.
   Status append(std::span<const int32_t> tokens, float* logits, GenerateStats* st = nullptr);
 
+  /// One session's part of append_batch.
+  struct BatchItem {
+    Session* session = nullptr;
+    std::span<const int32_t> tokens;  ///< at most the pass's chunk in all items together
+    float* logits = nullptr;          ///< the last token's logits [n_vocab], or null
+    Status status;                    ///< out: the item's outcome
+  };
+  /// append() for several sessions sharing one forward pass, in one batched
+  /// step (ForwardPass::eval_batch). When the step fails (a KV block the SSD
+  /// could not give back, say) each item is retried alone through append(),
+  /// which recovers what it can, and gets its own status.
+  static void append_batch(std::span<BatchItem> items);
+
   /// Asks for a new placement: applied between two tokens of a running
   /// generate() (or at the start of the next one), moving weights and KV;
   /// generation then continues. `done` is called on the generating thread
@@ -128,8 +148,8 @@ class Session {
 
   const Model& m_;
   std::unique_ptr<KvCache> kv_;
-  std::unique_ptr<ForwardPass> fwd_;
-  std::vector<int32_t> tokens_;  ///< tokens whose KV is in the cache, in order
+  std::shared_ptr<ForwardPass> fwd_;  ///< shared by create_sharing's sessions
+  std::vector<int32_t> tokens_;       ///< tokens whose KV is in the cache, in order
   std::vector<float> logits_;
   Profiler* prof_ = nullptr;
   std::mutex pending_mu_;

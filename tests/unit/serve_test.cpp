@@ -30,13 +30,15 @@ struct Harness {
   std::unique_ptr<serve::Server> server;
   std::unique_ptr<httplib::Client> cli;
 
-  Harness(const Model& m, int slots, int64_t queue_max, serve::ServerOptions so = {}) {
+  Harness(const Model& m, int slots, int64_t queue_max, serve::ServerOptions so = {},
+          bool shared = true) {
     be = std::make_unique<CpuBackend>(1);
     std::vector<std::unique_ptr<Session>> ss;
     for (int i = 0; i < slots; ++i) {
       SessionConfig c;
       c.n_ctx = kCtx;
-      auto s = Session::create(m, *be, c);
+      // One forward pass for all slots (batched steps), or one each (steps apart).
+      auto s = i == 0 || !shared ? Session::create(m, *be, c) : Session::create_sharing(*ss[0], c);
       EXPECT_TRUE(s.ok()) << s.message();
       ss.push_back(std::move(s).value());
     }
@@ -425,28 +427,38 @@ TEST_F(ServeTest, QueueFullGives429WithRetryAfter) {
   }
 }
 
+// 32 clients on 4 slots, the slots sharing one forward pass (batched steps:
+// more than one sequence per step on average) or each with its own (steps
+// apart); every stream equals its own greedy run.
 TEST_F(ServeTest, ConcurrentStreamsAllComplete) {
   constexpr int kClients = 32;
-  Harness h(*model_, 4, 64);
   std::vector<std::string> want(kClients);
   for (int i = 0; i < kClients; ++i)
     want[static_cast<size_t>(i)] = greedy("client " + std::to_string(i), 12);
-  std::vector<Harness::Stream> res(kClients);
-  std::vector<std::thread> ts;
-  const int port = h.server->port();
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      res[static_cast<size_t>(i)] = Harness::stream(port, "/v1/chat/completions",
-                                                    chat("client " + std::to_string(i), 12, true));
-    });
-  for (auto& t : ts) t.join();
-  for (int i = 0; i < kClients; ++i) {
-    const auto& s = res[static_cast<size_t>(i)];
-    EXPECT_EQ(s.status, 200) << i << " " << httplib::to_string(s.error);
-    EXPECT_TRUE(s.done) << i;
-    EXPECT_EQ(Harness::chat_text(s), want[static_cast<size_t>(i)]) << i;
+  for (bool shared : {true, false}) {
+    Harness h(*model_, 4, 64, {}, shared);
+    std::vector<Harness::Stream> res(kClients);
+    std::vector<std::thread> ts;
+    const int port = h.server->port();
+    for (int i = 0; i < kClients; ++i)
+      ts.emplace_back([&, i] {
+        res[static_cast<size_t>(i)] = Harness::stream(
+            port, "/v1/chat/completions", chat("client " + std::to_string(i), 12, true));
+      });
+    for (auto& t : ts) t.join();
+    for (int i = 0; i < kClients; ++i) {
+      const auto& s = res[static_cast<size_t>(i)];
+      EXPECT_EQ(s.status, 200) << i << " " << httplib::to_string(s.error);
+      EXPECT_TRUE(s.done) << i;
+      EXPECT_EQ(Harness::chat_text(s), want[static_cast<size_t>(i)]) << i << " shared " << shared;
+    }
+    EXPECT_EQ(h.metrics.ttft().count(), static_cast<uint64_t>(kClients)) << h.metrics.render();
+    if (shared) {
+      EXPECT_GT(h.metrics.step_seqs(), h.metrics.steps() * 3 / 2) << h.metrics.render();
+    } else {
+      EXPECT_EQ(h.metrics.step_seqs(), h.metrics.steps());
+    }
   }
-  EXPECT_EQ(h.metrics.ttft().count(), static_cast<uint64_t>(kClients)) << h.metrics.render();
 }
 
 TEST_F(ServeTest, LoadtestRunsItsPhases) {

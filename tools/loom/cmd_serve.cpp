@@ -29,32 +29,18 @@ int cmd_serve(const ServeOptions& o) {
   for (const auto& w : e->model->warnings)
     std::fprintf(stderr, "%s: warning: %s\n", who, w.c_str());
 
-  if (e->gpu && o.parallel > 1)
-    std::fprintf(stderr,
-                 "%s: note: each of the %d slots uploads its own copy of the GPU's weights "
-                 "(slots do not share them yet)\n",
-                 who, o.parallel);
-  // One session per slot: the first is open_engine's, the others run the same placement.
+  // One session per slot: the first is open_engine's; the others share its
+  // forward pass (weights and placement once), each with a KV cache of its own.
   std::vector<std::unique_ptr<Session>> slots;
   slots.push_back(std::move(e->session));
   for (int i = 1; i < o.parallel; ++i) {
     SessionConfig sc;
     sc.n_ctx = slots[0]->n_ctx();
-    sc.max_chunk = o.engine.batch;
-    sc.kv_dtype = slots[0]->kv().config().dtype;
     sc.kv_tiers = e->kv_tiers;
     sc.kv_tiers.session = (static_cast<uint64_t>(getpid()) << 16) + static_cast<uint64_t>(i);
-    auto s = Session::create(*e->model, *e->backend, sc);
+    auto s = Session::create_sharing(*slots[0], sc);
     if (!s.ok()) {
       std::fprintf(stderr, "%s: slot %d: %s\n", who, i, s.message().c_str());
-      return 1;
-    }
-    ForwardPass& fwd = (*s)->forward();
-    fwd.set_fallback(e->cpu.get());
-    Status st = fwd.set_placement(e->planned);
-    if (st.ok()) st = fwd.prepare();
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s: slot %d: %s\n", who, i, st.message().c_str());
       return 1;
     }
     slots.push_back(std::move(s).value());

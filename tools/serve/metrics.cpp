@@ -72,6 +72,19 @@ std::string Metrics::render() const {
   out += "# HELP loom_generated_tokens_total Tokens generated.\n";
   out += "# TYPE loom_generated_tokens_total counter\n";
   append_f(&out, "loom_generated_tokens_total %" PRIu64 "\n", generated_tokens_.load());
+  out += "# HELP loom_batch_steps_total Forward steps run (each batches every running sequence).\n";
+  out += "# TYPE loom_batch_steps_total counter\n";
+  append_f(&out, "loom_batch_steps_total %" PRIu64 "\n", steps_.load());
+  out +=
+      "# HELP loom_batch_sequences_total Sequences summed over the steps (divided by the steps: "
+      "the mean batch).\n";
+  out += "# TYPE loom_batch_sequences_total counter\n";
+  append_f(&out, "loom_batch_sequences_total %" PRIu64 "\n", step_seqs_.load());
+  out +=
+      "# HELP loom_batch_rows_total Token rows summed over the steps (prompt chunks and decode "
+      "tokens).\n";
+  out += "# TYPE loom_batch_rows_total counter\n";
+  append_f(&out, "loom_batch_rows_total %" PRIu64 "\n", step_rows_.load());
   out += "# HELP loom_queue_depth Requests waiting for a slot.\n";
   out += "# TYPE loom_queue_depth gauge\n";
   append_f(&out, "loom_queue_depth %" PRId64 "\n", queue_depth_.load());

@@ -1,6 +1,6 @@
 // What /metrics reports, in Prometheus' text format (version 0.0.4):
 // requests by route and status, tokens, queue depth, time to first token and
-// inter-token latency histograms, KV bytes per tier. Thread-safe: the HTTP
+// inter-token latency histograms, KV bytes per tier, batched steps. Thread-safe: the HTTP
 // threads and the scheduler's thread record, any thread renders.
 #pragma once
 
@@ -38,6 +38,14 @@ class Metrics {
   void add_prompt_tokens(int64_t n) { prompt_tokens_ += static_cast<uint64_t>(n); }
   void add_generated_tokens(int64_t n) { generated_tokens_ += static_cast<uint64_t>(n); }
   void count_cancelled() { ++cancelled_; }
+  /// One forward step of the scheduler: its sequences and token rows.
+  void count_step(int64_t seqs, int64_t rows) {
+    ++steps_;
+    step_seqs_ += static_cast<uint64_t>(seqs);
+    step_rows_ += static_cast<uint64_t>(rows);
+  }
+  uint64_t steps() const { return steps_.load(); }
+  uint64_t step_seqs() const { return step_seqs_.load(); }
   void set_queue_depth(int64_t n) { queue_depth_ = n; }
   void set_active(int64_t n) { active_ = n; }
   void set_slots(int64_t n) { slots_ = n; }
@@ -56,6 +64,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  ///< (route, status) -> count
   KvTierStats kv_;
   std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, cancelled_{0};
+  std::atomic<uint64_t> steps_{0}, step_seqs_{0}, step_rows_{0};
   std::atomic<int64_t> queue_depth_{0}, active_{0}, slots_{0};
   Histogram ttft_, itl_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 namespace loom::serve {
 
@@ -64,8 +65,9 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Session>> slots, const Schedule
     slots_.push_back(std::move(slot));
   }
   n_ctx_ = slots_.front()->session->n_ctx();
-  chunk_ = o.prefill_chunk > 0 ? o.prefill_chunk : 256;
-  logits_.resize(static_cast<size_t>(model().hp.n_vocab));
+  budget_ = slots_.front()->session->forward().max_chunk();
+  chunk_ = std::min(o.prefill_chunk > 0 ? o.prefill_chunk : budget_, budget_);
+  for (auto& s : slots_) s->logits.resize(static_cast<size_t>(model().hp.n_vocab));
   if (metrics_) metrics_->set_slots(n_slots());
   thread_ = std::thread([this] { run(); });
 }
@@ -123,8 +125,7 @@ void Scheduler::run() {
       if (stop_) break;
     }
     admit();
-    for (auto& s : slots_)
-      if (s->req) step(*s);
+    step_all();
     publish_kv();
   }
   // Shutting down: whoever waits hears that it ended.
@@ -192,35 +193,88 @@ void Scheduler::admit() {
   }
 }
 
-void Scheduler::step(Slot& s) {
-  Request& q = *s.req;
-  if (q.cancel.load(std::memory_order_relaxed)) {
-    finish(s, Finish::kCancelled);
-    return;
+void Scheduler::step_all() {
+  // Who runs in this step, and with which tokens: prompt chunks (chunked
+  // prefill) and one token of every decoding sequence, at most budget_ rows.
+  std::vector<Slot*> prefill, decode;
+  const size_t n = slots_.size();
+  for (size_t i = 0; i < n; ++i) {
+    Slot& s = *slots_[(i + rr_) % n];  // a rotating start: fair when the budget is short
+    if (!s.req) continue;
+    if (s.req->cancel.load(std::memory_order_relaxed)) {
+      finish(s, Finish::kCancelled);
+      continue;
+    }
+    (s.prefill_pos < static_cast<int64_t>(s.req->prompt.size()) ? prefill : decode).push_back(&s);
   }
-  const int64_t n_prompt = static_cast<int64_t>(q.prompt.size());
-  Status st;
-  if (s.prefill_pos < n_prompt) {
-    const int64_t n = std::min(chunk_, n_prompt - s.prefill_pos);
-    st = s.session->append(
-        std::span<const int32_t>(q.prompt.data() + s.prefill_pos, static_cast<size_t>(n)),
-        logits_.data());
-    if (st.ok()) s.prefill_pos += n;
-    if (st.ok() && s.prefill_pos < n_prompt) return;  // more prompt next round
-  } else {
-    st = s.session->append(std::span<const int32_t>(&s.next, 1), logits_.data());
+  rr_ = (rr_ + 1) % n;
+  if (prefill.empty() && decode.empty()) return;
+  // Decode steps first in the budget, but prompts get at least half of it.
+  const int64_t max_decode = prefill.empty() ? budget_ : std::max<int64_t>(1, budget_ / 2);
+  if (static_cast<int64_t>(decode.size()) > max_decode)
+    decode.resize(static_cast<size_t>(max_decode));
+  int64_t left = budget_ - static_cast<int64_t>(decode.size());
+
+  struct Planned {
+    Slot* slot;
+    int64_t n;    ///< prompt tokens (0: a decode step)
+    bool logits;  ///< the step ends the prompt, or decodes
+  };
+  std::vector<Planned> plan;
+  for (Slot* s : prefill) {
+    if (left <= 0) break;
+    const int64_t rest = static_cast<int64_t>(s->req->prompt.size()) - s->prefill_pos;
+    const int64_t take = std::min({chunk_, left, rest});
+    plan.push_back({s, take, take == rest});
+    left -= take;
   }
-  if (!st.ok()) {
-    finish(s, Finish::kError, st.message());
-    return;
+  // Sequences that want logits last: the output matmul runs from the first such row on.
+  std::stable_partition(plan.begin(), plan.end(), [](const Planned& p) { return !p.logits; });
+  for (Slot* s : decode) plan.push_back({s, 0, true});
+
+  // Sessions sharing a forward pass go in one batched step; others alone.
+  std::vector<size_t> group;
+  std::vector<Session::BatchItem> items;
+  for (size_t first = 0; first < plan.size(); ++first) {
+    if (!plan[first].slot) continue;
+    const ForwardPass* fwd = &plan[first].slot->session->forward();
+    group.clear();
+    items.clear();
+    for (size_t j = first; j < plan.size(); ++j) {
+      Slot* s = plan[j].slot;
+      if (!s || &s->session->forward() != fwd) continue;
+      group.push_back(j);
+      Session::BatchItem it;
+      it.session = s->session.get();
+      it.tokens = plan[j].n > 0 ? std::span<const int32_t>(s->req->prompt.data() + s->prefill_pos,
+                                                           static_cast<size_t>(plan[j].n))
+                                : std::span<const int32_t>(&s->next, 1);
+      it.logits = plan[j].logits ? s->logits.data() : nullptr;
+      items.push_back(it);
+    }
+    Session::append_batch(items);
+    if (metrics_) {
+      int64_t rows = 0;
+      for (const auto& it : items) rows += static_cast<int64_t>(it.tokens.size());
+      metrics_->count_step(static_cast<int64_t>(items.size()), rows);
+    }
+    for (size_t k = 0; k < group.size(); ++k) {
+      Planned& p = plan[group[k]];
+      Slot& s = *std::exchange(p.slot, nullptr);
+      if (!items[k].status.ok()) {
+        finish(s, Finish::kError, items[k].status.message());
+        continue;
+      }
+      if (p.n > 0) s.prefill_pos += p.n;
+      if (p.logits) on_logits(s);
+    }
   }
-  on_logits(s);
 }
 
 void Scheduler::on_logits(Slot& s) {
   Request& q = *s.req;
   Session& ses = *s.session;
-  const int32_t id = s.sampler->sample(logits_.data(), ses.tokens());
+  const int32_t id = s.sampler->sample(s.logits.data(), ses.tokens());
   const auto now = Clock::now();
   if (q.n_generated == 0 && s.next < 0) {
     const double ttft = ms_between(q.t_arrival, now);
@@ -251,7 +305,7 @@ void Scheduler::on_logits(Slot& s) {
   if (metrics_) metrics_->add_generated_tokens(1);
   std::optional<TokenLogprob> lp;
   if (q.top_logprobs >= 0)
-    lp = logprobs_of(tok, logits_.data(), model().hp.n_vocab, id, q.top_logprobs);
+    lp = logprobs_of(tok, s.logits.data(), model().hp.n_vocab, id, q.top_logprobs);
   if (emit(s, s.detok->push(id), std::move(lp))) {
     finish(s, Finish::kStop, {}, /*flush=*/false);
     return;

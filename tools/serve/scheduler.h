@@ -1,11 +1,14 @@
-// The server's scheduler: --parallel N slots, each a Session (its own KV cache
-// and forward pass over the one model and backend), run by one engine thread.
-// Each round gives every active slot one forward step: a decode step (one
-// token), or the next chunk of its prompt (chunked prefill, interleaved with
-// the others' decode steps). Sequences are NOT batched into one matmul: each
-// step is a separate forward pass, round-robin. A bounded queue holds requests
-// waiting for a slot; a slot whose cached tokens share the longest prefix with
-// a request's prompt takes it (the prefix is not evaluated again).
+// The server's scheduler: --parallel N slots, each a Session (its own KV
+// cache; sessions made by Session::create_sharing share one forward pass, so
+// the weights and placement exist once), run by one engine thread. Continuous
+// batching: each step takes one token of every decoding sequence and chunks
+// of the prompts waiting (chunked prefill, at most the pass's chunk of rows in
+// all, prompts getting at least half when there are any) and runs them as one
+// batched forward step (Session::append_batch): every matmul sees all rows at
+// once, attention runs per sequence. Requests join and leave between steps.
+// A bounded queue holds requests waiting for a slot; a slot whose cached
+// tokens share the longest prefix with a request's prompt takes it (the
+// prefix is not evaluated again).
 //
 // Requests report through a Request object that the HTTP thread waits on:
 // pieces of text (after stop strings are cut), per-token logprobs, and the end.
@@ -117,13 +120,14 @@ class Scheduler {
     std::string held;         ///< text held back: it may be the start of a stop string
     std::vector<TokenLogprob> held_lp;
     std::chrono::steady_clock::time_point t_last;
+    std::vector<float> logits;  ///< [n_vocab] after the slot's latest step
   };
 
   void run();
   void admit();
-  /// One forward step of slot `s`; ends its request when it is done.
-  void step(Slot& s);
-  /// Samples from logits_ after the slot's latest step and handles the token.
+  /// One batched forward step over the active slots; ends requests that are done.
+  void step_all();
+  /// Samples from the slot's logits after its latest step and handles the token.
   void on_logits(Slot& s);
   /// Ends the slot's request; `flush`: what the detokenizer and the stop check
   /// hold back is part of the answer (not after a stop string, an error or a cancel).
@@ -137,8 +141,9 @@ class Scheduler {
   SchedulerOptions opt_;
   Metrics* metrics_;
   int64_t n_ctx_ = 0;
-  int64_t chunk_ = 0;
-  std::vector<float> logits_;
+  int64_t chunk_ = 0;   ///< most prompt tokens of one slot in a step
+  int64_t budget_ = 0;  ///< most rows in a step (the forward pass's chunk)
+  size_t rr_ = 0;       ///< the slot the next step starts from
 
   std::mutex mu_;
   std::condition_variable cv_;
