@@ -146,6 +146,28 @@ Status KvCache::reserve(int64_t n) {
   return {};
 }
 
+void KvCache::host_rows(size_t l, int64_t n, uint8_t* k, uint8_t* v, bool out) {
+  const size_t rb = row_bytes();
+  const auto H = static_cast<size_t>(cfg_.n_kv_heads);
+  for (size_t h = 0; h < H; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      // V follows K in each block's allocation.
+      const auto b = static_cast<size_t>(block_table_[static_cast<size_t>(t / cfg_.block_size)]);
+      uint8_t* kr =
+          blocks_[l][b].get() + h * head_bytes_ + static_cast<size_t>(t % cfg_.block_size) * rb;
+      uint8_t* vr = kr + block_bytes();
+      const size_t at = (h * static_cast<size_t>(n) + static_cast<size_t>(t)) * rb;
+      if (out) {
+        std::memcpy(k + at, kr, rb);
+        std::memcpy(v + at, vr, rb);
+      } else {
+        std::memcpy(kr, k + at, rb);
+        std::memcpy(vr, v + at, rb);
+      }
+    }
+  }
+}
+
 Status KvCache::move_layer(int64_t layer, bool to_device) {
   if (!storage_)
     return make_error(ErrorCode::kInternal,
@@ -158,24 +180,10 @@ Status KvCache::move_layer(int64_t layer, bool to_device) {
   if (!to_device && device_tiered(layer)) return layer_from_slots(l);
   if (to_device) LOOM_TRY(unspill_layer(l));  // every block in RAM first
   const int64_t n = n_tokens_;
-  const size_t rb = row_bytes();
-  const auto H = static_cast<size_t>(cfg_.n_kv_heads);
   // Host rows [kv_head][n][row] of K and V: the KvStorage transfer format.
-  std::vector<uint8_t> k(H * static_cast<size_t>(n) * rb), v(k.size());
-  // V follows K in each block's allocation.
-  auto row_at = [&](size_t half, size_t h, int64_t t) {
-    const auto b = static_cast<size_t>(block_table_[static_cast<size_t>(t / cfg_.block_size)]);
-    return blocks_[l][b].get() + half * block_bytes() + h * head_bytes_ +
-           static_cast<size_t>(t % cfg_.block_size) * rb;
-  };
+  std::vector<uint8_t> k(static_cast<size_t>(cfg_.n_kv_heads * n) * row_bytes()), v(k.size());
   if (to_device) {
-    for (size_t h = 0; h < H; ++h) {
-      for (int64_t t = 0; t < n; ++t) {
-        const size_t at = (h * static_cast<size_t>(n) + static_cast<size_t>(t)) * rb;
-        std::memcpy(k.data() + at, row_at(0, h, t), rb);
-        std::memcpy(v.data() + at, row_at(1, h, t), rb);
-      }
-    }
+    host_rows(l, n, k.data(), v.data(), true);
     LOOM_TRY(storage_->set_layer_resident(layer, true));
     Status s = storage_->reserve(static_cast<int64_t>(block_table_.size()) * cfg_.block_size);
     if (s.ok()) s = storage_->import_layer(layer, n, k.data(), v.data());
@@ -192,14 +200,38 @@ Status KvCache::move_layer(int64_t layer, bool to_device) {
     free_layer(l);
     return s;
   }
-  for (size_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) {
-      const size_t at = (h * static_cast<size_t>(n) + static_cast<size_t>(t)) * rb;
-      std::memcpy(row_at(0, h, t), k.data() + at, rb);
-      std::memcpy(row_at(1, h, t), v.data() + at, rb);
-    }
-  }
+  host_rows(l, n, k.data(), v.data(), false);
   return storage_->set_layer_resident(layer, false);
+}
+
+Status KvCache::copy_prefix(KvCache& src, int64_t n) {
+  const KvCacheConfig& a = src.cfg_;
+  if (a.n_layer != cfg_.n_layer || a.n_kv_heads != cfg_.n_kv_heads || a.head_dim != cfg_.head_dim ||
+      a.dtype != cfg_.dtype || a.block_size != cfg_.block_size)
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: copy_prefix between unlike caches");
+  if (n < 0 || n > src.n_tokens_)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV cache: copy_prefix of %" PRId64 " tokens, the source holds %" PRId64, n,
+                      src.n_tokens_);
+  if (tiered() || src.tiered())
+    return make_error(ErrorCode::kUnsupported,
+                      "KV cache: copy_prefix between caches with RAM/SSD or device tiers");
+  n_tokens_ = 0;
+  LOOM_TRY(reserve(n));
+  std::vector<uint8_t> k(static_cast<size_t>(cfg_.n_kv_heads * n) * row_bytes()), v(k.size());
+  for (int64_t layer = 0; layer < cfg_.n_layer; ++layer) {
+    const auto l = static_cast<size_t>(layer);
+    if (src.on_device(layer))
+      LOOM_TRY(src.storage_->export_layer(layer, n, k.data(), v.data()));
+    else
+      src.host_rows(l, n, k.data(), v.data(), true);
+    if (on_device(layer))
+      LOOM_TRY(storage_->import_layer(layer, n, k.data(), v.data()));
+    else
+      host_rows(l, n, k.data(), v.data(), false);
+  }
+  n_tokens_ = n;
+  return {};
 }
 
 void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) {

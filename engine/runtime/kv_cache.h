@@ -170,6 +170,12 @@ class KvCache {
   /// they are (no requantization). Errors: no storage, out of memory on the
   /// way (the layer then stays where it was).
   Status move_layer(int64_t layer, bool to_device);
+  /// Makes this cache hold `src`'s first n tokens (n <= src.n_tokens()),
+  /// each layer copied from wherever it lies to wherever it lies here (host
+  /// blocks or device storage): a shared prompt prefix taken over instead of
+  /// evaluated again. Both caches alike (shape, dtype, blocks) and untiered
+  /// (kUnsupported otherwise; the caller then evaluates the prefix).
+  Status copy_prefix(KvCache& src, int64_t n);
 
   /// @name The device tier (kv_cache_device.cpp).
   /// @{
@@ -205,6 +211,9 @@ class KvCache {
   uint64_t pair_bytes() const { return 2ull * block_bytes(); }  // K + V of one (layer, block)
   size_t row_bytes() const { return head_bytes_ / static_cast<size_t>(cfg_.block_size); }
   // Allocates host blocks [have, n_blocks) of one layer.
+  /// Tokens [0, n) of host layer l out to (`out`) or in from rows in the
+  /// KvStorage transfer format: [kv_head][n][row bytes] of K, and of V.
+  void host_rows(size_t l, int64_t n, uint8_t* k, uint8_t* v, bool out);
   Status grow_layer(size_t l, size_t n_blocks);
   void free_layer(size_t l);
   void point_at(size_t l, size_t b, uint8_t* kv_pair);

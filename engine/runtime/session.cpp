@@ -164,6 +164,20 @@ int64_t Session::keep_prefix(std::span<const int32_t> prompt) {
   return static_cast<int64_t>(common);
 }
 
+Status Session::take_prefix(Session& src, int64_t n) {
+  if (n < 0 || n > src.kv_->n_tokens() || n > static_cast<int64_t>(src.tokens_.size()))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "take_prefix: %" PRId64 " tokens, the other session holds %" PRId64, n,
+                      src.kv_->n_tokens());
+  Status s = kv_->copy_prefix(*src.kv_, n);
+  if (!s.ok()) {
+    reset();
+    return s;
+  }
+  tokens_.assign(src.tokens_.begin(), src.tokens_.begin() + n);
+  return {};
+}
+
 Status Session::append(std::span<const int32_t> tokens, float* logits, GenerateStats* st) {
   if (tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "nothing to evaluate");
   const int64_t pos0 = static_cast<int64_t>(tokens_.size());

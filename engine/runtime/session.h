@@ -100,6 +100,10 @@ class Session {
   /// logits), drops the rest, and returns how many were kept; the remainder of
   /// the prompt then goes through append().
   int64_t keep_prefix(std::span<const int32_t> prompt);
+  /// Takes over `src`'s first n cached tokens (their KV copied, not
+  /// evaluated again: the same system prompt in another slot). On error this
+  /// session is left empty and the prompt is evaluated as usual.
+  Status take_prefix(Session& src, int64_t n);
   /// Evaluates `tokens` after the cached ones (in one forward step of at most
   /// the session's chunk, or several), writing the last one's logits [n_vocab].
   /// Errors: more tokens than the context has room for, or the forward's.

@@ -3,8 +3,9 @@
 // in the same matmuls. Each sequence's logits must equal those of the same
 // sequence run alone in its own pass, through prompt chunks of odd sizes
 // mixed with decode steps, on the CPU and (lavapipe or a GPU) on Vulkan under
-// an all-GPU and a mixed placement; the errors of a malformed step; and
-// Session::append_batch falling back to one session at a time.
+// an all-GPU and a mixed placement; the errors of a malformed step;
+// Session::append_batch falling back to one session at a time; and one
+// session taking another's prompt prefix (its KV copied, not evaluated).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -177,7 +178,61 @@ INSTANTIATE_TEST_SUITE_P(Archs, BatchEval, ::testing::ValuesIn(kCases), [](const
          (i.param.kv == DType::kF16 ? "f16" : "q8");
 });
 
+// Session::take_prefix: B takes A's first 15 tokens (KvCache::copy_prefix,
+// from each layer's place in A to its place in B) and evaluates the rest as A
+// did; the logits are the same to the bit.
+void expect_take_prefix_equal(const Model& m, Backend& be,
+                              const std::function<void(ForwardPass&)>& setup) {
+  SessionConfig sc;
+  sc.n_ctx = 64;
+  auto a = Session::create(m, be, sc);
+  ASSERT_TRUE(a.ok());
+  setup((*a)->forward());
+  auto b = Session::create_sharing(**a, sc);
+  ASSERT_TRUE(b.ok());
+  const std::vector<int32_t> t = stream(1, m.hp.n_vocab);
+  const auto first = std::span<const int32_t>(t).first(15);
+  const auto rest = std::span<const int32_t>(t).subspan(15, 9);
+  std::vector<float> la(static_cast<size_t>(m.hp.n_vocab)), lb(la.size());
+  ASSERT_TRUE((*a)->append(first, nullptr).ok());
+  ASSERT_TRUE((*b)->append(std::span<const int32_t>(t).first(3), nullptr).ok());  // replaced
+  const Status st = (*b)->take_prefix(**a, 15);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ((*b)->tokens().size(), 15u);
+  ASSERT_TRUE((*a)->append(rest, la.data()).ok());
+  ASSERT_TRUE((*b)->append(rest, lb.data()).ok());
+  EXPECT_EQ(la, lb);
+  EXPECT_FALSE((*b)->take_prefix(**a, 99).ok());  // more than A holds
+}
+
+TEST(BatchEvalPrefix, TakePrefixOnTheCpu) {
+  auto m = synth("llama", "q8_0");
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  expect_take_prefix_equal(*m, cpu, [](ForwardPass&) {});
+}
+
 #ifdef LOOM_HAVE_VULKAN
+// take_prefix with layers whose KV lies on the GPU (all of them, or layer 1's
+// only: device to device, host to host).
+TEST(BatchEvalPrefix, TakePrefixOnVulkan) {
+  LOOM_VULKAN_OR_SKIP(gpu, false);
+  auto m = synth("llama", "f32");
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  Placement mixed = Placement::uniform(m->hp.n_layer, Unit::kCpu);
+  mixed.strategy = "custom";
+  mixed.layers[1][OpGroup::kAttn].unit = Unit::kGpu;
+  mixed.layers[1][OpGroup::kNorm].unit = Unit::kGpu;
+  for (const Placement& p : {Placement::uniform(m->hp.n_layer, Unit::kGpu), mixed}) {
+    expect_take_prefix_equal(*m, *gpu, [&](ForwardPass& f) {
+      f.set_fallback(&cpu);
+      ASSERT_TRUE(f.set_placement(p).ok());
+      ASSERT_TRUE(f.prepare().ok());
+    });
+  }
+}
+
 // The GPU under an all-GPU placement and a mixed one (embedding and layer 0's
 // matmuls on the GPU, layer 1's attention there, the rest on the CPU).
 TEST(BatchEvalVulkan, EqualsSequencesRunAlone) {

@@ -149,12 +149,15 @@ class ServeTest : public ::testing::Test {
 
   /// What a plain Session generates greedily for a chat message (the reference).
   static std::string greedy(const std::string& user, int64_t max_tokens) {
+    return greedy_msgs({{"user", user}}, max_tokens);
+  }
+  static std::string greedy_msgs(const std::vector<ChatMessage>& msgs, int64_t max_tokens) {
     CpuBackend be(1);
     SessionConfig c;
     c.n_ctx = kCtx;
     auto s = Session::create(*model_, be, c);
     EXPECT_TRUE(s.ok());
-    auto prompt = (*s)->tokenize_chat({{"user", user}});
+    auto prompt = (*s)->tokenize_chat(msgs);
     EXPECT_TRUE(prompt.ok());
     GenerateParams gp;
     gp.sampling.temperature = 0;
@@ -459,6 +462,50 @@ TEST_F(ServeTest, ConcurrentStreamsAllComplete) {
       EXPECT_EQ(h.metrics.step_seqs(), h.metrics.steps());
     }
   }
+}
+
+// A request whose system prompt another slot holds, while that slot is busy,
+// takes the prompt's KV from it (copied, not evaluated) and answers as a
+// plain session does.
+TEST_F(ServeTest, SharedSystemPromptIsCopiedFromAnotherSlot) {
+  Harness h(*model_, 2, 8);
+  std::string sys;
+  for (int i = 0; i < 12; ++i) sys += "You are a careful assistant who answers briefly. ";
+  auto msgs = [&](const std::string& user, int64_t n) {
+    json j = chat(user, n);
+    j["messages"] = {{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", user}}};
+    return j;
+  };
+  auto r = h.post("/v1/chat/completions", msgs("first question", 2));  // a slot holds sys
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(h.metrics.shared_prefix_tokens(), 0u);
+  // Both admitted in one round: the longer one goes to the slot holding sys
+  // (its own prefix), the other to the empty slot, which copies sys over.
+  h.sched->set_paused(true);
+  json a, b;
+  std::thread ta([&] {
+    auto x = h.post("/v1/chat/completions", msgs("first question, and more", 8));
+    if (x) a = json::parse(x->body);
+  });
+  while (h.sched->queue_depth() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread tb([&] {
+    httplib::Client c("127.0.0.1", h.server->port());
+    c.set_read_timeout(60, 0);
+    auto x = c.Post("/v1/chat/completions", msgs("second question", 16).dump(), "application/json");
+    if (x) b = json::parse(x->body);
+  });
+  while (h.sched->queue_depth() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  h.sched->set_paused(false);
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(b.contains("choices")) << b.dump();
+  EXPECT_GT(h.metrics.shared_prefix_tokens(), 50u) << h.metrics.render();
+  EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 50) << b.dump();
+  EXPECT_EQ(b["choices"][0]["message"]["content"].get<std::string>(),
+            greedy_msgs({{"system", sys}, {"user", "second question"}}, 16));
+  EXPECT_EQ(a["choices"][0]["message"]["content"].get<std::string>(),
+            greedy_msgs({{"system", sys}, {"user", "first question, and more"}}, 8));
 }
 
 TEST_F(ServeTest, LoadtestRunsItsPhases) {

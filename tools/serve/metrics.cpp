@@ -72,6 +72,11 @@ std::string Metrics::render() const {
   out += "# HELP loom_generated_tokens_total Tokens generated.\n";
   out += "# TYPE loom_generated_tokens_total counter\n";
   append_f(&out, "loom_generated_tokens_total %" PRIu64 "\n", generated_tokens_.load());
+  out +=
+      "# HELP loom_shared_prefix_tokens_total Prompt tokens whose KV was copied from another "
+      "slot instead of evaluated.\n";
+  out += "# TYPE loom_shared_prefix_tokens_total counter\n";
+  append_f(&out, "loom_shared_prefix_tokens_total %" PRIu64 "\n", shared_prefix_.load());
   out += "# HELP loom_batch_steps_total Forward steps run (each batches every running sequence).\n";
   out += "# TYPE loom_batch_steps_total counter\n";
   append_f(&out, "loom_batch_steps_total %" PRIu64 "\n", steps_.load());

@@ -44,6 +44,8 @@ class Metrics {
     step_seqs_ += static_cast<uint64_t>(seqs);
     step_rows_ += static_cast<uint64_t>(rows);
   }
+  void add_shared_prefix_tokens(int64_t n) { shared_prefix_ += static_cast<uint64_t>(n); }
+  uint64_t shared_prefix_tokens() const { return shared_prefix_.load(); }
   uint64_t steps() const { return steps_.load(); }
   uint64_t step_seqs() const { return step_seqs_.load(); }
   void set_queue_depth(int64_t n) { queue_depth_ = n; }
@@ -64,7 +66,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  ///< (route, status) -> count
   KvTierStats kv_;
   std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, cancelled_{0};
-  std::atomic<uint64_t> steps_{0}, step_seqs_{0}, step_rows_{0};
+  std::atomic<uint64_t> steps_{0}, step_seqs_{0}, step_rows_{0}, shared_prefix_{0};
   std::atomic<int64_t> queue_depth_{0}, active_{0}, slots_{0};
   Histogram ttft_, itl_;
 };

@@ -173,7 +173,8 @@ void Scheduler::admit() {
     s.held.clear();
     s.held_lp.clear();
     s.next = -1;
-    const int64_t kept = q.prompt.empty() ? 0 : s.session->keep_prefix(q.prompt);
+    int64_t kept = q.prompt.empty() ? 0 : s.session->keep_prefix(q.prompt);
+    kept = take_shared_prefix(s, kept);
     s.prefill_pos = kept;
     {
       std::lock_guard<std::mutex> ql(q.mu);
@@ -191,6 +192,31 @@ void Scheduler::admit() {
     metrics_->set_queue_depth(static_cast<int64_t>(queue_.size()));
     metrics_->set_active(n_active_);
   }
+}
+
+int64_t Scheduler::take_shared_prefix(Slot& s, int64_t kept) {
+  // Another slot (running or not) that holds a longer start of the prompt
+  // lends its KV: the shared system prompt is evaluated once.
+  const std::vector<int32_t>& prompt = s.req->prompt;
+  Slot* donor = nullptr;
+  int64_t best = kept;
+  for (auto& o : slots_) {
+    if (o.get() == &s) continue;
+    const std::vector<int32_t>& toks = o->session->tokens();
+    const int64_t limit =
+        std::min<int64_t>({static_cast<int64_t>(toks.size()), o->session->kv().n_tokens(),
+                           static_cast<int64_t>(prompt.size()) - 1});
+    int64_t c = 0;
+    while (c < limit && toks[static_cast<size_t>(c)] == prompt[static_cast<size_t>(c)]) ++c;
+    if (c > best) {
+      best = c;
+      donor = o.get();
+    }
+  }
+  if (!donor || best - kept < kMinSharedPrefix) return kept;
+  if (!s.session->take_prefix(*donor->session, best).ok()) return 0;  // evaluated as usual
+  if (metrics_) metrics_->add_shared_prefix_tokens(best - kept);
+  return best;
 }
 
 void Scheduler::step_all() {

@@ -8,7 +8,9 @@
 // once, attention runs per sequence. Requests join and leave between steps.
 // A bounded queue holds requests waiting for a slot; a slot whose cached
 // tokens share the longest prefix with a request's prompt takes it (the
-// prefix is not evaluated again).
+// prefix is not evaluated again), and when another slot holds a longer start
+// of the prompt (the same system prompt), its KV is copied over
+// (KvCache::copy_prefix) instead of evaluated.
 //
 // Requests report through a Request object that the HTTP thread waits on:
 // pieces of text (after stop strings are cut), per-token logprobs, and the end.
@@ -125,6 +127,11 @@ class Scheduler {
 
   void run();
   void admit();
+  /// Copies the longest start of the slot's new prompt that another slot's
+  /// cache holds, when it beats the `kept` tokens of the slot's own by at
+  /// least kMinSharedPrefix; returns the tokens now cached.
+  int64_t take_shared_prefix(Slot& s, int64_t kept);
+  static constexpr int64_t kMinSharedPrefix = 16;
   /// One batched forward step over the active slots; ends requests that are done.
   void step_all();
   /// Samples from the slot's logits after its latest step and handles the token.
