@@ -11,6 +11,7 @@
 #include "app/chat_settings_panel.h"
 #include "app/engine_bridge.h"
 #include "app/placement_panel.h"
+#include "app/server_panel.h"
 #include "app/theme.h"
 #include "engine/runtime/kv_cache.h"
 
@@ -116,7 +117,10 @@ EnginePanel::EnginePanel(PlacementModel* placement, PresetListModel* presets,
   addTab(scrolled(m_placement, this), tr("Placement"));
   addTab(m_charts, tr("Performance"));
   addTab(scrolled(m_devices, this), tr("Devices"));
-  addTab(scrolled(m_chatSettings, this), tr("Chat settings"));
+  addTab(scrolled(m_chatSettings, this), tr("Chat"));
+  setTabToolTip(ChatTab, tr("The chat's settings: sampling, length, context"));
+  m_server = new ServerPanel;
+  addTab(scrolled(m_server, this), tr("Server"));
 }
 
 void EnginePanel::setDevices(const QVector<DeviceInfo>& devices) {

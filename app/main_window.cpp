@@ -43,6 +43,7 @@
 #include "app/live_stats.h"
 #include "app/placement_panel.h"
 #include "app/preset_list_model.h"
+#include "app/server_panel.h"
 #include "app/sidebar.h"
 #include "app/start_screen.h"
 #include "app/theme.h"
@@ -604,6 +605,8 @@ void MainWindow::onModelLoaded(quint64 requestId, const ModelSummary& model,
   showDevices();
   m_engine->chatSettings()->setModelContext(model.nCtxTrain);
   m_chat->setModelReady(true, modelDisplayName(model));
+  m_engine->serverPanel()->setThreads(m_options.threads);
+  m_engine->serverPanel()->setModel(model.path, modelDisplayName(model));
   refreshRecent();
   m_center->setCurrentWidget(m_chatArea);
   m_chat->openChat(m_chat->currentChat());  // re-signs the replies with the new model's name

@@ -14,11 +14,13 @@
 // conversion and one FMA (plus one per 16 blocks for the offsets).
 //
 // Two shapes of work:
-//   - GEMV tiles (T < 4, decode): each weight block is read from memory once
-//     and dotted with the T activation rows in registers; R = 4 weight rows
-//     share every activation load. Bound by memory bandwidth: the weights of
-//     the next row tiles are prefetched.
-//   - GEMM (T >= 4, prefill): weights and activations repacked so that one
+//   - GEMV tiles (T < 8, decode, also of several sequences batched): each
+//     weight block is read from memory once and dotted with up to 4
+//     activation rows in registers; R = 4 (or 2) weight rows share every
+//     activation load. Bound by memory bandwidth: the weights of the next row
+//     tiles are prefetched. More than 4 rows go in chunks of 4 over blocks of
+//     rows small enough that the later chunks read them from cache.
+//   - GEMM (T >= 8, prefill): weights and activations repacked so that one
 //     accumulator holds 16 blocks (see "GEMM" below). Bound by VPDPBUSD.
 //
 // GCC 12 warns inside its own AVX-512 headers, whose intrinsics start from
@@ -33,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cpu/matmul_internal.h"
 
@@ -345,6 +348,14 @@ struct FmtQ8_0 {
   }
 };
 
+// Rows per block when the GEMV runs more than 4 tokens (in chunks of 4): a
+// block of about 16 KiB of weights is read from memory by the first chunk
+// and from L1/L2 by the others. A multiple of 4 (the row tiles).
+LOOM_INLINE int64_t gemv_row_block(size_t w_row_bytes) {
+  const int64_t rows = static_cast<int64_t>((size_t{16} << 10) / w_row_bytes);
+  return rows < 4 ? 4 : rows / 4 * 4;
+}
+
 // ---- GEMV-like kernel for the 32-element formats ----------------------------------
 //
 // R weight rows x C activation rows, all blocks. Per 16 blocks: one gather
@@ -459,7 +470,7 @@ void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float*
 }
 
 template <class F>
-void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
+void gemv32_chunks(LOOM_QUANT_KERNEL_ARGS) {
   const auto* w = static_cast<const uint8_t*>(W);
   const int64_t nb = n / 32;
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -486,6 +497,17 @@ void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
       }
     }
   }
+}
+
+template <class F>
+void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
+  if (T > 4) {  // a row block at a time, so the next 4 tokens find its weights in cache
+    const int64_t rb = gemv_row_block(w_row_bytes);
+    for (int64_t a = r0; a < r1; a += rb)
+      gemv32_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, a + rb < r1 ? a + rb : r1);
+    return;
+  }
+  gemv32_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
 }
 
 // ---- K-quants (256-element super-blocks, Q8_K activations) -----------------------
@@ -812,7 +834,7 @@ void gemv_k_rows(const uint8_t* W, size_t wrb, const uint8_t* const* x, int64_t 
 }
 
 template <class F>
-void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
+void gemv_k_chunks(LOOM_QUANT_KERNEL_ARGS) {
   const auto* w = static_cast<const uint8_t*>(W);
   const int64_t nb = n / 256;
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -830,6 +852,17 @@ void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
       default: gemv_k_rows<F, 4>(w, w_row_bytes, x, nb, y, r0, r1); break;
     }
   }
+}
+
+template <class F>
+void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
+  if (T > 4) {  // a row block at a time, so the next 4 tokens find its weights in cache
+    const int64_t rb = gemv_row_block(w_row_bytes);
+    for (int64_t a = r0; a < r1; a += rb)
+      gemv_k_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, a + rb < r1 ? a + rb : r1);
+    return;
+  }
+  gemv_k_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
 }
 
 // ---- GEMM helpers: the transposed ("one sub-block per lane") layout --------------
@@ -1266,12 +1299,23 @@ struct GemmK32 {
   }
 };
 
-// From this many activation rows on, the repacking GEMM beats the GEMV tiles.
-constexpr int64_t kGemmMinTokens = 4;
+// From this many activation rows on, the repacking GEMM beats the GEMV tiles
+// (LOOM_CPU_GEMM_MIN_TOKENS overrides it, for measuring). Measured with
+// `loom_matmul_bench --model --batch` (TinyLlama shapes, 2 threads, EPYC):
+// at 4 and 6 rows the GEMV takes 27-39 and 37-45 ms a step where the GEMM
+// takes 41-54 and 49-58 ms (Q4_0, Q4_K, Q8_0); at 8 rows they are even.
+int64_t gemm_min_tokens() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("LOOM_CPU_GEMM_MIN_TOKENS");
+    const long x = e ? std::strtol(e, nullptr, 10) : 0;
+    return x > 0 ? static_cast<int64_t>(x) : int64_t{8};
+  }();
+  return v;
+}
 
 template <class F>
 void matmul32(LOOM_QUANT_KERNEL_ARGS) {
-  if (T >= kGemmMinTokens) {
+  if (T >= gemm_min_tokens()) {
     gemm_driver(Gemm32<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
   } else {
     gemv32_all<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
@@ -1280,7 +1324,7 @@ void matmul32(LOOM_QUANT_KERNEL_ARGS) {
 
 template <class F>
 void matmul_k(LOOM_QUANT_KERNEL_ARGS) {
-  if (T >= kGemmMinTokens) {
+  if (T >= gemm_min_tokens()) {
     if constexpr (F::kScales32) {
       gemm_driver(GemmK32<F>(W, w_row_bytes, X, x_row_bytes, n), T, Y, ldy, r0, r1);
     } else {

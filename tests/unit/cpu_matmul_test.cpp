@@ -9,7 +9,8 @@
 //     |y - y_ref| / sum_i |w_i x_i|
 // is bounded per dtype (max_error below: 2e-6, or 1e-5 for the formats
 // with mins). Shapes: n of 1, 3 and 7 blocks; 1, 3, 17 and 69 rows;
-// T = 1, 2, 3 (GEMV tiles), 5 and 11 (repacking GEMM); full and partial row
+// T = 1, 2, 3 (GEMV tiles), 5 and 7 (on AVX-512 GEMV tiles in chunks of 4
+// over row blocks), 8 and 11 (AVX-512: the repacking GEMM); full and partial row
 // ranges; and T = 1700 (several GEMM token blocks). Weights start at an odd
 // address (no alignment assumed); outputs outside [r0, r1) x [0, T) carry a
 // sentinel that must survive.
@@ -241,7 +242,7 @@ TEST_P(QuantMatmulTest, MatchesReference) {
     }
 
     for (const int64_t rows : {1, 3, 17, 69}) {
-      for (const int64_t T : {1, 2, 3, 5, 11}) {
+      for (const int64_t T : {1, 2, 3, 5, 7, 8, 11}) {
         const std::pair<int64_t, int64_t> ranges[] = {{0, rows}, {rows / 3, rows - rows / 4}};
         for (const auto& [r0, r1] : ranges) {
           const double err = check_matmul(t, w, n, rows, act0, x_rb, xv, T, r0, r1);

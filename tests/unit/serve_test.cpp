@@ -347,6 +347,23 @@ TEST_F(ServeTest, CancelledStreamFreesItsSlot) {
   EXPECT_EQ(r->status, 200);
 }
 
+// A second server on a port in use fails to start, saying so (it must not
+// share the port with the first and get half its clients).
+TEST_F(ServeTest, PortInUseIsAnError) {
+  Harness h(*model_, 1, 4);
+  serve::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = h.server->port();
+  so.model_id = "synth";
+  serve::Server second(*h.sched, h.metrics, so);
+  const Status st = second.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot listen"), std::string::npos) << st.message();
+  auto r = h.cli->Get("/health");  // the first goes on
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
 TEST_F(ServeTest, ApiKey) {
   serve::ServerOptions so;
   so.api_key = "s3cret";

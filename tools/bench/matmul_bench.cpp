@@ -14,12 +14,14 @@
 // Usage: loom_matmul_bench [--dtypes q4_0,q8_0,...] [--isa scalar,avx2,avx512]
 //          [--threads 1,2] [--tokens 128] [--pool-mb 1024] [--seconds 0.3]
 //          [--no-gemm] [--no-gemv] [--shapes 2048x2048,...]   (rows x n)
-//          [--clock wall|cpu] [--no-vbmi] [--model]
+//          [--clock wall|cpu] [--no-vbmi] [--model [--batch 1,2,4,8]]
 //
 // --model instead walks the matmuls of a whole TinyLlama-1.1B decode step
 // (22 layers of q, k, v, o, gate, up, down, then the 32000-row output), each
 // weight at its own address as in a loaded model: milliseconds per token of
-// matmul work and GB/s, to set against llama-bench's tg figure.
+// matmul work and GB/s, to set against llama-bench's tg figure. With
+// --batch 1,4,8 the step carries that many token rows (continuous batching:
+// one decode token of each of B sequences), timed per step and per token.
 //
 // --clock cpu times each call by the largest per-thread CPU time instead of
 // the wall clock: on a machine shared with other work, this leaves out the
@@ -74,6 +76,7 @@ struct Options {
   bool gemv = true;
   bool cpu_clock = false;
   bool model = false;
+  std::vector<int64_t> batch = {1};  ///< --model: token rows per decode step
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -146,6 +149,10 @@ std::optional<Options> parse(int argc, char** argv) {
       o.cpu_clock = v == "cpu";
     } else if (a == "--model") {
       o.model = true;
+    } else if (a == "--batch" && has_value) {
+      o.batch.clear();
+      for (const auto& v : split(value()))
+        o.batch.push_back(std::max<int64_t>(1, std::atoll(v.c_str())));
     } else if (a == "--no-vbmi") {
       o.no_vbmi = true;
     } else if (a == "--no-gemm") {
@@ -157,7 +164,8 @@ std::optional<Options> parse(int argc, char** argv) {
                    "usage: loom_matmul_bench [--dtypes q4_0,...] [--isa scalar,avx2,avx512] "
                    "[--threads 1,2]\n"
                    "         [--tokens T] [--pool-mb MB] [--seconds S] [--no-gemm] [--no-gemv]\n"
-                   "         [--shapes ROWSxN,...] [--clock wall|cpu] [--no-vbmi] [--model]\n");
+                   "         [--shapes ROWSxN,...] [--clock wall|cpu] [--no-vbmi] [--model]\n"
+                   "         [--batch B,...]\n");
       return std::nullopt;
     }
   }
@@ -284,7 +292,7 @@ Timing time_calls(double seconds, const SpinTeam& team, bool cpu_clock,
   return {times.front(), times[times.size() / 2]};
 }
 
-// One TinyLlama-1.1B decode step's matmuls (weights of dtype t), T = 1.
+// One TinyLlama-1.1B decode step's matmuls (weights of dtype t), T = each of o.batch.
 void run_model(const Options& o, DType t) {
   struct Mat {
     int64_t rows, n;
@@ -310,38 +318,44 @@ void run_model(const Options& o, DType t) {
     fill_weights(t, mats[i].n, weights.data + offset[i], mats[i].rows);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(5632);
+  const int64_t max_t = *std::max_element(o.batch.begin(), o.batch.end());
+  std::vector<float> x(static_cast<size_t>(5632 * max_t));
   for (auto& v : x) v = normal(rng);
-  Buffer act(loom::cpu::activation_row_bytes(t, 5632));
-  std::vector<float> y(32000);
+  Buffer act(loom::cpu::activation_row_bytes(t, 5632) * static_cast<size_t>(max_t));
+  std::vector<float> y(static_cast<size_t>(32000 * max_t));
   for (const Isa isa : o.isas) {
     if (!loom::cpu::set_isa(isa)) continue;
-    for (const int nt : o.threads) {
-      SpinTeam team(nt);
-      const Timing tm = time_calls(std::max(o.seconds, 2.0), team, o.cpu_clock, [&] {
-        // Conversion of the activations is part of each step (by the caller,
-        // once per input: x is reused here for every matrix).
-        for (size_t i = 0; i < mats.size(); ++i) {
-          const Mat& m = mats[i];
-          const size_t rb = *loom::dtype_row_bytes(t, static_cast<uint64_t>(m.n));
-          if (i == 0 || m.n != mats[i - 1].n)
-            loom::cpu::convert_activation(t, x.data(), act.data, m.n);
-          team.run([&](int ith, int n_threads) {
-            int64_t r0, r1;
-            row_range(m.rows, ith, n_threads, &r0, &r1);
-            loom::cpu::matmul_rows(t, weights.data + offset[i], rb, act.data, act.size, 1, y.data(),
-                                   m.rows, m.n, r0, r1);
-          });
-        }
-      });
-      std::printf(
-          "%-5s %-6s %3d TinyLlama decode step: %7.2f ms (%6.2f median), %6.2f GB/s of weights "
-          "(%6.2f)\n",
-          std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt, tm.best * 1e3,
-          tm.median * 1e3, static_cast<double>(total) / tm.best * 1e-9,
-          static_cast<double>(total) / tm.median * 1e-9);
-      std::fflush(stdout);
-    }
+    for (const int64_t T : o.batch)
+      for (const int nt : o.threads) {
+        SpinTeam team(nt);
+        const Timing tm = time_calls(std::max(o.seconds, 2.0), team, o.cpu_clock, [&] {
+          // Conversion of the activations is part of each step (by the caller,
+          // once per input: x is reused here for every matrix).
+          for (size_t i = 0; i < mats.size(); ++i) {
+            const Mat& m = mats[i];
+            const size_t rb = *loom::dtype_row_bytes(t, static_cast<uint64_t>(m.n));
+            const size_t arb = loom::cpu::activation_row_bytes(t, m.n);
+            if (i == 0 || m.n != mats[i - 1].n) {
+              for (int64_t r = 0; r < T; ++r)
+                loom::cpu::convert_activation(t, x.data() + r * 5632, act.data + r * arb, m.n);
+            }
+            team.run([&](int ith, int n_threads) {
+              int64_t r0, r1;
+              row_range(m.rows, ith, n_threads, &r0, &r1);
+              loom::cpu::matmul_rows(t, weights.data + offset[i], rb, act.data, arb, T, y.data(),
+                                     m.rows, m.n, r0, r1);
+            });
+          }
+        });
+        std::printf(
+            "%-5s %-6s %3d TinyLlama decode step, %2lld rows: %7.2f ms (%6.2f median), %6.2f GB/s "
+            "of weights (%6.2f), %7.1f tokens/s\n",
+            std::string(loom::dtype_name(t)).c_str(), loom::cpu::isa_name(isa), nt,
+            static_cast<long long>(T), tm.best * 1e3, tm.median * 1e3,
+            static_cast<double>(total) / tm.best * 1e-9,
+            static_cast<double>(total) / tm.median * 1e-9, static_cast<double>(T) / tm.median);
+        std::fflush(stdout);
+      }
   }
 }
 

@@ -31,6 +31,7 @@ int cmd_loadtest(const LoadtestOptions& o) {
   lo.model = o.model;
   if (!o.prompt.empty()) lo.prompt = o.prompt;
   lo.max_tokens = o.max_tokens;
+  lo.ignore_eos = o.ignore_eos;
   lo.steady_requests = o.requests;
   lo.level_seconds = o.seconds;
   lo.server_cmd = o.server_cmd;

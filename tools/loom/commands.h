@@ -182,6 +182,7 @@ struct LoadtestOptions {
   int64_t requests = 20;          ///< sequential requests of the steady phase
   std::string levels = "1,8,32";  ///< clients of each concurrency level
   double seconds = 10;            ///< length of each concurrency level
+  bool ignore_eos = true;         ///< every answer max_tokens long
   std::string server_cmd;         ///< starts the server (cold start measured); empty: running
   bool json = false;
 };

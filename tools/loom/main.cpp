@@ -242,6 +242,9 @@ int main(int argc, char** argv) {
   c_lt->add_option("--model", lt.model, "Model name in the requests (default: none)");
   c_lt->add_option("-p,--prompt", lt.prompt, "User message of every request");
   c_lt->add_option("-n,--max-tokens", lt.max_tokens, "Tokens per answer");
+  c_lt->add_flag("!--stop-at-eos", lt.ignore_eos,
+                 "Let answers end at an end-of-generation token (default: every answer is "
+                 "--max-tokens long, sent as ignore_eos)");
   c_lt->add_option("--requests", lt.requests, "Sequential requests of the steady phase");
   c_lt->add_option("--levels", lt.levels, "Clients of each concurrency level, e.g. 1,8,32,64");
   c_lt->add_option("--seconds", lt.seconds, "Length of each concurrency level");

@@ -124,6 +124,9 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
         {"temperature", 0.7},
         {"seed", client * 100003 + i}};
     if (!o.model.empty()) b["model"] = o.model;
+    // Every answer max_tokens long, whatever the model samples (Loom and
+    // llama-server read it; others ignore it), so servers do equal work.
+    if (o.ignore_eos) b["ignore_eos"] = true;
     return b.dump();
   };
   std::vector<PhaseResult> out;

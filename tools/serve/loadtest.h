@@ -23,6 +23,7 @@ struct LoadtestOptions {
   std::string model;  ///< "model" in requests; empty: left out
   std::string prompt = "Write a short story about a lighthouse keeper.";
   int64_t max_tokens = 64;
+  bool ignore_eos = true;  ///< ask for max_tokens in every answer (see loadtest.cpp)
   int64_t steady_requests = 20;
   std::vector<int> levels = {1, 8, 32};
   double level_seconds = 10;  ///< each concurrency level runs this long

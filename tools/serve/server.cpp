@@ -368,8 +368,12 @@ Server::Server(Scheduler& sched, Metrics& metrics, const ServerOptions& o)
   const int threads = o_.http_threads > 0 ? o_.http_threads : sched.n_slots() + 64 + 4;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(o_.max_body_bytes);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a
+  // second server on a port in use binds too and the kernel splits the
+  // clients between the two without a word.
   http.set_socket_options([im](int sock) {
-    httplib::default_socket_options(sock);
+    int yes = 1;
+    (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     im->listen_fd = sock;
   });
   http.set_keep_alive_max_count(1000);
