@@ -351,9 +351,16 @@ struct FmtQ8_0 {
 // Rows per block when the GEMV runs more than 4 tokens (in chunks of 4): a
 // block of about 16 KiB of weights is read from memory by the first chunk
 // and from L1/L2 by the others. A multiple of 4 (the row tiles).
-LOOM_INLINE int64_t gemv_row_block(size_t w_row_bytes) {
+// fn(a, b) over rows [r0, r1): whole for up to 4 tokens, else in row blocks.
+template <class Fn>
+LOOM_INLINE void gemv_row_blocks(int64_t T, size_t w_row_bytes, int64_t r0, int64_t r1, Fn&& fn) {
+  if (T <= 4) {
+    fn(r0, r1);
+    return;
+  }
   const int64_t rows = static_cast<int64_t>((size_t{16} << 10) / w_row_bytes);
-  return rows < 4 ? 4 : rows / 4 * 4;
+  const int64_t rb = rows < 4 ? 4 : rows / 4 * 4;
+  for (int64_t a = r0; a < r1; a += rb) fn(a, a + rb < r1 ? a + rb : r1);
 }
 
 // ---- GEMV-like kernel for the 32-element formats ----------------------------------
@@ -501,13 +508,9 @@ void gemv32_chunks(LOOM_QUANT_KERNEL_ARGS) {
 
 template <class F>
 void gemv32_all(LOOM_QUANT_KERNEL_ARGS) {
-  if (T > 4) {  // a row block at a time, so the next 4 tokens find its weights in cache
-    const int64_t rb = gemv_row_block(w_row_bytes);
-    for (int64_t a = r0; a < r1; a += rb)
-      gemv32_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, a + rb < r1 ? a + rb : r1);
-    return;
-  }
-  gemv32_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+  gemv_row_blocks(T, w_row_bytes, r0, r1, [&](int64_t a, int64_t b) {
+    gemv32_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, b);
+  });
 }
 
 // ---- K-quants (256-element super-blocks, Q8_K activations) -----------------------
@@ -856,13 +859,9 @@ void gemv_k_chunks(LOOM_QUANT_KERNEL_ARGS) {
 
 template <class F>
 void gemv_k_all(LOOM_QUANT_KERNEL_ARGS) {
-  if (T > 4) {  // a row block at a time, so the next 4 tokens find its weights in cache
-    const int64_t rb = gemv_row_block(w_row_bytes);
-    for (int64_t a = r0; a < r1; a += rb)
-      gemv_k_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, a + rb < r1 ? a + rb : r1);
-    return;
-  }
-  gemv_k_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, r0, r1);
+  gemv_row_blocks(T, w_row_bytes, r0, r1, [&](int64_t a, int64_t b) {
+    gemv_k_chunks<F>(W, w_row_bytes, X, x_row_bytes, T, Y, ldy, n, a, b);
+  });
 }
 
 // ---- GEMM helpers: the transposed ("one sub-block per lane") layout --------------

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/model/model.h"
@@ -213,34 +215,10 @@ TEST(BatchEvalPrefix, TakePrefixOnTheCpu) {
 }
 
 #ifdef LOOM_HAVE_VULKAN
-// take_prefix with layers whose KV lies on the GPU (all of them, or layer 1's
-// only: device to device, host to host).
-TEST(BatchEvalPrefix, TakePrefixOnVulkan) {
-  LOOM_VULKAN_OR_SKIP(gpu, false);
-  auto m = synth("llama", "f32");
-  ASSERT_TRUE(m);
-  CpuBackend cpu(2);
-  Placement mixed = Placement::uniform(m->hp.n_layer, Unit::kCpu);
-  mixed.strategy = "custom";
-  mixed.layers[1][OpGroup::kAttn].unit = Unit::kGpu;
-  mixed.layers[1][OpGroup::kNorm].unit = Unit::kGpu;
-  for (const Placement& p : {Placement::uniform(m->hp.n_layer, Unit::kGpu), mixed}) {
-    expect_take_prefix_equal(*m, *gpu, [&](ForwardPass& f) {
-      f.set_fallback(&cpu);
-      ASSERT_TRUE(f.set_placement(p).ok());
-      ASSERT_TRUE(f.prepare().ok());
-    });
-  }
-}
-
-// The GPU under an all-GPU placement and a mixed one (embedding and layer 0's
-// matmuls on the GPU, layer 1's attention there, the rest on the CPU).
-TEST(BatchEvalVulkan, EqualsSequencesRunAlone) {
-  LOOM_VULKAN_OR_SKIP(gpu, false);
-  auto m = synth("llama", "f32");
-  ASSERT_TRUE(m);
-  CpuBackend cpu(2);
-  Placement mixed = Placement::uniform(m->hp.n_layer, Unit::kCpu);
+// An all-GPU placement, and a mixed one: embedding and layer 0's matmuls on
+// the GPU, layer 1's attention there (its KV on the device), the rest on the CPU.
+std::vector<Placement> gpu_placements(int64_t n_layer) {
+  Placement mixed = Placement::uniform(n_layer, Unit::kCpu);
   mixed.strategy = "custom";
   mixed.embed.unit = Unit::kGpu;
   mixed.layers[0][OpGroup::kAttnW].unit = Unit::kGpu;
@@ -248,17 +226,40 @@ TEST(BatchEvalVulkan, EqualsSequencesRunAlone) {
   mixed.layers[1][OpGroup::kAttn].unit = Unit::kGpu;
   mixed.layers[1][OpGroup::kNorm].unit = Unit::kGpu;
   mixed.output.unit = Unit::kGpu;
-  for (const Placement& p : {Placement::uniform(m->hp.n_layer, Unit::kGpu), mixed}) {
+  return {Placement::uniform(n_layer, Unit::kGpu), mixed};
+}
+
+// Readies a pass for placement p, with `cpu` as its CPU unit.
+std::function<void(ForwardPass&)> placed(CpuBackend& cpu, const Placement& p) {
+  return [&cpu, p](ForwardPass& f) {
+    f.set_fallback(&cpu);
+    ASSERT_TRUE(f.set_placement(p).ok());
+    const Status s = f.prepare();
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(f.notes().empty());
+  };
+}
+
+// take_prefix with layers whose KV lies on the GPU (all of them, or layer 1's
+// only: device to device, host to host).
+TEST(BatchEvalPrefix, TakePrefixOnVulkan) {
+  LOOM_VULKAN_OR_SKIP(gpu, false);
+  auto m = synth("llama", "f32");
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  for (const Placement& p : gpu_placements(m->hp.n_layer))
+    expect_take_prefix_equal(*m, *gpu, placed(cpu, p));
+}
+
+TEST(BatchEvalVulkan, EqualsSequencesRunAlone) {
+  LOOM_VULKAN_OR_SKIP(gpu, false);
+  auto m = synth("llama", "f32");
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  for (const Placement& p : gpu_placements(m->hp.n_layer)) {
     for (DType kv : {DType::kF16, DType::kQ8_0}) {
-      auto setup = [&](ForwardPass& f) {
-        f.set_fallback(&cpu);
-        ASSERT_TRUE(f.set_placement(p).ok());
-        const Status s = f.prepare();
-        ASSERT_TRUE(s.ok()) << s.message();
-        EXPECT_TRUE(f.notes().empty());
-      };
-      const Logits alone = run(*m, *gpu, kv, false, setup);
-      const Logits batch = run(*m, *gpu, kv, true, setup);
+      const Logits alone = run(*m, *gpu, kv, false, placed(cpu, p));
+      const Logits batch = run(*m, *gpu, kv, true, placed(cpu, p));
       expect_close(batch, alone, 2e-3, p.strategy + (kv == DType::kF16 ? " kv f16" : " kv q8_0"));
     }
   }
