@@ -434,6 +434,7 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   const QString note =
       placementNote() +
       (notes.isEmpty() ? QString() : QStringLiteral("\n") + notes.join(QStringLiteral("\n")));
+  m_remote.reset();  // a local model is the source again
   emit modelLoaded(requestId, m_summary, currentPlan(), m_planner, note);
 }
 
@@ -793,20 +794,28 @@ QString modelDisplayName(const ModelSummary& m) {
   return m.isDemo ? EngineWorker::tr("Loom demo") : m.name;
 }
 
+void EngineWorker::saveReply(qint64 messageId, const std::string& text,
+                             loom::storage::MessageState state, const std::string& meta) {
+  if (!m_store || messageId <= 0) return;
+  loom::Status st = m_store->update_message(messageId, text, state, meta);
+  // kInvalidArgument: the row is gone (the user deleted the chat meanwhile): nothing to save to.
+  if (!st.ok() && st.error().code() != loom::ErrorCode::kInvalidArgument)
+    emit warning(tr("Could not save the reply: %1").arg(qstr(st.message())));
+}
+
 void EngineWorker::generate(const GenerationRequest& req) {
   openStore();
+  if (m_remote) {
+    generateRemote(req);
+    return;
+  }
   GenerationResult r;
   r.requestId = req.requestId;
   r.messageId = req.messageId;
   std::string text;
 
   auto save = [&](loom::storage::MessageState state, const std::string& meta) {
-    if (!m_store || req.messageId <= 0) return;
-    loom::Status st = m_store->update_message(req.messageId, text, state, meta);
-    // kInvalidArgument: the row is gone (the user deleted the chat meanwhile): nothing to save to.
-    if (!st.ok() && st.error().code() != loom::ErrorCode::kInvalidArgument) {
-      emit warning(tr("Could not save the reply: %1").arg(qstr(st.message())));
-    }
+    saveReply(req.messageId, text, state, meta);
   };
   auto fail = [&](const QString& message) {
     r.error = message;

@@ -42,7 +42,8 @@ class Session;
 class Profiler;
 namespace storage {
 class Store;
-}
+enum class MessageState : int;
+}  // namespace storage
 }  // namespace loom
 
 class EngineWorker : public QObject {
@@ -88,6 +89,12 @@ class EngineWorker : public QObject {
   /// Writes the built-in demo model to `path` when absent (progress), then loads it.
   void loadDemoModel(quint64 requestId, const QString& path);
   void generate(const GenerationRequest& request);
+  /// A remote engine as the model source: chats go to an OpenAI-compatible
+  /// server (vLLM, llama-server, another Loom) at `url` with `apiKey`, model
+  /// `model` (empty: the first it lists). The local model, if any, is let go.
+  /// Answers with remoteConnected or modelLoadFailed.
+  void connectRemote(quint64 requestId, const QString& url, const QString& apiKey,
+                     const QString& model);
   /// Opens the worker's own store connection (on this thread).
   void openStore();
   /// Where the KV cache spills (RAM budget, SSD folder, policy). Used by every
@@ -112,6 +119,8 @@ class EngineWorker : public QObject {
   void modelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
                    const PlannerPtr& planner, const QString& note);
   void modelLoadFailed(quint64 requestId, const QString& message);
+  /// A remote engine is the model source now (`model.path` is its URL).
+  void remoteConnected(quint64 requestId, const ModelSummary& model, const QString& note);
   void modelLoadCancelled(quint64 requestId);
   /// The whole text so far of a streaming reply (not a delta: a view that
   /// reloads the chat meanwhile cannot double or drop pieces).
@@ -172,6 +181,12 @@ class EngineWorker : public QObject {
   QString placementNote() const;
   PlacementPlan currentPlan() const;
   void publishMemory();
+  /// Writes a reply's text, state and line to the store (a warning when it
+  /// cannot; nothing when the chat was deleted meanwhile).
+  void saveReply(qint64 messageId, const std::string& text, loom::storage::MessageState state,
+                 const std::string& meta);
+  /// generate() through the remote engine (engine_worker_remote.cpp).
+  void generateRemote(const GenerationRequest& req);
   bool loadCancelled(quint64 requestId) const {
     return m_shutdown.load() || m_cancelLoad.load() == requestId;
   }
@@ -200,6 +215,10 @@ class EngineWorker : public QObject {
   ModelSummary m_summary;
   int m_sessionCtx = 0;      ///< the n_ctx asked for when the session was made (0: default)
   KvTierSettings m_kvTiers;  ///< what the user set (worker thread only)
+  struct Remote {
+    QString url, apiKey, model;
+  };
+  std::optional<Remote> m_remote;  ///< set: chats go to this server, not a local model
 
   // Shared with requestPlacement (any thread).
   mutable std::mutex m_mu;

@@ -3,14 +3,18 @@
 #include <QAction>
 #include <QCloseEvent>
 #include <QCoreApplication>
+#include <QDialog>
+#include <QDialogButtonBox>
 #include <QDir>
 #include <QDragEnterEvent>
 #include <QDropEvent>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QFormLayout>
 #include <QHBoxLayout>
 #include <QIcon>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMenu>
 #include <QMenuBar>
 #include <QMessageBox>
@@ -318,6 +322,11 @@ void MainWindow::buildUi() {
     if (!dir.isEmpty()) loadModel(dir);
   });
   file->addAction(openDir);
+  auto* remote = new QAction(tr("Connect to a server…"), this);
+  remote->setToolTip(
+      tr("Chat through an OpenAI-compatible server: vLLM, llama-server, another Loom"));
+  connect(remote, &QAction::triggered, this, &MainWindow::connectRemoteDialog);
+  file->addAction(remote);
   file->addSeparator();
   // Exports read the store: they work with no model loaded.
   auto* exportMd = new QAction(tr("Export chat as Markdown…"), this);
@@ -385,6 +394,8 @@ void MainWindow::connectWorker() {
   EngineWorker* w = m_worker;
   connect(this, &MainWindow::workerLoad, w, &EngineWorker::loadModel);
   connect(this, &MainWindow::workerLoadDemo, w, &EngineWorker::loadDemoModel);
+  connect(this, &MainWindow::workerConnectRemote, w, &EngineWorker::connectRemote);
+  connect(w, &EngineWorker::remoteConnected, this, &MainWindow::onRemoteConnected);
   connect(this, &MainWindow::workerOpenStore, w, &EngineWorker::openStore);
   connect(this, &MainWindow::workerProbeDevices, w, &EngineWorker::probeDevices);
   connect(this, &MainWindow::workerSetKvTiers, w, &EngineWorker::setKvTiers);
@@ -546,6 +557,61 @@ void MainWindow::loadModel(const QString& path) {
   m_loadRequest = m_nextLoad++;
   onLoadProgress(m_loadRequest, tr("Opening %1…").arg(QFileInfo(path).fileName()), -1);
   emit workerLoad(m_loadRequest, path, /*isDemo=*/false);
+}
+
+void MainWindow::connectRemote(const QString& url, const QString& apiKey, const QString& model) {
+  if (m_chat->isBusy()) m_chat->stop();
+  hideError();
+  m_loadRequest = m_nextLoad++;
+  onLoadProgress(m_loadRequest, tr("Connecting to %1…").arg(url), -1);
+  emit workerConnectRemote(m_loadRequest, url, apiKey, model);
+}
+
+void MainWindow::connectRemoteDialog() {
+  QDialog d(this);
+  d.setWindowTitle(tr("Connect to a server"));
+  auto* form = new QFormLayout(&d);
+  auto* url = new QLineEdit(&d);
+  url->setPlaceholderText(QStringLiteral("http://127.0.0.1:8080/v1"));
+  if (m_hasModel && m_model.arch == QLatin1String("remote")) url->setText(m_model.path);
+  auto* key = new QLineEdit(&d);
+  key->setEchoMode(QLineEdit::Password);
+  key->setPlaceholderText(tr("none"));
+  auto* model = new QLineEdit(&d);
+  model->setPlaceholderText(tr("the first it lists"));
+  form->addRow(tr("Address"), url);
+  form->addRow(tr("API key"), key);
+  form->addRow(tr("Model"), model);
+  auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel, &d);
+  buttons->button(QDialogButtonBox::Ok)->setText(tr("Connect"));
+  connect(buttons, &QDialogButtonBox::accepted, &d, &QDialog::accept);
+  connect(buttons, &QDialogButtonBox::rejected, &d, &QDialog::reject);
+  form->addRow(buttons);
+  if (d.exec() != QDialog::Accepted || url->text().trimmed().isEmpty()) return;
+  connectRemote(url->text().trimmed(), key->text(), model->text());
+}
+
+void MainWindow::onRemoteConnected(quint64 requestId, const ModelSummary& model,
+                                   const QString& note) {
+  if (requestId != m_loadRequest) return;
+  m_loadRequest = 0;
+  m_loadBanner->hide();
+  m_model = model;
+  m_hasModel = true;
+  m_planner.reset();  // no grid: the server places its own model
+  m_placing = false;
+  m_placeRequest = 0;
+  m_placement->setApplied(PlacementPlan{});
+  m_presets->setLayerCount(0);
+  m_engine->placementPanel()->setNote(note);
+  m_engine->serverPanel()->setModel({}, {});  // nothing local to serve
+  m_sidebar->setModel(&m_model);
+  m_chat->setModelReady(true, model.name);
+  m_center->setCurrentWidget(m_chatArea);
+  m_chat->openChat(m_chat->currentChat());
+  updateHeader();
+  m_composer->input()->setFocus();
+  emit modelReady(m_model);
 }
 
 void MainWindow::loadDemoModel() {

@@ -76,6 +76,11 @@ class MainWindow : public QMainWindow {
   void openModelDialog();
   void showAbout();
   void loadModel(const QString& path);
+  /// A remote engine as the model source (an OpenAI-compatible server):
+  /// chats go there until a local model is opened again.
+  void connectRemote(const QString& url, const QString& apiKey, const QString& model);
+  /// File > Connect to a server…: asks for the address, key and model.
+  void connectRemoteDialog();
   void loadDemoModel();
   void cancelLoad();
   /// Asks the engine for the grid's pending placement (live while a reply streams).
@@ -101,6 +106,8 @@ class MainWindow : public QMainWindow {
  signals:  // to the worker (queued)
   void workerLoad(quint64 requestId, const QString& path, bool isDemo);
   void workerLoadDemo(quint64 requestId, const QString& path);
+  void workerConnectRemote(quint64 requestId, const QString& url, const QString& apiKey,
+                           const QString& model);
   void workerOpenStore();
   void workerProbeDevices();
   void workerSetKvTiers(quint64 requestId, const KvTierSettings& tiers);
@@ -120,6 +127,7 @@ class MainWindow : public QMainWindow {
   void setDevices(const QVector<DeviceInfo>& devices);
   void showDevices();
   void connectWorker();
+  void onRemoteConnected(quint64 requestId, const ModelSummary& model, const QString& note);
   void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
                      const PlannerPtr& planner, const QString& note);
   void onPlacementApplied(quint64 requestId, const PlacementPlan& plan, const QString& note);

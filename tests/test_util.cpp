@@ -2,15 +2,42 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/runtime/session.h"
+
 namespace fs = std::filesystem;
 
 namespace loom::test {
+
+std::string greedy_chat(const Model& m, const std::vector<ChatMessage>& messages,
+                        int64_t max_tokens) {
+  CpuBackend be(1);
+  SessionConfig c;
+  c.n_ctx = std::min<int64_t>(m.hp.n_ctx_train, 1024);
+  auto s = Session::create(m, be, c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return {};
+  auto prompt = (*s)->tokenize_chat(messages);
+  EXPECT_TRUE(prompt.ok()) << prompt.message();
+  if (!prompt.ok()) return {};
+  GenerateParams gp;
+  gp.sampling.temperature = 0;
+  gp.max_tokens = max_tokens;
+  std::string text;
+  auto r = (*s)->generate(*prompt, gp, [&](std::string_view p) {
+    text += p;
+    return true;
+  });
+  EXPECT_TRUE(r.ok()) << r.message();
+  return text;
+}
 
 std::optional<std::string> fixtures_dir() {
   if (const char* env = std::getenv("LOOM_FIXTURES"); env && *env) {

@@ -8,7 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/model.h"
+
 namespace loom::test {
+
+/// What a plain Session on the CPU generates greedily (temperature 0) for a
+/// chat through the model's template: the reference for servers and clients.
+/// Bytes that do not form UTF-8 come out as U+FFFD (as servers send them).
+std::string greedy_chat(const Model& m, const std::vector<ChatMessage>& messages,
+                        int64_t max_tokens);
 
 /// Directory of ../shared/fixtures (or $LOOM_FIXTURES), or nullopt when absent.
 std::optional<std::string> fixtures_dir();

@@ -12,6 +12,7 @@
 #include "engine/model/synth.h"
 #include "engine/runtime/session.h"
 #include "tests/test_util.h"
+#include "tools/serve/client.h"
 #include "tools/serve/loadtest.h"
 #include "tools/serve/server.h"
 
@@ -21,6 +22,17 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 constexpr int64_t kCtx = 1024;
+
+/// Waits up to 20 s for `cond`.
+template <class C>
+bool wait_for(C cond) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 /// A server over `slots` sessions of the suite's model.
 struct Harness {
@@ -152,23 +164,7 @@ class ServeTest : public ::testing::Test {
     return greedy_msgs({{"user", user}}, max_tokens);
   }
   static std::string greedy_msgs(const std::vector<ChatMessage>& msgs, int64_t max_tokens) {
-    CpuBackend be(1);
-    SessionConfig c;
-    c.n_ctx = kCtx;
-    auto s = Session::create(*model_, be, c);
-    EXPECT_TRUE(s.ok());
-    auto prompt = (*s)->tokenize_chat(msgs);
-    EXPECT_TRUE(prompt.ok());
-    GenerateParams gp;
-    gp.sampling.temperature = 0;
-    gp.max_tokens = max_tokens;
-    std::string text;
-    auto r = (*s)->generate(*prompt, gp, [&](std::string_view p) {
-      text += p;
-      return true;
-    });
-    EXPECT_TRUE(r.ok());
-    return text;
+    return test::greedy_chat(*model_, msgs, max_tokens);
   }
 
   static json chat(const std::string& user, int64_t max_tokens, bool stream = false) {
@@ -362,6 +358,53 @@ TEST_F(ServeTest, PortInUseIsAnError) {
   auto r = h.cli->Get("/health");  // the first goes on
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// The client the load test and the app's remote engine use: streamed text
+// equal to a plain session's, usage filled in, the model list, a stop from
+// the callback cancels on the server, and errors that name the cause.
+TEST_F(ServeTest, ClientStreamsListsAndReportsErrors) {
+  serve::ServerOptions so;
+  so.api_key = "secret";
+  Harness h(*model_, 2, 4, so);
+  serve::ClientOptions co;
+  co.url = "http://127.0.0.1:" + std::to_string(h.server->port()) + "/v1";
+  co.api_key = "secret";
+  auto ids = serve::list_models(co);
+  ASSERT_TRUE(ids.ok()) << ids.message();
+  EXPECT_EQ(*ids, std::vector<std::string>{"synth"});
+  std::string text;
+  auto u = serve::stream_chat(co, chat("Tell me a story", 16).dump(), [&](const std::string& t) {
+    text += t;
+    return true;
+  });
+  ASSERT_TRUE(u.ok()) << u.message();
+  EXPECT_EQ(text, greedy("Tell me a story", 16));
+  EXPECT_GT(u->prompt_tokens, 0);
+  EXPECT_GT(u->completion_tokens, 0);
+  EXPECT_FALSE(u->finish_reason.empty());
+  EXPECT_GE(u->server_ttft_ms, 0);
+
+  // Stopped by the caller: the server counts a cancelled generation.
+  int pieces = 0;
+  json forever = chat("go on forever", -1);
+  forever.erase("max_tokens");  // until the context is full
+  forever["ignore_eos"] = true;
+  u = serve::stream_chat(co, forever.dump(), [&](const std::string&) { return ++pieces < 3; });
+  ASSERT_TRUE(u.ok()) << u.message();
+  EXPECT_EQ(u->finish_reason, "cancelled");
+  EXPECT_TRUE(wait_for([&] { return h.metrics.cancelled() >= 1; }));
+
+  serve::ClientOptions bad = co;
+  bad.api_key = "wrong";
+  u = serve::stream_chat(bad, chat("hi", 4).dump(), [](const std::string&) { return true; });
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.message().find("401"), std::string::npos) << u.message();
+  bad.url = "http://127.0.0.1:1";
+  ids = serve::list_models(bad);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_NE(ids.message().find("cannot reach http://127.0.0.1:1"), std::string::npos)
+      << ids.message();
 }
 
 TEST_F(ServeTest, ApiKey) {

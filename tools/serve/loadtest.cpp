@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tools/serve/client.h"
+
 namespace loom::serve {
 
 namespace {
@@ -38,51 +40,23 @@ struct Sample {
 };
 
 Sample one_request(const LoadtestOptions& o, const std::string& body) {
-  httplib::Client c(o.url);
-  c.set_read_timeout(300, 0);
-  c.set_connection_timeout(10, 0);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/chat/completions";
-  req.body = body;
-  req.set_header("Content-Type", "application/json");
-  if (!o.api_key.empty()) req.set_header("Authorization", "Bearer " + o.api_key);
+  ClientOptions co;
+  co.url = o.url;
+  co.api_key = o.api_key;
   Sample s;
-  std::string buf;
-  bool done = false;
   const auto t0 = Clock::now();
   auto last = t0;
-  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-    buf.append(d, n);
-    size_t p;
-    while ((p = buf.find("\n\n")) != std::string::npos) {
-      std::string ev = buf.substr(0, p);
-      buf.erase(0, p + 2);
-      if (ev.rfind("data: ", 0) != 0) continue;
-      ev.erase(0, 6);
-      if (ev == "[DONE]") {
-        done = true;
-        continue;
-      }
-      json j = json::parse(ev, nullptr, false);
-      if (!j.is_object() || !j.contains("choices") || j["choices"].empty()) continue;
-      const json& delta = j["choices"][0].value("delta", json::object());
-      if (!delta.contains("content") || !delta["content"].is_string() ||
-          delta["content"].get<std::string>().empty())
-        continue;
-      const auto now = Clock::now();
-      if (s.tokens == 0)
-        s.ttft_ms = ms_between(t0, now);
-      else
-        s.itl_ms.push_back(ms_between(last, now));
-      last = now;
-      ++s.tokens;
-    }
+  auto r = stream_chat(co, body, [&](const std::string&) {
+    const auto now = Clock::now();
+    if (s.tokens == 0)
+      s.ttft_ms = ms_between(t0, now);
+    else
+      s.itl_ms.push_back(ms_between(last, now));
+    last = now;
+    ++s.tokens;
     return true;
-  };
-  httplib::Response res;
-  httplib::Error err;
-  s.ok = c.send(req, res, err) && res.status == 200 && done;
+  });
+  s.ok = r.ok();
   return s;
 }
 

@@ -332,7 +332,7 @@ void Scheduler::on_logits(Slot& s) {
   std::optional<TokenLogprob> lp;
   if (q.top_logprobs >= 0)
     lp = logprobs_of(tok, s.logits.data(), model().hp.n_vocab, id, q.top_logprobs);
-  if (emit(s, s.detok->push(id), std::move(lp))) {
+  if (emit_text(s, s.detok->push(id), std::move(lp))) {
     finish(s, Finish::kStop, {}, /*flush=*/false);
     return;
   }
@@ -343,7 +343,7 @@ void Scheduler::on_logits(Slot& s) {
   if (static_cast<int64_t>(ses.tokens().size()) >= n_ctx_) finish(s, Finish::kLength);
 }
 
-bool Scheduler::emit(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp) {
+bool Scheduler::emit_text(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp) {
   Request& q = *s.req;
   s.held += piece;
   if (lp) s.held_lp.push_back(std::move(*lp));
@@ -390,7 +390,7 @@ void Scheduler::finish(Slot& s, Finish f, const std::string& error, bool flush) 
   if (flush && (f == Finish::kStop || f == Finish::kLength)) {
     // The detokenizer's and the stop check's held-back text is part of the answer.
     std::string rest = s.detok->flush();
-    if (!rest.empty()) (void)emit(s, rest, std::nullopt);
+    if (!rest.empty()) (void)emit_text(s, rest, std::nullopt);
     if (!s.held.empty() || !s.held_lp.empty()) {
       Event e;
       e.text = std::move(s.held);

@@ -141,7 +141,7 @@ class Scheduler {
   void finish(Slot& s, Finish f, const std::string& error = {}, bool flush = true);
   /// Adds text to what is held, releases what cannot start a stop string;
   /// returns true when a stop string was found (the text ends before it).
-  bool emit(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp);
+  bool emit_text(Slot& s, const std::string& piece, std::optional<TokenLogprob> lp);
   void publish_kv();
 
   std::vector<std::unique_ptr<Slot>> slots_;
