@@ -30,6 +30,38 @@ int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history
     return static_cast<int32_t>(std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
   }
 
+  // Nothing to cut by rank (no top-k, no top-p: OpenAI's defaults): draw
+  // over the whole vocabulary in its own order, with min-p as a floor on the
+  // probability, without sorting it (a full sort of 32k+ logits per token
+  // is milliseconds on the thread that runs every sequence's steps).
+  const bool ranked = (p_.top_k > 0 && p_.top_k < n_vocab_) || p_.top_p < 1.0f;
+  if (!ranked) {
+    const float max_l = *std::max_element(logits_.begin(), logits_.end());
+    // min-p: p_i >= min_p * p_max, i.e. logit_i >= max_l + log(min_p).
+    const double floor_l =
+        p_.min_p > 0.0f ? static_cast<double>(max_l) + std::log(static_cast<double>(p_.min_p))
+                        : -INFINITY;
+    weights_.resize(static_cast<size_t>(n_vocab_));
+    double wsum = 0;
+    for (int64_t i = 0; i < n_vocab_; ++i) {
+      const double l = logits_[static_cast<size_t>(i)];
+      const double w = l >= floor_l ? std::exp((l - max_l) / p_.temperature) : 0.0;
+      weights_[static_cast<size_t>(i)] = w;
+      wsum += w;
+    }
+    std::uniform_real_distribution<double> u(0.0, wsum);
+    double r = u(rng_);
+    int32_t last = 0;
+    for (int64_t i = 0; i < n_vocab_; ++i) {
+      const double w = weights_[static_cast<size_t>(i)];
+      if (w <= 0) continue;
+      last = static_cast<int32_t>(i);
+      r -= w;
+      if (r < 0) return last;
+    }
+    return last;
+  }
+
   cand_.resize(static_cast<size_t>(n_vocab_));
   for (int64_t i = 0; i < n_vocab_; ++i)
     cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits_[static_cast<size_t>(i)]};

@@ -40,6 +40,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<Candidate> cand_;
   std::vector<float> logits_;
+  std::vector<double> weights_;  ///< the unranked draw's weights, by token id
 };
 
 }  // namespace loom

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
+#include <vector>
 
 namespace loom {
 namespace {
@@ -68,6 +70,37 @@ TEST(Sampler, MinPDropsUnlikelyTokens) {
   p.temperature = 1.0f;
   auto h = histogram(p, 2000);
   EXPECT_EQ(h.size(), 2u);
+}
+
+// Without top-k and top-p the draw goes over the vocabulary unsorted: it must
+// follow softmax(logits / T) all the same (and the ranked draw, for the same
+// figures: top-k of the whole vocabulary cuts nothing).
+TEST(Sampler, UnrankedDrawFollowsTheSoftmax) {
+  auto l = logits5();
+  for (const float temp : {1.0f, 0.7f}) {
+    double z = 0;
+    std::vector<double> want;
+    for (float x : l) want.push_back(std::exp(x / temp)), z += want.back();
+    for (double& w : want) w /= z;
+    for (const int top_k : {0, 5}) {
+      SamplerParams p;
+      p.top_k = top_k;  // 5 = the vocabulary: the ranked path, nothing cut
+      p.top_p = 1.0f;
+      p.min_p = 0.0f;
+      p.temperature = temp;
+      p.seed = 99;
+      constexpr int kN = 20000;
+      auto h = histogram(p, kN);
+      for (int32_t id = 0; id < 5; ++id) {
+        const double got = static_cast<double>(h[id]) / kN;
+        // 4.5 standard deviations of a binomial proportion.
+        const double sd =
+            std::sqrt(want[static_cast<size_t>(id)] * (1 - want[static_cast<size_t>(id)]) / kN);
+        EXPECT_NEAR(got, want[static_cast<size_t>(id)], 4.5 * sd)
+            << "token " << id << " T " << temp << " top_k " << top_k;
+      }
+    }
+  }
 }
 
 TEST(Sampler, LowTemperatureConcentrates) {
