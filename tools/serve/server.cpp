@@ -1,6 +1,8 @@
 #include "tools/serve/server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -370,12 +372,16 @@ Server::Server(Scheduler& sched, Metrics& metrics, const ServerOptions& o)
   http.set_payload_max_length(o_.max_body_bytes);
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a
   // second server on a port in use binds too and the kernel splits the
-  // clients between the two without a word.
+  // clients between the two without a word. TCP_NODELAY (inherited by the accepted sockets): a
+  // stream writes one small chunk per token, which Nagle's algorithm would hold back until the
+  // client's delayed ACK of the one before.
   http.set_socket_options([im](int sock) {
     int yes = 1;
     (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    (void)::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
     im->listen_fd = sock;
   });
+  http.set_tcp_nodelay(true);
   http.set_keep_alive_max_count(1000);
 
   http.set_pre_routing_handler([api_key](const httplib::Request& req, httplib::Response& res) {
