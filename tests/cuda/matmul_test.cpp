@@ -68,14 +68,14 @@ bool quantized(DType d);
 // The matvec kernels to run a case with (both for the matvec's token
 // counts); restores the default on destruction.
 struct MatvecKernels {
-  ~MatvecKernels() { cuda::set_matvec_kernel(cuda::kMatvecStaged); }
+  ~MatvecKernels() { cuda::set_matvec_kernel(cuda::kMatvecStagedWords); }
   static std::vector<int> for_tokens(int64_t T) {
     if (T > 8) return {cuda::kMatvecStaged};
-    return {cuda::kMatvecDirect, cuda::kMatvecStaged};
+    return {cuda::kMatvecDirect, cuda::kMatvecStaged, cuda::kMatvecStagedWords};
   }
 };
 const char* kernel_name(int k) {
-  return k == cuda::kMatvecDirect ? " direct" : " staged";
+  return k == cuda::kMatvecDirect ? " direct" : (k == cuda::kMatvecStaged ? " staged" : " words");
 }
 
 // y [T, n_out] = x W^T (+ bias) (+ y0), in double. For quantized weights and

@@ -19,6 +19,10 @@
 #            -p ${AB_P:-64} -n ${AB_N:-128} -r ${AB_R:-2}, each twice,
 #            interleaved: A/B of kernel switches in one run
 #   ncu      Nsight Compute: GPU time and DRAM throughput of decode kernels
+#            (clocks left as they run: --clock-control none)
+#   ncupeer  the same for llama.cpp's decode kernels (llama-bench -p 0)
+#   ncudetail Nsight Compute's speed-of-light, occupancy, warp-state and
+#            memory sections for $NCU_KERNELS (a regex) into $OUT/ncu_detail.txt
 #   profile  Loom's per-op profile of decode and prefill
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
@@ -109,10 +113,30 @@ for s in $stages; do
     ncu)  # per-kernel GPU time and DRAM throughput of decode launches (Nsight Compute)
       m="$(model ${DTYPES%% *})"
       nc="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
-      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --launch-skip "${NCU_SKIP:-800}" --launch-count "${NCU_COUNT:-26}" \
+      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --clock-control none --launch-skip "${NCU_SKIP:-800}" \
+        --launch-count "${NCU_COUNT:-26}" \
         --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
         "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 1 -n 8 -r 1 --no-profiler 2>&1 |
-        grep -E "^  [a-z_].*\(|gpu__time|dram__|grid_size" | sed -E 's/ +/ /g' | head -n 120
+        grep -E "^  [a-zA-Z_].*\(|gpu__time|dram__|grid_size" | sed -E 's/ +/ /g' | head -n 120
+      ;;
+    ncupeer)  # llama.cpp's decode kernels, measured as ncu measures Loom's above
+      m="$(model ${DTYPES%% *})"
+      nc="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+      LD_LIBRARY_PATH=/tmp/peer/cuda/bin timeout 300 "$nc" --clock-control none \
+        --launch-skip "${NCU_PEER_SKIP:-1200}" --launch-count "${NCU_COUNT:-26}" \
+        --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+        /tmp/peer/cuda/bin/llama-bench -m "$m" -ngl 99 -t "$T" -p 0 -n 16 -r 1 2>&1 |
+        grep -E "^  [a-zA-Z_].*\(|gpu__time|dram__|grid_size" | sed -E 's/ +/ /g' | head -n 120
+      ;;
+    ncudetail)
+      m="$(model ${DTYPES%% *})"
+      nc="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+      LOOM_CUDA_GRAPHS=0 timeout 300 "$nc" --clock-control none -k "regex:${NCU_KERNELS:-matvec_q8}" \
+        --launch-skip "${NCU_SKIP:-200}" --launch-count "${NCU_COUNT:-4}" --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section LaunchStats "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 1 -n 8 \
+        -r 1 --no-profiler > "$OUT/ncu_detail.txt" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit" "$OUT/ncu_detail.txt" | head -n 80
       ;;
     profile)
       m="$(model ${DTYPES%% *})"

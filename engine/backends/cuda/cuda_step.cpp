@@ -30,6 +30,8 @@ void CudaBackend::begin_step() {
   step_hash_ = 0xcbf29ce484222325ull ^ matmul_->scratch_bytes();
   step_hash_ = (step_hash_ ^ attn_scratch_->bytes()) * 0x100000001b3ull;
   step_hash_ = (step_hash_ ^ ring_bytes_ ^ (ring_used_ << 32)) * 0x100000001b3ull;
+  // A graph keeps its launches' programmatic edges (pdl.cuh).
+  step_hash_ = (step_hash_ ^ (cuda::chained_launches() ? 1u : 0u)) * 0x100000001b3ull;
   step_ops_.clear();
 }
 

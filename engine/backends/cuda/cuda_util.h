@@ -5,10 +5,28 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "engine/core/status.h"
 
 namespace loom::cuda {
+
+/// Whether the kernels of a step are launched chained (programmatic
+/// dependent launch: pdl.cuh). LOOM_CUDA_PDL=0 turns it off; tests switch it.
+inline bool& chained_launch_flag() {
+  static bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_PDL");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+inline bool chained_launches() {
+  return chained_launch_flag();
+}
+inline void set_chained_launches(bool on) {
+  chained_launch_flag() = on;
+}
 
 /// Ok, or an error naming what failed (`what`) and CUDA's description.
 /// cudaErrorMemoryAllocation becomes kOutOfMemory; the rest kInternal.

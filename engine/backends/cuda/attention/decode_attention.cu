@@ -29,6 +29,7 @@
 #include "engine/backends/cuda/attention/decode_attention.h"
 #include "engine/backends/cuda/cuda_util.h"
 #include "engine/backends/cuda/matmul/q8_act.cuh"
+#include "engine/backends/cuda/pdl.cuh"
 
 namespace loom::cuda::detail {
 
@@ -125,6 +126,8 @@ __global__ void __launch_bounds__(kThreads)
                   int chunk, float* part, float2* part_ml, float* out, Q8Out q8) {
   extern __shared__ float smem[];
   __shared__ float red[kWarps][kG];
+  pdl_launch_dependents();
+  pdl_wait();
   const int hd = f.hd;
   const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
   const int kvh = h0 / group;
@@ -317,6 +320,8 @@ __global__ void __launch_bounds__(kThreads)
 // out = the splits' partials combined. Grid (head, token); thread d.
 __global__ void merge_kernel(const float* part, const float2* part_ml, int n_heads, int n_splits,
                              int hd, float* out, Q8Out q8) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t row = static_cast<int64_t>(t) * n_heads + h;
   const float2* ml = part_ml + row * n_splits;
@@ -342,11 +347,11 @@ void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q
             const int32_t* pos, int n_heads, int group, float scale, int chunk, float* part,
             float2* part_ml, float* out, const Q8Out& q8) {
   if (f.vec16 && f.hd <= 256 && coop_scores())
-    decode_kernel<kG, true><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk,
-                                                         part, part_ml, out, q8);
+    (void)launch_chained(decode_kernel<kG, true>, grid, kThreads, smem, s, f, q, pos, n_heads,
+                         group, scale, chunk, part, part_ml, out, q8);
   else
-    decode_kernel<kG, false><<<grid, kThreads, smem, s>>>(f, q, pos, n_heads, group, scale, chunk,
-                                                          part, part_ml, out, q8);
+    (void)launch_chained(decode_kernel<kG, false>, grid, kThreads, smem, s, f, q, pos, n_heads,
+                         group, scale, chunk, part, part_ml, out, q8);
 }
 
 }  // namespace
@@ -416,8 +421,9 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
                   part_ml, out, qo);
   LOOM_TRY(launch_status("attention (decode)"));
   if (n_splits > 1) {
-    merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s>>>(
-        part, part_ml, n_heads, static_cast<int>(n_splits), hd, out, qo);
+    (void)launch_chained(merge_kernel,
+                         dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s,
+                         part, part_ml, n_heads, static_cast<int>(n_splits), hd, out, qo);
     LOOM_TRY(launch_status("attention (merge)"));
   }
   return {};

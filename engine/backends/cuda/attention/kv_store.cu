@@ -8,6 +8,7 @@
 
 #include "engine/backends/cuda/attention/cuda_attention.h"
 #include "engine/backends/cuda/cuda_util.h"
+#include "engine/backends/cuda/pdl.cuh"
 
 namespace loom::cuda {
 
@@ -72,6 +73,8 @@ __global__ void rope_kv_store_kernel(float* q, float* k, const float* v, uint8_t
                                      const int32_t* pos, int64_t n_heads, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t n_pairs, int neox, const float* cs,
                                      int64_t capacity, uint64_t row_bytes) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   const int64_t slot = blockIdx.x;
   const int d = threadIdx.x;
@@ -139,13 +142,13 @@ Status rope_kv_store(const DevKvLayer& layer, float* q, int64_t n_heads, float* 
   auto* kc = static_cast<uint8_t*>(layer.k);
   auto* vc = static_cast<uint8_t*>(layer.v);
   if (layer.dtype == DType::kQ8_0)
-    rope_kv_store_kernel<true>
-        <<<grid, threads, 0, s>>>(q, k, v, kc, vc, pos, n_heads, layer.n_kv_heads, layer.head_dim,
-                                  n_pairs, neox ? 1 : 0, cs, layer.capacity, layer.row_bytes);
+    (void)launch_chained(rope_kv_store_kernel<true>, grid, threads, 0, s, q, k, v, kc, vc, pos,
+                         n_heads, layer.n_kv_heads, layer.head_dim, n_pairs, neox ? 1 : 0, cs,
+                         layer.capacity, layer.row_bytes);
   else
-    rope_kv_store_kernel<false>
-        <<<grid, threads, 0, s>>>(q, k, v, kc, vc, pos, n_heads, layer.n_kv_heads, layer.head_dim,
-                                  n_pairs, neox ? 1 : 0, cs, layer.capacity, layer.row_bytes);
+    (void)launch_chained(rope_kv_store_kernel<false>, grid, threads, 0, s, q, k, v, kc, vc, pos,
+                         n_heads, layer.n_kv_heads, layer.head_dim, n_pairs, neox ? 1 : 0, cs,
+                         layer.capacity, layer.row_bytes);
   return launch_status("rope_kv_store");
 }
 

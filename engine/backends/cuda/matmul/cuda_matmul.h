@@ -53,13 +53,16 @@ uint64_t q8_token_bytes(int64_t n);
 Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_t T, int64_t n,
                    int8_t* xq, float* xd, cudaStream_t s);
 
-/// The decode matvecs' way of reading quantized rows (matvec.cu): direct
-/// loads per lane, or chunks staged through shared memory (the default;
-/// LOOM_CUDA_MATVEC=direct picks the other at start). One warp a row in
-/// both: two or four warps a row (the K dimension split between them, their
-/// sums added in shared memory) measured 13% slower on the H200.
+/// The decode matvecs' way of reading quantized rows (matvec.cu), picked at
+/// start by LOOM_CUDA_MATVEC: direct loads per lane (`direct`), chunks
+/// staged through shared memory (`staged`), or staged with Q4_0 and Q8_0
+/// groups read from shared memory as aligned 32-bit words (the default; the
+/// other types as `staged`). One warp a row in all: two or four warps a row
+/// (the K dimension split between them, their sums added in shared memory)
+/// measured 13% slower on the H200.
 inline constexpr int kMatvecDirect = 0;
 inline constexpr int kMatvecStaged = 1;
+inline constexpr int kMatvecStagedWords = 2;
 int matvec_kernel();
 /// Test and benchmark hook: the kernel of later launches (not thread-safe).
 void set_matvec_kernel(int k);

@@ -28,6 +28,7 @@
 #include "engine/backends/cuda/cuda_util.h"
 #include "engine/backends/cuda/matmul/matmul_kernels.h"
 #include "engine/backends/cuda/matmul/q8_act.cuh"
+#include "engine/backends/cuda/pdl.cuh"
 #include "engine/backends/cuda/quant_device.cuh"
 
 namespace loom::cuda {
@@ -116,12 +117,26 @@ struct Chunk {
   static_assert(kBytes % kLoad == 0, "a chunk of whole cp.async pieces");
 };
 constexpr int kStageChunks = 2;  // chunks per row per stage
-constexpr int kStages = 2;       // stages in flight per warp
+#ifndef LOOM_CUDA_MATVEC_STAGES
+#define LOOM_CUDA_MATVEC_STAGES 4
+#endif
+// Stages in flight per warp: LOOM_CUDA_MATVEC_STAGES (a build setting, for
+// measuring), fewer where a block's static shared memory (48 KiB) would not
+// hold them; at least 2. Measured on the H200 (llama3-8b decode, tokens/s,
+// two rounds, 2026-12-05): Q4_K_M 311.8, 311.7 at 2 stages, 300.2, 302.5 at
+// 3 and 322.9, 319.8 at 4; Q4_0 359.8, 363.3 / 359.1, 359.9 / 359.1, 366.9.
+template <DType D, bool kGlu>
+constexpr int stages_for() {
+  constexpr int per_stage = kWarps * kStageChunks * (kGlu ? 2 : 1) * Chunk<D>::kBytes;
+  constexpr int fit = (48 * 1024 - 1024) / per_stage;
+  return LOOM_CUDA_MATVEC_STAGES < fit ? (LOOM_CUDA_MATVEC_STAGES > 2 ? LOOM_CUDA_MATVEC_STAGES : 2)
+                                       : (fit > 2 ? fit : 2);
+}
 
-// Shared bytes of one warp: kStages stages of kStageChunks chunks per row.
+// Shared bytes of one warp: its stages of kStageChunks chunks per row.
 template <DType D, bool kGlu>
 constexpr int staged_warp_bytes() {
-  return kStages * kStageChunks * (kGlu ? 2 : 1) * Chunk<D>::kBytes;
+  return stages_for<D, kGlu>() * kStageChunks * (kGlu ? 2 : 1) * Chunk<D>::kBytes;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -139,16 +154,53 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-// Waits until at most one of this thread's committed groups is in flight.
-__device__ __forceinline__ void cp_async_wait_1() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Whether D has words_group (the staged reads' word-aligned decode).
+constexpr bool has_words_group(DType d) {
+  return d == DType::kQ4_0 || d == DType::kQ8_0;
+}
+
+// Group `lane` of a staged chunk of Q4_0 or Q8_0 blocks (18 or 34 bytes; the
+// chunk 16-byte aligned), read as the 32-bit words that hold it: 5 or 9
+// shared loads where decode_group makes 9 or 17 of 16 bits. A block starts
+// 0 or 2 bytes into a word (even or odd lane); its scale is the low or high
+// half of the first word, and each word of quants is two words shifted.
+template <DType D>
+__device__ __forceinline__ QGroup words_group(const uint8_t* chunk, int lane) {
+  constexpr int kBlock = D == DType::kQ4_0 ? 18 : 34;
+  constexpr int kQWords = D == DType::kQ4_0 ? 4 : 8;
+  const int o = kBlock * lane;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(chunk) + o / 4;
+  uint32_t v[kQWords + 1];
+#pragma unroll
+  for (int j = 0; j <= kQWords; ++j) v[j] = w[j];
+  const int sh = 8 * (o & 3);  // 0 or 16
+  QGroup r;
+  r.m = 0.0f;
+  r.d_lo = r.d_hi = h2f(static_cast<uint16_t>(v[0] >> sh));
+#pragma unroll
+  for (int j = 0; j < kQWords; ++j) {
+    const uint32_t q = __funnelshift_rc(v[j], v[j + 1], 16 + sh);  // bytes 2 + 4j ... of the block
+    if constexpr (D == DType::kQ4_0) {
+      r.q[j] = static_cast<int>(__vsub4(q & 0x0F0F0F0Fu, 0x08080808u));
+      r.q[j + 4] = static_cast<int>(__vsub4((q >> 4) & 0x0F0F0F0Fu, 0x08080808u));
+    } else {
+      r.q[j] = static_cast<int>(q);
+    }
+  }
+  return r;
 }
 
 // row_products over the row's whole chunks through the warp's shared bytes
 // `sm` (staged_warp_bytes, 16-byte aligned), then its tail groups directly.
 // The rows start kLoad-aligned and row_bytes is a multiple of kLoad
 // (checked on the host).
-template <DType D, bool kGlu, int kT>
+template <DType D, bool kGlu, int kT, bool kWords>
 __device__ __forceinline__ void row_products_staged(const uint8_t* row, const uint8_t* row2,
                                                     int64_t n_groups, const int8_t* xq,
                                                     uint64_t xq_stride, const float* xd, int T,
@@ -157,6 +209,7 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
   constexpr int kBytes = Chunk<D>::kBytes, kLoad = Chunk<D>::kLoad;
   constexpr int kRows = kGlu ? 2 : 1;
   constexpr int kStageBytes = kStageChunks * kRows * kBytes;
+  constexpr int kStages = stages_for<D, kGlu>();
   constexpr bool kVec16 = D == DType::kQ4_K || D == DType::kQ5_K;  // shared chunks are aligned
   const int lane = threadIdx.x & 31;
   const int64_t n_chunks = n_groups / 32;
@@ -178,13 +231,18 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
     }
     cp_async_commit();
   };
-  if (n_stages > 0) issue(0);
-  for (int64_t b = 0; b < n_stages; ++b) {
-    if (b + 1 < n_stages)
-      issue(b + 1);
+  // The first stages' weights are requested before pdl_wait(): they depend
+  // on no earlier launch (pdl.cuh), so they load while it finishes.
+#pragma unroll
+  for (int b = 0; b < kStages; ++b) {
+    if (b < n_stages)
+      issue(b);
     else
       cp_async_commit();  // an empty group: the wait below then still means stage b
-    cp_async_wait_1();
+  }
+  pdl_wait();
+  for (int64_t b = 0; b < n_stages; ++b) {
+    cp_async_wait<kStages - 1>();
     __syncwarp();  // every lane's copies of stage b are visible to the warp
     const uint8_t* st = sm + (b % kStages) * kStageBytes;
 #pragma unroll
@@ -192,9 +250,14 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
       const int64_t c = b * kStageChunks + u;
       if (c < n_chunks) {
         const int64_t g = c * 32 + lane;
-        const QGroup a = decode_group<D, kVec16>(st + u * kRows * kBytes, lane);
-        QGroup bq{};
-        if constexpr (kGlu) bq = decode_group<D, kVec16>(st + (u * kRows + 1) * kBytes, lane);
+        QGroup a, bq{};
+        if constexpr (kWords && has_words_group(D)) {
+          a = words_group<D>(st + u * kRows * kBytes, lane);
+          if constexpr (kGlu) bq = words_group<D>(st + (u * kRows + 1) * kBytes, lane);
+        } else {
+          a = decode_group<D, kVec16>(st + u * kRows * kBytes, lane);
+          if constexpr (kGlu) bq = decode_group<D, kVec16>(st + (u * kRows + 1) * kBytes, lane);
+        }
 #pragma unroll
         for (int t = 0; t < kT; ++t) {
           if (t < T) {
@@ -207,13 +270,19 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
         }
       }
     }
-    __syncwarp();  // stage b read by every lane before issue(b + 2) refills it
+    __syncwarp();  // stage b read by every lane before issue(b + kStages) refills it
+    if (b + kStages < n_stages)
+      issue(b + kStages);
+    else
+      cp_async_commit();  // empty, as above
   }
   row_products<D, kGlu, false, kT>(row, row2, n_chunks * 32, n_groups, xq, xq_stride, xd, T, acc,
                                    acc2);
 }
 
-// kStaged: row_products_staged (kVec16 unused), else row_products.
+// kStaged: row_products_staged, kVec16 meaning its word-aligned decode
+// (words_group, Q4_0 and Q8_0); else row_products, kVec16 its 128-bit
+// loads (Q4_K, Q5_K).
 template <DType D, bool kGlu, bool kVec16, int kT, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
@@ -221,14 +290,16 @@ __global__ void __launch_bounds__(kWarps * 32)
                      float* y, const float* bias, int accumulate) {
   constexpr int kSm = kStaged ? staged_warp_bytes<D, kGlu>() : 16;
   __shared__ __align__(16) uint8_t sm[kWarps][kSm];
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= n_out) return;  // the whole warp leaves together
+  if (r >= n_out) return;              // the whole warp leaves together
+  if constexpr (!kStaged) pdl_wait();  // (the staged reads wait after their first loads)
   float acc[kT] = {}, acc2[kT] = {};
   const uint8_t* row = w + r * row_bytes;
   const uint8_t* row2 = kGlu ? w2 + r * row_bytes : nullptr;
   if constexpr (kStaged)
-    row_products_staged<D, kGlu, kT>(row, row2, n_groups, xq, xq_stride, xd, T, acc, acc2,
-                                     sm[threadIdx.x / 32]);
+    row_products_staged<D, kGlu, kT, kVec16>(row, row2, n_groups, xq, xq_stride, xd, T, acc, acc2,
+                                             sm[threadIdx.x / 32]);
   else
     row_products<D, kGlu, kVec16, kT>(row, row2, 0, n_groups, xq, xq_stride, xd, T, acc, acc2);
   epilogue<kGlu, kT>(acc, acc2, T, r, n_out, y, bias, accumulate);
@@ -249,18 +320,32 @@ __global__ void __launch_bounds__(kWarps * 32)
                            uint64_t xq_stride, const float* xd, int T) {
   constexpr int kSm = kStaged ? staged_warp_bytes<D, false>() : 16;
   __shared__ __align__(16) uint8_t sm[kWarps][kSm];
+  pdl_launch_dependents();
+  // Which matrix: selected with constant indices, so the parameters are not
+  // copied to local memory to be indexed.
   int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  int i = 0;
-  while (i < 3 && r >= m.rows[i]) r -= m.rows[i++];
-  if (i == 3) return;  // the whole warp leaves together
+  const uint8_t* w = m.w[0];
+  float* y = m.y[0];
+  const float* bias = m.bias[0];
+  int64_t rows = m.rows[0];
+  if (r >= rows) {
+    r -= rows;
+    w = m.w[1], y = m.y[1], bias = m.bias[1], rows = m.rows[1];
+    if (r >= rows) {
+      r -= rows;
+      w = m.w[2], y = m.y[2], bias = m.bias[2], rows = m.rows[2];
+      if (r >= rows) return;  // the whole warp leaves together
+    }
+  }
+  if constexpr (!kStaged) pdl_wait();
   float acc[kT] = {}, acc2[kT] = {};
-  const uint8_t* row = m.w[i] + r * row_bytes;
+  const uint8_t* row = w + r * row_bytes;
   if constexpr (kStaged)
-    row_products_staged<D, false, kT>(row, nullptr, n_groups, xq, xq_stride, xd, T, acc, acc2,
-                                      sm[threadIdx.x / 32]);
+    row_products_staged<D, false, kT, kVec16>(row, nullptr, n_groups, xq, xq_stride, xd, T, acc,
+                                              acc2, sm[threadIdx.x / 32]);
   else
     row_products<D, false, kVec16, kT>(row, nullptr, 0, n_groups, xq, xq_stride, xd, T, acc, acc2);
-  epilogue<false, kT>(acc, acc2, T, r, m.rows[i], m.y[i], m.bias[i], 0);
+  epilogue<false, kT>(acc, acc2, T, r, rows, y, bias, 0);
 }
 
 // Eight consecutive values of a row at element i (i a multiple of 8; the row
@@ -368,6 +453,12 @@ void q8_variant(bool staged, bool vec16, int T, F&& f) {
       f.template operator()<kVec16, kMaxT, kStaged>();
   };
   if (staged) {
+    if constexpr (has_words_group(D)) {
+      if (matvec_kernel() == kMatvecStagedWords) {
+        by_t.template operator()<true, true>();
+        return;
+      }
+    }
     by_t.template operator()<false, true>();
     return;
   }
@@ -384,7 +475,7 @@ void q8_variant(bool staged, bool vec16, int T, F&& f) {
 // them, null ones skipped), row_bytes apart.
 template <DType D>
 bool staged_fits(const void* const* ps, int n, uint64_t row_bytes) {
-  if (matvec_kernel() != kMatvecStaged) return false;
+  if (matvec_kernel() == kMatvecDirect) return false;
   constexpr uint64_t a = Chunk<D>::kLoad;
   if (row_bytes % a != 0) return false;
   for (int i = 0; i < n; ++i)
@@ -394,8 +485,11 @@ bool staged_fits(const void* const* ps, int n, uint64_t row_bytes) {
 
 int initial_matvec_kernel() {
   const char* e = std::getenv("LOOM_CUDA_MATVEC");
+  // Measured on the H200 (llama3-8b Q4_0 decode, 2026-12-05): words 368.7
+  // and 367.8 tokens/s, staged 345.7 and 344.2.
   if (e && std::strcmp(e, "direct") == 0) return kMatvecDirect;
-  return kMatvecStaged;
+  if (e && std::strcmp(e, "staged") == 0) return kMatvecStaged;
+  return kMatvecStagedWords;
 }
 int g_matvec_kernel = -1;
 
@@ -436,15 +530,17 @@ Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int
     dispatch_dtype(w.dtype, [&]<DType D>() {
       if constexpr (has_group_decode(D)) {
         const void* ps[2] = {p, p2};
-        q8_variant<D>(
-            staged_fits<D>(ps, 2, w.row_bytes), vec16, t, [&]<bool kVec16, int kT, bool kStaged>() {
-              if (up)
-                matvec_q8_kernel<D, true, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
-                    p, p2, w.row_bytes, w.n_out, n_groups, xq, xs, xd, t, y, nullptr, 0);
-              else
-                matvec_q8_kernel<D, false, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
-                    p, nullptr, w.row_bytes, w.n_out, n_groups, xq, xs, xd, t, y, bias, acc);
-            });
+        q8_variant<D>(staged_fits<D>(ps, 2, w.row_bytes), vec16, t,
+                      [&]<bool kVec16, int kT, bool kStaged>() {
+                        if (up)
+                          (void)launch_chained(matvec_q8_kernel<D, true, kVec16, kT, kStaged>,
+                                               blocks, kWarps * 32, 0, s, p, p2, w.row_bytes,
+                                               w.n_out, n_groups, xq, xs, xd, t, y, nullptr, 0);
+                        else
+                          (void)launch_chained(matvec_q8_kernel<D, false, kVec16, kT, kStaged>,
+                                               blocks, kWarps * 32, 0, s, p, nullptr, w.row_bytes,
+                                               w.n_out, n_groups, xq, xs, xd, t, y, bias, acc);
+                      });
       }
     });
     return launch_status("matvec_q8");
@@ -513,8 +609,9 @@ Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* x
     if constexpr (has_group_decode(D)) {
       q8_variant<D>(staged_fits<D>(ps, 3, ws[0].row_bytes), vec16, t,
                     [&]<bool kVec16, int kT, bool kStaged>() {
-                      matvec_q8_multi_kernel<D, kVec16, kT, kStaged><<<blocks, kWarps * 32, 0, s>>>(
-                          m, ws[0].row_bytes, n_groups, xq, xs, xd, t);
+                      (void)launch_chained(matvec_q8_multi_kernel<D, kVec16, kT, kStaged>, blocks,
+                                           kWarps * 32, 0, s, m, ws[0].row_bytes, n_groups, xq, xs,
+                                           xd, t);
                     });
     }
   });

@@ -9,6 +9,7 @@
 #include "engine/backends/cuda/cuda_util.h"
 #include "engine/backends/cuda/matmul/matmul_kernels.h"
 #include "engine/backends/cuda/matmul/q8_act.cuh"
+#include "engine/backends/cuda/pdl.cuh"
 
 namespace loom::cuda {
 
@@ -17,6 +18,8 @@ namespace {
 // One warp per 32-value group; lane j quantizes value j.
 __global__ void quantize_q8_kernel(const float* x, int64_t n_groups, int64_t groups_total,
                                    uint64_t token_bytes, int8_t* xq, float* xd) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t gi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (gi >= groups_total) return;  // the whole warp leaves together
   const int lane = threadIdx.x & 31;
@@ -45,12 +48,19 @@ __global__ void __launch_bounds__(kNormThreads)
   constexpr int kRegs = kPer > 0 ? kPer : 1;
   float xv[kRegs], wv[kRegs];
   double sum = 0.0;
+  pdl_launch_dependents();
   if constexpr (kPer > 0) {
+    // The weights first: they depend on no earlier launch (pdl.cuh).
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      wv[k] = i < n ? w[i] : 0.0f;
+    }
+    pdl_wait();
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
       xv[k] = i < n ? xr[i] : 0.0f;
-      wv[k] = i < n ? w[i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
@@ -58,6 +68,7 @@ __global__ void __launch_bounds__(kNormThreads)
         sum += static_cast<double>(xv[k] * xv[k]);
     }
   } else {
+    pdl_wait();
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
       const float v = xr[i];
@@ -108,8 +119,8 @@ Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, 
   if (groups <= 0) return {};
   constexpr int kThreads = 256;  // 8 groups per block
   const int64_t blocks = (groups + 7) / 8;
-  quantize_q8_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, n / 32, groups,
-                                                                        q8_token_bytes(n), xq, xd);
+  (void)launch_chained(quantize_q8_kernel, static_cast<unsigned>(blocks), kThreads, 0, s, x, n / 32,
+                       groups, q8_token_bytes(n), xq, xd);
   return launch_status("quantize_q8");
 }
 
@@ -123,14 +134,14 @@ Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_
                       T, n, kMaxMatvecTokens);
   const auto blocks = static_cast<unsigned>(T);
   if (n <= 4 * kNormThreads)
-    rms_norm_q8_kernel<4>
-        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
+    (void)launch_chained(rms_norm_q8_kernel<4>, blocks, kNormThreads, 0, s, x, w, eps, out, n,
+                         q8_token_bytes(n), xq, xd);
   else if (n <= 8 * kNormThreads)
-    rms_norm_q8_kernel<8>
-        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
+    (void)launch_chained(rms_norm_q8_kernel<8>, blocks, kNormThreads, 0, s, x, w, eps, out, n,
+                         q8_token_bytes(n), xq, xd);
   else
-    rms_norm_q8_kernel<0>
-        <<<blocks, kNormThreads, 0, s>>>(x, w, eps, out, n, q8_token_bytes(n), xq, xd);
+    (void)launch_chained(rms_norm_q8_kernel<0>, blocks, kNormThreads, 0, s, x, w, eps, out, n,
+                         q8_token_bytes(n), xq, xd);
   return launch_status("rms_norm_q8");
 }
 
