@@ -281,26 +281,18 @@ Status ForwardPass::apply(const Placement& requested) {
       }
     }
     // 5. KV of layers whose attention runs on the GPU.
-    bool want_gpu_kv = false;
-    for (const auto& lp : p.layers) want_gpu_kv |= lp[OpGroup::kAttn].unit == Unit::kGpu;
+    bool want_gpu_kv = gpu_attn_layers(p) > 0;
     for (KvCache* kv : caches_) {
-      if (!want_gpu_kv || kv->storage()) continue;
-      auto st = gpu->create_kv_storage(kv->config());
-      if (st.ok() && *st) {
-        LOOM_TRY(kv->attach_storage(std::move(st).value()));
-        continue;
-      }
-      const Status why =
-          st.ok() ? make_error(ErrorCode::kUnsupported, "%s keeps no KV cache", gpu->name().c_str())
-                  : st.status();
+      if (!want_gpu_kv) break;
+      const Status why = ensure_kv_storage(*gpu, *kv);
+      if (why.ok()) continue;
       for (auto& lp : p.layers) {
         if (lp[OpGroup::kAttn].unit == Unit::kGpu) lp[OpGroup::kAttn].unit = Unit::kCpu;
       }
       notes.push_back("attention runs on the CPU: " + why.message());
       want_gpu_kv = false;
     }
-    int64_t n_gpu_attn = 0;  // they share the device tier's budget
-    for (const auto& lp : p.layers) n_gpu_attn += lp[OpGroup::kAttn].unit == Unit::kGpu;
+    const int64_t n_gpu_attn = gpu_attn_layers(p);  // they share the device tier's budget
     for (KvCache* kv : caches_) kv->set_device_layers(n_gpu_attn);
     for (int64_t l = 0; l < L; ++l) {
       GroupPlace& g = p.layers[static_cast<size_t>(l)][OpGroup::kAttn];
@@ -513,6 +505,20 @@ Status ForwardPass::check_tokens(std::span<const int32_t> tokens) const {
   return {};
 }
 
+int64_t ForwardPass::gpu_attn_layers(const Placement& p) {
+  int64_t n = 0;
+  for (const auto& lp : p.layers) n += lp[OpGroup::kAttn].unit == Unit::kGpu;
+  return n;
+}
+
+Status ForwardPass::ensure_kv_storage(Backend& gpu, KvCache& kv) {
+  if (kv.storage()) return {};
+  auto st = gpu.create_kv_storage(kv.config());
+  if (!st.ok()) return st.status();
+  if (!*st) return make_error(ErrorCode::kUnsupported, "%s keeps no KV cache", gpu.name().c_str());
+  return kv.attach_storage(std::move(st).value());
+}
+
 Status ForwardPass::attach_kv(KvCache& kv) {
   if (std::find(caches_.begin(), caches_.end(), &kv) != caches_.end()) return {};
   const KvCacheConfig& a = kv.config();
@@ -522,18 +528,11 @@ Status ForwardPass::attach_kv(KvCache& kv) {
                       "attach_kv: the cache's shape does not match the model's");
   }
   if (prepared_) {  // put its layers where their attention runs now
-    int64_t n_gpu_attn = 0;
-    for (const auto& lp : placement_.layers) n_gpu_attn += lp[OpGroup::kAttn].unit == Unit::kGpu;
+    const int64_t n_gpu_attn = gpu_attn_layers(placement_);
     if (n_gpu_attn > 0) {
       Backend& gpu = be(Unit::kGpu);
       LOOM_TRY(gpu.synchronize());
-      if (!kv.storage()) {
-        auto st = gpu.create_kv_storage(kv.config());
-        if (!st.ok()) return st.status();
-        if (!*st)
-          return make_error(ErrorCode::kUnsupported, "%s keeps no KV cache", gpu.name().c_str());
-        LOOM_TRY(kv.attach_storage(std::move(st).value()));
-      }
+      LOOM_TRY(ensure_kv_storage(gpu, kv));
       kv.set_device_layers(n_gpu_attn);
       for (int64_t l = 0; l < m_.hp.n_layer; ++l) {
         const bool dev =

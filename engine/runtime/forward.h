@@ -140,6 +140,11 @@ class ForwardPass {
   Status ensure_unit(Unit u);
   Status alloc_acts(Unit u);
   Status check_tokens(std::span<const int32_t> tokens) const;
+  /// Layers of p whose attention runs on the GPU.
+  static int64_t gpu_attn_layers(const Placement& p);
+  /// Gives kv the GPU's KV storage unless it has some (kUnsupported where
+  /// the backend keeps none).
+  static Status ensure_kv_storage(Backend& gpu, KvCache& kv);
   /// One step over T rows (tokens at pos_, sequences as in segs_); logits of
   /// rows [first, T) into `logits` [T - first, n_vocab] unless it is null.
   Status eval_rows(const int32_t* tokens, int64_t T, int64_t first, float* logits);
