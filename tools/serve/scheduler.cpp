@@ -416,6 +416,12 @@ void Scheduler::finish(Slot& s, Finish f, const std::string& error, bool flush) 
 
 void Scheduler::publish_kv() {
   if (!metrics_) return;
+  // The sums walk every slot's cache: at most ten times a second while
+  // requests run, and once more when none does (the final figures).
+  const bool busy = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->req; });
+  const auto now = std::chrono::steady_clock::now();
+  if (busy && now - kv_published_ < std::chrono::milliseconds(100)) return;
+  kv_published_ = now;
   KvTierStats sum;
   for (const auto& s : slots_) {
     const KvTierStats t = s->session->kv().tier_stats();

@@ -151,6 +151,7 @@ class Scheduler {
   int64_t chunk_ = 0;   ///< most prompt tokens of one slot in a step
   int64_t budget_ = 0;  ///< most rows in a step (the forward pass's chunk)
   size_t rr_ = 0;       ///< the slot the next step starts from
+  std::chrono::steady_clock::time_point kv_published_{};  ///< publish_kv's last sums
 
   std::mutex mu_;
   std::condition_variable cv_;
