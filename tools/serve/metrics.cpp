@@ -51,10 +51,24 @@ void Metrics::set_kv(const KvTierStats& s) {
   kv_ = s;
 }
 
+namespace {
+
+// "# HELP name help" and "# TYPE name type" lines.
+void header(std::string* out, const char* name, const char* type, const char* help) {
+  append_f(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+// A metric of one unlabelled value, with its header.
+void single(std::string* out, const char* name, const char* type, const char* help, uint64_t v) {
+  header(out, name, type, help);
+  append_f(out, "%s %" PRIu64 "\n", name, v);
+}
+
+}  // namespace
+
 std::string Metrics::render() const {
   std::string out;
-  out += "# HELP loom_requests_total HTTP requests by route and status code.\n";
-  out += "# TYPE loom_requests_total counter\n";
+  header(&out, "loom_requests_total", "counter", "HTTP requests by route and status code.");
   KvTierStats kv;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -63,52 +77,34 @@ std::string Metrics::render() const {
                k.second, n);
     kv = kv_;
   }
-  out += "# HELP loom_requests_cancelled_total Generations stopped because the client left.\n";
-  out += "# TYPE loom_requests_cancelled_total counter\n";
-  append_f(&out, "loom_requests_cancelled_total %" PRIu64 "\n", cancelled_.load());
-  out += "# HELP loom_prompt_tokens_total Prompt tokens of admitted requests.\n";
-  out += "# TYPE loom_prompt_tokens_total counter\n";
-  append_f(&out, "loom_prompt_tokens_total %" PRIu64 "\n", prompt_tokens_.load());
-  out += "# HELP loom_generated_tokens_total Tokens generated.\n";
-  out += "# TYPE loom_generated_tokens_total counter\n";
-  append_f(&out, "loom_generated_tokens_total %" PRIu64 "\n", generated_tokens_.load());
-  out +=
-      "# HELP loom_shared_prefix_tokens_total Prompt tokens whose KV was copied from another "
-      "slot instead of evaluated.\n";
-  out += "# TYPE loom_shared_prefix_tokens_total counter\n";
-  append_f(&out, "loom_shared_prefix_tokens_total %" PRIu64 "\n", shared_prefix_.load());
-  out += "# HELP loom_batch_steps_total Forward steps run (each batches every running sequence).\n";
-  out += "# TYPE loom_batch_steps_total counter\n";
-  append_f(&out, "loom_batch_steps_total %" PRIu64 "\n", steps_.load());
-  out +=
-      "# HELP loom_batch_sequences_total Sequences summed over the steps (divided by the steps: "
-      "the mean batch).\n";
-  out += "# TYPE loom_batch_sequences_total counter\n";
-  append_f(&out, "loom_batch_sequences_total %" PRIu64 "\n", step_seqs_.load());
-  out +=
-      "# HELP loom_batch_rows_total Token rows summed over the steps (prompt chunks and decode "
-      "tokens).\n";
-  out += "# TYPE loom_batch_rows_total counter\n";
-  append_f(&out, "loom_batch_rows_total %" PRIu64 "\n", step_rows_.load());
-  out += "# HELP loom_queue_depth Requests waiting for a slot.\n";
-  out += "# TYPE loom_queue_depth gauge\n";
-  append_f(&out, "loom_queue_depth %" PRId64 "\n", queue_depth_.load());
-  out += "# HELP loom_active_requests Requests holding a slot.\n";
-  out += "# TYPE loom_active_requests gauge\n";
-  append_f(&out, "loom_active_requests %" PRId64 "\n", active_.load());
-  out += "# HELP loom_slots Sequences the scheduler runs at once (--parallel).\n";
-  out += "# TYPE loom_slots gauge\n";
-  append_f(&out, "loom_slots %" PRId64 "\n", slots_.load());
-  out +=
-      "# HELP loom_ttft_seconds Time from a request's arrival to its first token (queue wait "
-      "included).\n";
-  out += "# TYPE loom_ttft_seconds histogram\n";
+  single(&out, "loom_requests_cancelled_total", "counter",
+         "Generations stopped because the client left.", cancelled_.load());
+  single(&out, "loom_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+         prompt_tokens_.load());
+  single(&out, "loom_generated_tokens_total", "counter", "Tokens generated.",
+         generated_tokens_.load());
+  single(&out, "loom_shared_prefix_tokens_total", "counter",
+         "Prompt tokens whose KV was copied from another slot instead of evaluated.",
+         shared_prefix_.load());
+  single(&out, "loom_batch_steps_total", "counter",
+         "Forward steps run (each batches every running sequence).", steps_.load());
+  single(&out, "loom_batch_sequences_total", "counter",
+         "Sequences summed over the steps (divided by the steps: the mean batch).",
+         step_seqs_.load());
+  single(&out, "loom_batch_rows_total", "counter",
+         "Token rows summed over the steps (prompt chunks and decode tokens).", step_rows_.load());
+  single(&out, "loom_queue_depth", "gauge", "Requests waiting for a slot.",
+         static_cast<uint64_t>(std::max<int64_t>(0, queue_depth_.load())));
+  single(&out, "loom_active_requests", "gauge", "Requests holding a slot.",
+         static_cast<uint64_t>(std::max<int64_t>(0, active_.load())));
+  single(&out, "loom_slots", "gauge", "Sequences the scheduler runs at once (--parallel).",
+         static_cast<uint64_t>(std::max<int64_t>(0, slots_.load())));
+  header(&out, "loom_ttft_seconds", "histogram",
+         "Time from a request's arrival to its first token (queue wait included).");
   ttft_.render("loom_ttft_seconds", &out);
-  out += "# HELP loom_itl_seconds Time between two tokens of one request.\n";
-  out += "# TYPE loom_itl_seconds histogram\n";
+  header(&out, "loom_itl_seconds", "histogram", "Time between two tokens of one request.");
   itl_.render("loom_itl_seconds", &out);
-  out += "# HELP loom_kv_bytes KV cache bytes per tier, all slots.\n";
-  out += "# TYPE loom_kv_bytes gauge\n";
+  header(&out, "loom_kv_bytes", "gauge", "KV cache bytes per tier, all slots.");
   append_f(&out, "loom_kv_bytes{tier=\"device\"} %" PRIu64 "\n", kv.device_bytes);
   append_f(&out, "loom_kv_bytes{tier=\"ram\"} %" PRIu64 "\n", kv.ram_bytes);
   append_f(&out, "loom_kv_bytes{tier=\"ssd\"} %" PRIu64 "\n", kv.ssd_bytes);
