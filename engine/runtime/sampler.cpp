@@ -69,11 +69,34 @@ int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   size_t n = cand_.size();
+  double total = -1;  // top-p alone: the whole vocabulary's sum of exp(logit - max)
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
     n = static_cast<size_t>(p_.top_k);
   } else {
-    std::sort(cand_.begin(), cand_.end(), by_logit);
+    // Top-p alone: only the head that reaches top_p is needed in order.
+    // Sort a head of 64 candidates, then 1,024, then all, until its
+    // probability mass (against the whole vocabulary's) reaches top_p; a
+    // full sort of 32k+ logits per token costs milliseconds.
+    const float max_l =
+        std::max_element(cand_.begin(), cand_.end(), [](const auto& a, const auto& b) {
+          return a.logit < b.logit;
+        })->logit;
+    total = 0;
+    for (const Candidate& c : cand_) total += std::exp(static_cast<double>(c.logit) - max_l);
+    size_t head = std::min<size_t>(64, n);
+    for (;;) {
+      std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(head),
+                        cand_.end(), by_logit);
+      double mass = 0;
+      for (size_t i = 0; i < head; ++i)
+        mass += std::exp(static_cast<double>(cand_[i].logit) - max_l);
+      // A margin for the sums' rounding: the cut below is made on the
+      // sorted head's own sums.
+      if (head == n || mass >= (static_cast<double>(p_.top_p) + 1e-9) * total) break;
+      head = std::min(n, head * 16);
+    }
+    n = head;
   }
   // Probabilities of the survivors (sorted, descending).
   std::vector<double> prob(n);
@@ -81,6 +104,7 @@ int32_t Sampler::sample(const float* logits_in, std::span<const int32_t> history
   double sum = 0;
   for (size_t i = 0; i < n; ++i)
     sum += prob[i] = std::exp(static_cast<double>(cand_[i].logit) - max_l);
+  if (total > 0) sum = total;  // the head's probabilities against every token's
   for (double& p : prob) p /= sum;
   if (p_.top_p < 1.0f) {
     double cum = 0;

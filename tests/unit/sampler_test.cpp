@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace loom {
@@ -60,6 +62,60 @@ TEST(Sampler, TopPCutsTheTail) {
   auto h = histogram(p, 2000);
   // softmax: 3.0 -> 0.37, 2.9 -> 0.33: the first two reach 0.5.
   EXPECT_EQ(h.size(), 2u);
+}
+
+// Top-p alone sorts only a head of the vocabulary, grown until it holds
+// top_p of the mass: every draw is in the set a full sort keeps, for a
+// peaked distribution (a head of 64 suffices) and a flat one (the head
+// grows to the whole vocabulary).
+TEST(Sampler, TopPAloneKeepsWhatAFullSortKeeps) {
+  const int64_t n_vocab = 50000;
+  for (const float spread : {4000.0f, 0.01f}) {
+    SCOPED_TRACE("spread " + std::to_string(spread));
+    std::vector<float> l(static_cast<size_t>(n_vocab));
+    uint64_t x = 12345;
+    for (float& v : l) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      v = spread * static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0);
+    }
+    // The full sort's keep set.
+    std::vector<int32_t> order(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) order[static_cast<size_t>(i)] = i;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return l[static_cast<size_t>(a)] > l[static_cast<size_t>(b)] ||
+             (l[static_cast<size_t>(a)] == l[static_cast<size_t>(b)] && a < b);
+    });
+    const double mx = l[static_cast<size_t>(order[0])];
+    double total = 0;
+    for (float v : l) total += std::exp(static_cast<double>(v) - mx);
+    std::vector<bool> kept(static_cast<size_t>(n_vocab), false);
+    double cum = 0;
+    size_t n_kept = 0;
+    for (int32_t id : order) {
+      kept[static_cast<size_t>(id)] = true;
+      ++n_kept;
+      cum += std::exp(static_cast<double>(l[static_cast<size_t>(id)]) - mx) / total;
+      if (cum >= 0.9) break;
+    }
+    SamplerParams p;
+    p.top_k = 0;
+    p.top_p = 0.9f;
+    p.min_p = 0.0f;
+    p.temperature = 1.0f;
+    Sampler s(p, n_vocab);
+    std::map<int32_t, int> h;
+    const int draws = spread < 1.0f ? 60 : 500;
+    for (int i = 0; i < draws; ++i) {
+      const int32_t t = s.sample(l.data(), {});
+      ASSERT_TRUE(t >= 0 && t < n_vocab && kept[static_cast<size_t>(t)]) << t;
+      ++h[t];
+    }
+    if (spread < 1.0f)
+      EXPECT_GT(n_kept, 40000u);  // the flat case keeps most tokens
+    else
+      EXPECT_LT(n_kept, 5000u);
+    EXPECT_GT(h.size(), 10u);
+  }
 }
 
 TEST(Sampler, MinPDropsUnlikelyTokens) {
