@@ -22,51 +22,12 @@
 #include "engine/model/synth.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/session.h"
+#include "tests/kv_tier_checks.h"
 #include "tests/test_util.h"
 #include "tests/unit/vulkan_test_util.h"
 
 namespace loom {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// Largest |a - b| over the largest |b|.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
-// A host cache holding `n` tokens of random K/V ([layer 0][token][n_kv * hd]).
-std::unique_ptr<KvCache> host_cache(const KvCacheConfig& cfg, const std::vector<float>& k,
-                                    const std::vector<float>& v, int64_t n) {
-  auto kv = KvCache::create(cfg);
-  EXPECT_TRUE(kv.ok());
-  EXPECT_TRUE((*kv)->reserve(n).ok());
-  const int64_t d = cfg.n_kv_heads * cfg.head_dim;
-  for (int64_t p = 0; p < n; ++p) (*kv)->store(0, p, k.data() + p * d, v.data() + p * d);
-  (*kv)->set_n_tokens(n);
-  return std::move(kv).value();
-}
-
-// cpu/ref attention of q [T, n_heads * hd] at positions pos over the cache.
-std::vector<float> ref_attention(const KvCache& kv, const std::vector<float>& q,
-                                 const std::vector<int32_t>& pos, int64_t n_heads) {
-  const int64_t hd = kv.config().head_dim, T = static_cast<int64_t>(pos.size());
-  std::vector<float> out(static_cast<size_t>(T * n_heads * hd));
-  ref::attention(q.data(), T, pos.data(), n_heads, kv.view(0),
-                 1.0f / std::sqrt(static_cast<float>(hd)), out.data(), 0, n_heads);
-  return out;
-}
 
 // ---- CPU partials ----------------------------------------------------------------
 
@@ -81,15 +42,15 @@ TEST_P(CpuPartials, TwoSubsetsMergedEqualTheReference) {
   for (const int64_t n : {int64_t{1}, int64_t{33}, int64_t{7 * 32 - 5}, int64_t{9 * 32}}) {
     SCOPED_TRACE("tokens " + std::to_string(n));
     const KvCacheConfig cfg{1, n_kv, hd, 512, bs, t};
-    const auto k = randn(static_cast<size_t>(n * n_kv * hd), 1);
-    const auto v = randn(static_cast<size_t>(n * n_kv * hd), 2);
-    auto kv = host_cache(cfg, k, v, n);
+    const auto k = test::tier_randn(static_cast<size_t>(n * n_kv * hd), 1);
+    const auto v = test::tier_randn(static_cast<size_t>(n * n_kv * hd), 2);
+    auto kv = test::tier_host_cache(cfg, k, v, n);
     const std::vector<int32_t> pos =
         n >= 4 ? std::vector<int32_t>{static_cast<int32_t>(n - 4), static_cast<int32_t>(n - 3),
                                       static_cast<int32_t>(n - 1)}
                : std::vector<int32_t>{static_cast<int32_t>(n - 1)};
     const auto T = static_cast<int64_t>(pos.size());
-    const auto q = randn(static_cast<size_t>(T * n_heads * hd), 3);
+    const auto q = test::tier_randn(static_cast<size_t>(T * n_heads * hd), 3);
     const cpu::KvView all = kv->view(0);
     const int64_t n_blocks = (n + bs - 1) / bs;
     std::vector<float> parts[2];
@@ -125,7 +86,7 @@ TEST_P(CpuPartials, TwoSubsetsMergedEqualTheReference) {
     }
     std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
     cpu::attention_merge_partials(parts[0].data(), parts[1].data(), T * n_heads, hd, got.data());
-    EXPECT_LT(rel_err(got, ref_attention(*kv, q, pos, n_heads)), 1e-5);
+    EXPECT_LT(test::tier_rel_err(got, test::tier_ref_attention(*kv, q, pos, n_heads)), 1e-5);
   }
 }
 
@@ -164,144 +125,18 @@ TEST(KvDeviceTier, StorageWithoutSlotsIsUnsupported) {
 
 // ---- Vulkan: the cache alone -------------------------------------------------------
 
-// One (layer, block) of K+V: 2 heads of 64, 32 rows.
-constexpr uint64_t kPair = 2ull * 32 * 2 * 64 * 2;  // F16
-uint64_t pair_bytes(DType t) {
-  return 2ull * 2 * cpu::kv_head_bytes(t, 32, 64);
-}
+class VulkanKvTier : public ::testing::TestWithParam<std::tuple<DType, test::TierMix>> {};
 
-struct Mix {
-  const char* name;
-  int64_t device_slots;  ///< per layer (0: no device tier)
-  uint64_t ram_pairs;    ///< RAM budget in pairs (0: no limit)
-};
-const Mix kMixes[] = {{"device_only", 0, 0}, {"device_ram", 6, 0}, {"device_ram_ssd", 6, 3}};
-
-class VulkanKvTier : public ::testing::TestWithParam<std::tuple<DType, Mix>> {};
-
-// A layer fed token by token (prefill chunks of 20, then single tokens) with
-// rebalancing between steps, then attention at the last positions: equal to
-// cpu/ref over all tokens whatever tier each block ended on.
+// 40 query rows are gathered (prefill); 3 slots per split on the device (no mass: lru).
 TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  const auto [t, mix] = GetParam();
-  const int64_t n_heads = 4, n_kv = 2, hd = 64, bs = 32;
-  const KvCacheConfig cfg{1, n_kv, hd, 512, bs, t};
-  CpuBackend cpu(2);
-  // 11 and 14 blocks (the last one part full): 6 on the device, the rest on
-  // the host, of which RAM holds 3 under the SSD mix.
-  for (const int64_t n : {int64_t{11 * 32 - 11}, int64_t{13 * 32 + 1}}) {
-    SCOPED_TRACE("tokens " + std::to_string(n));
-    const int64_t d = n_kv * hd;
-    const auto k = randn(static_cast<size_t>(n * d), 11);
-    const auto v = randn(static_cast<size_t>(n * d), 12);
-    auto kvr = KvCache::create(cfg);
-    ASSERT_TRUE(kvr.ok());
-    KvCache& kv = **kvr;
-    KvTierConfig tiers;
-    tiers.device_budget = static_cast<uint64_t>(mix.device_slots) * pair_bytes(t);
-    tiers.ram_budget = mix.ram_pairs * pair_bytes(t);
-    tiers.spill_dir = test::temp_dir("kv_device_tier");
-    tiers.sink_tokens = 32;
-    tiers.window_tokens = 64;
-    tiers.policy = "lru";
-    ASSERT_TRUE(kv.configure_tiers(tiers).ok());
-    auto st = be->create_kv_storage(cfg);
-    ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_TRUE(kv.attach_storage(std::move(st).value()).ok());
-    kv.set_device_layers(1);
-    ASSERT_TRUE(kv.move_layer(0, true).ok());
-    EXPECT_EQ(kv.device_tiered(0), mix.device_slots > 0);
-    auto dk = be->alloc_act(20 * d), dv = be->alloc_act(20 * d);
-    ASSERT_TRUE(dk.ok() && dv.ok());
-    for (int64_t p0 = 0; p0 < n;) {
-      const int64_t m = std::min<int64_t>(p0 < 100 ? 20 : 1, n - p0);
-      ASSERT_TRUE(kv.reserve(p0 + m).ok());
-      const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
-      ASSERT_TRUE(be->upload(k.data() + p0 * d, ka).ok());
-      ASSERT_TRUE(be->upload(v.data() + p0 * d, va).ok());
-      std::vector<int32_t> pos;
-      for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
-      be->kv_store(kv, 0, ka, va, pos.data());
-      ASSERT_TRUE(be->synchronize().ok());
-      p0 += m;
-      kv.set_n_tokens(p0);
-      ASSERT_TRUE(kv.rebalance().ok());
-    }
-    const KvTierStats ts = kv.tier_stats();
-    if (mix.device_slots > 0) {
-      EXPECT_GT(ts.ram_bytes + ts.ssd_bytes, 0u) << "nothing left the device";
-      EXPECT_GT(ts.blocks_to_host, 0u);
-    }
-    if (mix.ram_pairs > 0) {
-      EXPECT_GT(ts.ssd_bytes, 0u) << "nothing reached the SSD";
-    }
-
-    auto ref_kv = host_cache(cfg, k, v, n);
-    // 40: gathered (prefill); with 3 slots per split on the device (no mass: lru).
-    const std::pair<int64_t, uint32_t> runs[] = {{1, 0}, {3, 0}, {40, 0}, {1, 3}, {3, 3}};
-    for (const auto& [T, chunks] : runs) {
-      SCOPED_TRACE("query rows " + std::to_string(T) + ", slots per split " +
-                   std::to_string(chunks));
-      be->set_attn_split_chunks(chunks);
-      std::vector<int32_t> pos;
-      for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));
-      const auto q = randn(static_cast<size_t>(T * n_heads * hd), 13);
-      auto dq = be->alloc_act(T * n_heads * hd), dout = be->alloc_act(T * n_heads * hd);
-      ASSERT_TRUE(dq.ok() && dout.ok());
-      const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
-      ASSERT_TRUE(be->upload(q.data(), qa).ok());
-      ASSERT_TRUE(kv.fetch_layer(0).ok());
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      if (kv.device_tiered(0)) {
-        HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                                   float* part, float* mass) {
-          cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
-        };
-        ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
-      } else {
-        be->attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
-      }
-      std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
-      ASSERT_TRUE(be->download(oa, got.data()).ok());
-      // The GPU's Q8_0 store may round a quant the other way than the CPU's.
-      EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)),
-                t == DType::kF16 ? 2e-3 : 2e-2);
-    }
-    be->set_attn_split_chunks(0);
-    // A placement moves the layer's attention to the CPU and back: its
-    // blocks come off the device and go up again (the pinned ones at once).
-    if (kv.device_tiered(0)) {
-      ASSERT_TRUE(kv.move_layer(0, false).ok());
-      EXPECT_FALSE(kv.on_device(0));
-      ASSERT_TRUE(kv.move_layer(0, true).ok());
-      ASSERT_TRUE(kv.device_tiered(0));
-      ASSERT_TRUE(kv.rebalance().ok());
-      const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
-      const auto q = randn(static_cast<size_t>(n_heads * hd), 14);
-      auto dq = be->alloc_act(n_heads * hd), dout = be->alloc_act(n_heads * hd);
-      ASSERT_TRUE(dq.ok() && dout.ok());
-      const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
-      ASSERT_TRUE(be->upload(q.data(), qa).ok());
-      ASSERT_TRUE(kv.fetch_layer(0).ok());
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                                 float* part, float* mass) {
-        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
-      };
-      ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
-      std::vector<float> got(static_cast<size_t>(n_heads * hd));
-      ASSERT_TRUE(be->download(oa, got.data()).ok());
-      EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)),
-                t == DType::kF16 ? 2e-3 : 2e-2)
-          << "after the layer moved off the device and back";
-    }
-  }
+  test::check_attention_across_tiers(*be, std::get<0>(GetParam()), std::get<1>(GetParam()),
+                                     [&](uint32_t c) { be->set_attn_split_chunks(c); });
 }
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndMixes, VulkanKvTier,
                          ::testing::Combine(::testing::Values(DType::kF16, DType::kQ8_0),
-                                            ::testing::ValuesIn(kMixes)),
+                                            ::testing::ValuesIn(test::kTierMixes)),
                          [](const auto& p) {
                            return std::string(dtype_name(std::get<0>(p.param))) + "_" +
                                   std::get<1>(p.param).name;
@@ -318,7 +153,7 @@ TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
   ASSERT_TRUE(kvr.ok());
   KvCache& kv = **kvr;
   KvTierConfig tiers;
-  tiers.device_budget = 12 * pair_bytes(DType::kF16);  // 12 slots
+  tiers.device_budget = 12 * test::tier_pair_bytes(DType::kF16);  // 12 slots
   tiers.sink_tokens = 32;
   tiers.window_tokens = 64;
   tiers.policy = "lru";
@@ -330,8 +165,8 @@ TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
   ASSERT_TRUE(kv.move_layer(0, true).ok());
   ASSERT_TRUE(kv.device_tiered(0));
   const int64_t n = 16 * bs;  // 12 blocks fill the slots, then a chunk of 4 more
-  const auto k = randn(static_cast<size_t>(n * d), 21);
-  const auto v = randn(static_cast<size_t>(n * d), 22);
+  const auto k = test::tier_randn(static_cast<size_t>(n * d), 21);
+  const auto v = test::tier_randn(static_cast<size_t>(n * d), 22);
   auto dk = be->alloc_act(128 * d), dv = be->alloc_act(128 * d);
   ASSERT_TRUE(dk.ok() && dv.ok());
   for (int64_t p0 = 0; p0 < n; p0 += 128) {
@@ -356,7 +191,7 @@ TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
   // Decode-sized attention (the split path) over device and host blocks.
   CpuBackend cpu(2);
   const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
-  const auto q = randn(static_cast<size_t>(n_heads * hd), 23);
+  const auto q = test::tier_randn(static_cast<size_t>(n_heads * hd), 23);
   auto dq = be->alloc_act(n_heads * hd), dout = be->alloc_act(n_heads * hd);
   ASSERT_TRUE(dq.ok() && dout.ok());
   const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
@@ -370,167 +205,35 @@ TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
   ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
   std::vector<float> got(static_cast<size_t>(n_heads * hd));
   ASSERT_TRUE(be->download(oa, got.data()).ok());
-  auto ref_kv = host_cache(cfg, k, v, n);
-  EXPECT_LT(rel_err(got, ref_attention(*ref_kv, q, pos, n_heads)), 2e-3);
+  auto ref_kv = test::tier_host_cache(cfg, k, v, n);
+  EXPECT_LT(test::tier_rel_err(got, test::tier_ref_attention(*ref_kv, q, pos, n_heads)), 2e-3);
 }
 
 // ---- Vulkan: whole sessions ---------------------------------------------------------
 
 class VulkanKvTierSession : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    SynthSpec s;
-    s.arch = "llama";
-    s.n_layer = 2;
-    s.n_embd = 256;
-    s.n_ff = 512;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_ctx = 1024;
-    // F16 weights: no matvec reads a Q8 copy of its input. (With Q8_0 ones
-    // the o matvec reads the attention output's Q8 copy, and the few ulps
-    // by which the CPU's sum over the host blocks differs from the GPU's can
-    // round one of its values the other way: a different but equally valid
-    // run, measured in the test below.)
-    s.weight_type = "f16";
-    s.seed = 17;
-    const std::string path = test::temp_dir("kv_device_tier_model") + "/m.gguf";
-    ASSERT_TRUE(write_synthetic_model(s, path).ok());
-    auto m = load_model(path);
-    ASSERT_TRUE(m.ok()) << m.message();
-    model_ = std::move(m).value().release();
-  }
+  static void SetUpTestSuite() { model_ = test::tier_test_model().release(); }
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
   }
-
-  std::vector<int32_t> greedy(Backend& be, const KvTierConfig& t, int n, KvTierStats* ts,
-                              std::vector<KvLayerTiers>* layers = nullptr) {
-    SessionConfig c;
-    c.n_ctx = 1024;
-    c.max_chunk = 64;
-    c.kv_tiers = t;
-    auto s = Session::create(*model_, be, c);
-    EXPECT_TRUE(s.ok()) << s.message();
-    if (!s.ok()) return {};
-    std::vector<int32_t> p;
-    std::mt19937 rng(5);
-    for (int i = 0; i < 400; ++i)
-      p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(model_->hp.n_vocab)));
-    GenerateParams gp;
-    gp.sampling.temperature = 0;
-    gp.max_tokens = n;
-    gp.stop_at_eog = false;
-    auto r = (*s)->generate(p, gp, nullptr);
-    EXPECT_TRUE(r.ok()) << r.message();
-    if (ts) *ts = (*s)->kv().tier_stats();
-    if (layers) *layers = (*s)->kv().layer_tiers();
-    return std::vector<int32_t>((*s)->tokens().begin() + static_cast<ptrdiff_t>(p.size()),
-                                (*s)->tokens().end());
-  }
-
   static Model* model_;
 };
 Model* VulkanKvTierSession::model_ = nullptr;
 
 TEST_F(VulkanKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  KvTierStats all_dev;
-  std::vector<KvLayerTiers> layers;
-  const auto want = greedy(*be, KvTierConfig{}, 40, &all_dev, &layers);
-  ASSERT_EQ(want.size(), 39u);
-  EXPECT_EQ(all_dev.ram_bytes, 0u);
-  EXPECT_GT(all_dev.device_bytes, 0u);
-  ASSERT_EQ(layers.size(), 2u);
-  for (const KvLayerTiers& lt : layers) {  // 439 tokens: 14 blocks, all on the device
-    EXPECT_EQ(lt.device, 14 * kPair);
-    EXPECT_EQ(lt.ram + lt.ssd, 0u);
-  }
-  const std::string dir = test::temp_dir("kv_device_tier_spill");
-  for (const char* policy : {"lru", "importance"}) {
-    for (const Mix& mix : kMixes) {
-      if (mix.device_slots == 0) continue;
-      SCOPED_TRACE(std::string(policy) + " " + mix.name);
-      // 7 of the 14 blocks of each of the 2 layers on the device; of the 14
-      // host blocks, 6 in RAM under the SSD mix (the least it takes).
-      KvTierConfig t;
-      t.device_budget = 2 * 7 * kPair;
-      t.ram_budget = mix.ram_pairs > 0 ? 6 * kPair : 0;
-      t.spill_dir = dir;
-      t.policy = policy;
-      t.sink_tokens = 32;
-      t.window_tokens = 64;
-      KvTierStats ts;
-      EXPECT_EQ(greedy(*be, t, 40, &ts, &layers), want);
-      // Per layer: at most its 7 slots on the device, the rest on the host.
-      ASSERT_EQ(layers.size(), 2u);
-      uint64_t dev = 0;
-      for (const KvLayerTiers& lt : layers) {
-        EXPECT_GT(lt.device, 0u);
-        EXPECT_LE(lt.device, 7 * kPair);
-        EXPECT_GT(lt.ram + lt.ssd, 0u);
-        if (mix.ram_pairs == 0) {
-          EXPECT_EQ(lt.ssd, 0u);
-        }
-        dev += lt.device;
-      }
-      EXPECT_LE(dev, ts.device_used_bytes);
-      EXPECT_GT(ts.device_bytes, 0u);
-      EXPECT_LE(ts.device_bytes, 2 * 7 * kPair);
-      EXPECT_GT(ts.blocks_to_host, 0u);
-      EXPECT_GT(ts.ram_bytes + ts.ssd_bytes, 0u);
-      if (mix.ram_pairs > 0) {
-        EXPECT_GT(ts.blocks_spilled, 0u);
-        EXPECT_GT(ts.ssd_bytes, 0u);
-        EXPECT_LE(ts.ram_bytes, 6 * kPair);
-      } else {
-        EXPECT_EQ(ts.ssd_bytes, 0u);
-      }
-      EXPECT_EQ(ts.blocks_lost, 0u);
-    }
-  }
-  be->release_weights();
+  ASSERT_NE(model_, nullptr);
+  test::check_greedy_identical_in_every_mix(*model_, *be);
 }
 
 // A second conversation after a first, longer one: its blocks find the slots
 // and host blocks the first left (forgotten tokens leave without a copy).
 TEST_F(VulkanKvTierSession, ASecondConversationReusesTheTiers) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  auto two_turns = [&](const KvTierConfig& t) {
-    SessionConfig c;
-    c.n_ctx = 1024;
-    c.max_chunk = 64;
-    c.kv_tiers = t;
-    auto s = Session::create(*model_, *be, c);
-    EXPECT_TRUE(s.ok()) << s.message();
-    if (!s.ok()) return std::vector<int32_t>{};
-    GenerateParams gp;
-    gp.sampling.temperature = 0;
-    gp.max_tokens = 20;
-    gp.stop_at_eog = false;
-    std::vector<int32_t> out;
-    for (const uint32_t seed : {7u, 8u}) {
-      std::vector<int32_t> p;
-      std::mt19937 rng(seed);
-      for (int i = 0; i < (seed == 7u ? 420 : 150); ++i)
-        p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(model_->hp.n_vocab)));
-      auto r = (*s)->generate(p, gp, nullptr);
-      EXPECT_TRUE(r.ok()) << r.message();
-      out.insert(out.end(), (*s)->tokens().begin() + static_cast<ptrdiff_t>(p.size()),
-                 (*s)->tokens().end());
-    }
-    return out;
-  };
-  const auto want = two_turns(KvTierConfig{});
-  ASSERT_EQ(want.size(), 38u);
-  KvTierConfig t;
-  t.device_budget = 2 * 7 * kPair;
-  t.policy = "importance";
-  t.sink_tokens = 32;
-  t.window_tokens = 64;
-  EXPECT_EQ(two_turns(t), want);
-  be->release_weights();
+  ASSERT_NE(model_, nullptr);
+  test::check_second_conversation(*model_, *be);
 }
 
 // Blocks of GPU layers that went down to the SSD and cannot be read back are
@@ -538,40 +241,15 @@ TEST_F(VulkanKvTierSession, ASecondConversationReusesTheTiers) {
 // the cache and leaves its slots alone): the output stays the same.
 TEST_F(VulkanKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  const auto want = greedy(*be, KvTierConfig{}, 30, nullptr);
-  ASSERT_EQ(want.size(), 29u);
-  for (const storage::SpillFaults f :
-       {storage::SpillFaults{.fail_read = 3}, storage::SpillFaults{.short_read = 5}}) {
-    SCOPED_TRACE(f.fail_read ? "io_error" : "short_read");
-    KvTierConfig t;
-    t.device_budget = 2 * 7 * kPair;
-    t.ram_budget = 6 * kPair;
-    t.spill_dir = test::temp_dir("kv_device_tier_faults");
-    t.policy = "importance";
-    t.sink_tokens = 32;
-    t.window_tokens = 64;
-    t.faults = f;
-    KvTierStats ts;
-    EXPECT_EQ(greedy(*be, t, 30, &ts), want);
-    EXPECT_GT(ts.blocks_lost, 0u) << "no fault reached a read";
-  }
-  be->release_weights();
+  ASSERT_NE(model_, nullptr);
+  test::check_lost_blocks_recomputed(*model_, *be);
 }
 
 // A budget that cannot hold the sinks, the window and a step is refused with the sizes.
 TEST_F(VulkanKvTierSession, ATooSmallDeviceBudgetIsAClearError) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  SessionConfig c;
-  c.n_ctx = 1024;
-  c.kv_tiers.device_budget = 2 * 2 * kPair;
-  c.kv_tiers.window_tokens = 64;
-  auto s = Session::create(*model_, *be, c);
-  std::vector<float> logits(static_cast<size_t>(model_->hp.n_vocab));
-  const std::vector<int32_t> toks = {1, 2, 3};
-  Status st = s.ok() ? (*s)->append(toks, logits.data()) : s.status();
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("--kv-gpu"), std::string::npos) << st.message();
-  be->release_weights();
+  ASSERT_NE(model_, nullptr);
+  test::check_too_small_device_budget(*model_, *be);
 }
 
 #endif  // LOOM_HAVE_VULKAN

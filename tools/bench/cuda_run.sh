@@ -24,6 +24,12 @@
 #   ncudetail Nsight Compute's speed-of-light, occupancy, warp-state and
 #            memory sections for $NCU_KERNELS (a regex) into $OUT/ncu_detail.txt
 #   profile  Loom's per-op profile of decode and prefill
+#   tiers    KV tiers (issue 16) on CUDA: prefill of $TIER_DEPTHS tokens of the
+#            ${TIER_DTYPE:-q4_k_m} model and the decode after it, (a) all KV on
+#            the GPU, (b) half of it in GPU slots and the rest in RAM, (c) half
+#            on the GPU, a quarter in RAM, the rest on the SSD ($TIER_CONFIGS,
+#            default "a b"; $TIER_POLICY, default lru); llama.cpp CUDA with
+#            -nkvo 0 and 1 (LLAMA=0: not); the spill disk's bandwidth (dd)
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 D="$1"; OUT="$2"; shift 2
@@ -141,6 +147,34 @@ for s in $stages; do
     profile)
       m="$(model ${DTYPES%% *})"
       timeout 120 "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" -p 512 -n 32 -r 1 --profile-every 1 2>&1 | head -n 80
+      ;;
+    tiers)
+      m="$(model ${TIER_DTYPE:-q4_k_m})"
+      kvdir=/tmp/kvspill; mkdir -p "$kvdir"
+      echo "--- disk under $kvdir (dd, O_DIRECT, 1 GiB)"
+      dd if=/dev/zero of="$kvdir/dd.bin" bs=4M count=256 oflag=direct 2>&1 | tail -n 1
+      dd if="$kvdir/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -n 1
+      rm -f "$kvdir/dd.bin"
+      for n in ${TIER_DEPTHS:-4096 32768}; do
+        kv=$(( n * 128 ))  # KiB of F16 K/V at n tokens (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+        for c in ${TIER_CONFIGS:-a b}; do
+          case $c in
+            a) flags=() ;;
+            b) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram 64G) ;;
+            c) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram "$(( kv / 4 ))K" --kv-dir "$kvdir") ;;
+          esac
+          echo "--- depth $n ($c) ${flags[*]}: Loom CUDA"
+          timeout "${TIER_TIMEOUT:-200}" "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" \
+            -c $(( n + 256 )) -p "$n" -n 64 -r 1 --kv-policy "${TIER_POLICY:-lru}" "${flags[@]}" 2>&1 |
+            grep --line-buffered -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
+        done
+        [ "${LLAMA:-1}" = 0 ] && continue
+        for nk in 0 1; do
+          echo "--- depth $n: llama.cpp CUDA -nkvo $nk"
+          timeout "${TIER_TIMEOUT:-200}" "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -nkvo "$nk" -p 0 \
+            -n "$([ $nk = 1 ] && echo 16 || echo 64)" -d "$n" -r 1 2>&1 | grep --line-buffered -E "^\||rror"
+        done
+      done
       ;;
   esac
 done

@@ -145,6 +145,9 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   if (norm_xq_) (void)cudaFree(norm_xq_);
   if (norm_xd_) (void)cudaFree(norm_xd_);
+  if (tier_host_) (void)cudaFreeHost(tier_host_);
+  if (gather_) (void)cudaFree(gather_);
+  if (tier_event_) (void)cudaEventDestroy(tier_event_);
   if (ring_host_) (void)cudaFreeHost(ring_host_);
   if (ring_dev_) (void)cudaFree(ring_dev_);
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -693,6 +696,7 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   if (!ready() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
   cuda::DevKvLayer l;
   if (!kv_layer(kv, layer, "kv_store", &l)) return;
+  if (kv.device_tiered(layer)) return kv_store_slotted(kv, layer, l, k, v, pos);
   for (int64_t t = 0; t < k.rows; ++t) {
     if (pos[t] < 0 || pos[t] >= l.capacity) {
       fail(make_error(ErrorCode::kOutOfRange,
@@ -720,8 +724,9 @@ void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, in
   cuda::DevKvLayer l;
   if (!kv_layer(kv, layer, "rope_qk_kv", &l)) return;
   const int64_t n_pairs = p.n_rot / 2, T = q.rows;
+  // (Slotted layers store by slot row: apart, through kv_store.)
   if (!fuse_rope_ || n_pairs == 0 || l.n_kv_heads != n_kv_heads ||
-      !cuda::rope_kv_store_fits(l, head_dim)) {
+      !cuda::rope_kv_store_fits(l, head_dim) || kv.device_tiered(layer)) {
     Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
     return;
   }
@@ -755,6 +760,7 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   if (!ready() || !check_act(q, "attention") || !check_act(out, "attention")) return;
   cuda::DevKvLayer l;
   if (!kv_layer(kv, layer, "attention", &l)) return;
+  if (kv.device_tiered(layer)) return attention_slotted(kv, layer, l, q, pos, n_heads, scale, out);
   int64_t max_pos = -1;
   for (int64_t t = 0; t < q.rows; ++t) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
   const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));

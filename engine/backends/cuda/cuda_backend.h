@@ -77,6 +77,10 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes() const override { return weight_bytes_; }
   bool has_weight(OpKind op, const Weight& w) const override;
   Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
+  /// The memory limit, or the device's memory (the default device KV budget).
+  uint64_t memory_capacity() const override {
+    return budget_.limit ? budget_.limit : info_.total_bytes;
+  }
 
   bool device_timing() const override { return true; }
   void set_scope_timing(bool on) override;
@@ -99,6 +103,11 @@ class CudaBackend final : public Backend {
                   const cpu::RopeParams& p) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
+  /// The device KV tier (cuda_kv_tier.cpp): the GPU's split-K partials over
+  /// the layer's slots merged with the host's over its host blocks; prompts
+  /// (16 query rows or more) gather the blocks by position instead.
+  Status attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                         float scale, Act out, const HostAttentionFn& host) override;
   void silu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   /// y += W x in one product (the matvec's or the GEMM's accumulate).
@@ -149,6 +158,24 @@ class CudaBackend final : public Backend {
   bool check_rope(const cpu::RopeParams& p, int64_t head_dim);
   // The device KV layer of `layer` in kv's storage, or a failure.
   bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
+
+  // The device KV tier (cuda_kv_tier.cpp). Layers in block slots
+  // (KvStorage::set_block_slots): their stores go to the slot rows the cache
+  // names, their attention runs under the slot map.
+  void kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k, Act v,
+                        const int32_t* pos);
+  void attention_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                         const int32_t* pos, int64_t n_heads, float scale, Act out);
+  // Prefill over a slotted layer: its blocks up to the last position copied
+  // by position (host blocks over PCIe once), then the flash prefill.
+  // kOutOfMemory when the gather buffers do not fit (the caller splits).
+  Status attention_gathered(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                            const int32_t* pos, int64_t n_heads, float scale, Act out);
+  // The slot map of a slotted layer in the ring (n_slots entries), or null.
+  const int32_t* put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots);
+  // At least `bytes` of pinned host memory in tier_host_ (after the stream's
+  // earlier copies from it are done).
+  Status tier_host(uint64_t bytes);
 
   // Runs `op` (a launch on stream_) now, or inside a step keeps it for
   // finish_step with `key` (its arguments) mixed into the step's hash.
@@ -237,6 +264,14 @@ class CudaBackend final : public Backend {
   };
   std::vector<Mark> marks_;
   std::vector<cudaEvent_t> free_events_;
+
+  // The device KV tier: pinned host memory (q, the host's partials, staged
+  // host blocks) and device memory (staged blocks and the gathered K/V).
+  void* tier_host_ = nullptr;
+  uint64_t tier_host_bytes_ = 0;
+  void* gather_ = nullptr;
+  uint64_t gather_bytes_ = 0;
+  cudaEvent_t tier_event_ = nullptr;  ///< q is on the host (the overlapped split)
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;

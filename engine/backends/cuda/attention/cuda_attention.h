@@ -111,6 +111,51 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
                  AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys = 0,
                  const Q8Out* q8 = nullptr);
 
+/// @name The device KV tier (KvTierConfig::device_budget; cuda_kv_tier.cpp).
+/// A layer in block slots holds n_slots slots of block_size rows per KV head
+/// (capacity = n_slots * block_size); the KvCache says which block sits in
+/// which slot, the others being host blocks.
+/// @{
+/// Per slot the first position of the block it holds, or -1 when free
+/// (device int32[n_slots]).
+struct SlotMap {
+  const int32_t* first_pos = nullptr;
+  int64_t block_size = 0;
+  int64_t n_slots = 0;
+};
+/// Unmerged split-K partials: per query row r = t * n_heads + h and split s,
+/// the unnormalized sum o[(r * n_splits + s) * head_dim ..] and (max, sum)
+/// ml[r * n_splits + s]. The last split is the host's (attention_slots with
+/// keep); each device split covers `split_rows` rows (whole slots).
+struct SplitPartials {
+  float* o = nullptr;
+  float2* ml = nullptr;
+  int64_t n_splits = 0;
+  int64_t split_rows = 0;
+};
+/// Attention of T queries over a slotted layer's rows, each row counting
+/// when its slot holds a block at a position up to the query's.
+/// `split_rows` > 0 fixes the rows per split (a multiple of block_size:
+/// one split per slot measures each block's attention mass), else planned
+/// for the SMs. Without `keep` the result goes to out; with it the splits
+/// stay in the scratch (valid until its next use) with the last one left
+/// for the host's partials, and merge_splits() writes out.
+Status attention_slots(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
+                       int64_t n_heads, float scale, const SlotMap& slots, int64_t split_rows,
+                       float* out, AttentionScratch& scratch, cudaStream_t s,
+                       SplitPartials* keep = nullptr);
+/// out = the partials' splits combined exactly (log-sum-exp); `q8`
+/// (optional): out's Q8 activations too.
+Status merge_splits(const SplitPartials& sp, int64_t T, int64_t n_heads, int64_t head_dim,
+                    float* out, cudaStream_t s, const Q8Out* q8 = nullptr);
+/// The blocks [0, n_blocks) of a slotted layer copied by position into
+/// gk/gv ([n_kv_heads][n_blocks * block_size][row]): src[b] >= 0 is the slot
+/// holding block b, else block b is host block -src[b] - 1 of `staged`
+/// ([i][K, V][n_kv_heads][block_size][row], device memory).
+Status gather_blocks(const DevKvLayer& layer, int64_t block_size, const int32_t* src,
+                     int64_t n_blocks, const uint8_t* staged, void* gk, void* gv, cudaStream_t s);
+/// @}
+
 /// The device K/V of a KvCache (Backend::create_kv_storage of the CUDA
 /// backend): the layers made resident here, each as a DevKvLayer.
 class CudaKvStorage : public KvStorage {

@@ -18,6 +18,13 @@
 // log-sum-exp merge). The launch depends only on the planned key count, not
 // on the positions (read from `pos` on the device): a split past a query's
 // last key contributes nothing.
+//
+// Device KV tier (SlotMap): the layer's rows are slots of block_size rows,
+// each holding the block at a position given by the map (-1: free); a row
+// counts when its slot holds a block and its position is at most the
+// query's, and a row that does not count is never read. With `keep` the
+// splits stay unmerged, room is left for the host's partials, and
+// merge_splits() combines them (attention_split).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -71,8 +78,16 @@ struct Fmt {
   uint64_t row_bytes;
   int hd;
   bool q8;
-  bool vec16;  // F16 rows of a multiple of 8 values: 16-byte loads
+  bool vec16;               // F16 rows of a multiple of 8 values: 16-byte loads
+  const int32_t* slot_pos;  // device tier: first position per slot (-1: free), else null
+  int bs;                   // rows per slot
 };
+
+// Whether device row j counts for a query at position qp (slot maps only).
+__device__ __forceinline__ bool row_counts(const Fmt& f, int64_t j, int64_t qp) {
+  const int32_t p0 = f.slot_pos[j / f.bs];
+  return p0 >= 0 && p0 + j % f.bs <= qp;
+}
 
 __device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, const Fmt& f, int kvh,
                                                  int64_t j) {
@@ -123,18 +138,21 @@ __device__ __forceinline__ void block_reduce(float (&v)[kG], float (*red)[kG]) {
 template <int kG, bool kCoop>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(Fmt f, const float* q, const int32_t* pos, int n_heads, int group, float scale,
-                  int chunk, float* part, float2* part_ml, float* out, Q8Out q8) {
+                  int chunk, int64_t n_rows, int n_splits, float* part, float2* part_ml, float* out,
+                  Q8Out q8) {
   extern __shared__ float smem[];
   __shared__ float red[kWarps][kG];
   pdl_launch_dependents();
   pdl_wait();
   const int hd = f.hd;
-  const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z, n_splits = gridDim.z;
+  const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z;
   const int kvh = h0 / group;
   float* q_s = smem;              // [kG][hd], scaled
   float* p_s = q_s + kG * hd;     // [kG][chunk]: scores, then probabilities
   float* o_s = p_s + kG * chunk;  // [rows][kG][hd]: the value rows' partial sums
-  const int64_t n_keys = static_cast<int64_t>(pos[t]) + 1;
+  // Rows this split reads: the keys up to the query's position, or under a
+  // slot map every row of the split's slots (row_counts masks them).
+  const int64_t n_keys = f.slot_pos ? n_rows : static_cast<int64_t>(pos[t]) + 1;
   const int64_t k0 = static_cast<int64_t>(s) * chunk;
   const int n = static_cast<int>(n_keys - k0 < chunk ? (n_keys > k0 ? n_keys - k0 : 0) : chunk);
   for (int i = threadIdx.x; i < kG * hd; i += kThreads)
@@ -185,10 +203,11 @@ __global__ void __launch_bounds__(kThreads)
           for (int g = 0; g < kG; ++g) acc[g] += __shfl_xor_sync(0xFFFFFFFFu, acc[g], o);
         }
         if (c == 0 && j < n) {
+          const bool ok = !f.slot_pos || row_counts(f, k0 + j, pos[t]);
 #pragma unroll
           for (int g = 0; g < kG; ++g) {
-            p_s[g * chunk + j] = acc[g];
-            mx[g] = fmaxf(mx[g], acc[g]);
+            p_s[g * chunk + j] = ok ? acc[g] : -INFINITY;
+            mx[g] = ok ? fmaxf(mx[g], acc[g]) : mx[g];
           }
         }
       }
@@ -196,6 +215,11 @@ __global__ void __launch_bounds__(kThreads)
   } else
     // 1. Scores, a thread per key.
     for (int j = threadIdx.x; j < n; j += kThreads) {
+      if (f.slot_pos && !row_counts(f, k0 + j, pos[t])) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) p_s[g * chunk + j] = -INFINITY;
+        continue;
+      }
       const uint8_t* kr = row_at(f.k, f, kvh, k0 + j);
       float acc[kG];
 #pragma unroll
@@ -238,7 +262,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = threadIdx.x; j < n; j += kThreads) {
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
-      const float p = expf(p_s[g * chunk + j] - mx[g]);
+      // (A split whose rows all are masked has mx -inf: no probability.)
+      const float p = mx[g] == -INFINITY ? 0.0f : expf(p_s[g * chunk + j] - mx[g]);
       p_s[g * chunk + j] = p;
       sum[g] += p;
     }
@@ -257,6 +282,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
 #pragma unroll 4
     for (int j = r; j < n; j += rows) {
+      if (f.slot_pos && !row_counts(f, k0 + j, pos[t])) continue;
       const uint4 w = *reinterpret_cast<const uint4*>(row_at(f.v, f, kvh, k0 + j) + 16 * c);
       const __half2* h2 = reinterpret_cast<const __half2*>(&w);
       float v[8];
@@ -283,6 +309,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int g = 0; g < kG; ++g) o[g] = make_float2(0.0f, 0.0f);
 #pragma unroll 4
     for (int j = r; j < n; j += rows) {
+      if (f.slot_pos && !row_counts(f, k0 + j, pos[t])) continue;
       const float2 v = pair_at(row_at(f.v, f, kvh, k0 + j), 2 * c, f.q8);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
@@ -313,6 +340,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       part[(row * n_splits + s) * hd + d] = acc;
       if (d == 0) part_ml[row * n_splits + s] = make_float2(n > 0 ? mx[g] : -INFINITY, sum[g]);
+      // (Under a slot map mx is -INFINITY where no row counted.)
     }
   }
 }
@@ -344,22 +372,22 @@ __global__ void merge_kernel(const float* part, const float2* part_ml, int n_hea
 
 template <int kG>
 void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q,
-            const int32_t* pos, int n_heads, int group, float scale, int chunk, float* part,
-            float2* part_ml, float* out, const Q8Out& q8) {
+            const int32_t* pos, int n_heads, int group, float scale, int chunk, int64_t n_rows,
+            int n_splits, float* part, float2* part_ml, float* out, const Q8Out& q8) {
   if (f.vec16 && f.hd <= 256 && coop_scores())
     (void)launch_chained(decode_kernel<kG, true>, grid, kThreads, smem, s, f, q, pos, n_heads,
-                         group, scale, chunk, part, part_ml, out, q8);
+                         group, scale, chunk, n_rows, n_splits, part, part_ml, out, q8);
   else
     (void)launch_chained(decode_kernel<kG, false>, grid, kThreads, smem, s, f, q, pos, n_heads,
-                         group, scale, chunk, part, part_ml, out, q8);
+                         group, scale, chunk, n_rows, n_splits, part, part_ml, out, q8);
 }
 
 }  // namespace
 
 Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                         int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
-                        AttentionScratch& scratch, float* out, cudaStream_t s,
-                        const Q8Out* out_q8) {
+                        AttentionScratch& scratch, float* out, cudaStream_t s, const Q8Out* out_q8,
+                        const SlotMap* slots, SplitPartials* keep) {
   const int hd = static_cast<int>(layer.head_dim);
   if (hd % 2 != 0 || hd > 2 * kThreads)
     return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d", hd);
@@ -380,6 +408,14 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   if (most < 32)
     return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d, %d heads", hd,
                       kg);
+  if (slots) {
+    // Under a slot map the planned keys are the slots' rows, and a split
+    // takes whole slots (one per split: its (m, l) is its block's share).
+    plan_keys = slots->n_slots * slots->block_size;
+    if (slots->block_size <= 0 || slots->block_size > most)
+      return make_error(ErrorCode::kUnsupported, "CUDA decode attention: slots of %" PRId64 " rows",
+                        slots->block_size);
+  }
   const int64_t n_blocks = n_heads / kg;
   int64_t chunk = forced_chunk;
   if (chunk <= 0) {
@@ -389,7 +425,10 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
     chunk = std::max<int64_t>(32, (plan_keys + splits - 1) / splits);
   }
   chunk = std::min<int64_t>(chunk, most);
-  const int64_t n_splits = (plan_keys + chunk - 1) / chunk;
+  if (slots) chunk = std::max<int64_t>(1, chunk / slots->block_size) * slots->block_size;
+  const int64_t n_dev = std::max<int64_t>(1, (plan_keys + chunk - 1) / chunk);
+  // Kept for the host: one more split, which the caller fills (merge_splits).
+  const int64_t n_splits = n_dev + (keep ? 1 : 0);
   if (n_splits > 65535)
     return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
   float* part = nullptr;
@@ -407,26 +446,42 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
               layer.row_bytes,
               hd,
               q8,
-              vec16};
+              vec16,
+              slots ? slots->first_pos : nullptr,
+              slots ? static_cast<int>(slots->block_size) : 0};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
-                  static_cast<unsigned>(n_splits));
-  const Q8Out qo = out_q8 && hd % 32 == 0 ? *out_q8 : Q8Out{};
+                  static_cast<unsigned>(n_dev));
+  const Q8Out qo = out_q8 && hd % 32 == 0 && !keep ? *out_q8 : Q8Out{};
   const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
   // One kernel per heads-per-block count.
   using Launch = void (*)(dim3, size_t, cudaStream_t, const Fmt&, const float*, const int32_t*, int,
-                          int, float, int, float*, float2*, float*, const Q8Out&);
+                          int, float, int, int64_t, int, float*, float2*, float*, const Q8Out&);
   static constexpr Launch kLaunch[8] = {launch<1>, launch<2>, launch<3>, launch<4>,
                                         launch<5>, launch<6>, launch<7>, launch<8>};
-  kLaunch[kg - 1](grid, smem, s, f, q, pos, n_heads, group, scale, static_cast<int>(chunk), part,
-                  part_ml, out, qo);
+  kLaunch[kg - 1](grid, smem, s, f, q, pos, n_heads, group, scale, static_cast<int>(chunk),
+                  plan_keys, static_cast<int>(n_splits), part, part_ml, out, qo);
   LOOM_TRY(launch_status("attention (decode)"));
-  if (n_splits > 1) {
-    (void)launch_chained(merge_kernel,
-                         dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s,
-                         part, part_ml, n_heads, static_cast<int>(n_splits), hd, out, qo);
-    LOOM_TRY(launch_status("attention (merge)"));
+  const SplitPartials sp{part, part_ml, n_splits, static_cast<int64_t>(chunk)};
+  if (keep) {
+    *keep = sp;
+    return {};
   }
+  if (n_splits > 1) return merge_splits(sp, T, n_heads, hd, out, s, &qo);
   return {};
 }
 
 }  // namespace loom::cuda::detail
+
+namespace loom::cuda {
+
+Status merge_splits(const SplitPartials& sp, int64_t T, int64_t n_heads, int64_t head_dim,
+                    float* out, cudaStream_t s, const Q8Out* q8) {
+  (void)launch_chained(detail::merge_kernel,
+                       dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(T)), 128, 0, s,
+                       static_cast<const float*>(sp.o), static_cast<const float2*>(sp.ml),
+                       static_cast<int>(n_heads), static_cast<int>(sp.n_splits),
+                       static_cast<int>(head_dim), out, q8 ? *q8 : Q8Out{});
+  return launch_status("attention (merge)");
+}
+
+}  // namespace loom::cuda

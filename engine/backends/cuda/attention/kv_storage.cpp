@@ -2,7 +2,13 @@
 // device allocation per resident layer for K and one for V, each
 // [n_kv_heads][capacity][row]. Rows are the host cache's rows byte for byte
 // (F16 values, or Q8_0 blocks), so export/import are strided copies.
+//
+// The device KV tier: a layer made resident after set_block_slots(bs, n)
+// holds n * bs rows per KV head (its slots) for good; reserve() grows only
+// the layers that hold whole contexts. export_rows/import_rows move one
+// block's rows (every head) between a slot and the host block format.
 #include <cinttypes>
+#include <span>
 #include <vector>
 
 #include "engine/backends/cuda/attention/cuda_attention.h"
@@ -23,7 +29,8 @@ class KvStorageImpl final : public CudaKvStorage {
         budget_(budget),
         row_bytes_(row_bytes),
         k_(static_cast<size_t>(cfg.n_layer), nullptr),
-        v_(static_cast<size_t>(cfg.n_layer), nullptr) {}
+        v_(static_cast<size_t>(cfg.n_layer), nullptr),
+        slots_(static_cast<size_t>(cfg.n_layer), 0) {}
   ~KvStorageImpl() override {
     (void)cudaStreamSynchronize(stream_);
     for (size_t l = 0; l < k_.size(); ++l) free_layer(l);
@@ -43,7 +50,7 @@ class KvStorageImpl final : public CudaKvStorage {
     const uint64_t bytes = layer_bytes(cap);
     Status st;
     for (size_t l = 0; l < k_.size() && st.ok(); ++l) {
-      if (k_[l]) st = alloc_pair(bytes, &fresh[l].first, &fresh[l].second);
+      if (k_[l] && slots_[l] == 0) st = alloc_pair(bytes, &fresh[l].first, &fresh[l].second);
     }
     if (!st.ok()) {
       for (auto& [k, v] : fresh) {
@@ -57,7 +64,7 @@ class KvStorageImpl final : public CudaKvStorage {
     const uint64_t old_pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
     const uint64_t new_pitch = static_cast<uint64_t>(cap) * row_bytes_;
     for (size_t l = 0; l < k_.size(); ++l) {
-      if (!k_[l]) continue;
+      if (!fresh[l].first) continue;
       if (capacity_ > 0) {
         LOOM_CUDA_TRY(cudaMemcpy2DAsync(fresh[l].first, new_pitch, k_[l], old_pitch, old_pitch,
                                         static_cast<size_t>(cfg_.n_kv_heads),
@@ -71,7 +78,7 @@ class KvStorageImpl final : public CudaKvStorage {
     }
     LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV cache growth");
     for (size_t l = 0; l < k_.size(); ++l) {
-      if (!k_[l]) continue;
+      if (!fresh[l].first) continue;
       free_layer(l);
       k_[l] = fresh[l].first;
       v_[l] = fresh[l].second;
@@ -83,7 +90,7 @@ class KvStorageImpl final : public CudaKvStorage {
   uint64_t allocated_bytes() const override {
     uint64_t b = 0;
     for (size_t l = 0; l < k_.size(); ++l)
-      if (k_[l]) b += 2 * layer_bytes(capacity_);
+      if (k_[l]) b += 2 * layer_bytes(rows(l));
     return b;
   }
 
@@ -99,32 +106,30 @@ class KvStorageImpl final : public CudaKvStorage {
       // Queued kernels may still read or write the layer.
       const cudaError_t e = cudaStreamSynchronize(stream_);
       free_layer(l);
+      slots_[l] = 0;
       return cuda_status(e, "KV cache release");
     }
     if (capacity_ == 0) capacity_ = kMinCapacity < cfg_.n_ctx ? kMinCapacity : cfg_.n_ctx;
+    slots_[l] = pending_slots_;
+    const uint64_t bytes = layer_bytes(rows(l));
     void *k = nullptr, *v = nullptr;
-    LOOM_TRY(alloc_pair(layer_bytes(capacity_), &k, &v));
+    Status st = alloc_pair(bytes, &k, &v);
+    if (!st.ok()) {
+      slots_[l] = 0;
+      return st;
+    }
     k_[l] = k;
     v_[l] = v;
     // Defined contents (zeros) until rows are stored or imported.
-    LOOM_CUDA_TRY(cudaMemsetAsync(k, 0, layer_bytes(capacity_), stream_), "KV cache clear");
-    LOOM_CUDA_TRY(cudaMemsetAsync(v, 0, layer_bytes(capacity_), stream_), "KV cache clear");
+    LOOM_CUDA_TRY(cudaMemsetAsync(k, 0, bytes, stream_), "KV cache clear");
+    LOOM_CUDA_TRY(cudaMemsetAsync(v, 0, bytes, stream_), "KV cache clear");
     return {};
   }
 
   Status export_layer(int64_t layer, int64_t n, uint8_t* k, uint8_t* v) override {
     LOOM_TRY(check_transfer(layer, n, "export_layer"));
     if (n == 0) return {};
-    const auto l = static_cast<size_t>(layer);
-    const uint64_t width = static_cast<uint64_t>(n) * row_bytes_;
-    const uint64_t pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
-    const auto heads = static_cast<size_t>(cfg_.n_kv_heads);
-    LOOM_CUDA_TRY(
-        cudaMemcpy2DAsync(k, width, k_[l], pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
-        "KV export (K)");
-    LOOM_CUDA_TRY(
-        cudaMemcpy2DAsync(v, width, v_[l], pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
-        "KV export (V)");
+    LOOM_TRY(copy_rows(layer, 0, n, k, v, false));
     LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV export");
     return {};
   }
@@ -132,17 +137,41 @@ class KvStorageImpl final : public CudaKvStorage {
   Status import_layer(int64_t layer, int64_t n, const uint8_t* k, const uint8_t* v) override {
     LOOM_TRY(check_transfer(layer, n, "import_layer"));
     if (n == 0) return {};
-    const auto l = static_cast<size_t>(layer);
-    const uint64_t width = static_cast<uint64_t>(n) * row_bytes_;
-    const uint64_t pitch = static_cast<uint64_t>(capacity_) * row_bytes_;
-    const auto heads = static_cast<size_t>(cfg_.n_kv_heads);
-    LOOM_CUDA_TRY(
-        cudaMemcpy2DAsync(k_[l], pitch, k, width, width, heads, cudaMemcpyHostToDevice, stream_),
-        "KV import (K)");
-    LOOM_CUDA_TRY(
-        cudaMemcpy2DAsync(v_[l], pitch, v, width, width, heads, cudaMemcpyHostToDevice, stream_),
-        "KV import (V)");
+    LOOM_TRY(copy_rows(layer, 0, n, const_cast<uint8_t*>(k), const_cast<uint8_t*>(v), true));
     // The caller may free its rows when this returns.
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV import");
+    return {};
+  }
+
+  Status set_block_slots(int64_t block_size, int64_t n_slots) override {
+    if (block_size <= 0 || n_slots <= 0 || block_size * n_slots > cfg_.n_ctx + block_size)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "CUDA KV cache: %" PRId64 " slots of %" PRId64 " rows (context %" PRId64
+                        ")",
+                        n_slots, block_size, cfg_.n_ctx);
+    pending_slots_ = n_slots;
+    block_size_ = block_size;
+    return {};
+  }
+
+  int64_t layer_slots(int64_t layer) const override {
+    return layer_resident(layer) ? slots_[static_cast<size_t>(layer)] : 0;
+  }
+
+  Status export_rows(int64_t layer, int64_t row0, int64_t n, uint8_t* k, uint8_t* v) override {
+    const KvRowsOut one{row0, n, k, v};
+    return export_blocks(layer, std::span<const KvRowsOut>(&one, 1));
+  }
+
+  Status export_blocks(int64_t layer, std::span<const KvRowsOut> items) override {
+    for (const KvRowsOut& it : items) LOOM_TRY(copy_rows(layer, it.row0, it.n, it.k, it.v, false));
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV export");
+    return {};
+  }
+
+  Status import_rows(int64_t layer, int64_t row0, int64_t n, const uint8_t* k,
+                     const uint8_t* v) override {
+    LOOM_TRY(copy_rows(layer, row0, n, const_cast<uint8_t*>(k), const_cast<uint8_t*>(v), true));
     LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "KV import");
     return {};
   }
@@ -152,7 +181,7 @@ class KvStorageImpl final : public CudaKvStorage {
     d.dtype = cfg_.dtype;
     d.n_kv_heads = cfg_.n_kv_heads;
     d.head_dim = cfg_.head_dim;
-    d.capacity = capacity_;
+    d.capacity = layer_resident(l) ? rows(static_cast<size_t>(l)) : capacity_;
     d.row_bytes = row_bytes_;
     if (layer_resident(l)) {
       d.k = k_[static_cast<size_t>(l)];
@@ -183,7 +212,45 @@ class KvStorageImpl final : public CudaKvStorage {
     (void)cudaFree(k_[l]);
     (void)cudaFree(v_[l]);
     k_[l] = v_[l] = nullptr;
-    if (budget_) budget_->give(2 * layer_bytes(capacity_));
+    if (budget_) budget_->give(2 * layer_bytes(rows(l)));
+  }
+  /// Rows per KV head of layer l: its slots' or the shared capacity.
+  int64_t rows(size_t l) const { return slots_[l] > 0 ? slots_[l] * block_size_ : capacity_; }
+  /// Rows [row0, row0 + n) of every KV head between a resident layer and
+  /// host rows [n_kv_heads][n][row] (queued on the stream).
+  Status copy_rows(int64_t layer, int64_t row0, int64_t n, uint8_t* k, uint8_t* v, bool in) {
+    LOOM_TRY(check_layer(layer, in ? "import" : "export"));
+    const auto l = static_cast<size_t>(layer);
+    if (!k_[l])
+      return make_error(ErrorCode::kInternal,
+                        "CUDA KV cache: layer %" PRId64 " is not resident on the GPU", layer);
+    if (row0 < 0 || n < 0 || row0 + n > rows(l))
+      return make_error(ErrorCode::kOutOfRange,
+                        "CUDA KV cache: rows [%" PRId64 ", %" PRId64 ") of a layer of %" PRId64,
+                        row0, row0 + n, rows(l));
+    if (n == 0) return {};
+    const uint64_t width = static_cast<uint64_t>(n) * row_bytes_;
+    const uint64_t pitch = static_cast<uint64_t>(rows(l)) * row_bytes_;
+    const uint64_t off = static_cast<uint64_t>(row0) * row_bytes_;
+    const auto heads = static_cast<size_t>(cfg_.n_kv_heads);
+    auto* dk = static_cast<uint8_t*>(k_[l]) + off;
+    auto* dv = static_cast<uint8_t*>(v_[l]) + off;
+    if (in) {
+      LOOM_CUDA_TRY(
+          cudaMemcpy2DAsync(dk, pitch, k, width, width, heads, cudaMemcpyHostToDevice, stream_),
+          "KV import (K)");
+      LOOM_CUDA_TRY(
+          cudaMemcpy2DAsync(dv, pitch, v, width, width, heads, cudaMemcpyHostToDevice, stream_),
+          "KV import (V)");
+    } else {
+      LOOM_CUDA_TRY(
+          cudaMemcpy2DAsync(k, width, dk, pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
+          "KV export (K)");
+      LOOM_CUDA_TRY(
+          cudaMemcpy2DAsync(v, width, dv, pitch, width, heads, cudaMemcpyDeviceToHost, stream_),
+          "KV export (V)");
+    }
+    return {};
   }
   Status check_layer(int64_t layer, const char* op) const {
     if (layer < 0 || layer >= cfg_.n_layer)
@@ -198,10 +265,10 @@ class KvStorageImpl final : public CudaKvStorage {
       return make_error(ErrorCode::kInternal,
                         "CUDA KV cache %s: layer %" PRId64 " is not resident on the GPU", op,
                         layer);
-    if (n < 0 || n > capacity_)
+    if (n < 0 || n > rows(static_cast<size_t>(layer)))
       return make_error(ErrorCode::kOutOfRange,
                         "CUDA KV cache %s: %" PRId64 " tokens (room is made for %" PRId64 ")", op,
-                        n, capacity_);
+                        n, rows(static_cast<size_t>(layer)));
     return {};
   }
 
@@ -209,8 +276,11 @@ class KvStorageImpl final : public CudaKvStorage {
   cudaStream_t stream_;
   DeviceBudget* budget_;
   uint64_t row_bytes_;
-  int64_t capacity_ = 0;  ///< tokens each resident layer has room for
+  int64_t capacity_ = 0;  ///< tokens each resident whole-context layer has room for
   std::vector<void*> k_, v_;
+  std::vector<int64_t> slots_;  ///< per layer: its slots (0: a whole context)
+  int64_t pending_slots_ = 0;   ///< slots of the layers made resident next (set_block_slots)
+  int64_t block_size_ = 0;
 };
 
 }  // namespace

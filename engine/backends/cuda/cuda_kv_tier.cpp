@@ -1,0 +1,318 @@
+// The CUDA backend's side of the device KV tier (KvTierConfig::device_budget,
+// kv_cache_device.cpp): layers whose K/V live partly in device slots and
+// partly in host blocks.
+//  - kv_store: a token goes to the slot row the cache names; a token whose
+//    block is a host block (a recompute of a block lost on the SSD) is
+//    stored by the cache, and while recomputing the slots stay as they are.
+//  - decode (attention_split): the split-K kernel over the slots under the
+//    slot map, splits kept; the CPU attends over the host blocks where they
+//    lie (no host block is copied up to be read once) into the one split
+//    left free, and the merge kernel combines them exactly. Without the
+//    attention mass, q comes down first and the CPU works while the GPU
+//    does; with it, the splits' (max, sum) come down too (one split per slot).
+//  - prompts (16 query rows or more): the layer's blocks are gathered by
+//    position into one K/V pair (host blocks over PCIe once per chunk) and
+//    the flash prefill runs over it; without device memory for that, the
+//    query rows go through the split path in groups.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "engine/backends/cuda/cuda_backend.h"
+
+namespace loom {
+
+namespace {
+
+constexpr int64_t kGatherMinRows = 16;           // query rows from which a prompt gathers
+constexpr uint64_t kSplitGroupBytes = 64 << 20;  // partials of one group of query rows
+
+}  // namespace
+
+Status CudaBackend::tier_host(uint64_t bytes) {
+  // Earlier copies from or into the buffer must be done before it is rewritten.
+  LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "a queued kernel");
+  if (bytes <= tier_host_bytes_) return {};
+  if (tier_host_) (void)cudaFreeHost(tier_host_);
+  tier_host_ = nullptr;
+  tier_host_bytes_ = 0;
+  const uint64_t want = bytes + bytes / 4;
+  LOOM_CUDA_TRY(cudaMallocHost(&tier_host_, want), "allocate pinned memory for the KV tier");
+  tier_host_bytes_ = want;
+  return {};
+}
+
+const int32_t* CudaBackend::put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots) {
+  std::vector<int32_t> map = kv.slot_positions(layer);
+  map.resize(static_cast<size_t>(n_slots), -1);  // free slots past the last one in use
+  return static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
+}
+
+void CudaBackend::kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k,
+                                   Act v, const int32_t* pos) {
+  const int64_t T = k.rows;
+  std::vector<int32_t> rows(static_cast<size_t>(T));
+  bool to_host = false;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = kv.device_row(layer, pos[t]);
+    if (r >= l.capacity) {
+      fail(make_error(ErrorCode::kOutOfRange,
+                      "CUDA kv_store: slot row %" PRId64 " outside the layer's %" PRId64, r,
+                      l.capacity));
+      return;
+    }
+    rows[static_cast<size_t>(t)] = r < 0 ? -1 : kv.recomputing() ? -2 : static_cast<int32_t>(r);
+    to_host |= r < 0;
+  }
+  for (int64_t t0 = 0; t0 < T;) {  // runs of tokens stored on the device
+    int64_t t1 = t0;
+    while (t1 < T && rows[static_cast<size_t>(t1)] >= 0) ++t1;
+    if (t1 > t0) {
+      const auto* d_rows = static_cast<const int32_t*>(
+          put(rows.data() + t0, static_cast<uint64_t>(t1 - t0) * sizeof(int32_t)));
+      if (!d_rows) return;
+      fail(cuda::kv_store(l, dev(k.rows_view(t0, t1 - t0)), dev(v.rows_view(t0, t1 - t0)), t1 - t0,
+                          d_rows, stream_));
+    }
+    t0 = std::max(t1, t0 + 1);
+  }
+  if (!to_host || !status_.ok()) return;
+  std::vector<float> kh(static_cast<size_t>(T * k.cols)), vh(kh.size());
+  Status st = download(k, kh.data());
+  if (st.ok()) st = download(v, vh.data());
+  if (!st.ok()) return fail(st);
+  for (int64_t t = 0; t < T; ++t) {
+    if (rows[static_cast<size_t>(t)] == -1)
+      kv.store(layer, pos[t], kh.data() + t * k.cols, vh.data() + t * k.cols);
+  }
+}
+
+void CudaBackend::attention_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                                    const int32_t* pos, int64_t n_heads, float scale, Act out) {
+  const int64_t T = q.rows;
+  if (T >= kGatherMinRows) {
+    const Status g = attention_gathered(kv, layer, l, q, pos, n_heads, scale, out);
+    if (g.ok() || !status_.ok()) return;
+    if (g.error().code() != ErrorCode::kOutOfMemory) return fail(g);
+    // No device memory to gather into: the slots' splits, below.
+  }
+  auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
+  const int64_t n_slots = st->layer_slots(layer);
+  // The query rows in groups whose partials fit kSplitGroupBytes.
+  const uint64_t per_row =
+      static_cast<uint64_t>(n_heads * (n_slots + 1) * l.head_dim) * sizeof(float);
+  const int64_t tn = static_cast<int64_t>(std::max<uint64_t>(1, kSplitGroupBytes / per_row));
+  for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
+    const int64_t n = std::min(tn, T - t0);
+    const cuda::SlotMap map{put_slot_map(kv, layer, n_slots), kv.config().block_size, n_slots};
+    const auto* d_pos = static_cast<const int32_t*>(put(pos + t0, n * sizeof(int32_t)));
+    if (!map.first_pos || !d_pos) return;
+    fail(cuda::attention_slots(l, dev(q.rows_view(t0, n)), n, d_pos, n_heads, scale, map,
+                               attn_scratch_->split_keys(), dev(out.rows_view(t0, n)),
+                               *attn_scratch_, stream_));
+  }
+}
+
+Status CudaBackend::attention_gathered(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                                       const int32_t* pos, int64_t n_heads, float scale, Act out) {
+  const int64_t T = q.rows, bs = kv.config().block_size, H = l.n_kv_heads;
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
+  const int64_t n_blocks = max_pos / bs + 1;
+  const uint64_t block_bytes = static_cast<uint64_t>(bs) * l.row_bytes;  // one head's rows
+  // Where each block is: its slot, or -(i + 1) for host block i.
+  std::vector<int32_t> src(static_cast<size_t>(n_blocks), INT32_MIN);
+  const std::vector<int32_t> map = kv.slot_positions(layer);
+  for (size_t sp = 0; sp < map.size(); ++sp) {
+    if (map[sp] >= 0 && map[sp] / bs < n_blocks)
+      src[static_cast<size_t>(map[sp] / bs)] = static_cast<int32_t>(sp);
+  }
+  std::vector<int32_t> blocks;
+  const cpu::KvView hv = kv.host_view(layer, n_blocks, &blocks);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    src[static_cast<size_t>(blocks[i])] = -static_cast<int32_t>(i) - 1;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if (src[static_cast<size_t>(b)] == INT32_MIN)
+      return make_error(ErrorCode::kInternal,
+                        "CUDA attention: block %" PRId64 " of layer %" PRId64
+                        " is neither in a slot nor a host block",
+                        b, layer);
+  }
+  // Device memory: the staged host blocks, then the gathered K and V.
+  const uint64_t staged = blocks.size() * 2 * static_cast<uint64_t>(H) * block_bytes;
+  const uint64_t half = static_cast<uint64_t>(H * n_blocks) * block_bytes;
+  const uint64_t need = (staged + 255) / 256 * 256 + 2 * half;
+  if (need > gather_bytes_) {
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "a queued kernel");  // may read the old one
+    if (gather_) {
+      (void)cudaFree(gather_);
+      budget_.give(gather_bytes_);
+    }
+    gather_ = nullptr;
+    gather_bytes_ = 0;
+    const uint64_t want = need + need / 4;
+    LOOM_TRY(budget_.take(want, "the KV gather buffer"));
+    Status a = cuda::device_alloc(&gather_, want, "the KV gather buffer");
+    if (!a.ok()) {
+      budget_.give(want);
+      return a;
+    }
+    gather_bytes_ = want;
+  }
+  auto* stage_dev = static_cast<uint8_t*>(gather_);
+  uint8_t* gk = stage_dev + (staged + 255) / 256 * 256;
+  uint8_t* gv = gk + half;
+  if (staged > 0) {
+    LOOM_TRY(tier_host(staged));
+    auto* h = static_cast<uint8_t*>(tier_host_);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      for (int which = 0; which < 2; ++which) {
+        const auto* blk = static_cast<const uint8_t*>(which == 0 ? hv.k_blocks[i] : hv.v_blocks[i]);
+        for (int64_t kvh = 0; kvh < H; ++kvh, h += block_bytes)
+          std::memcpy(h, blk + static_cast<uint64_t>(kvh) * hv.head_stride_bytes, block_bytes);
+      }
+    }
+    LOOM_CUDA_TRY(cudaMemcpyAsync(stage_dev, tier_host_, staged, cudaMemcpyHostToDevice, stream_),
+                  "copy host KV blocks to the GPU");
+  }
+  const auto* d_src = static_cast<const int32_t*>(put(src.data(), src.size() * sizeof(int32_t)));
+  const auto* d_pos = static_cast<const int32_t*>(put(pos, T * sizeof(int32_t)));
+  if (!d_src || !d_pos) return status_;
+  LOOM_TRY(cuda::gather_blocks(l, bs, d_src, n_blocks, stage_dev, gk, gv, stream_));
+  cuda::DevKvLayer g = l;
+  g.k = gk;
+  g.v = gv;
+  g.capacity = n_blocks * bs;
+  return cuda::attention(g, dev(q), T, d_pos, max_pos, n_heads, scale, dev(out), *attn_scratch_,
+                         stream_);
+}
+
+Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
+                                    int64_t n_heads, float scale, Act out,
+                                    const HostAttentionFn& host) {
+  if (!ready()) return status_;
+  auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
+  if (!st || st->layer_slots(layer) == 0)
+    return make_error(ErrorCode::kInternal,
+                      "CUDA attention_split: layer %" PRId64 " is not in device slots here", layer);
+  if (!check_act(q, "attention") || !check_act(out, "attention")) return status_;
+  cuda::DevKvLayer l;
+  if (!kv_layer(kv, layer, "attention", &l)) return status_;
+  const int64_t T = q.rows, hd = l.head_dim, bs = kv.config().block_size;
+  const int64_t n_slots = st->layer_slots(layer);
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (pos[t] < 0 || pos[t] >= kv.capacity())
+      return make_error(ErrorCode::kOutOfRange,
+                        "CUDA attention: position %d outside the context (%" PRId64 ")", pos[t],
+                        kv.capacity());
+    max_pos = std::max(max_pos, pos[t]);
+  }
+  const int64_t n_blocks = max_pos / bs + 1;
+  if (!kv.has_host_blocks(layer, n_blocks)) {  // all on the device: the slot map alone
+    attention_slotted(kv, layer, l, q, pos, n_heads, scale, out);
+    return status_;
+  }
+  if (T >= kGatherMinRows) {  // a prompt: host blocks go up once for all the rows
+    const Status g = attention_gathered(kv, layer, l, q, pos, n_heads, scale, out);
+    if (g.ok() || !status_.ok() || g.error().code() != ErrorCode::kOutOfMemory) return g;
+    // No device memory to gather into: the split path below.
+  }
+  finish_step();
+  const bool mass = kv.wants_mass(layer);
+  std::vector<float> block_mass(mass ? static_cast<size_t>(n_blocks) : 0, 0.0f);
+  const int64_t stride = hd + 2;  // the host's partial per row: m, l, o
+  const uint64_t per_row = static_cast<uint64_t>(n_heads * (n_slots + 1) * hd) * sizeof(float);
+  const int64_t tn = static_cast<int64_t>(std::max<uint64_t>(1, kSplitGroupBytes / per_row));
+  if (!tier_event_)
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&tier_event_, cudaEventDisableTiming),
+                  "create an event");
+  std::vector<float> dev_ml;
+  for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
+    const int64_t n = std::min(tn, T - t0), rows = n * n_heads;
+    const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
+    const cuda::SlotMap map{put_slot_map(kv, layer, n_slots), bs, n_slots};
+    const auto* d_pos = static_cast<const int32_t*>(put(pos + t0, n * sizeof(int32_t)));
+    if (!map.first_pos || !d_pos) return status_;
+    // Pinned: q, the host's partial, the device splits' (max, sum).
+    const uint64_t q_floats = static_cast<uint64_t>(n * q.cols);
+    const uint64_t h_floats = static_cast<uint64_t>(rows * stride);
+    const uint64_t ml_floats = mass ? static_cast<uint64_t>(rows * (n_slots + 1)) * 2 : 0;
+    LOOM_TRY(tier_host((q_floats + h_floats + ml_floats) * sizeof(float)));
+    float* qh = static_cast<float*>(tier_host_);
+    float* hpart = qh + q_floats;
+    float* split_ml = hpart + h_floats;
+    cuda::SplitPartials sp;
+    if (!mass) {
+      // q comes down first; the device part runs while the CPU attends.
+      LOOM_CUDA_TRY(
+          cudaMemcpyAsync(qh, dev(qc), q_floats * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "attention: q to the host");
+      LOOM_CUDA_TRY(cudaEventRecord(tier_event_, stream_), "record an event");
+      LOOM_TRY(cuda::attention_slots(l, dev(qc), n, d_pos, n_heads, scale, map,
+                                     attn_scratch_->split_keys(), dev(oc), *attn_scratch_, stream_,
+                                     &sp));
+      LOOM_CUDA_TRY(cudaEventSynchronize(tier_event_), "attention: q to the host");
+    } else {
+      // One split per slot: its (max, sum) is its block's share of the mass.
+      LOOM_TRY(cuda::attention_slots(l, dev(qc), n, d_pos, n_heads, scale, map, bs, dev(oc),
+                                     *attn_scratch_, stream_, &sp));
+      LOOM_CUDA_TRY(
+          cudaMemcpyAsync(qh, dev(qc), q_floats * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "attention: q to the host");
+      LOOM_CUDA_TRY(cudaMemcpyAsync(split_ml, sp.ml, ml_floats * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "attention: the splits' (max, sum) to the host");
+      LOOM_CUDA_TRY(cudaStreamSynchronize(stream_), "attention (the device's part)");
+    }
+    const int64_t S = sp.n_splits - 1;  // the device's splits; split S is the host's
+    // The device part's totals per row (for the attention mass only).
+    dev_ml.assign(mass ? static_cast<size_t>(rows) * 2 : 0, 0.0f);
+    for (int64_t r = 0; mass && r < rows; ++r) {
+      const float* sm = split_ml + r * sp.n_splits * 2;
+      float M = cpu::kAttnEmptyMax, L = 0.0f;
+      for (int64_t s = 0; s < S; ++s) M = std::max(M, sm[2 * s]);
+      for (int64_t s = 0; s < S; ++s)
+        if (sm[2 * s + 1] > 0.0f) L += sm[2 * s + 1] * std::exp(sm[2 * s] - M);
+      dev_ml[static_cast<size_t>(2 * r)] = M;
+      dev_ml[static_cast<size_t>(2 * r + 1)] = L;
+    }
+    host(qh, n, pos + t0, mass ? dev_ml.data() : nullptr, hpart,
+         mass ? block_mass.data() : nullptr);
+    if (mass) {  // each slot's share of the row's total, at its block
+      const std::vector<int32_t> slots = kv.slot_positions(layer);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* h = hpart + r * stride;
+        const float Md = dev_ml[static_cast<size_t>(2 * r)],
+                    Ld = dev_ml[static_cast<size_t>(2 * r + 1)];
+        const float M = std::max(Md, h[0]);
+        const float L = Ld * std::exp(Md - M) + h[1] * std::exp(h[0] - M);
+        if (!(L > 0.0f)) continue;
+        const float* sm = split_ml + r * sp.n_splits * 2;
+        for (int64_t s = 0; s < S && s < static_cast<int64_t>(slots.size()); ++s) {
+          if (slots[static_cast<size_t>(s)] < 0 || !(sm[2 * s + 1] > 0.0f)) continue;
+          const auto b = static_cast<size_t>(slots[static_cast<size_t>(s)] / bs);
+          if (b < block_mass.size()) block_mass[b] += sm[2 * s + 1] * std::exp(sm[2 * s] - M) / L;
+        }
+      }
+    }
+    // The host's partial as split S: o, and (max, sum).
+    const uint64_t hpitch = static_cast<uint64_t>(stride) * sizeof(float);
+    LOOM_CUDA_TRY(cudaMemcpy2DAsync(sp.o + S * hd, static_cast<size_t>(sp.n_splits * hd) * 4,
+                                    hpart + 2, hpitch, static_cast<size_t>(hd) * 4,
+                                    static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream_),
+                  "attention: the host's partial to the GPU");
+    LOOM_CUDA_TRY(cudaMemcpy2DAsync(sp.ml + S, static_cast<size_t>(sp.n_splits) * sizeof(float2),
+                                    hpart, hpitch, sizeof(float2), static_cast<size_t>(rows),
+                                    cudaMemcpyHostToDevice, stream_),
+                  "attention: the host's partial to the GPU");
+    LOOM_TRY(cuda::merge_splits(sp, n, n_heads, hd, dev(oc), stream_));
+  }
+  if (mass) kv.add_mass(layer, block_mass.data(), n_blocks);
+  return status_;
+}
+
+}  // namespace loom

@@ -1,0 +1,70 @@
+// The device KV tier on CUDA (tests/kv_tier_checks.h): a layer's blocks in
+// device slots and in host blocks (RAM, SSD), attention across them equal to
+// cpu/ref, and greedy output identical to the all-on-device run.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "tests/cuda/backend_test_util.h"
+#include "tests/kv_tier_checks.h"
+
+namespace loom {
+namespace {
+
+class CudaKvTier : public ::testing::TestWithParam<std::tuple<DType, test::TierMix>> {};
+
+// 40 query rows are gathered (prefill); 3 slots per split on the device (no mass: lru).
+TEST_P(CudaKvTier, AttentionAcrossTiersMatchesTheReference) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  test::check_attention_across_tiers(
+      *be, std::get<0>(GetParam()), std::get<1>(GetParam()),
+      [&](uint32_t c) { be->attention_scratch().set_split_keys(int64_t{c} * 32); });
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndMixes, CudaKvTier,
+                         ::testing::Combine(::testing::Values(DType::kF16, DType::kQ8_0),
+                                            ::testing::ValuesIn(test::kTierMixes)),
+                         [](const auto& p) {
+                           return std::string(dtype_name(std::get<0>(p.param))) + "_" +
+                                  std::get<1>(p.param).name;
+                         });
+
+class CudaKvTierSession : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = test::tier_test_model().release(); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static Model* model_;
+};
+Model* CudaKvTierSession::model_ = nullptr;
+
+TEST_F(CudaKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::check_greedy_identical_in_every_mix(*model_, *be);
+}
+
+TEST_F(CudaKvTierSession, ASecondConversationReusesTheTiers) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::check_second_conversation(*model_, *be);
+}
+
+TEST_F(CudaKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::check_lost_blocks_recomputed(*model_, *be);
+}
+
+TEST_F(CudaKvTierSession, ATooSmallDeviceBudgetIsAClearError) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::check_too_small_device_budget(*model_, *be);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,408 @@
+// The KV cache's device tier checked through any GPU backend (Vulkan in
+// tests/unit/kv_device_tier_test.cpp, CUDA in tests/cuda/backend_kv_tier_test.cpp):
+//   - a cache fed token by token under each tier mix (device only, device +
+//     RAM, device + RAM + SSD) attends like cpu/ref over all its tokens, at
+//     odd block counts, for decode and for several query rows at once;
+//   - greedy output of a `loom synth` model is identical to the all-on-device
+//     run under each mix and both policies, with bytes in every tier; across
+//     a second conversation; when blocks lost on the SSD are recomputed.
+#include "tests/kv_tier_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "cpu/ref/ops_ref.h"
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/model/synth.h"
+#include "engine/runtime/session.h"
+#include "tests/test_util.h"
+
+namespace loom::test {
+
+std::vector<float> tier_randn(size_t n, uint32_t seed, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+double tier_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
+    den = std::max(den, static_cast<double>(std::fabs(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::unique_ptr<KvCache> tier_host_cache(const KvCacheConfig& cfg, const std::vector<float>& k,
+                                         const std::vector<float>& v, int64_t n) {
+  auto kv = KvCache::create(cfg);
+  EXPECT_TRUE(kv.ok());
+  EXPECT_TRUE((*kv)->reserve(n).ok());
+  const int64_t d = cfg.n_kv_heads * cfg.head_dim;
+  for (int64_t p = 0; p < n; ++p) (*kv)->store(0, p, k.data() + p * d, v.data() + p * d);
+  (*kv)->set_n_tokens(n);
+  return std::move(kv).value();
+}
+
+std::vector<float> tier_ref_attention(const KvCache& kv, const std::vector<float>& q,
+                                      const std::vector<int32_t>& pos, int64_t n_heads) {
+  const int64_t hd = kv.config().head_dim, T = static_cast<int64_t>(pos.size());
+  std::vector<float> out(static_cast<size_t>(T * n_heads * hd));
+  ref::attention(q.data(), T, pos.data(), n_heads, kv.view(0),
+                 1.0f / std::sqrt(static_cast<float>(hd)), out.data(), 0, n_heads);
+  return out;
+}
+
+uint64_t tier_pair_bytes(DType t) {
+  return 2ull * 2 * cpu::kv_head_bytes(t, 32, 64);
+}
+
+void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
+                                  const std::function<void(uint32_t)>& slots_per_split) {
+  const int64_t n_heads = 4, n_kv = 2, hd = 64, bs = 32;
+  const KvCacheConfig cfg{1, n_kv, hd, 512, bs, t};
+  CpuBackend cpu(2);
+  // 11 and 14 blocks (the last one part full): 6 on the device, the rest on
+  // the host, of which RAM holds 3 under the SSD mix.
+  for (const int64_t n : {int64_t{11 * 32 - 11}, int64_t{13 * 32 + 1}}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    const int64_t d = n_kv * hd;
+    const auto k = tier_randn(static_cast<size_t>(n * d), 11);
+    const auto v = tier_randn(static_cast<size_t>(n * d), 12);
+    auto kvr = KvCache::create(cfg);
+    ASSERT_TRUE(kvr.ok());
+    KvCache& kv = **kvr;
+    KvTierConfig tiers;
+    tiers.device_budget = static_cast<uint64_t>(mix.device_slots) * tier_pair_bytes(t);
+    tiers.ram_budget = mix.ram_pairs * tier_pair_bytes(t);
+    tiers.spill_dir = test::temp_dir("kv_device_tier");
+    tiers.sink_tokens = 32;
+    tiers.window_tokens = 64;
+    tiers.policy = "lru";
+    ASSERT_TRUE(kv.configure_tiers(tiers).ok());
+    auto st = be.create_kv_storage(cfg);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(kv.attach_storage(std::move(st).value()).ok());
+    kv.set_device_layers(1);
+    ASSERT_TRUE(kv.move_layer(0, true).ok());
+    EXPECT_EQ(kv.device_tiered(0), mix.device_slots > 0);
+    auto dk = be.alloc_act(20 * d), dv = be.alloc_act(20 * d);
+    ASSERT_TRUE(dk.ok() && dv.ok());
+    for (int64_t p0 = 0; p0 < n;) {
+      const int64_t m = std::min<int64_t>(p0 < 100 ? 20 : 1, n - p0);
+      ASSERT_TRUE(kv.reserve(p0 + m).ok());
+      const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
+      ASSERT_TRUE(be.upload(k.data() + p0 * d, ka).ok());
+      ASSERT_TRUE(be.upload(v.data() + p0 * d, va).ok());
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
+      be.kv_store(kv, 0, ka, va, pos.data());
+      ASSERT_TRUE(be.synchronize().ok());
+      p0 += m;
+      kv.set_n_tokens(p0);
+      ASSERT_TRUE(kv.rebalance().ok());
+    }
+    const KvTierStats ts = kv.tier_stats();
+    if (mix.device_slots > 0) {
+      EXPECT_GT(ts.ram_bytes + ts.ssd_bytes, 0u) << "nothing left the device";
+      EXPECT_GT(ts.blocks_to_host, 0u);
+    }
+    if (mix.ram_pairs > 0) {
+      EXPECT_GT(ts.ssd_bytes, 0u) << "nothing reached the SSD";
+    }
+
+    auto ref_kv = tier_host_cache(cfg, k, v, n);
+    // 40: gathered (prefill); with 3 slots per split on the device (no mass: lru).
+    const std::pair<int64_t, uint32_t> runs[] = {{1, 0}, {3, 0}, {40, 0}, {1, 3}, {3, 3}};
+    for (const auto& [T, chunks] : runs) {
+      SCOPED_TRACE("query rows " + std::to_string(T) + ", slots per split " +
+                   std::to_string(chunks));
+      slots_per_split(chunks);
+      std::vector<int32_t> pos;
+      for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));
+      const auto q = tier_randn(static_cast<size_t>(T * n_heads * hd), 13);
+      auto dq = be.alloc_act(T * n_heads * hd), dout = be.alloc_act(T * n_heads * hd);
+      ASSERT_TRUE(dq.ok() && dout.ok());
+      const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
+      ASSERT_TRUE(be.upload(q.data(), qa).ok());
+      ASSERT_TRUE(kv.fetch_layer(0).ok());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      if (kv.device_tiered(0)) {
+        HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                                   float* part, float* mass) {
+          cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+        };
+        ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+      } else {
+        be.attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
+      }
+      std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
+      ASSERT_TRUE(be.download(oa, got.data()).ok());
+      // The GPU's Q8_0 store may round a quant the other way than the CPU's.
+      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref_kv, q, pos, n_heads)),
+                t == DType::kF16 ? 2e-3 : 2e-2);
+    }
+    slots_per_split(0);
+    // A placement moves the layer's attention to the CPU and back: its
+    // blocks come off the device and go up again (the pinned ones at once).
+    if (kv.device_tiered(0)) {
+      ASSERT_TRUE(kv.move_layer(0, false).ok());
+      EXPECT_FALSE(kv.on_device(0));
+      ASSERT_TRUE(kv.move_layer(0, true).ok());
+      ASSERT_TRUE(kv.device_tiered(0));
+      ASSERT_TRUE(kv.rebalance().ok());
+      const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
+      const auto q = tier_randn(static_cast<size_t>(n_heads * hd), 14);
+      auto dq = be.alloc_act(n_heads * hd), dout = be.alloc_act(n_heads * hd);
+      ASSERT_TRUE(dq.ok() && dout.ok());
+      const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
+      ASSERT_TRUE(be.upload(q.data(), qa).ok());
+      ASSERT_TRUE(kv.fetch_layer(0).ok());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                                 float* part, float* mass) {
+        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+      };
+      ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+      std::vector<float> got(static_cast<size_t>(n_heads * hd));
+      ASSERT_TRUE(be.download(oa, got.data()).ok());
+      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref_kv, q, pos, n_heads)),
+                t == DType::kF16 ? 2e-3 : 2e-2)
+          << "after the layer moved off the device and back";
+    }
+    // A second conversation in the same cache: 101 new tokens (4 blocks,
+    // all on the device), over slots and host blocks that hold forgotten ones.
+    kv.clear();
+    const int64_t n2 = 3 * 32 + 5;
+    const auto k2 = tier_randn(static_cast<size_t>(n2 * d), 15);
+    const auto v2 = tier_randn(static_cast<size_t>(n2 * d), 16);
+    for (int64_t p0 = 0; p0 < n2;) {
+      const int64_t m = std::min<int64_t>(p0 < 60 ? 20 : 1, n2 - p0);
+      ASSERT_TRUE(kv.reserve(p0 + m).ok());
+      const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
+      ASSERT_TRUE(be.upload(k2.data() + p0 * d, ka).ok());
+      ASSERT_TRUE(be.upload(v2.data() + p0 * d, va).ok());
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
+      be.kv_store(kv, 0, ka, va, pos.data());
+      ASSERT_TRUE(be.synchronize().ok());
+      p0 += m;
+      kv.set_n_tokens(p0);
+      ASSERT_TRUE(kv.rebalance().ok());
+    }
+    auto ref2 = tier_host_cache(cfg, k2, v2, n2);
+    for (const int64_t T : {int64_t{1}, int64_t{20}}) {
+      SCOPED_TRACE("second conversation, query rows " + std::to_string(T));
+      std::vector<int32_t> pos;
+      for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n2 - i));
+      const auto q = tier_randn(static_cast<size_t>(T * n_heads * hd), 17);
+      auto dq = be.alloc_act(T * n_heads * hd), dout = be.alloc_act(T * n_heads * hd);
+      ASSERT_TRUE(dq.ok() && dout.ok());
+      const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
+      ASSERT_TRUE(be.upload(q.data(), qa).ok());
+      ASSERT_TRUE(kv.fetch_layer(0).ok());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                                 float* part, float* mass) {
+        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+      };
+      if (kv.device_tiered(0)) {
+        ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+      } else {
+        be.attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
+      }
+      std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
+      ASSERT_TRUE(be.download(oa, got.data()).ok());
+      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref2, q, pos, n_heads)),
+                t == DType::kF16 ? 2e-3 : 2e-2);
+    }
+  }
+}
+
+std::unique_ptr<Model> tier_test_model() {
+  SynthSpec s;
+  s.arch = "llama";
+  s.n_layer = 2;
+  s.n_embd = 256;
+  s.n_ff = 512;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_ctx = 1024;
+  // F16 weights: no matvec reads a Q8 copy of its input. (With Q8_0 ones
+  // the o matvec reads the attention output's Q8 copy, and the few ulps
+  // by which the CPU's sum over the host blocks differs from the GPU's can
+  // round one of its values the other way: a different but equally valid
+  // run.)
+  s.weight_type = "f16";
+  s.seed = 17;
+  const std::string path = test::temp_dir("kv_device_tier_model") + "/m.gguf";
+  EXPECT_TRUE(write_synthetic_model(s, path).ok());
+  auto m = load_model(path);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+std::vector<int32_t> greedy(Model& model, Backend& be, const KvTierConfig& t, int n,
+                            KvTierStats* ts, std::vector<KvLayerTiers>* layers) {
+  SessionConfig c;
+  c.n_ctx = 1024;
+  c.max_chunk = 64;
+  c.kv_tiers = t;
+  auto s = Session::create(model, be, c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return {};
+  std::vector<int32_t> p;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 400; ++i)
+    p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(model.hp.n_vocab)));
+  GenerateParams gp;
+  gp.sampling.temperature = 0;
+  gp.max_tokens = n;
+  gp.stop_at_eog = false;
+  auto r = (*s)->generate(p, gp, nullptr);
+  EXPECT_TRUE(r.ok()) << r.message();
+  if (ts) *ts = (*s)->kv().tier_stats();
+  if (layers) *layers = (*s)->kv().layer_tiers();
+  return std::vector<int32_t>((*s)->tokens().begin() + static_cast<ptrdiff_t>(p.size()),
+                              (*s)->tokens().end());
+}
+
+void check_greedy_identical_in_every_mix(Model& model, Backend& be) {
+  KvTierStats all_dev;
+  std::vector<KvLayerTiers> layers;
+  const auto want = greedy(model, be, KvTierConfig{}, 40, &all_dev, &layers);
+  ASSERT_EQ(want.size(), 39u);
+  EXPECT_EQ(all_dev.ram_bytes, 0u);
+  EXPECT_GT(all_dev.device_bytes, 0u);
+  ASSERT_EQ(layers.size(), 2u);
+  for (const KvLayerTiers& lt : layers) {  // 439 tokens: 14 blocks, all on the device
+    EXPECT_EQ(lt.device, 14 * kTierPair);
+    EXPECT_EQ(lt.ram + lt.ssd, 0u);
+  }
+  const std::string dir = test::temp_dir("kv_device_tier_spill");
+  for (const char* policy : {"lru", "importance"}) {
+    for (const TierMix& mix : kTierMixes) {
+      if (mix.device_slots == 0) continue;
+      SCOPED_TRACE(std::string(policy) + " " + mix.name);
+      // 7 of the 14 blocks of each of the 2 layers on the device; of the 14
+      // host blocks, 6 in RAM under the SSD mix (the least it takes).
+      KvTierConfig t;
+      t.device_budget = 2 * 7 * kTierPair;
+      t.ram_budget = mix.ram_pairs > 0 ? 6 * kTierPair : 0;
+      t.spill_dir = dir;
+      t.policy = policy;
+      t.sink_tokens = 32;
+      t.window_tokens = 64;
+      KvTierStats ts;
+      EXPECT_EQ(greedy(model, be, t, 40, &ts, &layers), want);
+      // Per layer: at most its 7 slots on the device, the rest on the host.
+      ASSERT_EQ(layers.size(), 2u);
+      uint64_t dev = 0;
+      for (const KvLayerTiers& lt : layers) {
+        EXPECT_GT(lt.device, 0u);
+        EXPECT_LE(lt.device, 7 * kTierPair);
+        EXPECT_GT(lt.ram + lt.ssd, 0u);
+        if (mix.ram_pairs == 0) {
+          EXPECT_EQ(lt.ssd, 0u);
+        }
+        dev += lt.device;
+      }
+      EXPECT_LE(dev, ts.device_used_bytes);
+      EXPECT_GT(ts.device_bytes, 0u);
+      EXPECT_LE(ts.device_bytes, 2 * 7 * kTierPair);
+      EXPECT_GT(ts.blocks_to_host, 0u);
+      EXPECT_GT(ts.ram_bytes + ts.ssd_bytes, 0u);
+      if (mix.ram_pairs > 0) {
+        EXPECT_GT(ts.blocks_spilled, 0u);
+        EXPECT_GT(ts.ssd_bytes, 0u);
+        EXPECT_LE(ts.ram_bytes, 6 * kTierPair);
+      } else {
+        EXPECT_EQ(ts.ssd_bytes, 0u);
+      }
+      EXPECT_EQ(ts.blocks_lost, 0u);
+    }
+  }
+  be.release_weights();
+}
+
+void check_second_conversation(Model& model, Backend& be) {
+  auto two_turns = [&](const KvTierConfig& t) {
+    SessionConfig c;
+    c.n_ctx = 1024;
+    c.max_chunk = 64;
+    c.kv_tiers = t;
+    auto s = Session::create(model, be, c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s.ok()) return std::vector<int32_t>{};
+    GenerateParams gp;
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 20;
+    gp.stop_at_eog = false;
+    std::vector<int32_t> out;
+    for (const uint32_t seed : {7u, 8u}) {
+      std::vector<int32_t> p;
+      std::mt19937 rng(seed);
+      for (int i = 0; i < (seed == 7u ? 420 : 150); ++i)
+        p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(model.hp.n_vocab)));
+      auto r = (*s)->generate(p, gp, nullptr);
+      EXPECT_TRUE(r.ok()) << r.message();
+      out.insert(out.end(), (*s)->tokens().begin() + static_cast<ptrdiff_t>(p.size()),
+                 (*s)->tokens().end());
+    }
+    return out;
+  };
+  const auto want = two_turns(KvTierConfig{});
+  ASSERT_EQ(want.size(), 38u);
+  KvTierConfig t;
+  t.device_budget = 2 * 7 * kTierPair;
+  t.policy = "importance";
+  t.sink_tokens = 32;
+  t.window_tokens = 64;
+  EXPECT_EQ(two_turns(t), want);
+  be.release_weights();
+}
+
+void check_lost_blocks_recomputed(Model& model, Backend& be) {
+  const auto want = greedy(model, be, KvTierConfig{}, 30, nullptr);
+  ASSERT_EQ(want.size(), 29u);
+  for (const storage::SpillFaults f :
+       {storage::SpillFaults{.fail_read = 3}, storage::SpillFaults{.short_read = 5}}) {
+    SCOPED_TRACE(f.fail_read ? "io_error" : "short_read");
+    KvTierConfig t;
+    t.device_budget = 2 * 7 * kTierPair;
+    t.ram_budget = 6 * kTierPair;
+    t.spill_dir = test::temp_dir("kv_device_tier_faults");
+    t.policy = "importance";
+    t.sink_tokens = 32;
+    t.window_tokens = 64;
+    t.faults = f;
+    KvTierStats ts;
+    EXPECT_EQ(greedy(model, be, t, 30, &ts), want);
+    EXPECT_GT(ts.blocks_lost, 0u) << "no fault reached a read";
+  }
+  be.release_weights();
+}
+
+void check_too_small_device_budget(Model& model, Backend& be) {
+  SessionConfig c;
+  c.n_ctx = 1024;
+  c.kv_tiers.device_budget = 2 * 2 * kTierPair;
+  c.kv_tiers.window_tokens = 64;
+  auto s = Session::create(model, be, c);
+  std::vector<float> logits(static_cast<size_t>(model.hp.n_vocab));
+  const std::vector<int32_t> toks = {1, 2, 3};
+  Status st = s.ok() ? (*s)->append(toks, logits.data()) : s.status();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--kv-gpu"), std::string::npos) << st.message();
+  be.release_weights();
+}
+
+}  // namespace loom::test
