@@ -65,16 +65,73 @@ uint64_t tier_pair_bytes(DType t) {
   return 2ull * 2 * cpu::kv_head_bytes(t, 32, 64);
 }
 
+namespace {
+
+// Feeds tokens [0, n) of k, v into layer 0 (chunks of 20 below `prefill_to`,
+// then single tokens), rebalancing between steps.
+void feed(Backend& be, KvCache& kv, const std::vector<float>& k, const std::vector<float>& v,
+          int64_t n, int64_t prefill_to) {
+  const int64_t d = kv.config().n_kv_heads * kv.config().head_dim;
+  auto dk = be.alloc_act(20 * d), dv = be.alloc_act(20 * d);
+  ASSERT_TRUE(dk.ok() && dv.ok());
+  for (int64_t p0 = 0; p0 < n;) {
+    const int64_t m = std::min<int64_t>(p0 < prefill_to ? 20 : 1, n - p0);
+    ASSERT_TRUE(kv.reserve(p0 + m).ok());
+    const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
+    ASSERT_TRUE(be.upload(k.data() + p0 * d, ka).ok());
+    ASSERT_TRUE(be.upload(v.data() + p0 * d, va).ok());
+    std::vector<int32_t> pos;
+    for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
+    be.kv_store(kv, 0, ka, va, pos.data());
+    ASSERT_TRUE(be.synchronize().ok());
+    p0 += m;
+    kv.set_n_tokens(p0);
+    ASSERT_TRUE(kv.rebalance().ok());
+  }
+}
+
+// Attention of T query rows (random, seeded) at the last T positions of n
+// tokens, through attention_split where the layer is device-tiered, against
+// cpu/ref over `ref`.
+void expect_attention(Backend& be, CpuBackend& cpu, KvCache& kv, const KvCache& ref, int64_t n,
+                      int64_t T, uint32_t seed) {
+  const int64_t n_heads = 4, hd = kv.config().head_dim;
+  std::vector<int32_t> pos;
+  for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));
+  const auto q = tier_randn(static_cast<size_t>(T * n_heads * hd), seed);
+  auto dq = be.alloc_act(T * n_heads * hd), dout = be.alloc_act(T * n_heads * hd);
+  ASSERT_TRUE(dq.ok() && dout.ok());
+  const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
+  ASSERT_TRUE(be.upload(q.data(), qa).ok());
+  ASSERT_TRUE(kv.fetch_layer(0).ok());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (kv.device_tiered(0)) {
+    HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
+                               float* part, float* mass) {
+      cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+    };
+    ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
+  } else {
+    be.attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
+  }
+  std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
+  ASSERT_TRUE(be.download(oa, got.data()).ok());
+  // The GPU's Q8_0 store may round a quant the other way than the CPU's.
+  EXPECT_LT(tier_rel_err(got, tier_ref_attention(ref, q, pos, n_heads)),
+            kv.config().dtype == DType::kF16 ? 2e-3 : 2e-2);
+}
+
+}  // namespace
+
 void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
                                   const std::function<void(uint32_t)>& slots_per_split) {
-  const int64_t n_heads = 4, n_kv = 2, hd = 64, bs = 32;
+  const int64_t n_kv = 2, hd = 64, bs = 32, d = n_kv * hd;
   const KvCacheConfig cfg{1, n_kv, hd, 512, bs, t};
   CpuBackend cpu(2);
   // 11 and 14 blocks (the last one part full): 6 on the device, the rest on
   // the host, of which RAM holds 3 under the SSD mix.
   for (const int64_t n : {int64_t{11 * 32 - 11}, int64_t{13 * 32 + 1}}) {
     SCOPED_TRACE("tokens " + std::to_string(n));
-    const int64_t d = n_kv * hd;
     const auto k = tier_randn(static_cast<size_t>(n * d), 11);
     const auto v = tier_randn(static_cast<size_t>(n * d), 12);
     auto kvr = KvCache::create(cfg);
@@ -94,22 +151,7 @@ void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
     kv.set_device_layers(1);
     ASSERT_TRUE(kv.move_layer(0, true).ok());
     EXPECT_EQ(kv.device_tiered(0), mix.device_slots > 0);
-    auto dk = be.alloc_act(20 * d), dv = be.alloc_act(20 * d);
-    ASSERT_TRUE(dk.ok() && dv.ok());
-    for (int64_t p0 = 0; p0 < n;) {
-      const int64_t m = std::min<int64_t>(p0 < 100 ? 20 : 1, n - p0);
-      ASSERT_TRUE(kv.reserve(p0 + m).ok());
-      const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
-      ASSERT_TRUE(be.upload(k.data() + p0 * d, ka).ok());
-      ASSERT_TRUE(be.upload(v.data() + p0 * d, va).ok());
-      std::vector<int32_t> pos;
-      for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
-      be.kv_store(kv, 0, ka, va, pos.data());
-      ASSERT_TRUE(be.synchronize().ok());
-      p0 += m;
-      kv.set_n_tokens(p0);
-      ASSERT_TRUE(kv.rebalance().ok());
-    }
+    feed(be, kv, k, v, n, 100);
     const KvTierStats ts = kv.tier_stats();
     if (mix.device_slots > 0) {
       EXPECT_GT(ts.ram_bytes + ts.ssd_bytes, 0u) << "nothing left the device";
@@ -118,7 +160,6 @@ void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
     if (mix.ram_pairs > 0) {
       EXPECT_GT(ts.ssd_bytes, 0u) << "nothing reached the SSD";
     }
-
     auto ref_kv = tier_host_cache(cfg, k, v, n);
     // 40: gathered (prefill); with 3 slots per split on the device (no mass: lru).
     const std::pair<int64_t, uint32_t> runs[] = {{1, 0}, {3, 0}, {40, 0}, {1, 3}, {3, 3}};
@@ -126,29 +167,7 @@ void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
       SCOPED_TRACE("query rows " + std::to_string(T) + ", slots per split " +
                    std::to_string(chunks));
       slots_per_split(chunks);
-      std::vector<int32_t> pos;
-      for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n - i));
-      const auto q = tier_randn(static_cast<size_t>(T * n_heads * hd), 13);
-      auto dq = be.alloc_act(T * n_heads * hd), dout = be.alloc_act(T * n_heads * hd);
-      ASSERT_TRUE(dq.ok() && dout.ok());
-      const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
-      ASSERT_TRUE(be.upload(q.data(), qa).ok());
-      ASSERT_TRUE(kv.fetch_layer(0).ok());
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      if (kv.device_tiered(0)) {
-        HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                                   float* part, float* mass) {
-          cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
-        };
-        ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
-      } else {
-        be.attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
-      }
-      std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
-      ASSERT_TRUE(be.download(oa, got.data()).ok());
-      // The GPU's Q8_0 store may round a quant the other way than the CPU's.
-      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref_kv, q, pos, n_heads)),
-                t == DType::kF16 ? 2e-3 : 2e-2);
+      expect_attention(be, cpu, kv, *ref_kv, n, T, 13);
     }
     slots_per_split(0);
     // A placement moves the layer's attention to the CPU and back: its
@@ -159,24 +178,8 @@ void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
       ASSERT_TRUE(kv.move_layer(0, true).ok());
       ASSERT_TRUE(kv.device_tiered(0));
       ASSERT_TRUE(kv.rebalance().ok());
-      const std::vector<int32_t> pos{static_cast<int32_t>(n - 1)};
-      const auto q = tier_randn(static_cast<size_t>(n_heads * hd), 14);
-      auto dq = be.alloc_act(n_heads * hd), dout = be.alloc_act(n_heads * hd);
-      ASSERT_TRUE(dq.ok() && dout.ok());
-      const Act qa = (*dq)->view(1, n_heads * hd), oa = (*dout)->view(1, n_heads * hd);
-      ASSERT_TRUE(be.upload(q.data(), qa).ok());
-      ASSERT_TRUE(kv.fetch_layer(0).ok());
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                                 float* part, float* mass) {
-        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
-      };
-      ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
-      std::vector<float> got(static_cast<size_t>(n_heads * hd));
-      ASSERT_TRUE(be.download(oa, got.data()).ok());
-      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref_kv, q, pos, n_heads)),
-                t == DType::kF16 ? 2e-3 : 2e-2)
-          << "after the layer moved off the device and back";
+      SCOPED_TRACE("after the layer moved off the device and back");
+      expect_attention(be, cpu, kv, *ref_kv, n, 1, 14);
     }
     // A second conversation in the same cache: 101 new tokens (4 blocks,
     // all on the device), over slots and host blocks that hold forgotten ones.
@@ -184,45 +187,11 @@ void check_attention_across_tiers(Backend& be, DType t, const TierMix& mix,
     const int64_t n2 = 3 * 32 + 5;
     const auto k2 = tier_randn(static_cast<size_t>(n2 * d), 15);
     const auto v2 = tier_randn(static_cast<size_t>(n2 * d), 16);
-    for (int64_t p0 = 0; p0 < n2;) {
-      const int64_t m = std::min<int64_t>(p0 < 60 ? 20 : 1, n2 - p0);
-      ASSERT_TRUE(kv.reserve(p0 + m).ok());
-      const Act ka = (*dk)->view(m, d), va = (*dv)->view(m, d);
-      ASSERT_TRUE(be.upload(k2.data() + p0 * d, ka).ok());
-      ASSERT_TRUE(be.upload(v2.data() + p0 * d, va).ok());
-      std::vector<int32_t> pos;
-      for (int64_t i = 0; i < m; ++i) pos.push_back(static_cast<int32_t>(p0 + i));
-      be.kv_store(kv, 0, ka, va, pos.data());
-      ASSERT_TRUE(be.synchronize().ok());
-      p0 += m;
-      kv.set_n_tokens(p0);
-      ASSERT_TRUE(kv.rebalance().ok());
-    }
+    feed(be, kv, k2, v2, n2, 60);
     auto ref2 = tier_host_cache(cfg, k2, v2, n2);
     for (const int64_t T : {int64_t{1}, int64_t{20}}) {
       SCOPED_TRACE("second conversation, query rows " + std::to_string(T));
-      std::vector<int32_t> pos;
-      for (int64_t i = T; i >= 1; --i) pos.push_back(static_cast<int32_t>(n2 - i));
-      const auto q = tier_randn(static_cast<size_t>(T * n_heads * hd), 17);
-      auto dq = be.alloc_act(T * n_heads * hd), dout = be.alloc_act(T * n_heads * hd);
-      ASSERT_TRUE(dq.ok() && dout.ok());
-      const Act qa = (*dq)->view(T, n_heads * hd), oa = (*dout)->view(T, n_heads * hd);
-      ASSERT_TRUE(be.upload(q.data(), qa).ok());
-      ASSERT_TRUE(kv.fetch_layer(0).ok());
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                                 float* part, float* mass) {
-        cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
-      };
-      if (kv.device_tiered(0)) {
-        ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
-      } else {
-        be.attention(kv, 0, qa, pos.data(), n_heads, scale, oa);
-      }
-      std::vector<float> got(static_cast<size_t>(T * n_heads * hd));
-      ASSERT_TRUE(be.download(oa, got.data()).ok());
-      EXPECT_LT(tier_rel_err(got, tier_ref_attention(*ref2, q, pos, n_heads)),
-                t == DType::kF16 ? 2e-3 : 2e-2);
+      expect_attention(be, cpu, kv, *ref2, n2, T, 17);
     }
   }
 }

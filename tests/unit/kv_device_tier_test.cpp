@@ -2,7 +2,8 @@
 // spill to host RAM (and from there to the SSD), and attention merges the
 // GPU's partial softmax over its slots with the CPU's over the host blocks.
 //   - the CPU partials of two block subsets, merged, equal cpu/ref attention;
-//   - on Vulkan (lavapipe here; skipped without a device): a cache fed token
+//   - on Vulkan (lavapipe here; skipped without a device; the checks are
+//     tests/kv_tier_checks.cpp, which the CUDA suite runs too): a cache fed token
 //     by token under each tier mix (device only, device + RAM, device + RAM
 //     + SSD) attends like cpu/ref over all its tokens, at odd block counts,
 //     for decode and for several query rows at once;
