@@ -3,6 +3,7 @@
 // cpu/ref, and greedy output identical to the all-on-device run.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -13,11 +14,17 @@
 namespace loom {
 namespace {
 
+// The device KV tier is off by default on CUDA (CudaOptions::kv_tier).
+#define LOOM_CUDA_TIER_BACKEND_OR_SKIP(be)                                       \
+  std::string be##_why;                                                          \
+  auto be = ::loom::test::cuda_backend(&be##_why, CudaOptions{.kv_tier = true}); \
+  if (!be) GTEST_SKIP() << "no CUDA device: " << be##_why
+
 class CudaKvTier : public ::testing::TestWithParam<std::tuple<DType, test::TierMix>> {};
 
 // 40 query rows are gathered (prefill); 3 slots per split on the device (no mass: lru).
 TEST_P(CudaKvTier, AttentionAcrossTiersMatchesTheReference) {
-  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   test::check_attention_across_tiers(
       *be, std::get<0>(GetParam()), std::get<1>(GetParam()),
       [&](uint32_t c) { be->attention_scratch().set_split_keys(int64_t{c} * 32); });
@@ -43,7 +50,7 @@ class CudaKvTierSession : public ::testing::Test {
 Model* CudaKvTierSession::model_ = nullptr;
 
 TEST_F(CudaKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
-  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::check_greedy_identical_in_every_mix(*model_, *be);
 }
@@ -56,19 +63,33 @@ TEST_F(CudaKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
 // checks (a second conversation in the same cache included) and the other
 // session checks pass. Cause not found yet: see the closing note of issue 16.
 TEST_F(CudaKvTierSession, DISABLED_ASecondConversationReusesTheTiers) {
-  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::check_second_conversation(*model_, *be);
 }
 
 TEST_F(CudaKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {
-  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::check_lost_blocks_recomputed(*model_, *be);
 }
 
-TEST_F(CudaKvTierSession, ATooSmallDeviceBudgetIsAClearError) {
+// Off (the default): --kv-gpu is refused with the reason, and the layers'
+// attention runs on the CPU instead.
+TEST(CudaKvTierOff, SetBlockSlotsSaysWhy) {
+  unsetenv("LOOM_CUDA_KV_TIER");  // (cuda_run.sh's tiers stage sets it)
   LOOM_CUDA_BACKEND_OR_SKIP(be);
+  EXPECT_EQ(be->memory_capacity(), 0u);
+  auto st = be->create_kv_storage(KvCacheConfig{1, 2, 64, 512, 32, DType::kF16});
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Status s = (*st)->set_block_slots(32, 8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.message().find("LOOM_CUDA_KV_TIER"), std::string::npos) << s.message();
+}
+
+TEST_F(CudaKvTierSession, ATooSmallDeviceBudgetIsAClearError) {
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::check_too_small_device_budget(*model_, *be);
 }

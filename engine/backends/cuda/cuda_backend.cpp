@@ -118,6 +118,8 @@ Status CudaBackend::init(const CudaOptions& opts) {
   LOOM_ASSIGN_OR_RETURN(matmul_, cuda::Matmul::create(device_));
   attn_scratch_ = cuda::AttentionScratch::create();
   budget_.limit = opts.memory_limit;
+  const char* tier = std::getenv("LOOM_CUDA_KV_TIER");
+  kv_tier_ = opts.kv_tier || (tier && std::strcmp(tier, "1") == 0);
   const char* fuse = std::getenv("LOOM_CUDA_FUSE_NORM");
   fuse_norm_ = !(fuse && std::strcmp(fuse, "0") == 0);
   const char* fuse_rope = std::getenv("LOOM_CUDA_FUSE_ROPE");
@@ -433,7 +435,7 @@ bool CudaBackend::check_act(const Act& a, const char* op) {
 
 Result<std::unique_ptr<KvStorage>> CudaBackend::create_kv_storage(const KvCacheConfig& cfg) {
   LOOM_CUDA_TRY(cudaSetDevice(device_), "select the device");
-  LOOM_ASSIGN_OR_RETURN(auto s, cuda::CudaKvStorage::create(cfg, stream_, &budget_));
+  LOOM_ASSIGN_OR_RETURN(auto s, cuda::CudaKvStorage::create(cfg, stream_, &budget_, kv_tier_));
   return std::unique_ptr<KvStorage>(std::move(s));
 }
 

@@ -77,9 +77,10 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes() const override { return weight_bytes_; }
   bool has_weight(OpKind op, const Weight& w) const override;
   Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
-  /// The memory limit, or the device's memory (the default device KV budget).
+  /// The memory limit, or the device's memory (the default device KV
+  /// budget), while the device KV tier is on (CudaOptions::kv_tier); else 0.
   uint64_t memory_capacity() const override {
-    return budget_.limit ? budget_.limit : info_.total_bytes;
+    return !kv_tier_ ? 0 : budget_.limit ? budget_.limit : info_.total_bytes;
   }
 
   bool device_timing() const override { return true; }
@@ -272,6 +273,7 @@ class CudaBackend final : public Backend {
   void* gather_ = nullptr;
   uint64_t gather_bytes_ = 0;
   cudaEvent_t tier_event_ = nullptr;  ///< q is on the host (the overlapped split)
+  bool kv_tier_ = false;              ///< CudaOptions::kv_tier
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;
