@@ -43,25 +43,29 @@ uint64_t group_bytes(const Model& m, int64_t l, OpGroup g, std::optional<DType> 
 }  // namespace
 
 double CostModel::layer_s(const Model& m, int64_t l, const LayerPlace& lp, Unit x_on,
-                          int64_t n_past, DType kv_dtype, int64_t* transfers,
-                          double* xfer_s) const {
+                          int64_t n_past, DType kv_dtype, int64_t* transfers, double* xfer_s,
+                          int64_t* switches, std::array<double, kNumUnits>* unit_s) const {
   const HParams& hp = m.hp;
   const Unit uw = lp[OpGroup::kAttnW].unit, ua = lp[OpGroup::kAttn].unit,
              uf = lp[OpGroup::kFfn].unit, un = lp[OpGroup::kNorm].unit;
   auto uc = [this](Unit u) -> const UnitCost& { return unit[static_cast<size_t>(u)]; };
   double t = 0;
+  auto compute = [&](Unit u, double sec) {
+    t += sec;
+    if (unit_s) (*unit_s)[static_cast<size_t>(u)] += sec;
+  };
   // Compute: weight bytes streamed plus a fixed cost per op.
-  t += static_cast<double>(group_bytes(m, l, OpGroup::kAttnW, lp[OpGroup::kAttnW].dtype)) /
-           uc(uw).bytes_per_s +
-       4 * uc(uw).op_s;
-  t += static_cast<double>(group_bytes(m, l, OpGroup::kFfn, lp[OpGroup::kFfn].dtype)) /
-           uc(uf).bytes_per_s +
-       4 * uc(uf).op_s;
-  t += 6 * uc(un).op_s;
+  compute(uw, static_cast<double>(group_bytes(m, l, OpGroup::kAttnW, lp[OpGroup::kAttnW].dtype)) /
+                      uc(uw).bytes_per_s +
+                  4 * uc(uw).op_s);
+  compute(uf, static_cast<double>(group_bytes(m, l, OpGroup::kFfn, lp[OpGroup::kFfn].dtype)) /
+                      uc(uf).bytes_per_s +
+                  4 * uc(uf).op_s);
+  compute(un, 6 * uc(un).op_s);
   const auto row = static_cast<double>(
       dtype_row_bytes(kv_dtype, static_cast<uint64_t>(hp.head_dim)).value_or(0));
-  t += 2.0 * row * static_cast<double>(hp.n_head_kv * (n_past + 1)) / uc(ua).bytes_per_s +
-       2 * uc(ua).op_s;
+  compute(ua, 2.0 * row * static_cast<double>(hp.n_head_kv * (n_past + 1)) / uc(ua).bytes_per_s +
+                  2 * uc(ua).op_s);
   // Transfers: the executor's data flow (forward.cpp), one token.
   enum { X, XB, Q, K, V, ATT, HB, HB2, N };
   std::array<uint8_t, N> valid{};
@@ -83,6 +87,7 @@ double CostModel::layer_s(const Model& m, int64_t l, const LayerPlace& lp, Unit 
                        (u == Unit::kCpu ? switch_s : 0.0);
       t += x;
       if (xfer_s) *xfer_s += x;
+      if (switches && u == Unit::kCpu) ++*switches;
       ++n_xfer;
       valid[static_cast<size_t>(a)] |= b;
     }
@@ -112,8 +117,10 @@ CostModel::Prediction CostModel::predict(const Model& m, const Placement& p, int
   for (int64_t l = 0; l < hp.n_layer && l < static_cast<int64_t>(p.layers.size()); ++l) {
     const LayerPlace& lp = p.layers[static_cast<size_t>(l)];
     double xs = 0;
-    const double s = layer_s(m, l, lp, x_on, n_past, kv_dtype, &r.transfers, &xs);
+    std::array<double, kNumUnits> us{};
+    const double s = layer_s(m, l, lp, x_on, n_past, kv_dtype, &r.transfers, &xs, &r.switches, &us);
     r.xfer_ms += xs * 1e3;
+    for (size_t u = 0; u < us.size(); ++u) r.unit_ms[u] += us[u] * 1e3;
     r.layer_ms.push_back(s * 1e3);
     x_on = lp[OpGroup::kNorm].unit;
   }
@@ -121,11 +128,14 @@ CostModel::Prediction CostModel::predict(const Model& m, const Placement& p, int
   r.output_ms = (static_cast<double>(weight_bytes_as(m.output, p.output.dtype)) / uo.bytes_per_s +
                  2 * uo.op_s) *
                 1e3;
+  r.unit_ms[static_cast<size_t>(p.output.unit)] += r.output_ms;
+  r.unit_ms[static_cast<size_t>(p.embed.unit)] += r.embed_ms;
   if (x_on != p.output.unit) {
     const double x = (xfer_embd + (p.output.unit == Unit::kCpu ? switch_s : 0.0)) * 1e3;
     r.output_ms += x;
     r.xfer_ms += x;
     ++r.transfers;
+    if (p.output.unit == Unit::kCpu) ++r.switches;
   }
   if (p.output.unit != Unit::kCpu) {  // logits come back to the host
     const double x =

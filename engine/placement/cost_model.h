@@ -41,13 +41,20 @@ struct CostModel {
     std::vector<double> layer_ms;  ///< per layer (groups and transfers)
     double embed_ms = 0, output_ms = 0;
     int64_t transfers = 0;  ///< activation copies per step
-    double xfer_ms = 0;
+    int64_t switches = 0;   ///< of them, copies back to the host mid-step (charged switch_s)
+    double xfer_ms = 0;     ///< all copies, switches included
+    /// Compute per unit (ops and weight streaming, no copies), embedding and output included.
+    std::array<double, kNumUnits> unit_ms{};
   };
   /// A decode step at context length `n_past` under placement `p`.
   Prediction predict(const Model& m, const Placement& p, int64_t n_past, DType kv_dtype) const;
   /// One layer's time with its residual stream arriving on `x_on`.
+  /// Optional outputs are added to: copies, their seconds, copies back to
+  /// the host charged switch_s, and compute seconds per unit.
   double layer_s(const Model& m, int64_t l, const LayerPlace& lp, Unit x_on, int64_t n_past,
-                 DType kv_dtype, int64_t* transfers = nullptr, double* xfer_s = nullptr) const;
+                 DType kv_dtype, int64_t* transfers = nullptr, double* xfer_s = nullptr,
+                 int64_t* switches = nullptr,
+                 std::array<double, kNumUnits>* unit_s = nullptr) const;
 };
 
 /// Measures a CostModel on the backends (gpu may be null): times single-token

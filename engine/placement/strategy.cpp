@@ -120,8 +120,9 @@ Placement layers_n(const Model& m, int64_t n) {
 // Dynamic programming over layers: per layer, attention side (attn_w, attn,
 // norm) and FFN each on the CPU or the GPU; state = where the residual stream
 // is and how much of the budget is used (in kSteps buckets, rounded up).
-Placement auto_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
-                         uint64_t budget, uint64_t kv_layer) {
+// Empty when nothing fits.
+Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
+                       uint64_t budget, uint64_t kv_layer) {
   const int64_t L = m.hp.n_layer;
   constexpr int kSteps = 4096;  // budget resolution: rounding loses at most one step per item
   const double step = std::max(1.0, static_cast<double>(budget) / kSteps);
@@ -212,16 +213,17 @@ Placement auto_placement(const Model& m, const StrategyOptions& o, const CostMod
       best = p;
     }
   }
-  // Whole layers on the GPU in one run, the first ones or the last ones, with
-  // the output matrix there or not: two switches per step at most. The DP's
-  // choice must beat the best of them by kManySwitchMargin when it switches
-  // more often: switches are what the cost model measures least well (on the
-  // H200, a placement with 28 copies per step predicted at 26.6 ms took 34,
-  // while layers:16, 2 copies, predicted at 28.3 took 27.6: the GPU's clocks
-  // drop when it works in short bursts).
-  constexpr double kManySwitchMargin = 1.15;
-  Placement run;
-  double run_s = std::numeric_limits<double>::infinity();
+  if (!best.layers.empty()) best.strategy = "auto:dp";
+  return best;
+}
+
+// Whole layers on the GPU in one run, the first ones or the last ones, with
+// the output matrix there or not (as many as the budget holds): two switches
+// per step at most.
+std::vector<Placement> run_placements(const Model& m, const StrategyOptions& o, uint64_t budget,
+                                      uint64_t kv_layer) {
+  const int64_t L = m.hp.n_layer;
+  std::vector<Placement> runs;
   for (const bool last : {false, true}) {
     for (const Unit out_unit : {Unit::kGpu, Unit::kCpu}) {
       Placement p = Placement::uniform(L, Unit::kCpu);
@@ -230,16 +232,41 @@ Placement auto_placement(const Model& m, const StrategyOptions& o, const CostMod
       if (gpu_bytes_of(m, p, kv_layer) > budget) continue;
       grow_while_fits(
           m, o, kv_layer, budget, L,
-          [&](Placement* t, int64_t n) {
-            for (auto& g : t->layers[static_cast<size_t>(last ? L - 1 - n : n)].g)
+          [&](Placement* t, int64_t i) {
+            for (auto& g : t->layers[static_cast<size_t>(last ? L - 1 - i : i)].g)
               g.unit = Unit::kGpu;
           },
           &p);
-      const double total = cost.predict(m, p, n_past, o.kv_dtype).step_ms;
-      if (total < run_s) {
-        run_s = total;
-        run = p;
-      }
+      int64_t n = 0;
+      for (const auto& lp : p.layers) n += lp[OpGroup::kFfn].unit == Unit::kGpu;
+      p.strategy = std::string(last ? "last:" : "first:") + std::to_string(n) +
+                   (out_unit == Unit::kGpu ? "+output" : "");
+      runs.push_back(std::move(p));
+    }
+  }
+  return runs;
+}
+
+Placement auto_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
+                         uint64_t budget, uint64_t kv_layer) {
+  const int64_t L = m.hp.n_layer;
+  const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
+  Placement best = dp_placement(m, o, cost, budget, kv_layer);
+  const double best_s = best.layers.empty() ? std::numeric_limits<double>::infinity()
+                                            : cost.predict(m, best, n_past, o.kv_dtype).step_ms;
+  // The DP's choice must beat the best whole-layer run by kManySwitchMargin
+  // when it switches more often: switches are what the cost model measures
+  // least well (on the H200, a placement with 28 copies per step predicted at
+  // 26.6 ms took 34, while layers:16, 2 copies, predicted at 28.3 took 27.6:
+  // the GPU's clocks drop when it works in short bursts).
+  constexpr double kManySwitchMargin = 1.15;
+  Placement run;
+  double run_s = std::numeric_limits<double>::infinity();
+  for (Placement& p : run_placements(m, o, budget, kv_layer)) {
+    const double total = cost.predict(m, p, n_past, o.kv_dtype).step_ms;
+    if (total < run_s) {
+      run_s = total;
+      run = std::move(p);
     }
   }
   if (!run.layers.empty()) {
@@ -254,6 +281,12 @@ Placement auto_placement(const Model& m, const StrategyOptions& o, const CostMod
   }
   best.strategy = "auto";
   return best;
+}
+
+uint64_t budget_of(const Model& m, const StrategyOptions& o) {
+  const uint64_t overhead = gpu_overhead_bytes(m, o.max_chunk);
+  return o.vram_budget == 0 ? std::numeric_limits<uint64_t>::max() / 4
+                            : (o.vram_budget > overhead ? o.vram_budget - overhead : 0);
 }
 
 }  // namespace
@@ -295,10 +328,7 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
                       s.c_str());
   }
   const uint64_t kv_layer = kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype);
-  const uint64_t overhead = gpu_overhead_bytes(m, o.max_chunk);
-  const uint64_t budget = o.vram_budget == 0
-                              ? std::numeric_limits<uint64_t>::max() / 4
-                              : (o.vram_budget > overhead ? o.vram_budget - overhead : 0);
+  const uint64_t budget = budget_of(m, o);
   Placement p;
   if (s == "gpu") {
     p = Placement::uniform(L, Unit::kGpu);
@@ -334,6 +364,33 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
   if (p.strategy.empty()) p.strategy = s;
   LOOM_TRY(validate_placement(m, p));
   return p;
+}
+
+std::vector<Placement> candidate_placements(const Model& m, const StrategyOptions& o,
+                                            const CostModel& cost) {
+  std::vector<Placement> out;
+  if (!o.has_gpu || !m.cpu_only_reason().empty()) return out;
+  const uint64_t kv_layer = kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype);
+  const uint64_t budget = budget_of(m, o);
+  auto add = [&](Placement p) {
+    if (p.layers.empty() || gpu_bytes_of(m, p, kv_layer) > budget) return;
+    for (Placement& q : out) {
+      if (!q.same_as(p)) continue;
+      // The same as an earlier one: that one's name says so ("auto = layers:12").
+      if (p.strategy.rfind("layers:", 0) == 0) q.strategy += " = " + p.strategy;
+      return;
+    }
+    out.push_back(std::move(p));
+  };
+  add(auto_placement(m, o, cost, budget, kv_layer));
+  add(dp_placement(m, o, cost, budget, kv_layer));
+  for (Placement& p : run_placements(m, o, budget, kv_layer)) add(std::move(p));
+  for (int64_t n = m.hp.n_layer; n >= 0; --n) {
+    Placement p = layers_n(m, n);
+    set_dtypes(&p, o);
+    add(std::move(p));
+  }
+  return out;
 }
 
 }  // namespace loom

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/model/model.h"
@@ -51,5 +52,15 @@ uint64_t default_kv_device_budget(const Model& m, const Placement& p, const Stra
 /// Makes the placement `o.strategy` names. Errors: unknown strategy, a GPU
 /// strategy without a GPU, a bad custom file.
 Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const CostModel& cost);
+
+/// The placements the adaptive controller (adaptive.h) may try under `o`'s
+/// budget, each named in Placement::strategy: auto's choice first, the DP's
+/// choice without the switch margin ("auto:dp"), the whole-layer runs
+/// ("first:N", "last:N", "+output" when the output matrix is on the GPU), and
+/// layers:N for every N that fits, from the most layers down. Each placement
+/// once (same units and precisions): a layers:N equal to an earlier one is
+/// named in it ("auto = layers:12"). Empty without a GPU.
+std::vector<Placement> candidate_placements(const Model& m, const StrategyOptions& o,
+                                            const CostModel& cost);
 
 }  // namespace loom

@@ -5,6 +5,8 @@
 #include <cinttypes>
 #include <utility>
 
+#include "engine/placement/adaptive.h"
+
 namespace loom {
 
 namespace {
@@ -246,8 +248,16 @@ Status Session::apply_pending_placement() {
   }
   if (!p) return {};
   Status s = fwd_->set_placement(*p);
+  if (s.ok()) adapt_ = nullptr;  // the requester's choice wins over the controller's
   if (done) done(s);
   return s;
+}
+
+void Session::adapt_step(double step_ms) {
+  if (!adapt_ || has_pending_.load(std::memory_order_acquire)) return;
+  std::optional<Placement> p =
+      adapt_->on_step(step_ms, static_cast<int64_t>(tokens_.size()), prof_);
+  if (p) adapt_->applied(fwd_->set_placement(*p));
 }
 
 Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
@@ -332,6 +342,7 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
       continue;
     }
     (void)apply_pending_placement();  // between two tokens: moves weights and KV, then goes on
+    const auto step_t0 = Clock::now();
     Status s = eval(std::span<const int32_t>(&id, 1), static_cast<int64_t>(tokens_.size()),
                     logits_.data(), &st);
     if (!s.ok()) {
@@ -343,6 +354,7 @@ Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,
       break;
     }
     tokens_.push_back(id);
+    adapt_step(ms_since(step_t0));
   }
   std::string rest = detok.flush();
   if (!rest.empty() && on_piece) on_piece(rest);

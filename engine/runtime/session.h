@@ -23,6 +23,8 @@
 
 namespace loom {
 
+class AdaptiveController;
+
 struct SessionConfig {
   int64_t n_ctx = 0;             ///< 0: the model's training context, capped at 4096
   DType kv_dtype = DType::kF16;  ///< F16 or Q8_0
@@ -128,8 +130,16 @@ class Session {
   /// with the outcome (on error the old placement stays). Any thread. A
   /// request not applied yet is replaced: its `done` gets kCancelled at once.
   void request_placement(const Placement& p, std::function<void(const Status&)> done = {});
-  /// Applies a requested placement now, if any (the thread that runs generate()).
+  /// Applies a requested placement now, if any (the thread that runs
+  /// generate()). Once applied, it ends the adaptive controller's turn
+  /// (set_adaptive(nullptr)): the requester's choice wins.
   Status apply_pending_placement();
+  /// The adaptive `auto` (adaptive.h), consulted after each decode step of
+  /// generate(), never during a prefill or after a stop; a placement it
+  /// returns is applied before the next token. Null: none. Not owned; the
+  /// caller start()s it with the placement in force.
+  void set_adaptive(AdaptiveController* c) { adapt_ = c; }
+  AdaptiveController* adaptive() const { return adapt_; }
   /// Attach the profiler: op groups, transfers, TTFT and ITL (nullptr to detach).
   void set_profiler(Profiler* p) {
     prof_ = p;
@@ -149,6 +159,8 @@ class Session {
   /// their tokens, and the evaluation goes on where it stopped.
   Status eval(std::span<const int32_t> tokens, int64_t pos0, float* logits, GenerateStats* st);
   Status recompute_lost(std::span<const int32_t> pending, int64_t pos0, GenerateStats* st);
+  /// A decode step of step_ms ended: the adaptive controller's turn.
+  void adapt_step(double step_ms);
 
   const Model& m_;
   std::unique_ptr<KvCache> kv_;
@@ -156,6 +168,7 @@ class Session {
   std::vector<int32_t> tokens_;       ///< tokens whose KV is in the cache, in order
   std::vector<float> logits_;
   Profiler* prof_ = nullptr;
+  AdaptiveController* adapt_ = nullptr;
   std::mutex pending_mu_;
   std::optional<Placement> pending_;
   std::function<void(const Status&)> pending_done_;

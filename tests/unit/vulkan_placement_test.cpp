@@ -9,6 +9,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/vulkan/vulkan_backend.h"
 #include "engine/model/synth.h"
+#include "engine/placement/adaptive.h"
 #include "engine/placement/strategy.h"
 #include "engine/profile/profiler.h"
 #include "engine/runtime/session.h"
@@ -146,6 +147,51 @@ TEST(VulkanPlacement, SwitchingMidGenerationKeepsTheTokens) {
       });
   EXPECT_TRUE(failures.empty()) << failures.front();
   EXPECT_EQ(r.tokens, ref.tokens);
+  be->release_weights();
+}
+
+// The adaptive auto switches placements between tokens on its own (short
+// windows, so that it tries several in 40 tokens): the tokens stay the CPU's.
+TEST(VulkanPlacement, AdaptiveAutoKeepsTheTokens) {
+  LOOM_VULKAN_OR_SKIP(be, false);
+  auto m = synth_f32(3);
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  const std::vector<int32_t> prompt = {0, 77, 301, 5, 122};
+  const GenRun ref = greedy(*m, *be, cpu, Placement::uniform(3, Unit::kCpu), prompt, 40);
+  StrategyOptions o;
+  o.strategy = "auto";
+  o.n_ctx = 128;
+  const uint64_t all = placement_bytes(*m, Placement::uniform(3, Unit::kGpu),
+                                       kv_bytes_per_layer(*m, o.n_ctx, o.kv_dtype))
+                           .on(Unit::kGpu);
+  o.vram_budget = gpu_overhead_bytes(*m, o.max_chunk) + all * 2 / 3;
+  const CostModel cost = CostModel::defaults();
+  auto start = make_placement(*m, o, cost);
+  ASSERT_TRUE(start.ok()) << start.message();
+  AdaptiveOptions ao;
+  ao.window_tokens = 3;
+  ao.max_candidates = 5;
+  ao.recheck_tokens = 4;
+  ao.max_extra_tries = 3;
+  AdaptiveController c(*m, o, cost, ao);
+  c.start(*start);
+  Profiler prof(3);
+  const GenRun r = greedy(
+      *m, *be, cpu, *start, prompt, 40,
+      [&](Session& s, int64_t i) {
+        if (i == 0) s.set_adaptive(&c);
+      },
+      &prof);
+  EXPECT_EQ(r.tokens, ref.tokens);
+  int tries = 0, keeps = 0;
+  for (const AdaptiveEvent& e : c.events()) {
+    tries += e.kind == AdaptiveEvent::Kind::kTry;
+    keeps += e.kind == AdaptiveEvent::Kind::kKeep;
+    EXPECT_NE(e.kind, AdaptiveEvent::Kind::kFailed) << e.label << ": " << e.why;
+  }
+  EXPECT_GE(tries, 2);
+  EXPECT_GE(keeps, 1);
   be->release_weights();
 }
 

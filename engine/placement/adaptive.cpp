@@ -1,0 +1,244 @@
+#include "engine/placement/adaptive.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace loom {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Correction factors stay within this range: a factor outside it is a
+// broken measurement (a step that waited on something else), not a rate.
+constexpr double kMinFactor = 0.2, kMaxFactor = 5.0;
+
+}  // namespace
+
+const char* adaptive_event_name(AdaptiveEvent::Kind k) {
+  switch (k) {
+    case AdaptiveEvent::Kind::kMeasured: return "measured";
+    case AdaptiveEvent::Kind::kTry: return "try";
+    case AdaptiveEvent::Kind::kKeep: return "keep";
+    case AdaptiveEvent::Kind::kFailed: return "failed";
+  }
+  return "?";
+}
+
+CostModel correct_cost_model(const CostModel& base, const Model& m, const Placement& p,
+                             int64_t n_past, DType kv_dtype, const Profiler::Snapshot& snap,
+                             double step_ms) {
+  CostModel c = base;
+  const CostModel::Prediction pred = base.predict(m, p, n_past, kv_dtype);
+  std::array<double, kNumUnits> meas{};
+  std::array<bool, kNumUnits> seen{};
+  auto add = [&](Unit u, const ProfileStat& s) {
+    if (s.count == 0) return;
+    meas[static_cast<size_t>(u)] += s.p50_ms;
+    seen[static_cast<size_t>(u)] = true;
+  };
+  const size_t n_layer = std::min(snap.layers.size(), p.layers.size());
+  for (size_t l = 0; l < n_layer; ++l) {
+    for (size_t g = 0; g < static_cast<size_t>(kNumOpGroups); ++g)
+      add(p.layers[l].g[g].unit, snap.layers[l][g]);
+  }
+  add(p.embed.unit, snap.embed);
+  add(p.output.unit, snap.output);
+  for (size_t u = 0; u < meas.size(); ++u) {
+    if (!seen[u] || meas[u] <= 0 || pred.unit_ms[u] <= 0) continue;
+    const double f = std::clamp(meas[u] / pred.unit_ms[u], kMinFactor, kMaxFactor);
+    c.unit[u].bytes_per_s /= f;
+    c.unit[u].op_s *= f;
+  }
+  if (step_ms <= 0) return c;
+  // What the step took beyond its units' compute goes to the copies: to the
+  // switches back to the host when there are any (the fence wait and the
+  // GPU's idle spell are what they stand for), else to the copies' latency.
+  const CostModel::Prediction pc = c.predict(m, p, n_past, kv_dtype);
+  double compute_ms = 0;
+  for (double x : pc.unit_ms) compute_ms += x;
+  const double copies_ms = step_ms - compute_ms;
+  const double plain_ms = pc.xfer_ms - static_cast<double>(pc.switches) * c.switch_s * 1e3;
+  if (pc.switches > 0) {
+    c.switch_s = std::max(0.0, (copies_ms - plain_ms) / static_cast<double>(pc.switches)) * 1e-3;
+  } else if (pc.transfers > 0 && plain_ms > 0 && copies_ms > 0) {
+    const double f = std::clamp(copies_ms / plain_ms, kMinFactor, kMaxFactor);
+    c.xfer_latency_s *= f;
+    c.xfer_bytes_per_s /= f;
+  }
+  return c;
+}
+
+AdaptiveController::AdaptiveController(const Model& m, StrategyOptions o, CostModel cost,
+                                       AdaptiveOptions ao)
+    : m_(m), o_(std::move(o)), base_(cost), cost_(cost), ao_(ao) {
+  ao_.window_tokens = std::max(2, ao_.window_tokens);
+  ao_.max_candidates = std::max(1, ao_.max_candidates);
+}
+
+size_t AdaptiveController::arm_of(const Placement& p) {
+  for (size_t i = 0; i < arms_.size(); ++i) {
+    if (arms_[i].p.same_as(p)) return i;
+  }
+  arms_.push_back(Arm{p});
+  return arms_.size() - 1;
+}
+
+void AdaptiveController::start(const Placement& current) {
+  arms_.clear();
+  for (Placement& p : candidate_placements(m_, o_, base_)) arms_.push_back(Arm{std::move(p)});
+  current_ = arm_of(current);
+  if (arms_[current_].p.strategy.empty()) arms_[current_].p.strategy = current.strategy;
+  cost_ = base_;
+  applying_.reset();
+  window_.clear();
+  skip_next_ = true;
+  settled_ = arms_.size() < 2;
+  explore_left_ = ao_.max_candidates - 1;
+  extra_tries_ = 0;
+  tokens_ = 0;
+  next_check_ = ao_.recheck_tokens;
+  events_.clear();
+}
+
+double AdaptiveController::predict(const Placement& p, int64_t n_past) const {
+  return cost_.predict(m_, p, n_past, o_.kv_dtype).step_ms;
+}
+
+void AdaptiveController::emit(AdaptiveEvent::Kind k, size_t arm, double predicted,
+                              const std::string& why) {
+  AdaptiveEvent e;
+  e.kind = k;
+  e.token = tokens_;
+  e.label = arms_[arm].p.strategy;
+  e.placement = arms_[arm].p;
+  e.predicted_ms = predicted;
+  e.measured_ms = arms_[arm].measured_ms;
+  e.why = why;
+  events_.push_back(e);
+  if (listener_) listener_(events_.back());
+}
+
+std::optional<size_t> AdaptiveController::next_candidate(int64_t n_past, bool recheck) {
+  auto untried = [this](size_t i) { return arms_[i].measured_ms == 0 && !arms_[i].failed; };
+  // The most layers as one run on the GPU (layers:N for the largest N that
+  // fits) is what a user would pick by hand: measured first.
+  if (!recheck) {
+    std::optional<size_t> most;
+    long long most_n = -1;
+    for (size_t i = 0; i < arms_.size(); ++i) {
+      const std::string& s = arms_[i].p.strategy;
+      const size_t at = s.find("layers:");
+      if (at == std::string::npos) continue;
+      const long long n = std::atoll(s.c_str() + at + 7);
+      if (n > most_n) most = i, most_n = n;
+    }
+    if (most && untried(*most)) return most;
+  }
+  // The measured arm the corrected model would pick, as the yardstick.
+  double ref = 0;
+  for (size_t i = 0; i < arms_.size(); ++i) {
+    if (arms_[i].measured_ms > 0 && !arms_[i].failed) {
+      const double s = predict(arms_[i].p, n_past);
+      if (ref == 0 || s < ref) ref = s;
+    }
+  }
+  std::optional<size_t> best;
+  double best_s = 0;
+  for (size_t i = 0; i < arms_.size(); ++i) {
+    if (!untried(i)) continue;
+    const double s = predict(arms_[i].p, n_past);
+    if (!best || s < best_s) best = i, best_s = s;
+  }
+  if (!best) return std::nullopt;
+  // Exploring: a candidate the corrected model puts within a quarter of the
+  // best measured one is worth a window. Rechecking: it must promise min_gain.
+  const double limit = recheck ? ref * (1.0 - ao_.min_gain) : ref * 1.25;
+  if (ref > 0 && best_s > limit) return std::nullopt;
+  return best;
+}
+
+std::optional<Placement> AdaptiveController::switch_to(size_t arm, AdaptiveEvent::Kind k,
+                                                       int64_t n_past, Profiler* prof,
+                                                       const std::string& why) {
+  emit(k, arm, predict(arms_[arm].p, n_past), why);
+  window_.clear();
+  if (arm == current_) return std::nullopt;
+  applying_ = arm;
+  skip_next_ = true;
+  if (prof) prof->reset();  // its figures belong to the placement that ends
+  return arms_[arm].p;
+}
+
+void AdaptiveController::applied(const Status& s) {
+  if (!applying_) return;
+  const size_t arm = *applying_;
+  applying_.reset();
+  if (s.ok()) {
+    current_ = arm;
+    return;
+  }
+  arms_[arm].failed = true;
+  emit(AdaptiveEvent::Kind::kFailed, arm, 0, s.message());
+  skip_next_ = true;
+}
+
+std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_past,
+                                                     Profiler* prof) {
+  ++tokens_;
+  if (arms_.empty() || applying_) return std::nullopt;
+  if (skip_next_) {  // the first step on a new placement pays for the change
+    skip_next_ = false;
+    return std::nullopt;
+  }
+  const size_t w = static_cast<size_t>(ao_.window_tokens - 1);
+  window_.push_back(step_ms);
+  if (window_.size() > w) window_.erase(window_.begin());
+  if (window_.size() < w) return std::nullopt;
+  if (settled_ && (ao_.recheck_tokens <= 0 || tokens_ < next_check_)) return std::nullopt;
+
+  // A window ended: what the running placement measured, and the model corrected by it.
+  Arm& cur = arms_[current_];
+  cur.measured_ms = median(window_);
+  if (prof) {
+    cost_ = correct_cost_model(base_, m_, cur.p, n_past, o_.kv_dtype, prof->snapshot(),
+                               cur.measured_ms);
+  }
+  emit(AdaptiveEvent::Kind::kMeasured, current_, predict(cur.p, n_past));
+  window_.clear();
+
+  if (settled_) {  // a recheck
+    next_check_ = tokens_ + ao_.recheck_tokens;
+    if (extra_tries_ >= ao_.max_extra_tries) return std::nullopt;
+    const std::optional<size_t> c = next_candidate(n_past, /*recheck=*/true);
+    if (!c) return std::nullopt;
+    ++extra_tries_;
+    settled_ = false;
+    explore_left_ = 0;
+    return switch_to(*c, AdaptiveEvent::Kind::kTry, n_past, prof,
+                     "the corrected model predicts it faster than the kept placement");
+  }
+  if (explore_left_ > 0) {
+    if (const std::optional<size_t> c = next_candidate(n_past, /*recheck=*/false)) {
+      --explore_left_;
+      return switch_to(*c, AdaptiveEvent::Kind::kTry, n_past, prof, "exploring");
+    }
+  }
+  // Exploration over: the fastest measured placement runs from here on.
+  size_t best = current_;
+  for (size_t i = 0; i < arms_.size(); ++i) {
+    if (arms_[i].measured_ms > 0 && !arms_[i].failed &&
+        arms_[i].measured_ms < arms_[best].measured_ms)
+      best = i;
+  }
+  settled_ = true;
+  next_check_ = tokens_ + ao_.recheck_tokens;
+  return switch_to(best, AdaptiveEvent::Kind::kKeep, n_past, prof, "fastest measured");
+}
+
+}  // namespace loom
