@@ -49,6 +49,14 @@ CostModel correct_cost_model(const CostModel& base, const Model& m, const Placem
   }
   add(p.embed.unit, snap.embed);
   add(p.output.unit, snap.output);
+  // Groups are timed on sampled steps, where each GPU group boundary drains
+  // the queue: their sum can exceed the step they belong to. The step is the
+  // figure that counts, so the units' shares are kept and scaled to fit in it.
+  double sum = 0;
+  for (size_t u = 0; u < meas.size(); ++u) sum += seen[u] ? meas[u] : pred.unit_ms[u];
+  if (step_ms > 0 && sum > step_ms) {
+    for (double& x : meas) x *= step_ms / sum;
+  }
   for (size_t u = 0; u < meas.size(); ++u) {
     if (!seen[u] || meas[u] <= 0 || pred.unit_ms[u] <= 0) continue;
     const double f = std::clamp(meas[u] / pred.unit_ms[u], kMinFactor, kMaxFactor);

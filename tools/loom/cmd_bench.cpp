@@ -87,6 +87,7 @@ int cmd_bench(const BenchOptions& o) {
     }
     auto last = t1;
     for (int64_t i = 0; i < o.n_gen; ++i) {
+      const auto step0 = Clock::now();
       s = fwd.eval(std::span<const int32_t>(&next, 1), o.n_prompt + i, logits.data());
       if (!s.ok()) {
         std::fprintf(stderr, "loom bench: %s\n", s.message().c_str());
@@ -96,6 +97,12 @@ int cmd_bench(const BenchOptions& o) {
       const auto now = Clock::now();
       if (rep >= 0) itl.push_back(std::chrono::duration<double, std::milli>(now - last).count());
       last = now;
+      // The adaptive auto's turn between two tokens (a change's cost lands in the next ITL).
+      if (e->adaptive) {
+        const double ms = std::chrono::duration<double, std::milli>(now - step0).count();
+        if (auto p = e->adaptive->on_step(ms, o.n_prompt + i + 1, o.no_profiler ? nullptr : &prof))
+          e->adaptive->applied(fwd.set_placement(*p));
+      }
     }
     fwd.set_stats(nullptr);
     if (rep == o.reps - 1) ssd1 = kv.tier_stats();
@@ -106,6 +113,7 @@ int cmd_bench(const BenchOptions& o) {
     ttft.push_back(pre_ms);
   }
   fwd.set_profiler(nullptr);
+  e->planned = fwd.placement();  // the adaptive auto may have moved it
   const Profiler::Snapshot snap = prof.snapshot();
   const std::vector<GpuOpTime> gpu_ops =
       e->gpu ? take_vulkan_gpu_times(*e->gpu) : std::vector<GpuOpTime>();
@@ -169,6 +177,18 @@ int cmd_bench(const BenchOptions& o) {
       j["layers"] = layers;
       j["step_p50_ms"] = snap.step.p50_ms;
     }
+    if (e->adaptive) {
+      nlohmann::json ev = nlohmann::json::array();
+      for (const AdaptiveEvent& a : e->adaptive->events()) {
+        ev.push_back({{"token", a.token},
+                      {"event", adaptive_event_name(a.kind)},
+                      {"placement", a.label},
+                      {"predicted_ms", a.predicted_ms},
+                      {"measured_ms", a.measured_ms},
+                      {"why", a.why}});
+      }
+      j["adaptive"] = {{"events", ev}, {"kept", e->adaptive->current().strategy}};
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -214,6 +234,15 @@ int cmd_bench(const BenchOptions& o) {
         "against the cost model:\n",
         o.reps, prof.sample_every(e->planned.uses(Unit::kGpu)));
     print_plan(*e, &snap, stdout);
+  }
+  if (e->adaptive) {
+    std::printf(
+        "adaptive auto (windows of %d decode tokens, from the warm-up rep on; the cost model "
+        "corrected from the profiler):\n",
+        o.engine.adapt_window);
+    for (const AdaptiveEvent& a : e->adaptive->events())
+      std::printf("  %s\n", describe_adaptive_event(a).c_str());
+    std::printf("  kept: %s\n", e->adaptive->current().strategy.c_str());
   }
   if (!gpu_ops.empty()) {
     double total_ms = 0;

@@ -66,6 +66,8 @@ struct EngineOptions {
   std::string kv_dir;            ///< spill folder (default: the user cache folder)
   std::string kv_policy = "importance";  ///< lru | importance
   std::string kv_spill_type;             ///< precision on the SSD: the cache's, or q8_0
+  bool no_adapt = false;  ///< strategy auto: keep the planned placement (no AdaptiveController)
+  int adapt_window = 8;   ///< AdaptiveOptions::window_tokens
 };
 
 struct PlanOptions {

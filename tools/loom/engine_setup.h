@@ -5,6 +5,7 @@
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/model/model.h"
+#include "engine/placement/adaptive.h"
 #include "engine/placement/cost_model.h"
 #include "engine/placement/strategy.h"
 #include "engine/runtime/session.h"
@@ -14,9 +15,12 @@ namespace loom::cli {
 
 struct Engine {
   std::unique_ptr<Model> model;
-  std::unique_ptr<CpuBackend> cpu;   ///< always there: runs what the GPU cannot
-  std::unique_ptr<Backend> gpu;      ///< the Vulkan backend when asked for and available
-  Backend* backend = nullptr;        ///< the one the session runs on
+  std::unique_ptr<CpuBackend> cpu;  ///< always there: runs what the GPU cannot
+  std::unique_ptr<Backend> gpu;     ///< the Vulkan backend when asked for and available
+  Backend* backend = nullptr;       ///< the one the session runs on
+  /// Strategy auto with a GPU (unless --no-adapt): attached to the session,
+  /// its changes logged to stderr as they happen.
+  std::unique_ptr<AdaptiveController> adaptive;
   std::unique_ptr<Session> session;  ///< declared last: destroyed before the backends
   StrategyOptions strategy;          ///< what the placement was made from
   KvTierConfig kv_tiers;             ///< the KV cache's RAM budget and spill folder
@@ -31,6 +35,9 @@ struct Engine {
 /// `session`: false for commands that only plan (no KV cache, no weight uploads).
 std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, bool calibrate = false,
                                     bool session = true);
+
+/// One line of an adaptive event: "token 8: try layers:16 (predicted 27.1 ms)".
+std::string describe_adaptive_event(const AdaptiveEvent& e);
 
 /// Peak resident memory of this process in bytes (VmHWM), or 0.
 uint64_t peak_rss_bytes();

@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
                   "KV precision on the SSD: q8_0 (under an F16 cache) or fp8 (E4M3, a scale per "
                   "block) requantize blocks as they go down (about half the bytes to read "
                   "back); default: as in RAM");
+    c->add_flag("--no-adapt", e.no_adapt,
+                "With --strategy auto: keep the planned placement (by default auto measures "
+                "decode steps and tries other placements between tokens, keeping the fastest)");
+    c->add_option("--adapt-window", e.adapt_window,
+                  "Decode tokens each placement runs while auto explores (default 8)");
     c->add_option("--gpu-keep-busy", e.gpu_keep_groups,
                   "Experimental: while the CPU works in a hybrid step, N workgroups spin on the "
                   "GPU so its clocks may stay up (one per SM keeps all busy and draws power "
