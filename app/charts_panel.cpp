@@ -301,11 +301,19 @@ ChartsPanel::ChartsPanel(std::shared_ptr<LiveStats> stats, QWidget* parent)
   m_tpsChart->addAxis(m_tpsY, Qt::AlignLeft);
   m_tpsSeries->attachAxis(m_tpsX);
   m_tpsSeries->attachAxis(m_tpsY);
+  // Placement changes (the adaptive auto's tries, the user's applies) as
+  // vertical dashed lines: one series drawn as a comb along the x axis.
+  m_tpsMarks = new QLineSeries;
+  m_tpsMarks->setName(tr("placement changes"));
+  m_tpsMarks->setPen(QPen(theme::kAccent, 1.2, Qt::DashLine));
+  m_tpsChart->addSeries(m_tpsMarks);
+  m_tpsMarks->attachAxis(m_tpsX);
+  m_tpsMarks->attachAxis(m_tpsY);
   m_tpsX->setRange(0, 10);
   m_tpsY->setRange(0, 10);
-  auto* tpsLegend = new QLabel(tr("per ¼ s or 32 tokens · idle time left out"));
+  m_tpsLegend = new QLabel(tr("per ¼ s or 32 tokens · idle time left out"));
   v->addWidget(
-      framed(makeView(m_tpsChart, 130, content), tr("Tokens per second"), tpsLegend, content));
+      framed(makeView(m_tpsChart, 130, content), tr("Tokens per second"), m_tpsLegend, content));
 
   // Memory per tier.
   m_memChart = makeChart();
@@ -546,6 +554,32 @@ void ChartsPanel::buildTps(const LiveSnapshot& s) {
   if (maxX > span) m_tpsX->setRange(maxX - span, maxX);
   setNiceRange(m_tpsY, maxY * 1.15);
   m_shown.tpsPoints = static_cast<int>(pts.size());
+
+  // Each change: up to the top and back down; the stretches between run along the axis.
+  QList<QPointF> comb;
+  const double top = m_tpsY->max();
+  for (const auto& [t, what] : s.placementMarks) {
+    comb << QPointF(t, 0) << QPointF(t, top) << QPointF(t, 0);
+  }
+  m_tpsMarks->replace(comb);
+  m_shown.placementMarks = static_cast<int>(s.placementMarks.size());
+  QString legend = tr("per ¼ s or 32 tokens · idle time left out");
+  QString tip;
+  if (!s.placementMarks.empty()) {
+    const auto& [t, what] = s.placementMarks.back();
+    legend += tr(" · ┆ placement changes: %1 (last at %2 s: %3)")
+                  .arg(s.placementMarks.size())
+                  .arg(t, 0, 'f', 1)
+                  .arg(QString::fromStdString(what));
+    const size_t first = s.placementMarks.size() > 12 ? s.placementMarks.size() - 12 : 0;
+    for (size_t i = first; i < s.placementMarks.size(); ++i) {
+      tip += QStringLiteral("%1 s  %2\n")
+                 .arg(s.placementMarks[i].first, 0, 'f', 1)
+                 .arg(QString::fromStdString(s.placementMarks[i].second));
+    }
+  }
+  m_tpsLegend->setText(legend);
+  m_tpsLegend->setToolTip(tip.trimmed());
 }
 
 void ChartsPanel::buildMemory(const LiveSnapshot& s) {

@@ -39,6 +39,7 @@ class ChartsPanel : public QWidget {
     double tokensPerSecond = 0;  ///< the tile's figure
     int layersWithData = 0;
     int tpsPoints = 0;
+    int placementMarks = 0;  ///< placement changes drawn on the tokens/s chart
     uint64_t ramBytes = 0;
     uint64_t gpuBytes = 0;
     bool gpuPresent = false;
@@ -90,6 +91,8 @@ class ChartsPanel : public QWidget {
   // Tokens/s.
   QChart* m_tpsChart = nullptr;
   QLineSeries* m_tpsSeries = nullptr;
+  QLineSeries* m_tpsMarks = nullptr;  ///< placement changes: a vertical dashed line each
+  QLabel* m_tpsLegend = nullptr;
   QValueAxis* m_tpsX = nullptr;
   QValueAxis* m_tpsY = nullptr;
   // Memory.

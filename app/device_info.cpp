@@ -249,6 +249,12 @@ QVector<StrategyInfo> strategiesFor(const QVector<BackendInfo>& backends) {
                     gpu ? QString() : noGpu,
                     false,
                     true};
+  s << StrategyInfo{QStringLiteral("adaptive"),
+                    QObject::tr("Auto (adaptive): measures while generating, keeps the fastest"),
+                    gpu,
+                    gpu ? QString() : noGpu,
+                    false,
+                    true};
   s << StrategyInfo{
       QStringLiteral("custom"), QObject::tr("Custom (edit cells)"), true, {}, false, false};
   return s;

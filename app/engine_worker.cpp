@@ -19,6 +19,7 @@
 #include "engine/model/discovery.h"
 #include "engine/model/model.h"
 #include "engine/model/synth.h"
+#include "engine/placement/adaptive.h"
 #include "engine/placement/cost_model.h"
 #include "engine/placement/placement.h"
 #include "engine/placement/strategy.h"
@@ -66,6 +67,7 @@ EngineWorker::EngineWorker(QString dbPath, int nThreads, std::shared_ptr<LiveSta
 // The session refers to the model and the backends: it goes first.
 EngineWorker::~EngineWorker() {
   m_session.reset();
+  m_adaptive.reset();
   m_planner.reset();
   m_model.reset();
   m_gpu.reset();
@@ -414,9 +416,17 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
   if (stale)
     emit placementFailed(stale->requestId,
                          tr("Another model was loaded before the placement was applied."));
+  attachAdaptive(nullptr, 0);  // it measured the old model
   m_model = std::move(model);
   m_profiler = m_stats->resetForModel(m_model->hp.n_layer);
   setSession(std::move(session), QStringLiteral("F16"), 0);
+  // On a real GPU, auto's first placement is where the adaptive auto starts.
+  if (so.strategy == "auto") {
+    PlacementPlan start = currentPlan();
+    start.strategy = QStringLiteral("adaptive");
+    start.vramBudgetMiB = static_cast<int>(m_gpuMemory >> 20);
+    attachAdaptive(m_planner->makeAdaptive(start), start.vramBudgetMiB);
+  }
   m_summary = summary;
   m_summary.nCtx = static_cast<int>(m_session->n_ctx());
   m_summary.kvDtype = m_kvDtype;
@@ -516,6 +526,9 @@ void EngineWorker::setSession(std::unique_ptr<loom::Session> s, const QString& k
   });
   m_summary.nCtx = static_cast<int>(m_session->n_ctx());
   m_summary.kvDtype = kvDtype;
+  // A new session for the same model (new KV cache): the adaptive auto goes on there.
+  if (m_adaptive && &m_adaptive->model() == &m_session->model())
+    attachAdaptive(m_adaptive, m_adaptiveBudgetMiB);
   if (again) {
     const quint64 id = again->requestId;
     m_session->request_placement(*again->placement, [this, id](const loom::Status& st) {
@@ -573,8 +586,54 @@ bool EngineWorker::rebuildSession(int nCtx, const QString& kvDtype,
 
 PlacementPlan EngineWorker::currentPlan() const {
   if (!m_session || !m_planner) return {};
-  return m_planner->toPlan(m_session->forward().placement(), m_kvDtype,
-                           static_cast<int>(m_session->n_ctx()));
+  PlacementPlan plan = m_planner->toPlan(m_session->forward().placement(), m_kvDtype,
+                                         static_cast<int>(m_session->n_ctx()));
+  if (m_adaptive && m_session->adaptive() == m_adaptive.get()) {
+    plan.strategy = QStringLiteral("adaptive");
+    plan.vramBudgetMiB = m_adaptiveBudgetMiB;
+  }
+  return plan;
+}
+
+void EngineWorker::setAdaptivePaused(bool paused) {
+  std::lock_guard<std::mutex> lock(m_mu);
+  m_adaptivePaused = paused;
+  if (m_adaptive) m_adaptive->set_paused(paused);
+}
+
+void EngineWorker::attachAdaptive(std::shared_ptr<loom::AdaptiveController> c, int vramBudgetMiB) {
+  if (m_session && m_session->adaptive() && m_session->adaptive() != c.get())
+    m_session->set_adaptive(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    m_adaptive = std::move(c);
+    if (m_adaptive) m_adaptive->set_paused(m_adaptivePaused);
+  }
+  m_adaptiveBudgetMiB = vramBudgetMiB;
+  if (!m_adaptive || !m_session) return;
+  m_adaptive->set_listener([this](const loom::AdaptiveEvent& e) { onAdaptiveEvent(e); });
+  m_adaptive->start(m_session->forward().placement());
+  m_session->set_adaptive(m_adaptive.get());
+}
+
+void EngineWorker::onAdaptiveEvent(const loom::AdaptiveEvent& e) {
+  const std::string line = loom::adaptive_event_text(e);
+  qInfo("loom: auto (adaptive): %s", line.c_str());
+  if (e.kind == loom::AdaptiveEvent::Kind::kMeasured) return;
+  const bool moved = e.kind != loom::AdaptiveEvent::Kind::kFailed &&
+                     !e.placement.same_as(m_session->forward().placement());
+  if (!moved && e.kind != loom::AdaptiveEvent::Kind::kFailed) return;  // kept where it was
+  if (m_stats)
+    m_stats->placementChanged(std::string("auto: ") + loom::adaptive_event_name(e.kind) + " " +
+                              e.label);
+  // What runs from the next token on: the event's placement (applied right
+  // after this), or, when it failed, the one in force.
+  PlacementPlan plan =
+      moved ? m_planner->toPlan(e.placement, m_kvDtype, static_cast<int>(m_session->n_ctx()))
+            : currentPlan();
+  plan.strategy = QStringLiteral("adaptive");
+  plan.vramBudgetMiB = m_adaptiveBudgetMiB;
+  emit placementAdapted(plan, QString::fromStdString(line), moved);
 }
 
 QString EngineWorker::placementNote() const {
@@ -700,6 +759,8 @@ bool EngineWorker::requestPlacement(quint64 requestId, const PlacementPlan& plan
   w.requestId = requestId;
   w.placement = std::make_shared<loom::Placement>(m_planner->toPlacement(plan));
   w.kvDtype = plan.kvPrecision();
+  w.adaptive = m_planner->makeAdaptive(plan);
+  w.vramBudgetMiB = plan.vramBudgetMiB;
   m_wanted = w;
   if (w.kvDtype != m_kvDtype) {
     // A new KV precision is a new KV cache: after the reply that streams, if any.
@@ -749,15 +810,25 @@ void EngineWorker::applyWithNewKv() {
 }
 
 void EngineWorker::onPlacementDone(quint64 requestId, bool ok, const QString& error) {
+  std::shared_ptr<loom::AdaptiveController> adaptive;
+  int budgetMiB = 0;
   {
     std::lock_guard<std::mutex> lock(m_mu);
-    if (m_wanted && m_wanted->requestId == requestId) m_wanted.reset();
+    if (m_wanted && m_wanted->requestId == requestId) {
+      adaptive = m_wanted->adaptive;
+      budgetMiB = m_wanted->vramBudgetMiB;
+      m_wanted.reset();
+    }
   }
   if (!ok) {
     emit placementFailed(requestId,
                          tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
     return;
   }
+  // The placement asked for is in force: the adaptive auto from here when it
+  // was asked for; any other request ended it (Session::apply_pending_placement).
+  attachAdaptive(std::move(adaptive), budgetMiB);
+  if (m_stats) m_stats->placementChanged(m_adaptive ? "Auto (adaptive) applied" : "applied");
   m_stats->resetTimings();
   publishMemory();
   const QString when =

@@ -40,6 +40,8 @@ class Backend;
 class CpuBackend;
 class Session;
 class Profiler;
+class AdaptiveController;
+struct AdaptiveEvent;
 namespace storage {
 class Store;
 enum class MessageState : int;
@@ -77,6 +79,9 @@ class EngineWorker : public QObject {
   /// `waitsForReply` says whether it waits for the streaming reply to end.
   bool requestPlacement(quint64 requestId, const PlacementPlan& plan, QString* error,
                         bool* waitsForReply = nullptr);
+  /// The user is editing the placement (pending cells): the adaptive auto
+  /// holds still until the edits are applied or dropped. Any thread.
+  void setAdaptivePaused(bool paused);
 
   int threads() const { return m_nThreads; }
 
@@ -131,6 +136,10 @@ class EngineWorker : public QObject {
   void placementApplied(quint64 requestId, const PlacementPlan& placement, const QString& note);
   /// It could not be applied; the previous placement stays, and so does the chat.
   void placementFailed(quint64 requestId, const QString& message);
+  /// The adaptive auto moved the placement between two tokens (`moved`), or
+  /// could not (`moved` false: `placement` is the one that stays). `what`:
+  /// its log line.
+  void placementAdapted(const PlacementPlan& placement, const QString& what, bool moved);
   /// How far the placement being applied is (weights re-quantized and moved), 0..100.
   void placementProgress(int percent);
   void devicesFound(const QVector<DeviceInfo>& devices);
@@ -149,7 +158,14 @@ class EngineWorker : public QObject {
     quint64 requestId = 0;
     std::shared_ptr<loom::Placement> placement;
     QString kvDtype;
+    std::shared_ptr<loom::AdaptiveController> adaptive;  ///< Auto (adaptive): runs once applied
+    int vramBudgetMiB = 0;
   };
+  /// The adaptive auto takes over the session's placement from here (null: none).
+  /// (Worker thread; m_adaptive is written under m_mu.)
+  void attachAdaptive(std::shared_ptr<loom::AdaptiveController> c, int vramBudgetMiB);
+  /// A change by the adaptive auto (the generating thread): logged, marked, shown.
+  void onAdaptiveEvent(const loom::AdaptiveEvent& e);
   /// Opens the GPU backend once: CUDA where it is built and a device is
   /// usable, else the best Vulkan device; m_gpuWhyNot says why neither.
   void ensureGpu();
@@ -222,6 +238,10 @@ class EngineWorker : public QObject {
 
   // Shared with requestPlacement (any thread).
   mutable std::mutex m_mu;
+  /// Auto (adaptive), attached to m_session (declared first: outlives it).
+  std::shared_ptr<loom::AdaptiveController> m_adaptive;
+  int m_adaptiveBudgetMiB = 0;
+  bool m_adaptivePaused = false;             ///< the user has pending edits in the grid
   std::unique_ptr<loom::Session> m_session;  ///< replaced (on this thread) under m_mu only
   QString m_kvDtype = QStringLiteral("F16");
   std::optional<Wanted> m_wanted;  ///< asked for, not answered yet

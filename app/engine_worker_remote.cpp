@@ -47,6 +47,7 @@ void EngineWorker::connectRemote(quint64 requestId, const QString& url, const QS
   }
   // The local model goes: its memory is the machine's again.
   dropSession();
+  attachAdaptive(nullptr, 0);
   m_model.reset();
   m_planner.reset();
   m_remote = Remote{url.trimmed(), apiKey.trimmed(), chosen};

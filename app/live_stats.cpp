@@ -7,6 +7,7 @@ namespace {
 constexpr double kWindowSeconds = 0.25;
 constexpr uint64_t kWindowTokens = 32;
 constexpr size_t kMaxPoints = 4800;
+constexpr size_t kMaxMarks = 256;
 }  // namespace
 
 LiveStats::LiveStats() : m_profiler(std::make_shared<loom::Profiler>(0)) {}
@@ -23,6 +24,7 @@ std::shared_ptr<loom::Profiler> LiveStats::resetForModel(int64_t nLayer) {
     std::lock_guard<std::mutex> lock(m_mutex);
     m_profiler = profiler;
     m_tps.clear();
+    m_marks.clear();
     m_generationBase = 0;
     m_lastTtftMs = m_lastTps = 0;
     m_tokensTotal = 0;
@@ -75,6 +77,14 @@ void LiveStats::tokenGenerated(uint64_t sincePreviousNs) {
   bump();
 }
 
+void LiveStats::placementChanged(std::string what) {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  if (m_marks.size() >= kMaxMarks)
+    m_marks.erase(m_marks.begin(), m_marks.begin() + static_cast<long>(kMaxMarks / 4));
+  m_marks.emplace_back(generationSeconds(Clock::now()), std::move(what));
+  bump();
+}
+
 void LiveStats::generationFinished(double ttftMs, double tokensPerSecond) {
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(m_mutex);
@@ -114,6 +124,7 @@ LiveSnapshot LiveStats::snapshot() const {
     std::lock_guard<std::mutex> lock(m_mutex);
     profiler = m_profiler;
     s.tokensPerSecond = m_tps;
+    s.placementMarks = m_marks;
     s.gpu = m_gpu;
     s.ram = m_ram;
     s.ssd = m_ssd;

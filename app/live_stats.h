@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct LiveSnapshot {
   /// (seconds spent generating, tokens/s): idle time between replies is left
   /// out, so the line has no long flat gaps.
   std::vector<std::pair<double, double>> tokensPerSecond;
+  /// Placement changes on the same time axis: (seconds, what changed), e.g.
+  /// "auto: try layers:16". The adaptive auto's, and the user's.
+  std::vector<std::pair<double, std::string>> placementMarks;
   TierBytes gpu, ram, ssd;
   bool gpuPresent = false, ssdPresent = false;
   /// Per layer, where its KV lies; empty when the cache has no tiers (each
@@ -62,6 +66,8 @@ class LiveStats {
   /// One token arrived `sincePreviousNs` after the previous one (0 for the first).
   void tokenGenerated(uint64_t sincePreviousNs);
   void generationFinished(double ttftMs, double tokensPerSecond);
+  /// The placement changed now (a marker on the tokens/s line).
+  void placementChanged(std::string what);
   void setMemory(const TierBytes& gpu, const TierBytes& ram, const TierBytes& ssd, bool gpuPresent,
                  bool ssdPresent, std::vector<KvLayerBytes> kvLayers = {});
 
@@ -80,6 +86,7 @@ class LiveStats {
   mutable std::mutex m_mutex;  // guards everything below
   std::shared_ptr<loom::Profiler> m_profiler;
   std::vector<std::pair<double, double>> m_tps;
+  std::vector<std::pair<double, std::string>> m_marks;
   TierBytes m_gpu, m_ram, m_ssd;
   bool m_gpuPresent = false, m_ssdPresent = false;
   std::vector<KvLayerBytes> m_kvLayers;

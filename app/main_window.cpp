@@ -450,6 +450,10 @@ void MainWindow::connectWorker() {
           [this](const QString& m) { showError(tr("Warning"), m); });
   connect(w, &EngineWorker::placementApplied, this, &MainWindow::onPlacementApplied);
   connect(w, &EngineWorker::placementFailed, this, &MainWindow::onPlacementFailed);
+  connect(w, &EngineWorker::placementAdapted, this, &MainWindow::onPlacementAdapted);
+  // Pending edits in the grid: the adaptive auto holds still (it would drop them).
+  connect(m_placement, &PlacementModel::pendingChanged, this,
+          [this] { m_worker->setAdaptivePaused(m_placement->isDirty()); });
   connect(w, &EngineWorker::placementProgress, this, [this](int percent) {
     if (m_placing && percent < 100)
       m_engine->placementPanel()->setNote(tr("Applying… %1%").arg(percent));
@@ -823,6 +827,16 @@ void MainWindow::onPlacementApplied(quint64 requestId, const PlacementPlan& plan
   showDevices();
   updateHeader();
   emit placementDone(true, note);
+}
+
+void MainWindow::onPlacementAdapted(const PlacementPlan& plan, const QString& what, bool moved) {
+  // A user's placement on its way, or edits pending: the grid stays as the user has it.
+  if (m_placing || m_placement->isDirty()) return;
+  m_placement->setApplied(plan);  // the cells that moved glow for a moment
+  m_engine->placementPanel()->setNote(tr("Auto (adaptive): %1").arg(what), !moved);
+  m_engine->placementPanel()->refreshMeasured();
+  showDevices();
+  updateHeader();
 }
 
 void MainWindow::onPlacementFailed(quint64 requestId, const QString& message) {

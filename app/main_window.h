@@ -131,6 +131,8 @@ class MainWindow : public QMainWindow {
   void onModelLoaded(quint64 requestId, const ModelSummary& model, const PlacementPlan& placement,
                      const PlannerPtr& planner, const QString& note);
   void onPlacementApplied(quint64 requestId, const PlacementPlan& plan, const QString& note);
+  /// The adaptive auto moved the placement (or could not): the grid follows.
+  void onPlacementAdapted(const PlacementPlan& plan, const QString& what, bool moved);
   void onPlacementFailed(quint64 requestId, const QString& message);
   void updateEstimate();
   void onLoadFailed(quint64 requestId, const QString& message);

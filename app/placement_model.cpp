@@ -4,6 +4,7 @@
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QLocale>
+#include <algorithm>
 #include <cmath>
 
 namespace {
@@ -154,6 +155,21 @@ void PlacementModel::setApplied(const PlacementPlan& plan) {
     m_measured = {};
     m_estimate = {};
   }
+  // Which cells changed unit: shown as moving for a moment.
+  m_moved.clear();
+  m_movedAt.invalidate();
+  if (!shape) {
+    bool any = false;
+    m_moved.resize(plan.rows.size());
+    for (int r = 0; r < plan.rows.size(); ++r) {
+      m_moved[r].resize(plan.rows[r].size());
+      for (int c = 0; c < plan.rows[r].size() && c < m_applied.rows[r].size(); ++c) {
+        m_moved[r][c] = plan.rows[r][c].backend != m_applied.rows[r][c].backend;
+        any |= m_moved[r][c];
+      }
+    }
+    if (any) m_movedAt.start();
+  }
   m_applied = plan;
   m_pending = plan;
   if (shape) {
@@ -162,6 +178,10 @@ void PlacementModel::setApplied(const PlacementPlan& plan) {
     cellsChanged();
   }
   emit pendingChanged();
+}
+
+bool PlacementModel::moving() const {
+  return m_movedAt.isValid() && m_movedAt.elapsed() < kMoveFadeMs;
 }
 
 void PlacementModel::revertPending() {
@@ -470,6 +490,11 @@ QVariant PlacementModel::data(const QModelIndex& index, int role) const {
     case BackendLabelRole: return label;
     case BackendColorRole: return b ? b->color : QColor(Qt::gray);
     case DirtyRole: return dirty;
+    case MovedRole: {
+      if (!m_movedAt.isValid() || r >= m_moved.size() || c >= m_moved[r].size() || !m_moved[r][c])
+        return 0.0;
+      return std::max(0.0, 1.0 - static_cast<double>(m_movedAt.elapsed()) / kMoveFadeMs);
+    }
     case EdgeRowRole: return m_pending.isEdgeRow(r);
     default: return {};
   }

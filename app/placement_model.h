@@ -7,6 +7,7 @@
 
 #include <QAbstractTableModel>
 #include <QColor>
+#include <QElapsedTimer>
 #include <QString>
 #include <QStringList>
 #include <QVector>
@@ -142,7 +143,10 @@ class PlacementModel : public QAbstractTableModel {
     PredictedMsRole,  ///< kColTiming: predicted ms of the row (pending plan), or invalid
     P50MsRole,        ///< kColTiming: measured P50 ms (applied plan), or invalid
     P99MsRole,        ///< kColTiming: measured P99 ms, or invalid
+    MovedRole,        ///< 0..1: how fresh this cell's move by the last setApplied is (fades to 0)
   };
+  /// How long a moved cell stays highlighted after setApplied (ms).
+  static constexpr int kMoveFadeMs = 1600;
 
   explicit PlacementModel(QObject* parent = nullptr);
 
@@ -155,10 +159,21 @@ class PlacementModel : public QAbstractTableModel {
   const QVector<StrategyInfo>& strategies() const { return m_strategies; }
 
   /// The placement in effect (from the engine); pending edits are dropped.
+  /// Cells whose unit differs from the previous one are marked as moved
+  /// (MovedRole fades over kMoveFadeMs; the view animates them).
   void setApplied(const PlacementPlan& plan);
+  /// Whether a move is still fading (the view repaints while it is).
+  bool moving() const;
   const PlacementPlan& applied() const { return m_applied; }
   const PlacementPlan& pending() const { return m_pending; }
-  bool isDirty() const { return !m_pending.sameCells(m_applied); }
+  /// Pending cells differ from the applied ones, or the pending plan turns the
+  /// adaptive auto on or off (its first cells may be the ones in force).
+  bool isDirty() const {
+    const auto adaptive = [](const PlacementPlan& p) {
+      return p.strategy == QLatin1String("adaptive");
+    };
+    return !m_pending.sameCells(m_applied) || adaptive(m_pending) != adaptive(m_applied);
+  }
   /// Back to the applied placement.
   void revertPending();
   /// Replaces the pending plan (a preset, a planned strategy); same shape only.
@@ -223,4 +238,6 @@ class PlacementModel : public QAbstractTableModel {
   MeasuredTimes m_measured;
   PrecisionCheck m_check;
   std::vector<KvLayerBytes> m_kvLayers;
+  QVector<QVector<bool>> m_moved;  ///< [row][column] moved by the last setApplied
+  QElapsedTimer m_movedAt;         ///< since that setApplied (invalid: none)
 };

@@ -77,6 +77,17 @@ class CellDelegate : public QStyledItemDelegate {
       p->setPen(QPen(theme::kAccent, 1.6, Qt::DashLine));
       p->drawPath(path);
     }
+    // Just moved to this unit (an applied placement, or the adaptive auto's
+    // change): an accent glow that fades out.
+    const double moved = index.data(PlacementModel::MovedRole).toDouble();
+    if (moved > 0) {
+      QColor glow = theme::kAccent;
+      glow.setAlphaF(static_cast<float>(0.35 * moved));
+      p->fillPath(path, glow);
+      glow.setAlphaF(static_cast<float>(moved));
+      p->setPen(QPen(glow, 2.2));
+      p->drawPath(path);
+    }
     p->setPen(theme::kText);
     // Narrow columns (many layers' worth of panel, a mixture's "+"): a smaller font before eliding.
     const QRectF textRect = r.adjusted(6, 0, -2, 0);
@@ -345,6 +356,17 @@ PlacementPanel::PlacementPanel(PlacementModel* model, PresetListModel* presets,
   connect(m_model, &QAbstractItemModel::modelReset, this, &PlacementPanel::syncFromModel);
   if (m_presets)
     connect(m_presets, &QAbstractItemModel::modelReset, this, &PlacementPanel::syncFromModel);
+
+  // While moved cells fade, the grid repaints at about 30 frames a second.
+  m_moveTimer = new QTimer(this);
+  m_moveTimer->setInterval(33);
+  connect(m_moveTimer, &QTimer::timeout, this, [this] {
+    m_grid->viewport()->update();
+    if (!m_model->moving()) m_moveTimer->stop();
+  });
+  connect(m_model, &QAbstractItemModel::dataChanged, this, [this] {
+    if (m_model->moving() && !m_moveTimer->isActive()) m_moveTimer->start();
+  });
 
   m_timer = new QTimer(this);
   m_timer->setInterval(500);

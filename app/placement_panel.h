@@ -109,6 +109,7 @@ class PlacementPanel : public QWidget {
   QHBoxLayout* m_legend = nullptr;
   QWidget* m_legendBox = nullptr;
   QTimer* m_timer = nullptr;
+  QTimer* m_moveTimer = nullptr;  ///< repaints the grid while moved cells fade
   uint64_t m_statsVersion = 0;
   bool m_busy = false;
   bool m_syncing = false;

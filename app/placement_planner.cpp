@@ -6,6 +6,7 @@
 #include "app/engine_bridge.h"
 #include "cpu/ref/quants.h"
 #include "engine/model/model.h"
+#include "engine/placement/adaptive.h"
 #include "engine/placement/cost_model.h"
 #include "engine/placement/placement.h"
 #include "engine/placement/strategy.h"
@@ -184,6 +185,25 @@ bool PlacementPlanner::check(const PlacementPlan& plan, QString* error) const {
   return true;
 }
 
+loom::StrategyOptions PlacementPlanner::options(const QString& strategy, int gpuLayers,
+                                                int vramBudgetMiB,
+                                                const PlacementPlan& current) const {
+  const QString kv =
+      current.kvPrecision().isEmpty() ? QStringLiteral("F16") : current.kvPrecision();
+  loom::StrategyOptions so;
+  // "adaptive" starts where auto does; the controller moves it from there.
+  so.strategy = strategy == QLatin1String("layers")
+                    ? QStringLiteral("layers:%1").arg(gpuLayers).toStdString()
+                : strategy == QLatin1String("adaptive") ? std::string("auto")
+                                                        : strategy.toStdString();
+  // 0 means "no limit" to the engine; the slider's 0 means nothing on the GPU.
+  so.vram_budget = std::max<uint64_t>(1, static_cast<uint64_t>(std::max(0, vramBudgetMiB)) << 20);
+  so.has_gpu = hasGpu();
+  so.n_ctx = current.nCtx > 0 ? current.nCtx : std::min<int64_t>(m_model->hp.n_ctx_train, 4096);
+  so.kv_dtype = dtypeOf(kv).value_or(loom::DType::kF16);
+  return so;
+}
+
 bool PlacementPlanner::plan(const QString& strategy, int gpuLayers, int vramBudgetMiB,
                             const PlacementPlan& current, PlacementPlan* out,
                             QString* error) const {
@@ -194,16 +214,8 @@ bool PlacementPlanner::plan(const QString& strategy, int gpuLayers, int vramBudg
   }
   const QString kv =
       current.kvPrecision().isEmpty() ? QStringLiteral("F16") : current.kvPrecision();
-  loom::StrategyOptions so;
-  so.strategy = strategy == QLatin1String("layers")
-                    ? QStringLiteral("layers:%1").arg(gpuLayers).toStdString()
-                    : strategy.toStdString();
-  // 0 means "no limit" to the engine; the slider's 0 means nothing on the GPU.
-  so.vram_budget = std::max<uint64_t>(1, static_cast<uint64_t>(std::max(0, vramBudgetMiB)) << 20);
-  so.has_gpu = hasGpu();
-  so.n_ctx = current.nCtx > 0 ? current.nCtx : std::min<int64_t>(m_model->hp.n_ctx_train, 4096);
-  so.kv_dtype = dtypeOf(kv).value_or(loom::DType::kF16);
-  auto p = loom::make_placement(*m_model, so, *m_cost);
+  auto p =
+      loom::make_placement(*m_model, options(strategy, gpuLayers, vramBudgetMiB, current), *m_cost);
   if (!p.ok()) {
     *error = qstr(p.message());
     return false;
@@ -213,6 +225,13 @@ bool PlacementPlanner::plan(const QString& strategy, int gpuLayers, int vramBudg
   out->gpuLayers = gpuLayers;
   out->vramBudgetMiB = vramBudgetMiB;
   return true;
+}
+
+std::shared_ptr<loom::AdaptiveController> PlacementPlanner::makeAdaptive(
+    const PlacementPlan& plan) const {
+  if (plan.strategy != QLatin1String("adaptive") || !hasGpu()) return nullptr;
+  return std::make_shared<loom::AdaptiveController>(
+      *m_model, options(plan.strategy, plan.gpuLayers, plan.vramBudgetMiB, plan), *m_cost);
 }
 
 PlanEstimate PlacementPlanner::estimate(const PlacementPlan& plan, int nPast) const {

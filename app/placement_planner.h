@@ -22,6 +22,8 @@ namespace loom {
 struct Model;
 struct Placement;
 struct CostModel;
+struct StrategyOptions;
+class AdaptiveController;
 }  // namespace loom
 
 class PlacementPlanner {
@@ -51,10 +53,16 @@ class PlacementPlanner {
   bool check(const PlacementPlan& plan, QString* error) const;
 
   /// The plan a strategy makes ("cpu", "gpu", "layers" with `gpuLayers`,
-  /// "attn-gpu", "auto", "custom": `current` as it is), keeping `current`'s
+  /// "attn-gpu", "auto", "adaptive" (auto's placement to start from),
+  /// "custom": `current` as it is), keeping `current`'s
   /// KV precision and context. False with the engine's message on error.
   bool plan(const QString& strategy, int gpuLayers, int vramBudgetMiB, const PlacementPlan& current,
             PlacementPlan* out, QString* error) const;
+
+  /// The controller of an "adaptive" plan (Auto, adaptive): it starts from
+  /// the plan's placement and moves it while generating. Null for other
+  /// strategies or without a GPU.
+  std::shared_ptr<loom::AdaptiveController> makeAdaptive(const PlacementPlan& plan) const;
 
   /// Predicted decode step and bytes per unit of `plan` (at `nPast` tokens of context; < 0: 256).
   PlanEstimate estimate(const PlacementPlan& plan, int nPast = -1) const;
@@ -68,6 +76,8 @@ class PlacementPlanner {
                       QString* error) const;
 
  private:
+  loom::StrategyOptions options(const QString& strategy, int gpuLayers, int vramBudgetMiB,
+                                const PlacementPlan& current) const;
   struct Choices;
   std::shared_ptr<const loom::Model> m_model;
   ModelSummary m_summary;

@@ -30,6 +30,23 @@ const char* adaptive_event_name(AdaptiveEvent::Kind k) {
   return "?";
 }
 
+std::string adaptive_event_text(const AdaptiveEvent& ev) {
+  char buf[512];
+  int n = std::snprintf(buf, sizeof(buf), "token %lld: %s %s", static_cast<long long>(ev.token),
+                        adaptive_event_name(ev.kind), ev.label.c_str());
+  std::string s(buf, static_cast<size_t>(std::max(0, n)));
+  if (ev.measured_ms > 0) {
+    std::snprintf(buf, sizeof(buf), ", measured %.2f ms", ev.measured_ms);
+    s += buf;
+  }
+  if (ev.predicted_ms > 0) {
+    std::snprintf(buf, sizeof(buf), ", predicted %.2f ms", ev.predicted_ms);
+    s += buf;
+  }
+  if (!ev.why.empty()) s += " (" + ev.why + ")";
+  return s;
+}
+
 CostModel correct_cost_model(const CostModel& base, const Model& m, const Placement& p,
                              int64_t n_past, DType kv_dtype, const Profiler::Snapshot& snap,
                              double step_ms) {
@@ -118,8 +135,8 @@ double AdaptiveController::predict(const Placement& p, int64_t n_past) const {
   return cost_.predict(m_, p, n_past, o_.kv_dtype).step_ms;
 }
 
-void AdaptiveController::emit(AdaptiveEvent::Kind k, size_t arm, double predicted,
-                              const std::string& why) {
+void AdaptiveController::record(AdaptiveEvent::Kind k, size_t arm, double predicted,
+                                const std::string& why) {
   AdaptiveEvent e;
   e.kind = k;
   e.token = tokens_;
@@ -174,7 +191,7 @@ std::optional<size_t> AdaptiveController::next_candidate(int64_t n_past, bool re
 std::optional<Placement> AdaptiveController::switch_to(size_t arm, AdaptiveEvent::Kind k,
                                                        int64_t n_past, Profiler* prof,
                                                        const std::string& why) {
-  emit(k, arm, predict(arms_[arm].p, n_past), why);
+  record(k, arm, predict(arms_[arm].p, n_past), why);
   window_.clear();
   if (arm == current_) return std::nullopt;
   applying_ = arm;
@@ -192,7 +209,7 @@ void AdaptiveController::applied(const Status& s) {
     return;
   }
   arms_[arm].failed = true;
-  emit(AdaptiveEvent::Kind::kFailed, arm, 0, s.message());
+  record(AdaptiveEvent::Kind::kFailed, arm, 0, s.message());
   skip_next_ = true;
 }
 
@@ -200,6 +217,11 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
                                                      Profiler* prof) {
   ++tokens_;
   if (arms_.empty() || applying_) return std::nullopt;
+  if (paused()) {  // a user is editing the placement: nothing measured, nothing changed
+    window_.clear();
+    skip_next_ = true;
+    return std::nullopt;
+  }
   if (skip_next_) {  // the first step on a new placement pays for the change
     skip_next_ = false;
     return std::nullopt;
@@ -217,7 +239,7 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
     cost_ = correct_cost_model(base_, m_, cur.p, n_past, o_.kv_dtype, prof->snapshot(),
                                cur.measured_ms);
   }
-  emit(AdaptiveEvent::Kind::kMeasured, current_, predict(cur.p, n_past));
+  record(AdaptiveEvent::Kind::kMeasured, current_, predict(cur.p, n_past));
   window_.clear();
 
   if (settled_) {  // a recheck

@@ -24,6 +24,7 @@
 // (events(), and the listener), for the log, `loom bench` and the GUI.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -63,6 +64,8 @@ struct AdaptiveEvent {
   std::string why;
 };
 const char* adaptive_event_name(AdaptiveEvent::Kind k);  ///< "measured", "try", "keep", "failed"
+/// One line: "token 8: try layers:16, predicted 27.10 ms (exploring)".
+std::string adaptive_event_text(const AdaptiveEvent& e);
 
 /// Scales `base` so that it predicts what was measured for placement `p`:
 /// per unit, the groups' P50s in `snap` against the predicted compute; the
@@ -86,11 +89,16 @@ class AdaptiveController {
   std::optional<Placement> on_step(double step_ms, int64_t n_past, Profiler* prof);
   /// The outcome of applying what on_step returned.
   void applied(const Status& s);
+  /// While paused (a user editing the placement), on_step measures nothing
+  /// and changes nothing; the window starts again after. Any thread.
+  void set_paused(bool paused) { paused_.store(paused, std::memory_order_relaxed); }
+  bool paused() const { return paused_.load(std::memory_order_relaxed); }
 
   /// Called with each event as it happens (the generating thread).
   void set_listener(std::function<void(const AdaptiveEvent&)> f) { listener_ = std::move(f); }
   const std::vector<AdaptiveEvent>& events() const { return events_; }
   const CostModel& cost() const { return cost_; }
+  const Model& model() const { return m_; }
   const Placement& current() const { return arms_[current_].p; }
   bool exploring() const { return !settled_; }
   int64_t tokens_seen() const { return tokens_; }
@@ -102,7 +110,7 @@ class AdaptiveController {
     bool failed = false;
   };
   size_t arm_of(const Placement& p);
-  void emit(AdaptiveEvent::Kind k, size_t arm, double predicted, const std::string& why = {});
+  void record(AdaptiveEvent::Kind k, size_t arm, double predicted, const std::string& why = {});
   double predict(const Placement& p, int64_t n_past) const;
   /// The next untried candidate worth a window, if any (the corrected model's ranking).
   std::optional<size_t> next_candidate(int64_t n_past, bool recheck);
@@ -125,6 +133,7 @@ class AdaptiveController {
   int64_t next_check_ = 0;
   std::vector<AdaptiveEvent> events_;
   std::function<void(const AdaptiveEvent&)> listener_;
+  std::atomic<bool> paused_{false};
 };
 
 }  // namespace loom

@@ -5,7 +5,9 @@
 //   attn-gpu   attention and KV of every layer on the GPU; FFN weights there
 //              while the budget lasts, the rest on the CPU
 //   auto       the placement with the lowest predicted step time (CostModel)
-//              under the budget, by dynamic programming over layers
+//              under the budget, by dynamic programming over layers; in a
+//              session, the adaptive controller (adaptive.h) then measures and
+//              moves it while generating
 //   custom     a JSON file (Placement::load)
 #pragma once
 

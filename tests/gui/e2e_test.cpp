@@ -466,6 +466,51 @@ TEST(EndToEnd, AllOnGpuStrategy) {
   EXPECT_GT(r.nGenerated, 0);
 }
 
+// Auto (adaptive): applied like any strategy, then it moves the placement on
+// its own between tokens; each move shows on the tokens/s chart and in the
+// grid, whose strategy stays "adaptive". Lavapipe stands in for the GPU.
+TEST(EndToEnd, AdaptiveAutoMovesThePlacementWhileGenerating) {
+  MainWindow w(optionsFor(QStringLiteral("adaptive")));
+  w.show();
+  w.start();
+  ASSERT_TRUE(loadAndWait(w, guitest::tinyModel()));
+  PlacementModel* pm = w.placement();
+  if (!pm->gpuBackend())
+    GTEST_SKIP() << "no usable Vulkan device: the controller is covered by the Adaptive tests";
+  PlacementPanel* pp = w.enginePanel()->placementPanel();
+  w.enginePanel()->setCurrentIndex(EnginePanel::PlacementTab);
+  QComboBox* strategies = pp->strategyBox();
+  const int at = strategies->findData(QStringLiteral("adaptive"));
+  ASSERT_GE(at, 0);
+  strategies->setCurrentIndex(at);
+  QSignalSpy placed(&w, &MainWindow::placementDone);
+  QTest::mouseClick(pp->applyButton(), Qt::LeftButton);
+  ASSERT_TRUE(QTest::qWaitFor([&] { return placed.count() > 0; }, kWaitMs));
+  ASSERT_TRUE(placed.first().at(0).toBool()) << placed.first().at(1).toString().toStdString();
+  EXPECT_EQ(pm->applied().strategy, QStringLiteral("adaptive"));
+
+  // Replies until the controller has measured and moved (random weights may end a reply early).
+  QTest::keyClick(&w, Qt::Key_N, Qt::ControlModifier);
+  setChatSettings(w, 40, 3);
+  ChartsPanel* charts = w.enginePanel()->chartsPanel();
+  QSignalSpy finished(w.chat(), &ChatController::replyFinished);
+  for (int i = 0; i < 6; ++i) {
+    const auto done = finished.count();
+    typeAndSend(w, QStringLiteral("Tell me more (%1).").arg(i));
+    ASSERT_TRUE(QTest::qWaitFor([&] { return finished.count() > done; }, kWaitMs));
+    const auto r = finished.last().first().value<GenerationResult>();
+    EXPECT_TRUE(r.error.isEmpty()) << r.error.toStdString();
+    charts->refresh();
+    if (charts->shown().placementMarks >= 2) break;
+  }
+  // One mark for the apply, one or more for the controller's moves.
+  EXPECT_GE(charts->shown().placementMarks, 2);
+  EXPECT_EQ(pm->applied().strategy, QStringLiteral("adaptive"));
+  EXPECT_EQ(strategies->currentData().toString(), QStringLiteral("adaptive"));
+  EXPECT_TRUE(pp->noteText().contains(QStringLiteral("Auto (adaptive)")))
+      << pp->noteText().toStdString();
+}
+
 // Loading shows its steps: reading the file (one engine call: a busy bar),
 // measuring the units, then placing the weights layer by layer (a figure).
 TEST(EndToEnd, LoadReportsProgressInSteps) {

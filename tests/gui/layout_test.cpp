@@ -526,6 +526,23 @@ TEST(Charts, TokensPerSecondWhileStreaming) {
   EXPECT_EQ(charts.shown().tokensPerSecond, 123.0);
 }
 
+// Placement changes (the adaptive auto's) appear on the tokens/s chart, and
+// its legend names the last one.
+TEST(Charts, PlacementChangesOnTheTokensChart) {
+  auto stats = std::make_shared<LiveStats>();
+  ChartsPanel charts(stats);
+  stats->generationStarted();
+  stats->tokenGenerated(0);
+  for (int i = 0; i < 40; ++i) stats->tokenGenerated(1000000);
+  stats->placementChanged("auto: try layers:2");
+  charts.refresh();
+  EXPECT_EQ(charts.shown().placementMarks, 1);
+  bool named = false;
+  for (QLabel* l : charts.findChildren<QLabel*>())
+    named |= l->text().contains(QStringLiteral("auto: try layers:2"));
+  EXPECT_TRUE(named) << "no legend names the change";
+}
+
 // A model after a smaller one: the smaller one's output row was merged into
 // one cell, and that row is a layer of the next model (issue 22's "layer 5
 // shows one merged cell" after the 5-layer demo): every layer row has its cells.

@@ -16,6 +16,7 @@
 #include "app/preset_list_model.h"
 #include "app/theme.h"
 #include "engine/model/model.h"
+#include "engine/placement/adaptive.h"
 #include "engine/placement/cost_model.h"
 #include "engine/placement/placement.h"
 #include "engine/placement/strategy.h"
@@ -232,6 +233,28 @@ TEST(PlacementPlanner, StrategySelectorMakesTheEnginesPlacements) {
   EXPECT_FALSE(cpuOnly->check(withGpu, &error));
   EXPECT_TRUE(error.contains(QStringLiteral("no GPU"))) << error.toStdString();
   EXPECT_TRUE(planner->check(withGpu, &error));
+}
+
+// Auto (adaptive) starts from auto's placement, with a controller that
+// moves it while generating; other strategies and a machine without a GPU get none.
+TEST(PlacementPlanner, AdaptiveStartsWhereAutoDoes) {
+  auto planner = plannerFor(true, fastGpu());
+  ASSERT_TRUE(planner);
+  const PlacementPlan cur = cpuPlan(*planner);
+  PlacementPlan autoPlan, adaptive;
+  QString error;
+  ASSERT_TRUE(planner->plan(QStringLiteral("auto"), 0, 1024, cur, &autoPlan, &error));
+  ASSERT_TRUE(planner->plan(QStringLiteral("adaptive"), 0, 1024, cur, &adaptive, &error))
+      << error.toStdString();
+  EXPECT_TRUE(adaptive.sameCells(autoPlan));
+  EXPECT_EQ(adaptive.strategy, QStringLiteral("adaptive"));
+  auto c = planner->makeAdaptive(adaptive);
+  ASSERT_TRUE(c);
+  c->start(planner->toPlacement(adaptive));
+  EXPECT_TRUE(c->current().same_as(planner->toPlacement(adaptive)));
+  EXPECT_TRUE(c->exploring());
+  EXPECT_FALSE(planner->makeAdaptive(autoPlan));
+  EXPECT_FALSE(plannerFor(false)->makeAdaptive(adaptive));
 }
 
 TEST(PlacementPlanner, PresetsAreTheEnginesJson) {

@@ -5,9 +5,11 @@
 
 #include <QColor>
 #include <QDir>
+#include <QTest>
 #include <QTextBlock>
 #include <QTextDocument>
 #include <QTextFrame>
+#include <algorithm>
 
 #include "app/app_options.h"
 #include "app/chat_list_model.h"
@@ -171,6 +173,48 @@ TEST(PlacementModel, UnavailableBackendsAreRefusedAndEditsAreTracked) {
   EXPECT_EQ(pm.applied().kvPrecision(), QStringLiteral("F16"));
 }
 
+// A placement applied over another: the cells that changed unit glow, and
+// the glow fades; the others do not.
+TEST(PlacementModel, MovedCellsAreMarkedAndFade) {
+  PlacementModel pm;
+  pm.setBackends(cpuAndGpu(true));
+  const PlacementPlan cpu = PlacementPlan::allOn(
+      QStringLiteral("cpu"), threeLayers(), QStringLiteral("F16"), {QStringLiteral("F16")}, {});
+  pm.setApplied(cpu);
+  EXPECT_FALSE(pm.moving());  // a first placement moves nothing
+  PlacementPlan moved = cpu;
+  moved.rows[2][kColFfnWeights].backend = QStringLiteral("vulkan:0");
+  moved.rows[3][kColAttnKv].backend = QStringLiteral("vulkan:0");
+  pm.setApplied(moved);
+  EXPECT_TRUE(pm.moving());
+  const double fresh = pm.data(pm.index(2, kColFfnWeights), PlacementModel::MovedRole).toDouble();
+  EXPECT_GT(fresh, 0.5);
+  EXPECT_GT(pm.data(pm.index(3, kColAttnKv), PlacementModel::MovedRole).toDouble(), 0.5);
+  EXPECT_EQ(pm.data(pm.index(1, kColFfnWeights), PlacementModel::MovedRole).toDouble(), 0.0);
+  EXPECT_EQ(pm.data(pm.index(2, kColAttnKv), PlacementModel::MovedRole).toDouble(), 0.0);
+  QTest::qWait(200);
+  EXPECT_LT(pm.data(pm.index(2, kColFfnWeights), PlacementModel::MovedRole).toDouble(), fresh);
+  QTest::qWait(PlacementModel::kMoveFadeMs);
+  EXPECT_FALSE(pm.moving());
+  EXPECT_EQ(pm.data(pm.index(2, kColFfnWeights), PlacementModel::MovedRole).toDouble(), 0.0);
+}
+
+TEST(LiveStats, PlacementChangesAreMarkedOnTheTimeAxis) {
+  LiveStats ls;
+  ls.resetForModel(2);
+  ls.generationStarted();
+  ls.tokenGenerated(0);
+  ls.placementChanged("auto: try layers:2");
+  ls.tokenGenerated(1'000'000);
+  ls.placementChanged("auto: keep layers:2");
+  const LiveSnapshot s = ls.snapshot();
+  ASSERT_EQ(s.placementMarks.size(), 2u);
+  EXPECT_EQ(s.placementMarks[0].second, "auto: try layers:2");
+  EXPECT_LE(s.placementMarks[0].first, s.placementMarks[1].first);
+  ls.resetForModel(2);  // another model: its own timeline
+  EXPECT_TRUE(ls.snapshot().placementMarks.empty());
+}
+
 TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
   const auto devices = detectDevices(3);
   ASSERT_GE(devices.size(), 3);
@@ -196,13 +240,18 @@ TEST(DeviceInfo, CpuIsFoundAndGpuStrategiesSayWhyNot) {
   auto withGpu = backends;
   withGpu[1].available = true;
   const auto strategies = strategiesFor(withGpu);
-  ASSERT_EQ(strategies.size(), 6);
+  ASSERT_EQ(strategies.size(), 7);
   for (const StrategyInfo& s : strategies) {
     EXPECT_TRUE(s.available) << s.id.toStdString();
     EXPECT_EQ(s.usesLayerCount, s.id == QLatin1String("layers")) << s.id.toStdString();
-    EXPECT_EQ(s.usesBudget, s.id == QLatin1String("attn-gpu") || s.id == QLatin1String("auto"))
+    EXPECT_EQ(s.usesBudget, s.id == QLatin1String("attn-gpu") || s.id == QLatin1String("auto") ||
+                                s.id == QLatin1String("adaptive"))
         << s.id.toStdString();
   }
+  EXPECT_TRUE(std::any_of(strategies.begin(), strategies.end(), [](const StrategyInfo& s) {
+    return s.id == QLatin1String("adaptive") &&
+           s.label.startsWith(QLatin1String("Auto (adaptive)"));
+  }));
   // A device that is present but not in use is shown, not offered.
   QVector<DeviceInfo> two = devices.mid(0, 1);
   DeviceInfo a, b;

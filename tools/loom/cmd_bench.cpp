@@ -241,7 +241,7 @@ int cmd_bench(const BenchOptions& o) {
         "corrected from the profiler):\n",
         o.engine.adapt_window);
     for (const AdaptiveEvent& a : e->adaptive->events())
-      std::printf("  %s\n", describe_adaptive_event(a).c_str());
+      std::printf("  %s\n", adaptive_event_text(a).c_str());
     std::printf("  kept: %s\n", e->adaptive->current().strategy.c_str());
   }
   if (!gpu_ops.empty()) {

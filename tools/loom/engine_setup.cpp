@@ -1,6 +1,5 @@
 #include "tools/loom/engine_setup.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -214,7 +213,7 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     e->adaptive = std::make_unique<AdaptiveController>(model, so, e->cost, ao);
     e->adaptive->set_listener([who](const AdaptiveEvent& ev) {
       if (ev.kind != AdaptiveEvent::Kind::kMeasured)
-        std::fprintf(stderr, "%s: auto: %s\n", who, describe_adaptive_event(ev).c_str());
+        std::fprintf(stderr, "%s: auto: %s\n", who, adaptive_event_text(ev).c_str());
     });
     e->adaptive->start(e->planned);
     e->session->set_adaptive(e->adaptive.get());
@@ -222,22 +221,6 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   return e;
 }
 
-std::string describe_adaptive_event(const AdaptiveEvent& ev) {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof(buf), "token %lld: %s %s", static_cast<long long>(ev.token),
-                        adaptive_event_name(ev.kind), ev.label.c_str());
-  std::string s(buf, static_cast<size_t>(std::max(0, n)));
-  if (ev.measured_ms > 0) {
-    std::snprintf(buf, sizeof(buf), ", measured %.2f ms", ev.measured_ms);
-    s += buf;
-  }
-  if (ev.predicted_ms > 0) {
-    std::snprintf(buf, sizeof(buf), ", predicted %.2f ms", ev.predicted_ms);
-    s += buf;
-  }
-  if (!ev.why.empty()) s += " (" + ev.why + ")";
-  return s;
-}
 
 uint64_t peak_rss_bytes() {
   std::ifstream f("/proc/self/status");

@@ -36,9 +36,6 @@ struct Engine {
 std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, bool calibrate = false,
                                     bool session = true);
 
-/// One line of an adaptive event: "token 8: try layers:16 (predicted 27.1 ms)".
-std::string describe_adaptive_event(const AdaptiveEvent& e);
-
 /// Peak resident memory of this process in bytes (VmHWM), or 0.
 uint64_t peak_rss_bytes();
 
