@@ -109,7 +109,23 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>* out) con
   // SentencePiece-style BPE from a tokenizer.json (Phi-3, Llama 2, Mistral):
   // the same symbols (UTF-8 characters), but merged by the file's merge ranks,
   // as Hugging Face's BPE model does; characters that are no token fall back
-  // to their bytes.
+  // to their bytes. With Metaspace's split, each word ("▁" and what follows
+  // up to the next "▁") is merged on its own.
+  if (vocab_.spm_split_words()) {
+    const std::string_view space = "\xE2\x96\x81";  // U+2581
+    size_t word = 0;
+    for (size_t at = text.find(space, 1); at != std::string_view::npos;
+         at = text.find(space, at + space.size())) {
+      if (at > word) encode_spm_merged(text.substr(word, at - word), out);
+      word = at;
+    }
+    if (word < text.size()) encode_spm_merged(text.substr(word), out);
+    return;
+  }
+  encode_spm_merged(text, out);
+}
+
+void Tokenizer::encode_spm_merged(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<size_t> starts;
   std::vector<int32_t> ids;
   for (size_t pos = 0; pos < text.size();) {

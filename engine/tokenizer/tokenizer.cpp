@@ -151,6 +151,13 @@ void Tokenizer::build_tables() {
   }
 }
 
+namespace {
+// Whitespace as lstrip / rstrip take it (ASCII; what chat templates put around tokens).
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+}  // namespace
+
 int32_t Tokenizer::match_special(std::string_view text, size_t pos, bool parse_special) const {
   for (int32_t id : special_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
     if (!parse_special && vocab_.type(id) != TokenType::kUserDefined) continue;
@@ -199,11 +206,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
       ++pos;
       continue;
     }
-    if (pos > fragment_start) {
-      encode_fragment(text.substr(fragment_start, pos - fragment_start), after_special, &out);
+    // lstrip / rstrip (tokenizer.json's added tokens): the token takes the
+    // whitespace beside it.
+    const uint8_t strip = vocab_.strip(id);
+    size_t end = pos;
+    if (strip & Vocab::kLstrip) {
+      while (end > fragment_start && is_space(text[end - 1])) --end;
+    }
+    if (end > fragment_start) {
+      encode_fragment(text.substr(fragment_start, end - fragment_start), after_special, &out);
     }
     out.push_back(id);
     pos += vocab_.text(id).size();
+    if (strip & Vocab::kRstrip) {
+      while (pos < text.size() && is_space(text[pos])) ++pos;
+    }
     fragment_start = pos;
     after_special = true;
   }

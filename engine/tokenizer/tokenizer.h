@@ -71,6 +71,8 @@ class Tokenizer {
   /// Appends the ids of `text`, which holds no special token.
   void encode_fragment(std::string_view text, bool prefix_space, std::vector<int32_t>* out) const;
   void encode_spm(std::string_view text, std::vector<int32_t>* out) const;
+  /// SPM with merges: `text` merged as one sequence.
+  void encode_spm_merged(std::string_view text, std::vector<int32_t>* out) const;
   void encode_bpe(std::string_view text, std::vector<int32_t>* out) const;
   /// Longest special token starting at text[pos] that may be matched, or -1.
   int32_t match_special(std::string_view text, size_t pos, bool parse_special) const;

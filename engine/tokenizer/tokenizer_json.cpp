@@ -154,8 +154,9 @@ Status collect_regexes(const Ctx& ctx, const json& pt, std::vector<std::string>*
 }
 
 // SentencePiece-style: the space prefix comes from Prepend("▁") or Metaspace.
-Status read_spm_flags(const Ctx& ctx, const json& root, bool* add_space_prefix) {
+Status read_spm_flags(const Ctx& ctx, const json& root, bool* add_space_prefix, bool* split_words) {
   *add_space_prefix = false;
+  *split_words = false;
   std::vector<const json*> parts;
   std::vector<const json*> stack;
   for (const char* key : {"normalizer", "pre_tokenizer"}) {
@@ -192,6 +193,8 @@ Status read_spm_flags(const Ctx& ctx, const json& root, bool* add_space_prefix) 
       // prepend_scheme "always" / "first" (newer files) or add_prefix_space (older).
       const std::string scheme = j->value("prepend_scheme", "");
       *add_space_prefix = scheme.empty() ? j->value("add_prefix_space", true) : scheme != "never";
+      // Hugging Face splits at each "▁" (the word keeps it) unless split is false.
+      *split_words = j->value("split", true);
       if (scheme == "first") {
         ctx.notes->push_back(
             "Metaspace prepend_scheme 'first': the space prefix is also added after special "
@@ -338,6 +341,7 @@ Result<HfVocab> parse_tokenizer_json(std::string_view text, const std::string& n
     bool set = false;
   };
   std::vector<Slot> slots;
+  std::vector<std::pair<int64_t, uint8_t>> strips;  ///< added tokens' lstrip / rstrip
   // Ids are dense, so none can reach the number of entries: this bounds the
   // table before any id is trusted.
   auto ait = root.find("added_tokens");
@@ -381,9 +385,13 @@ Result<HfVocab> parse_tokenizer_json(std::string_view text, const std::string& n
       const TokenType type =
           a.value("special", false) ? TokenType::kControl : TokenType::kUserDefined;
       LOOM_TRY(place(a["id"].get<int64_t>(), a["content"].get<std::string>(), type, "added"));
+      const uint8_t strip = static_cast<uint8_t>((a.value("lstrip", false) ? Vocab::kLstrip : 0) |
+                                                 (a.value("rstrip", false) ? Vocab::kRstrip : 0));
+      if (strip) strips.emplace_back(a["id"].get<int64_t>(), strip);
     }
   }
   if (slots.empty()) return make_error(ErrorCode::kFormat, "%s: the vocabulary is empty", file);
+  for (const auto& [id, flags] : strips) vocab.set_strip(static_cast<int32_t>(id), flags);
   const std::string unk = model.contains("unk_token") && model["unk_token"].is_string()
                               ? model["unk_token"].get<std::string>()
                               : "";
@@ -450,9 +458,10 @@ Result<HfVocab> parse_tokenizer_json(std::string_view text, const std::string& n
     vocab.set_pre("custom");
     vocab.set_pre_regexes(std::move(regexes), model.value("ignore_merges", false));
   } else {
-    bool prefix = false;
-    LOOM_TRY(read_spm_flags(ctx, root, &prefix));
+    bool prefix = false, split = false;
+    LOOM_TRY(read_spm_flags(ctx, root, &prefix, &split));
     vocab.set_add_space_prefix(prefix);
+    vocab.set_spm_split_words(split);
   }
 
   // BOS from the post-processor (TemplateProcessing starting with a special

@@ -279,6 +279,20 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
   vocab.set_add_eos(add_eos && sp.eos >= 0);
   vocab.set_add_space_prefix(add_space_prefix);
 
+  // Phi-3's tokenizer.json has its special tokens take the whitespace after
+  // them (rstrip), which GGUF has no key for: the same from the architecture,
+  // as llama.cpp does, so a GGUF and its tokenizer.json give the same ids.
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> arch, gguf.get_string("general.architecture"));
+  if (arch && *arch == "phi3") {
+    for (int32_t id = 0; id < vocab.n_tokens(); ++id) {
+      const TokenType t = vocab.type(id);
+      const std::string& text = vocab.text(id);
+      const bool keep = text == "<unk>" || text == "<s>" || text == "<|endoftext|>";
+      if ((t == TokenType::kControl || t == TokenType::kUserDefined || text == "</s>") && !keep)
+        vocab.set_strip(id, Vocab::kRstrip);
+    }
+  }
+
   Status valid = vocab.validate();
   if (!valid.ok()) {
     return make_error(valid.error().code(), "%s: %s", path, valid.message().c_str());

@@ -117,6 +117,25 @@ class Vocab {
   bool add_space_prefix() const { return add_space_prefix_; }
   void set_add_space_prefix(bool v) { add_space_prefix_ = v; }
 
+  /// SPM with merges (tokenizer.json's Metaspace with split): each word, from
+  /// one "▁" to the next, is merged on its own.
+  bool spm_split_words() const { return spm_split_words_; }
+  void set_spm_split_words(bool v) { spm_split_words_ = v; }
+
+  /// Added tokens that take the whitespace beside them when they match
+  /// (tokenizer.json's lstrip / rstrip): bit 0 left, bit 1 right.
+  static constexpr uint8_t kLstrip = 1, kRstrip = 2;
+  uint8_t strip(int32_t id) const {
+    auto it = strip_.find(id);
+    return it == strip_.end() ? 0 : it->second;
+  }
+  void set_strip(int32_t id, uint8_t flags) {
+    if (flags)
+      strip_[id] = flags;
+    else
+      strip_.erase(id);
+  }
+
   /// True for the ids that end generation: eos, eot, eom.
   bool is_end_of_generation(int32_t id) const;
 
@@ -150,6 +169,8 @@ class Vocab {
   bool add_bos_ = false;
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
+  bool spm_split_words_ = false;
+  std::unordered_map<int32_t, uint8_t> strip_;  ///< the few tokens with lstrip / rstrip
 };
 
 /// The id of a control or user-defined token whose text marks an end of turn

@@ -419,6 +419,11 @@ TEST(TokenizerJsonVectors, Phi3) {
     const std::string chat = "<|user|>\nHow are you? \xF0\x9F\x98\x80<|end|>\n<|assistant|>";
     // (without BOS: the GGUF adds one, tokenizer_config.json says add_bos_token: false)
     EXPECT_EQ(tok->encode(chat, false, true), gguf_tok->encode(chat, false, true));
+    // <|user|> and <|end|> have rstrip: the newlines after them go, and the
+    // text after a special token starts with "▁" (▁How ▁are ▁you ? ▁ <emoji bytes>).
+    EXPECT_EQ(tok->encode(chat, false, true),
+              (std::vector<int32_t>{32010, 1128, 526, 366, 29973, 29871, 243, 162, 155, 131, 32007,
+                                    32001}));
   }
 }
 

@@ -63,6 +63,56 @@ TEST(TokenizerJson, SentencePieceStyleWithByteFallback) {
   EXPECT_EQ(tok->decode(tok->encode("ab ab \xC3\xA9", false, false)), " ab ab \xC3\xA9");
 }
 
+// Added tokens with lstrip / rstrip take the whitespace beside them.
+TEST(TokenizerJson, AddedTokensStripWhitespace) {
+  std::string text = byte_level_json();
+  const std::string plain = R"({"id": 5, "content": "<|end|>", "special": true})";
+  text.replace(text.find(plain), plain.size(),
+               R"({"id": 5, "content": "<|end|>", "special": true, "lstrip": true,
+                   "rstrip": true})");
+  auto hf = parse_tokenizer_json(text, "t.json");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_EQ(hf->vocab.strip(5), Vocab::kLstrip | Vocab::kRstrip);
+  EXPECT_EQ(hf->vocab.strip(6), 0);
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  const std::vector<int32_t> want = {2, 5, 2};
+  EXPECT_EQ(tok->encode("ab<|end|>ab", false, true), want);
+  EXPECT_EQ(tok->encode("ab  \n<|end|> \t ab", false, true), want);
+  // Without the flags the spaces are text: "Ġ" before the second "ab" makes "Ġab".
+  auto plain_tok =
+      Tokenizer::create(std::move(parse_tokenizer_json(byte_level_json(), "t.json")->vocab));
+  ASSERT_TRUE(plain_tok.ok());
+  EXPECT_EQ(plain_tok->encode("ab<|end|> ab", false, true), (std::vector<int32_t>{2, 5, 4}));
+}
+
+// Metaspace with split (Hugging Face's default): each word is merged on its
+// own, so a merge across "▁" never happens; split false merges the whole text.
+TEST(TokenizerJson, MetaspaceSplitsWords) {
+  auto json_with = [](const std::string& split) {
+    return R"({"added_tokens": [{"id": 0, "content": "<unk>", "special": true}],
+      "normalizer": null,
+      "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always")" +
+           split + R"(},
+      "model": {"type": "BPE", "byte_fallback": false, "unk_token": "<unk>",
+        "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "a\u2581": 3},
+        "merges": ["a \u2581"]}})";
+  };
+  auto hf = parse_tokenizer_json(json_with(""), "split.json");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_TRUE(hf->vocab.spm_split_words());
+  auto tok = Tokenizer::create(std::move(hf->vocab));
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  // "a a" -> "▁a▁a": words "▁a", "▁a".
+  EXPECT_EQ(tok->encode("a a", false, false), (std::vector<int32_t>{1, 2, 1, 2}));
+  auto whole = parse_tokenizer_json(json_with(R"(, "split": false)"), "nosplit.json");
+  ASSERT_TRUE(whole.ok()) << whole.message();
+  EXPECT_FALSE(whole->vocab.spm_split_words());
+  auto tok2 = Tokenizer::create(std::move(whole->vocab));
+  ASSERT_TRUE(tok2.ok());
+  EXPECT_EQ(tok2->encode("a a", false, false), (std::vector<int32_t>{1, 3, 2}));
+}
+
 TEST(TokenizerJson, Errors) {
   auto expect_error = [](const std::string& text, ErrorCode code, const std::string& part) {
     auto hf = parse_tokenizer_json(text, "bad/tokenizer.json");
