@@ -24,6 +24,7 @@
 #   ncudetail Nsight Compute's speed-of-light, occupancy, warp-state and
 #            memory sections for $NCU_KERNELS (a regex) into $OUT/ncu_detail.txt
 #   profile  Loom's per-op profile of decode and prefill
+#   adapt    the adaptive auto (issue 21) on CUDA: adapt_stage.sh
 #   tiers    KV tiers (issue 16) on CUDA: prefill of $TIER_DEPTHS tokens of the
 #            ${TIER_DTYPE:-q4_k_m} model and the decode after it, (a) all KV on
 #            the GPU, (b) half of it in GPU slots and the rest in RAM, (c) half
@@ -50,9 +51,11 @@ model() {  # model DTYPE -> path (written once)
   [ -f "$p" ] || "$L" synth --preset llama3-8b --dtype "$1" -o "$p" > /dev/null
   echo "$p"
 }
+. "$(dirname "$0")/adapt_stage.sh"
 for s in $stages; do
   echo "=== stage $s ($(date +%T))"
   case "$s" in
+    adapt) adapt_stage cuda ;;
     info)
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
       lscpu | grep -E "Model name|^CPU\(s\)"

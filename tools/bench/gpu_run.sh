@@ -35,6 +35,11 @@
 #            (LOOM_VK_ATTN_CM=0; $DEPTH_AB), against llama.cpp Vulkan (-fa 1)
 #   llprof   llama.cpp's own per-op decode timings (GGML_VK_PERF_LOGGER) and Loom's
 #            profile of the same decode ($QUICK_DTYPES; $DEPTH tokens of context before)
+#   adapt    the adaptive auto (issue 21) at $ADAPT_FRACS (default 1/4 1/2 3/4)
+#            of the Q4_K_M file as VRAM budget: layers:N for the three largest
+#            N about that share of the layers, auto --no-adapt, and auto (the
+#            controller explores in the warm-up rep's 64 tokens; the reps after
+#            run what it kept), with the placements it tried and kept
 #   tiers    KV tiers (issue 16): decode after $TIER_DEPTHS tokens of the Q4_K_M
 #            model, (a) all KV on the GPU, (b) half of it in GPU memory and the
 #            rest in RAM, (c) half on the GPU, a quarter in RAM, the rest on
@@ -58,6 +63,7 @@ model() {  # model DTYPE -> path (written once)
   [ -f "$p" ] || { /usr/bin/time -f "synth $1: %e s" "$L" synth --preset llama3-8b --dtype "$1" -o "$p" > /dev/null; }
   echo "$p"
 }
+. "$(dirname "$0")/adapt_stage.sh"
 half_budget() {  # sets m (the Q4_K_M model) and half (half its size, the VRAM budget)
   m="$(model q4_k_m)"
   half="$(( $(stat -c %s "$m") / 2 ))"
@@ -236,6 +242,9 @@ for s in $stages; do
         grep -E "^(decode|[0-9]+ |output|predicted|measured|cost|embed|GPU|CPU)"
       "$L" bench -m "$m" --strategy layers:16 --vram-budget "$half" -t "$T" -p 64 -n 64 -r 2 2>&1 |
         grep -E "^(decode|predicted|measured|cost)"
+      ;;
+    adapt)  # the adaptive auto against layers:N and the static auto at several budgets
+      adapt_stage vulkan
       ;;
     auto5b)  # auto against layers:16 at half the weights as budget, and the CPU profiler's cost
       half_budget
