@@ -800,6 +800,8 @@ void EngineWorker::applyWithNewKv() {
                          tr("%1\nThe previous placement stays; the chat is kept.").arg(error));
     return;
   }
+  attachAdaptive(w->adaptive, w->vramBudgetMiB);  // as onPlacementDone: asked for, or ended
+  if (m_stats) m_stats->placementChanged(m_adaptive ? "Auto (adaptive) applied" : "applied");
   m_stats->resetTimings();
   publishMemory();
   const QString note =

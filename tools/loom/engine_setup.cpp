@@ -221,7 +221,6 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   return e;
 }
 
-
 uint64_t peak_rss_bytes() {
   std::ifstream f("/proc/self/status");
   std::string line;
