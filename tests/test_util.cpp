@@ -80,6 +80,16 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
+std::unique_ptr<Model> synth_model(const SynthSpec& spec, const std::string& name) {
+  const std::string path = temp_dir(name) + "/m.gguf";
+  auto w = write_synthetic_model(spec, path);
+  EXPECT_TRUE(w.ok()) << w.message();
+  if (!w.ok()) return nullptr;
+  auto m = load_model(path);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/model/synth.h"
 
 namespace loom::test {
 
@@ -27,6 +29,10 @@ std::optional<std::string> fixture_path(const std::string& relative);
 /// A fresh empty directory `name` private to the running test (under the build
 /// tree), emptied and created on call.
 std::string temp_dir(const std::string& name);
+
+/// A model `loom synth` writes from `spec` into temp_dir(name), loaded; null
+/// (after a test failure naming the error) when either step fails.
+std::unique_ptr<Model> synth_model(const SynthSpec& spec, const std::string& name);
 
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/model/synth.h"
 #include "engine/placement/strategy.h"
 #include "tests/test_util.h"
 
@@ -28,12 +27,7 @@ std::unique_ptr<Model> synth_f32(int64_t n_layer) {
   s.n_ctx = 128;
   s.weight_type = "f32";
   s.seed = 3;
-  const std::string path = test::temp_dir("adaptive" + std::to_string(n_layer)) + "/m.gguf";
-  auto r = write_synthetic_model(s, path);
-  EXPECT_TRUE(r.ok()) << r.message();
-  auto m = load_model(path);
-  EXPECT_TRUE(m.ok()) << m.message();
-  return m.ok() ? std::move(m).value() : nullptr;
+  return test::synth_model(s, "adaptive" + std::to_string(n_layer));
 }
 
 // What the calibration believes: the GPU fast and a switch back to the host free.

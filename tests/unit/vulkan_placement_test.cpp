@@ -34,12 +34,7 @@ std::unique_ptr<Model> synth_f32(int64_t n_layer) {
   s.n_ctx = 128;
   s.weight_type = "f32";
   s.seed = 7;
-  const std::string path = test::temp_dir("vk_place") + "/m.gguf";
-  auto r = write_synthetic_model(s, path);
-  EXPECT_TRUE(r.ok()) << r.message();
-  auto m = load_model(path);
-  EXPECT_TRUE(m.ok()) << m.message();
-  return m.ok() ? std::move(m).value() : nullptr;
+  return test::synth_model(s, "vk_place");
 }
 
 struct GenRun {

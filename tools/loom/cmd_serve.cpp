@@ -26,6 +26,16 @@ int cmd_serve(const ServeOptions& o) {
   }
   auto e = open_engine(o.engine, who);
   if (!e) return 1;
+  // The scheduler steps its slots through append(), not generate(): the
+  // adaptive auto would never be asked. Said, and detached.
+  if (e->adaptive) {
+    e->session->set_adaptive(nullptr);
+    e->adaptive.reset();
+    std::fprintf(stderr,
+                 "%s: note: auto keeps its first placement under loom serve (the adaptive "
+                 "controller runs in loom run, loom bench and the app)\n",
+                 who);
+  }
   for (const auto& w : e->model->warnings)
     std::fprintf(stderr, "%s: warning: %s\n", who, w.c_str());
 
