@@ -406,12 +406,16 @@ LOOM_INLINE void gemv32_step(const uint8_t* w, size_t wrb, const XRow* x, int64_
     const int count = kFull ? 4 : static_cast<int>(left - 4 * g < 4 ? left - 4 * g : 4);
     const int64_t bg = b + 4 * g;
     __m512i xlo[C], xhi[C];
+    // C >= 4: the activations' scales of this group spread once, for every
+    // row (Q4_0 at 4 tokens 10% faster; at 3 tokens Q8_0 was 15% slower).
+    [[maybe_unused]] __m512 dxg[C];
     for (int c = 0; c < C; ++c) {
       if (kFull) {
         load_x_group(x[c].q + 32 * bg, &xlo[c], &xhi[c]);
       } else {
         load_x_group_partial(x[c].q + 32 * bg, count, &xlo[c], &xhi[c]);
       }
+      if constexpr (C >= 4) dxg[c] = spread_group(dx[c], g);
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * wrb + bg * F::kBytes;
@@ -437,7 +441,11 @@ LOOM_INLINE void gemv32_step(const uint8_t* w, size_t wrb, const XRow* x, int64_
           __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo[c]);
           i = _mm512_dpbusd_epi32(i, hi, xhi[c]);
           const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(i), dwg);
-          acc[r][c] = _mm512_fmadd_ps(t, spread_group(dx[c], g), acc[r][c]);
+          if constexpr (C >= 4) {
+            acc[r][c] = _mm512_fmadd_ps(t, dxg[c], acc[r][c]);
+          } else {
+            acc[r][c] = _mm512_fmadd_ps(t, spread_group(dx[c], g), acc[r][c]);
+          }
         }
       }
     }
