@@ -1,5 +1,6 @@
 #include "engine/tokenizer/vocab.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <optional>
 
@@ -70,6 +71,12 @@ int32_t Vocab::merge_rank(int32_t left, int32_t right) const {
   return it == merge_ranks_.end() ? -1 : it->second;
 }
 
+std::vector<std::pair<int32_t, uint8_t>> Vocab::strips() const {
+  std::vector<std::pair<int32_t, uint8_t>> out(strip_.begin(), strip_.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool Vocab::is_end_of_generation(int32_t id) const {
   return id >= 0 && (id == special_.eos || id == special_.eot || id == special_.eom);
 }
@@ -109,6 +116,9 @@ constexpr const char* kKeyPre = "tokenizer.ggml.pre";
 constexpr const char* kKeyTokens = "tokenizer.ggml.tokens";
 constexpr const char* kKeyScores = "tokenizer.ggml.scores";
 constexpr const char* kKeyTypes = "tokenizer.ggml.token_type";
+// Loom's keys for added tokens' lstrip / rstrip (vocab_writer.cpp writes them).
+constexpr const char* kKeyStripIds = "tokenizer.loom.strip_token_ids";
+constexpr const char* kKeyStripFlags = "tokenizer.loom.strip_flags";
 constexpr const char* kKeyMerges = "tokenizer.ggml.merges";
 
 // Reads an optional special token id. Absent keys and the "none" markers that
@@ -279,11 +289,31 @@ Result<Vocab> load_vocab(const GgufFile& gguf) {
   vocab.set_add_eos(add_eos && sp.eos >= 0);
   vocab.set_add_space_prefix(add_space_prefix);
 
-  // Phi-3's tokenizer.json has its special tokens take the whitespace after
-  // them (rstrip), which GGUF has no key for: the same from the architecture,
-  // as llama.cpp does, so a GGUF and its tokenizer.json give the same ids.
+  // Added tokens' lstrip / rstrip (tokenizer.json), which GGUF has no key
+  // for: Loom's own pair of arrays where `loom convert` wrote them; else
+  // Phi-3's from the architecture, as llama.cpp does, so that a GGUF and its
+  // tokenizer.json give the same ids.
+  LOOM_ASSIGN_OR_RETURN(const std::vector<int64_t>* strip_ids, gguf.get_int_array(kKeyStripIds));
+  LOOM_ASSIGN_OR_RETURN(const std::vector<int64_t>* strip_flags,
+                        gguf.get_int_array(kKeyStripFlags));
+  if (strip_ids || strip_flags) {
+    if (!strip_ids || !strip_flags || strip_ids->size() != strip_flags->size()) {
+      return make_error(ErrorCode::kFormat, "%s: %s and %s must both be there, of one length", path,
+                        kKeyStripIds, kKeyStripFlags);
+    }
+    for (size_t i = 0; i < strip_ids->size(); ++i) {
+      const int64_t id = (*strip_ids)[i], f = (*strip_flags)[i];
+      if (id < 0 || id >= vocab.n_tokens() || f < 0 || f > (Vocab::kLstrip | Vocab::kRstrip)) {
+        return make_error(ErrorCode::kFormat,
+                          "%s: %s[%zu] = %" PRId64 " with flags %" PRId64
+                          ": not a token id (0..%d) with flags 0..3",
+                          path, kKeyStripIds, i, id, f, vocab.n_tokens() - 1);
+      }
+      vocab.set_strip(static_cast<int32_t>(id), static_cast<uint8_t>(f));
+    }
+  }
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> arch, gguf.get_string("general.architecture"));
-  if (arch && *arch == "phi3") {
+  if (!strip_ids && arch && *arch == "phi3") {
     for (int32_t id = 0; id < vocab.n_tokens(); ++id) {
       const TokenType t = vocab.type(id);
       const std::string& text = vocab.text(id);

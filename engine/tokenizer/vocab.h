@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -135,6 +136,8 @@ class Vocab {
     else
       strip_.erase(id);
   }
+  /// The tokens with strip flags, by id (for writing them out).
+  std::vector<std::pair<int32_t, uint8_t>> strips() const;
 
   /// True for the ids that end generation: eos, eot, eom.
   bool is_end_of_generation(int32_t id) const;

@@ -112,6 +112,18 @@ void write_vocab_metadata(const Vocab& vocab, GgufWriter* w) {
   w->set_bool("tokenizer.ggml.add_bos_token", vocab.add_bos());
   w->set_bool("tokenizer.ggml.add_eos_token", vocab.add_eos());
   if (spm) w->set_bool("tokenizer.ggml.add_space_prefix", vocab.add_space_prefix());
+  // Added tokens' lstrip / rstrip: no GGUF key has them; Loom's two arrays
+  // (vocab.cpp reads them back).
+  const auto strips = vocab.strips();
+  if (!strips.empty()) {
+    std::vector<int32_t> strip_ids, flags;
+    for (const auto& [id, f] : strips) {
+      strip_ids.push_back(id);
+      flags.push_back(f);
+    }
+    w->set_i32_array("tokenizer.loom.strip_token_ids", strip_ids);
+    w->set_i32_array("tokenizer.loom.strip_flags", flags);
+  }
 }
 
 }  // namespace loom

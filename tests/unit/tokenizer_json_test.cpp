@@ -6,7 +6,11 @@
 
 #include <string>
 
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_writer.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/vocab_writer.h"
+#include "tests/test_util.h"
 
 namespace loom {
 namespace {
@@ -84,6 +88,45 @@ TEST(TokenizerJson, AddedTokensStripWhitespace) {
       Tokenizer::create(std::move(parse_tokenizer_json(byte_level_json(), "t.json")->vocab));
   ASSERT_TRUE(plain_tok.ok());
   EXPECT_EQ(plain_tok->encode("ab<|end|> ab", false, true), (std::vector<int32_t>{2, 5, 4}));
+}
+
+// `loom convert` keeps the flags: Loom's two GGUF arrays carry them, and
+// a file whose arrays disagree is an error that names them.
+TEST(TokenizerJson, StripFlagsSurviveAGguf) {
+  std::string text = byte_level_json();
+  const std::string plain = R"({"id": 5, "content": "<|end|>", "special": true})";
+  text.replace(text.find(plain), plain.size(),
+               R"({"id": 5, "content": "<|end|>", "special": true, "rstrip": true})");
+  auto hf = parse_tokenizer_json(text, "t.json");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  const std::string dir = test::temp_dir("strip_gguf");
+  auto write = [&](const std::string& name, const std::vector<int32_t>* bad_flags) {
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    write_vocab_metadata(hf->vocab, &w);
+    if (bad_flags) w.set_i32_array("tokenizer.loom.strip_flags", *bad_flags);
+    const std::string path = dir + "/" + name;
+    EXPECT_TRUE(w.open(path).ok());
+    EXPECT_TRUE(w.close().ok());
+    return path;
+  };
+  auto f = GgufFile::open(write("ok.gguf", nullptr));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto back = load_vocab(**f);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(back->strip(5), Vocab::kRstrip);
+  EXPECT_EQ(back->strip(6), 0);
+  auto tok = Tokenizer::create(std::move(back).value());
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  EXPECT_EQ(tok->encode("ab<|end|> ab", false, true), (std::vector<int32_t>{2, 5, 2}));
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{2, 2}, std::vector<int32_t>{4}}) {
+    auto g = GgufFile::open(write("bad.gguf", &bad));
+    ASSERT_TRUE(g.ok()) << g.message();
+    auto v = load_vocab(**g);
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.error().code(), ErrorCode::kFormat);
+    EXPECT_NE(v.message().find("tokenizer.loom.strip_"), std::string::npos) << v.message();
+  }
 }
 
 // Metaspace with split (Hugging Face's default): each word is merged on its
