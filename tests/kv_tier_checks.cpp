@@ -10,8 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -336,6 +341,138 @@ void check_second_conversation(Model& model, Backend& be) {
   t.sink_tokens = 32;
   t.window_tokens = 64;
   EXPECT_EQ(two_turns(t), want);
+  be.release_weights();
+}
+
+namespace {
+
+/// Rows [0, n) of a layer's K then V, [kv_head][n][row] each, as the device
+/// holds them (a tiered layer's blocks from their slots; a host block: 0xEE).
+std::vector<uint8_t> device_rows(const KvCache& kv, int64_t layer, int64_t n) {
+  const KvCacheConfig& c = kv.config();
+  const uint64_t rb = c.dtype == DType::kF16 ? static_cast<uint64_t>(c.head_dim) * 2
+                                             : static_cast<uint64_t>(c.head_dim / 32) * 34;
+  const auto H = static_cast<uint64_t>(c.n_kv_heads), N = static_cast<uint64_t>(n);
+  std::vector<uint8_t> k(H * N * rb, 0xEE), v(k.size(), 0xEE);
+  if (!kv.device_tiered(layer)) {
+    EXPECT_TRUE(kv.storage()->export_layer(layer, n, k.data(), v.data()).ok());
+  } else {
+    const int64_t bs = c.block_size;
+    std::vector<uint8_t> tk(H * static_cast<uint64_t>(bs) * rb), tv(tk.size());
+    for (int64_t b = 0; b * bs < n; ++b) {
+      const int64_t row = kv.device_row(layer, b * bs);
+      if (row < 0) continue;
+      EXPECT_TRUE(kv.storage()->export_rows(layer, row, bs, tk.data(), tv.data()).ok());
+      const uint64_t m = static_cast<uint64_t>(std::min(bs, n - b * bs));
+      for (uint64_t h = 0; h < H; ++h) {
+        const uint64_t dst = (h * N + static_cast<uint64_t>(b * bs)) * rb;
+        std::memcpy(k.data() + dst, tk.data() + h * static_cast<uint64_t>(bs) * rb, m * rb);
+        std::memcpy(v.data() + dst, tv.data() + h * static_cast<uint64_t>(bs) * rb, m * rb);
+      }
+    }
+  }
+  k.insert(k.end(), v.begin(), v.end());
+  return k;
+}
+
+}  // namespace
+
+void diagnose_second_conversation(Model& model, Backend& be) {
+  struct Variant {
+    const char* name;
+    const char* policy;
+    bool generate_first;  // conv 1 generates 19 tokens after its prompt
+    bool tokenwise;       // conv 2's prompt one token a step (no prompt attention)
+    int64_t chunk;
+  };
+  const Variant variants[] = {{"importance", "importance", true, false, 64},
+                              {"lru", "lru", true, false, 64},
+                              {"lru_tokenwise", "lru", true, true, 64},
+                              {"lru_no_generation", "lru", false, false, 64},
+                              {"lru_chunk16", "lru", true, false, 16}};
+  const int64_t V = model.hp.n_vocab;
+  for (const Variant& var : variants) {
+    auto make = [&](const KvTierConfig& t) {
+      SessionConfig c;
+      c.n_ctx = 1024;
+      c.max_chunk = var.chunk;
+      c.kv_tiers = t;
+      auto s = Session::create(model, be, c);
+      EXPECT_TRUE(s.ok()) << s.message();
+      return s.ok() ? std::move(s).value() : nullptr;
+    };
+    KvTierConfig t;
+    t.device_budget = 2 * 7 * kTierPair;
+    t.policy = var.policy;
+    t.sink_tokens = 32;
+    t.window_tokens = 64;
+    auto ref = make(KvTierConfig{});
+    auto tie = make(t);
+    if (!ref || !tie) return;
+    std::vector<float> lr(static_cast<size_t>(V)), lt(lr.size());
+    auto argmax = [](const std::vector<float>& x) {
+      return static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());
+    };
+    int shown = 0;
+    auto step = [&](std::span<const int32_t> toks, const char* what, int64_t i) {
+      Status a = ref->append(toks, lr.data()), b = tie->append(toks, lt.data());
+      EXPECT_TRUE(a.ok() && b.ok()) << a.message() << " / " << b.message();
+      double d = 0;
+      for (size_t j = 0; j < lr.size(); ++j) d = std::max(d, double{std::fabs(lr[j] - lt[j])});
+      if (d > 1e-3 && shown++ < 12)
+        std::printf("[%s] %s %" PRId64 " (pos %" PRId64 "): max|dlogit| %.4f argmax %d vs %d\n",
+                    var.name, what, i, ref->kv().n_tokens() - 1, d, argmax(lr), argmax(lt));
+    };
+    auto compare_kv = [&](const char* when) {
+      const int64_t n = ref->kv().n_tokens(), bs = ref->kv().config().block_size;
+      for (int64_t l = 0; l < model.hp.n_layer; ++l) {
+        const auto a = device_rows(ref->kv(), l, n), b = device_rows(tie->kv(), l, n);
+        const uint64_t half = a.size() / 2;
+        const uint64_t per_head = half / static_cast<uint64_t>(ref->kv().config().n_kv_heads);
+        const uint64_t rb = per_head / static_cast<uint64_t>(n);
+        std::vector<uint64_t> blocks;
+        for (uint64_t i = 0; i < a.size(); i += rb) {
+          if (std::memcmp(a.data() + i, b.data() + i, rb) == 0) continue;
+          const uint64_t blk = (i % half) % per_head / rb / static_cast<uint64_t>(bs);
+          if (std::find(blocks.begin(), blocks.end(), blk) == blocks.end()) blocks.push_back(blk);
+        }
+        std::string bad, slots;
+        for (uint64_t blk : blocks) bad.append(" ").append(std::to_string(blk));
+        if (tie->kv().device_tiered(l))
+          for (int32_t p : tie->kv().slot_positions(l)) slots.append(" ").append(std::to_string(p));
+        std::printf("[%s] %s, %" PRId64 " tokens, layer %" PRId64
+                    ": device rows differing in blocks {%s }; slots' first positions:%s\n",
+                    var.name, when, n, l, bad.c_str(), slots.c_str());
+      }
+    };
+    std::mt19937 rng1(7), rng2(8);
+    std::vector<int32_t> p1, p2;
+    for (int i = 0; i < 420; ++i) p1.push_back(static_cast<int32_t>(rng1() % V));
+    for (int i = 0; i < 150; ++i) p2.push_back(static_cast<int32_t>(rng2() % V));
+    step(p1, "conv 1 prompt", 0);
+    for (int i = 0; var.generate_first && i < 19; ++i) {
+      const int32_t tok = argmax(lr);
+      step(std::span<const int32_t>(&tok, 1), "conv 1 token", i);
+    }
+    compare_kv("end of conv 1");
+    const int64_t k1 = ref->keep_prefix(p2), k2 = tie->keep_prefix(p2);
+    std::printf("[%s] conv 2 keeps %" PRId64 " / %" PRId64 " tokens\n", var.name, k1, k2);
+    if (var.tokenwise) {
+      for (size_t i = 0; i < p2.size(); ++i)
+        step(std::span<const int32_t>(p2).subspan(i, 1), "conv 2 prompt token",
+             static_cast<int64_t>(i));
+    } else {
+      step(p2, "conv 2 prompt", 0);
+    }
+    compare_kv("conv 2 prompt");
+    for (int i = 0; i < 20; ++i) {
+      const int32_t tok = argmax(lr);
+      step(std::span<const int32_t>(&tok, 1), "conv 2 token", i);
+    }
+    compare_kv("conv 2 end");
+    std::printf("[%s] done: %d steps off by > 1e-3\n", var.name, shown);
+    std::fflush(stdout);
+  }
   be.release_weights();
 }
 

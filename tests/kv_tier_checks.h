@@ -55,6 +55,10 @@ std::vector<int32_t> greedy(Model& model, Backend& be, const KvTierConfig& t, in
 void check_greedy_identical_in_every_mix(Model& model, Backend& be);
 /// A second conversation reuses the slots and host blocks the first left.
 void check_second_conversation(Model& model, Backend& be);
+/// Prints, step by step, how far a tiered session's logits and device KV
+/// rows are from the all-on-device one's over two conversations (a
+/// diagnosis for the CUDA defect; it asserts only that the steps run).
+void diagnose_second_conversation(Model& model, Backend& be);
 /// Blocks lost on the SSD (an I/O error, a short read) are recomputed.
 void check_lost_blocks_recomputed(Model& model, Backend& be);
 /// A budget too small for the sinks, the window and a step names --kv-gpu.

@@ -68,6 +68,14 @@ TEST_F(CudaKvTierSession, DISABLED_ASecondConversationReusesTheTiers) {
   test::check_second_conversation(*model_, *be);
 }
 
+// A diagnosis, run by hand (--gtest_also_run_disabled_tests): logits and
+// device KV rows against the all-on-device session, step by step.
+TEST_F(CudaKvTierSession, DISABLED_DiagnoseTheSecondConversation) {
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::diagnose_second_conversation(*model_, *be);
+}
+
 TEST_F(CudaKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {
   LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);

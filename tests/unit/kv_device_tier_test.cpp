@@ -237,6 +237,13 @@ TEST_F(VulkanKvTierSession, ASecondConversationReusesTheTiers) {
   test::check_second_conversation(*model_, *be);
 }
 
+// The diagnosis the CUDA suite runs by hand (--gtest_also_run_disabled_tests).
+TEST_F(VulkanKvTierSession, DISABLED_DiagnoseTheSecondConversation) {
+  LOOM_VULKAN_OR_SKIP(be, false);
+  ASSERT_NE(model_, nullptr);
+  test::diagnose_second_conversation(*model_, *be);
+}
+
 // Blocks of GPU layers that went down to the SSD and cannot be read back are
 // recomputed into their host blocks (the GPU's kv_store hands those tokens to
 // the cache and leaves its slots alone): the output stays the same.
