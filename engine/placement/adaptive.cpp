@@ -116,7 +116,8 @@ size_t AdaptiveController::arm_of(const Placement& p) {
 
 void AdaptiveController::start(const Placement& current) {
   arms_.clear();
-  for (Placement& p : candidate_placements(m_, o_, base_)) arms_.push_back(Arm{std::move(p)});
+  for (PlacementCandidate& c : candidate_placements(m_, o_, base_))
+    arms_.push_back(Arm{std::move(c.p), c.layers_n});
   current_ = arm_of(current);
   if (arms_[current_].p.strategy.empty()) arms_[current_].p.strategy = current.strategy;
   cost_ = base_;
@@ -155,13 +156,9 @@ std::optional<size_t> AdaptiveController::next_candidate(int64_t n_past, bool re
   // fits) is what a user would pick by hand: measured first.
   if (!recheck) {
     std::optional<size_t> most;
-    long long most_n = -1;
+    int64_t most_n = -1;
     for (size_t i = 0; i < arms_.size(); ++i) {
-      const std::string& s = arms_[i].p.strategy;
-      const size_t at = s.find("layers:");
-      if (at == std::string::npos) continue;
-      const long long n = std::atoll(s.c_str() + at + 7);
-      if (n > most_n) most = i, most_n = n;
+      if (arms_[i].layers_n > most_n) most = i, most_n = arms_[i].layers_n;
     }
     if (most && untried(*most)) return most;
   }

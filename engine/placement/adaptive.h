@@ -106,6 +106,7 @@ class AdaptiveController {
  private:
   struct Arm {
     Placement p;
+    int64_t layers_n = -1;   ///< N where p is layers:N's (PlacementCandidate)
     double measured_ms = 0;  ///< 0: not measured
     bool failed = false;
   };

@@ -247,11 +247,12 @@ std::vector<Placement> run_placements(const Model& m, const StrategyOptions& o, 
   return runs;
 }
 
+// `dp`: dp_placement's choice where the caller has it already.
 Placement auto_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
-                         uint64_t budget, uint64_t kv_layer) {
+                         uint64_t budget, uint64_t kv_layer, const Placement* dp = nullptr) {
   const int64_t L = m.hp.n_layer;
   const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
-  Placement best = dp_placement(m, o, cost, budget, kv_layer);
+  Placement best = dp ? *dp : dp_placement(m, o, cost, budget, kv_layer);
   const double best_s = best.layers.empty() ? std::numeric_limits<double>::infinity()
                                             : cost.predict(m, best, n_past, o.kv_dtype).step_ms;
   // The DP's choice must beat the best whole-layer run by kManySwitchMargin
@@ -366,29 +367,33 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
   return p;
 }
 
-std::vector<Placement> candidate_placements(const Model& m, const StrategyOptions& o,
-                                            const CostModel& cost) {
-  std::vector<Placement> out;
+std::vector<PlacementCandidate> candidate_placements(const Model& m, const StrategyOptions& o,
+                                                     const CostModel& cost) {
+  std::vector<PlacementCandidate> out;
   if (!o.has_gpu || !m.cpu_only_reason().empty()) return out;
   const uint64_t kv_layer = kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype);
   const uint64_t budget = budget_of(m, o);
-  auto add = [&](Placement p) {
+  auto add = [&](Placement p, int64_t n) {
     if (p.layers.empty() || gpu_bytes_of(m, p, kv_layer) > budget) return;
-    for (Placement& q : out) {
-      if (!q.same_as(p)) continue;
+    for (PlacementCandidate& q : out) {
+      if (!q.p.same_as(p)) continue;
       // The same as an earlier one: that one's name says so ("auto = layers:12").
-      if (p.strategy.rfind("layers:", 0) == 0) q.strategy += " = " + p.strategy;
+      if (n >= 0) {
+        q.p.strategy += " = " + p.strategy;
+        q.layers_n = n;
+      }
       return;
     }
-    out.push_back(std::move(p));
+    out.push_back(PlacementCandidate{std::move(p), n});
   };
-  add(auto_placement(m, o, cost, budget, kv_layer));
-  add(dp_placement(m, o, cost, budget, kv_layer));
-  for (Placement& p : run_placements(m, o, budget, kv_layer)) add(std::move(p));
+  const Placement dp = dp_placement(m, o, cost, budget, kv_layer);
+  add(auto_placement(m, o, cost, budget, kv_layer, &dp), -1);
+  add(dp, -1);
+  for (Placement& p : run_placements(m, o, budget, kv_layer)) add(std::move(p), -1);
   for (int64_t n = m.hp.n_layer; n >= 0; --n) {
     Placement p = layers_n(m, n);
     set_dtypes(&p, o);
-    add(std::move(p));
+    add(std::move(p), n);
   }
   return out;
 }

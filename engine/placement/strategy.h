@@ -62,7 +62,11 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
 /// layers:N for every N that fits, from the most layers down. Each placement
 /// once (same units and precisions): a layers:N equal to an earlier one is
 /// named in it ("auto = layers:12"). Empty without a GPU.
-std::vector<Placement> candidate_placements(const Model& m, const StrategyOptions& o,
-                                            const CostModel& cost);
+struct PlacementCandidate {
+  Placement p;
+  int64_t layers_n = -1;  ///< N where the placement is layers:N's, else -1
+};
+std::vector<PlacementCandidate> candidate_placements(const Model& m, const StrategyOptions& o,
+                                                     const CostModel& cost);
 
 }  // namespace loom

@@ -177,17 +177,29 @@ TEST(Adaptive, CandidatesFitTheBudgetOnceEach) {
   auto m = synth_f32(6);
   ASSERT_TRUE(m);
   const StrategyOptions o = half_budget(*m);
-  const std::vector<Placement> c = candidate_placements(*m, o, belief());
+  const std::vector<PlacementCandidate> c = candidate_placements(*m, o, belief());
   ASSERT_GE(c.size(), 3u);
-  EXPECT_EQ(c[0].strategy.rfind("auto", 0), 0u) << c[0].strategy;
+  EXPECT_EQ(c[0].p.strategy.rfind("auto", 0), 0u) << c[0].p.strategy;
   const uint64_t kv = kv_bytes_per_layer(*m, o.n_ctx, o.kv_dtype);
   bool has_layers = false;
   for (size_t i = 0; i < c.size(); ++i) {
-    EXPECT_LE(placement_bytes(*m, c[i], kv).on(Unit::kGpu) + gpu_overhead_bytes(*m, o.max_chunk),
+    const Placement& p = c[i].p;
+    EXPECT_LE(placement_bytes(*m, p, kv).on(Unit::kGpu) + gpu_overhead_bytes(*m, o.max_chunk),
               o.vram_budget)
-        << c[i].strategy;
-    for (size_t j = 0; j < i; ++j) EXPECT_FALSE(c[i].same_as(c[j])) << c[i].strategy;
-    has_layers |= c[i].strategy.rfind("layers:", 0) == 0;
+        << p.strategy;
+    for (size_t j = 0; j < i; ++j) EXPECT_FALSE(p.same_as(c[j].p)) << p.strategy;
+    has_layers |= p.strategy.rfind("layers:", 0) == 0;
+    // layers_n names the layers:N a candidate equals, whatever its label.
+    if (c[i].layers_n >= 0) {
+      EXPECT_NE(p.strategy.find("layers:" + std::to_string(c[i].layers_n)), std::string::npos)
+          << p.strategy;
+      for (int64_t l = 0; l < m->hp.n_layer; ++l)
+        EXPECT_EQ(p.layers[static_cast<size_t>(l)][OpGroup::kAttnW].unit,
+                  l < c[i].layers_n ? Unit::kGpu : Unit::kCpu)
+            << p.strategy << " layer " << l;
+    } else {
+      EXPECT_EQ(p.strategy.find("layers:"), std::string::npos) << p.strategy;
+    }
   }
   EXPECT_TRUE(has_layers);
   StrategyOptions no_gpu = o;
