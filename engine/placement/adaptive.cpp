@@ -136,6 +136,12 @@ double AdaptiveController::predict(const Placement& p, int64_t n_past) const {
   return cost_.predict(m_, p, n_past, o_.kv_dtype).step_ms;
 }
 
+double AdaptiveController::measured_now(size_t i, int64_t n_past) const {
+  const Arm& a = arms_[i];
+  if (a.measured_at == n_past) return a.measured_ms;
+  return a.measured_ms + predict(a.p, n_past) - predict(a.p, a.measured_at);
+}
+
 void AdaptiveController::record(AdaptiveEvent::Kind k, size_t arm, double predicted,
                                 const std::string& why) {
   AdaptiveEvent e;
@@ -232,6 +238,8 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
   // A window ended: what the running placement measured, and the model corrected by it.
   Arm& cur = arms_[current_];
   cur.measured_ms = median(window_);
+  // (The window's middle step: its median's context, near enough.)
+  cur.measured_at = std::max<int64_t>(1, n_past - static_cast<int64_t>(window_.size() / 2));
   if (prof) {
     cost_ = correct_cost_model(base_, m_, cur.p, n_past, o_.kv_dtype, prof->snapshot(),
                                cur.measured_ms);
@@ -256,11 +264,12 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
       return switch_to(*c, AdaptiveEvent::Kind::kTry, n_past, prof, "exploring");
     }
   }
-  // Exploration over: the fastest measured placement runs from here on.
+  // Exploration over: the fastest measured placement runs from here on,
+  // the windows compared at this context length.
   size_t best = current_;
   for (size_t i = 0; i < arms_.size(); ++i) {
     if (arms_[i].measured_ms > 0 && !arms_[i].failed &&
-        arms_[i].measured_ms < arms_[best].measured_ms)
+        measured_now(i, n_past) < measured_now(best, n_past))
       best = i;
   }
   settled_ = true;

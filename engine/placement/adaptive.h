@@ -106,13 +106,18 @@ class AdaptiveController {
  private:
   struct Arm {
     Placement p;
-    int64_t layers_n = -1;   ///< N where p is layers:N's (PlacementCandidate)
-    double measured_ms = 0;  ///< 0: not measured
+    int64_t layers_n = -1;    ///< N where p is layers:N's (PlacementCandidate)
+    double measured_ms = 0;   ///< 0: not measured
+    int64_t measured_at = 0;  ///< context length (n_past) of that window
     bool failed = false;
   };
   size_t arm_of(const Placement& p);
   void record(AdaptiveEvent::Kind k, size_t arm, double predicted, const std::string& why = {});
   double predict(const Placement& p, int64_t n_past) const;
+  /// Arm i's measured step brought to a context of n_past tokens: the
+  /// corrected model's difference between the two lengths added (attention
+  /// grows with the context, so a window measured earlier reads faster).
+  double measured_now(size_t i, int64_t n_past) const;
   /// The next untried candidate worth a window, if any (the corrected model's ranking).
   std::optional<size_t> next_candidate(int64_t n_past, bool recheck);
   std::optional<Placement> switch_to(size_t arm, AdaptiveEvent::Kind k, int64_t n_past,

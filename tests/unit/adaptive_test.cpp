@@ -234,6 +234,73 @@ TEST(Adaptive, FindsTheFastestWithin64TokensWhenTheModelIsWrong) {
   EXPECT_LE(r.switches, AdaptiveOptions{}.max_candidates);
 }
 
+// Windows measured at different context lengths are compared at one: the
+// starting placement (measured at the shortest context) is 3% slower
+// than the others at equal length, and the context grows fast enough that
+// its window alone would read fastest.
+TEST(Adaptive, ComparesWindowsAtOneContextLength) {
+  SynthSpec s;
+  s.n_layer = 6;
+  s.n_embd = 256;
+  s.n_ff = 512;
+  s.n_head = 4;
+  s.n_head_kv = 4;
+  s.n_ctx = 16384;
+  s.weight_type = "f32";
+  s.seed = 3;
+  auto m = test::synth_model(s, "adaptive_ctx");
+  ASSERT_TRUE(m);
+  StrategyOptions o = half_budget(*m);
+  o.n_ctx = 16384;
+  o.vram_budget = gpu_overhead_bytes(*m, o.max_chunk) +
+                  placement_bytes(*m, Placement::uniform(m->hp.n_layer, Unit::kGpu),
+                                  kv_bytes_per_layer(*m, o.n_ctx, o.kv_dtype))
+                          .on(Unit::kGpu) /
+                      2;
+  const CostModel c = belief();
+  auto start = make_placement(*m, o, c);
+  ASSERT_TRUE(start.ok()) << start.message();
+  AdaptiveController ctl(*m, o, c);
+  ctl.start(*start);
+  Placement running = ctl.current();
+  const std::string first_tried = running.strategy;  // measured first, at the shortest context
+  // The step: the model's prediction (exact here); the first arm measured takes
+  // 3% more than the best of the others at the same context.
+  const std::vector<PlacementCandidate> cands = candidate_placements(*m, o, c);
+  auto step_ms = [&](const Placement& p, int64_t n_past) {
+    if (p.strategy != first_tried) return c.predict(*m, p, n_past, o.kv_dtype).step_ms;
+    double best = 0;
+    for (const PlacementCandidate& q : cands) {
+      if (q.p.strategy == first_tried) continue;
+      const double ms = c.predict(*m, q.p, n_past, o.kv_dtype).step_ms;
+      if (best == 0 || ms < best) best = ms;
+    }
+    return best * 1.03;
+  };
+  int64_t n_past = 16;
+  for (int i = 0; i < 64 && ctl.exploring(); ++i, n_past += 200) {
+    if (auto p = ctl.on_step(step_ms(running, n_past), n_past, nullptr)) {
+      running = *p;
+      ctl.applied({});
+    }
+  }
+  ASSERT_FALSE(ctl.exploring());
+  ASSERT_FALSE(first_tried.empty());
+  // The premise: without bringing the windows to one length, the first arm reads fastest.
+  double first_ms = 0, other_best = 0;
+  for (const AdaptiveEvent& e : ctl.events()) {
+    if (e.kind != AdaptiveEvent::Kind::kMeasured) continue;
+    if (e.label == first_tried)
+      first_ms = e.measured_ms;
+    else if (other_best == 0 || e.measured_ms < other_best)
+      other_best = e.measured_ms;
+  }
+  ASSERT_GT(first_ms, 0);
+  ASSERT_GT(other_best, 0);
+  ASSERT_LT(first_ms, other_best) << "the context did not grow enough to matter";
+  EXPECT_NE(ctl.current().strategy, first_tried);
+}
+
 TEST(Adaptive, KeepsAutosChoiceWhenTheModelIsRight) {
   auto m = synth_f32(6);
   ASSERT_TRUE(m);
