@@ -128,6 +128,8 @@ void AdaptiveController::start(const Placement& current) {
   explore_left_ = ao_.max_candidates - 1;
   extra_tries_ = 0;
   tokens_ = 0;
+  move_scale_ = 1;
+  moves_ = 0;
   next_check_ = ao_.recheck_tokens;
   events_.clear();
 }
@@ -140,6 +142,30 @@ double AdaptiveController::measured_now(size_t i, int64_t n_past) const {
   const Arm& a = arms_[i];
   if (a.measured_at == n_past) return a.measured_ms;
   return a.measured_ms + predict(a.p, n_past) - predict(a.p, a.measured_at);
+}
+
+double AdaptiveController::move_estimate_ms(size_t i, int64_t n_past) const {
+  if (cost_.xfer_bytes_per_s <= 0) return 0;
+  const uint64_t kv_layer = kv_bytes_per_layer(m_, std::max<int64_t>(n_past, 1), o_.kv_dtype);
+  const Placement &a = arms_[current_].p, &b = arms_[i].p;
+  const PlacementBytes from = placement_bytes(m_, a, kv_layer),
+                       to = placement_bytes(m_, b, kv_layer);
+  auto up = [](const GroupPlace& x, const GroupPlace& y) {
+    return y.unit != Unit::kCpu && (x.unit != y.unit || x.dtype != y.dtype);
+  };
+  double bytes = 0;
+  if (up(a.embed, b.embed)) bytes += static_cast<double>(to.embed);
+  if (up(a.output, b.output)) bytes += static_cast<double>(to.output);
+  for (size_t l = 0; l < a.layers.size() && l < b.layers.size(); ++l) {
+    for (size_t g = 0; g < static_cast<size_t>(kNumOpGroups); ++g) {
+      const GroupPlace &x = a.layers[l].g[g], &y = b.layers[l].g[g];
+      // KV moves whichever way its attention goes; weights cost on the way up.
+      const bool kv = g == static_cast<size_t>(OpGroup::kAttn);
+      if (kv ? x.unit != y.unit : up(x, y))
+        bytes += static_cast<double>(std::max(from.layer[l][g], to.layer[l][g]));
+    }
+  }
+  return bytes / cost_.xfer_bytes_per_s * 1e3 * move_scale_;
 }
 
 void AdaptiveController::record(AdaptiveEvent::Kind k, size_t arm, double predicted,
@@ -198,17 +224,20 @@ std::optional<Placement> AdaptiveController::switch_to(size_t arm, AdaptiveEvent
   window_.clear();
   if (arm == current_) return std::nullopt;
   applying_ = arm;
+  applying_at_ = n_past;
   skip_next_ = true;
   if (prof) prof->reset();  // its figures belong to the placement that ends
   return arms_[arm].p;
 }
 
-void AdaptiveController::applied(const Status& s) {
+void AdaptiveController::applied(const Status& s, double move_ms) {
   if (!applying_) return;
   const size_t arm = *applying_;
   applying_.reset();
   if (s.ok()) {
+    const double est = move_estimate_ms(arm, applying_at_) / move_scale_;  // unscaled
     current_ = arm;
+    if (move_ms > 0 && est > 0) move_scale_ += (move_ms / est - move_scale_) / ++moves_;
     return;
   }
   arms_[arm].failed = true;
@@ -252,6 +281,11 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
     if (extra_tries_ >= ao_.max_extra_tries) return std::nullopt;
     const std::optional<size_t> c = next_candidate(n_past, /*recheck=*/true);
     if (!c) return std::nullopt;
+    // There and perhaps back: two moves, repaid by the promised gain before
+    // the next recheck, or the try is not worth it.
+    const double gain = cur.measured_ms - predict(arms_[*c].p, n_past);
+    if (gain * static_cast<double>(ao_.recheck_tokens) < 2 * move_estimate_ms(*c, n_past))
+      return std::nullopt;
     ++extra_tries_;
     settled_ = false;
     explore_left_ = 0;

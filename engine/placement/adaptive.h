@@ -87,8 +87,10 @@ class AdaptiveController {
   /// `prof`: the profiler attached to the forward pass, or null. Returns the
   /// placement to apply before the next step, if any; then call applied().
   std::optional<Placement> on_step(double step_ms, int64_t n_past, Profiler* prof);
-  /// The outcome of applying what on_step returned.
-  void applied(const Status& s);
+  /// The outcome of applying what on_step returned, and the time the move
+  /// took (weights and KV between the units): a recheck tries a candidate
+  /// only when its predicted gain repays two such moves before the next one.
+  void applied(const Status& s, double move_ms = 0);
   /// While paused (a user editing the placement), on_step measures nothing
   /// and changes nothing; the window starts again after. Any thread.
   void set_paused(bool paused) { paused_.store(paused, std::memory_order_relaxed); }
@@ -118,6 +120,10 @@ class AdaptiveController {
   /// corrected model's difference between the two lengths added (attention
   /// grows with the context, so a window measured earlier reads faster).
   double measured_now(size_t i, int64_t n_past) const;
+  /// The time a move from the running placement to arm i should take: the
+  /// bytes that go up to a GPU (weights and KV) over the copy bandwidth,
+  /// scaled by what the moves so far measured against that estimate.
+  double move_estimate_ms(size_t i, int64_t n_past) const;
   /// The next untried candidate worth a window, if any (the corrected model's ranking).
   std::optional<size_t> next_candidate(int64_t n_past, bool recheck);
   std::optional<Placement> switch_to(size_t arm, AdaptiveEvent::Kind k, int64_t n_past,
@@ -130,12 +136,15 @@ class AdaptiveController {
   std::vector<Arm> arms_;  ///< every candidate, tried or not
   size_t current_ = 0;
   std::optional<size_t> applying_;  ///< returned by on_step, applied() not called yet
+  int64_t applying_at_ = 0;         ///< the context length then
   std::vector<double> window_;
   bool skip_next_ = false;  ///< the first step after a change is not measured
   bool settled_ = false;
   int explore_left_ = 0;  ///< candidates the running exploration may still try
   int extra_tries_ = 0;   ///< candidates tried by rechecks
   int64_t tokens_ = 0;
+  double move_scale_ = 1;  ///< measured / estimated time of the moves so far (mean)
+  int moves_ = 0;
   int64_t next_check_ = 0;
   std::vector<AdaptiveEvent> events_;
   std::function<void(const AdaptiveEvent&)> listener_;

@@ -257,7 +257,10 @@ void Session::adapt_step(double step_ms) {
   if (!adapt_ || has_pending_.load(std::memory_order_acquire)) return;
   std::optional<Placement> p =
       adapt_->on_step(step_ms, static_cast<int64_t>(tokens_.size()), prof_);
-  if (p) adapt_->applied(fwd_->set_placement(*p));
+  if (!p) return;
+  const auto t0 = Clock::now();
+  const Status s = fwd_->set_placement(*p);
+  adapt_->applied(s, ms_since(t0));
 }
 
 Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "engine/placement/strategy.h"
@@ -100,7 +101,8 @@ struct RunResult {
 };
 
 RunResult run(const Model& m, const StrategyOptions& o, const CostModel& believed,
-              const CostModel& real, int64_t n_tokens, AdaptiveOptions ao = {}) {
+              const CostModel& real, int64_t n_tokens, AdaptiveOptions ao = {},
+              double move_ms = 0) {
   auto start = make_placement(m, o, believed);
   EXPECT_TRUE(start.ok()) << start.message();
   AdaptiveController c(m, o, believed, ao);
@@ -115,7 +117,7 @@ RunResult run(const Model& m, const StrategyOptions& o, const CostModel& believe
     if (auto p = c.on_step(ms, n_past, &prof)) {
       running = *p;
       ++r.switches;
-      c.applied({});
+      c.applied({}, move_ms);
     }
   }
   EXPECT_TRUE(c.current().same_as(running));
@@ -324,6 +326,36 @@ TEST(Adaptive, RechecksOnlyWithinItsBudget) {
   for (const AdaptiveEvent& e : r.events) tries += e.kind == AdaptiveEvent::Kind::kTry;
   EXPECT_LE(tries, ao.max_candidates - 1 + ao.max_extra_tries);
   EXPECT_LE(true_ms(*m, truth(), r.final_p), best_layers_n(*m, o, truth()) / 0.97);
+}
+
+// A recheck's try must repay two moves before the next recheck: with moves
+// of a second (weights over PCIe) and rechecks every 32 tokens of a few
+// milliseconds, none is worth it once a move was measured.
+TEST(Adaptive, RechecksTryOnlyWhatRepaysTheMoves) {
+  auto m = synth_f32(6);
+  ASSERT_TRUE(m);
+  const StrategyOptions o = half_budget(*m);
+  AdaptiveOptions ao;
+  ao.max_candidates = 1;  // no first exploration: the rechecks do it
+  ao.recheck_tokens = 32;
+  ao.max_extra_tries = 4;
+  ao.min_gain = 0;
+  auto extra_tries = [&](double move_ms) {
+    const RunResult r = run(*m, o, belief(), truth(), 600, ao, move_ms);
+    int n = 0;
+    bool settled = false;
+    for (const AdaptiveEvent& e : r.events) {
+      settled |= e.kind == AdaptiveEvent::Kind::kKeep;
+      n += settled && e.kind == AdaptiveEvent::Kind::kTry;
+    }
+    return n;
+  };
+  const int free_moves = extra_tries(0.0), slow_moves = extra_tries(1000.0);
+  std::printf("extra tries: %d with free moves, %d with slow ones\n", free_moves, slow_moves);
+  EXPECT_GE(free_moves, 2) << "the premise: free moves make rechecks try";
+  // The first try goes by the copy bandwidth's estimate; the move it measures
+  // then stops the rest.
+  EXPECT_LE(slow_moves, 1);
 }
 
 TEST(Adaptive, AFailedCandidateIsNotTriedAgain) {

@@ -100,8 +100,14 @@ int cmd_bench(const BenchOptions& o) {
       // The adaptive auto's turn between two tokens (a change's cost lands in the next ITL).
       if (e->adaptive) {
         const double ms = std::chrono::duration<double, std::milli>(now - step0).count();
-        if (auto p = e->adaptive->on_step(ms, o.n_prompt + i + 1, o.no_profiler ? nullptr : &prof))
-          e->adaptive->applied(fwd.set_placement(*p));
+        if (auto p =
+                e->adaptive->on_step(ms, o.n_prompt + i + 1, o.no_profiler ? nullptr : &prof)) {
+          const auto move_t0 = std::chrono::steady_clock::now();
+          const Status moved = fwd.set_placement(*p);
+          e->adaptive->applied(moved, std::chrono::duration<double, std::milli>(
+                                          std::chrono::steady_clock::now() - move_t0)
+                                          .count());
+        }
       }
     }
     fwd.set_stats(nullptr);
