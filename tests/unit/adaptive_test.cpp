@@ -18,17 +18,18 @@
 namespace loom {
 namespace {
 
-std::unique_ptr<Model> synth_f32(int64_t n_layer) {
+std::unique_ptr<Model> synth_f32(int64_t n_layer, int64_t n_ctx = 128, int64_t n_head_kv = 2) {
   SynthSpec s;
   s.n_layer = n_layer;
   s.n_embd = 256;
   s.n_ff = 512;
   s.n_head = 4;
-  s.n_head_kv = 2;
-  s.n_ctx = 128;
+  s.n_head_kv = n_head_kv;
+  s.n_ctx = n_ctx;
   s.weight_type = "f32";
   s.seed = 3;
-  return test::synth_model(s, "adaptive" + std::to_string(n_layer));
+  return test::synth_model(s, "adaptive" + std::to_string(n_layer) + "_" + std::to_string(n_ctx) +
+                                  "_" + std::to_string(n_head_kv));
 }
 
 // What the calibration believes: the GPU fast and a switch back to the host free.
@@ -241,16 +242,7 @@ TEST(Adaptive, FindsTheFastestWithin64TokensWhenTheModelIsWrong) {
 // than the others at equal length, and the context grows fast enough that
 // its window alone would read fastest.
 TEST(Adaptive, ComparesWindowsAtOneContextLength) {
-  SynthSpec s;
-  s.n_layer = 6;
-  s.n_embd = 256;
-  s.n_ff = 512;
-  s.n_head = 4;
-  s.n_head_kv = 4;
-  s.n_ctx = 16384;
-  s.weight_type = "f32";
-  s.seed = 3;
-  auto m = test::synth_model(s, "adaptive_ctx");
+  auto m = synth_f32(6, 16384, 4);
   ASSERT_TRUE(m);
   StrategyOptions o = half_budget(*m);
   o.n_ctx = 16384;
