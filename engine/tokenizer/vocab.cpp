@@ -117,8 +117,8 @@ constexpr const char* kKeyTokens = "tokenizer.ggml.tokens";
 constexpr const char* kKeyScores = "tokenizer.ggml.scores";
 constexpr const char* kKeyTypes = "tokenizer.ggml.token_type";
 // Loom's keys for added tokens' lstrip / rstrip (vocab_writer.cpp writes them).
-constexpr const char* kKeyStripIds = "tokenizer.loom.strip_token_ids";
-constexpr const char* kKeyStripFlags = "tokenizer.loom.strip_flags";
+constexpr const char* kKeyStripIds = Vocab::kStripIdsKey;
+constexpr const char* kKeyStripFlags = Vocab::kStripFlagsKey;
 constexpr const char* kKeyMerges = "tokenizer.ggml.merges";
 
 // Reads an optional special token id. Absent keys and the "none" markers that

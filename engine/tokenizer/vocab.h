@@ -126,6 +126,9 @@ class Vocab {
   /// Added tokens that take the whitespace beside them when they match
   /// (tokenizer.json's lstrip / rstrip): bit 0 left, bit 1 right.
   static constexpr uint8_t kLstrip = 1, kRstrip = 2;
+  /// Loom's GGUF keys for them (GGUF has none): token ids, and their flags.
+  static constexpr const char* kStripIdsKey = "tokenizer.loom.strip_token_ids";
+  static constexpr const char* kStripFlagsKey = "tokenizer.loom.strip_flags";
   uint8_t strip(int32_t id) const {
     auto it = strip_.find(id);
     return it == strip_.end() ? 0 : it->second;

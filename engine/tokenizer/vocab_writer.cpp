@@ -121,8 +121,8 @@ void write_vocab_metadata(const Vocab& vocab, GgufWriter* w) {
       strip_ids.push_back(id);
       flags.push_back(f);
     }
-    w->set_i32_array("tokenizer.loom.strip_token_ids", strip_ids);
-    w->set_i32_array("tokenizer.loom.strip_flags", flags);
+    w->set_i32_array(Vocab::kStripIdsKey, strip_ids);
+    w->set_i32_array(Vocab::kStripFlagsKey, flags);
   }
 }
 
