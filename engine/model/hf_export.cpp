@@ -269,7 +269,10 @@ Status write_hf_folder(const std::string& gguf_path, const std::string& dir,
                       : m->tok_embd.dtype == DType::kF16 ? "float16"
                                                          : "float32"},
       {"bos_token_id", v.special().bos >= 0 ? ordered_json(v.special().bos) : ordered_json()},
-      {"eos_token_id", v.special().eos >= 0 ? ordered_json(v.special().eos) : ordered_json()}};
+      {"eos_token_id", v.special().eos >= 0 ? ordered_json(v.special().eos) : ordered_json()},
+      // Written even when absent (null): transformers' phi3 defaults it to 32000, past
+      // a small vocabulary's end, and then refuses the folder.
+      {"pad_token_id", v.special().pad >= 0 ? ordered_json(v.special().pad) : ordered_json()}};
   if (hp.arch == "gemma2") {
     config["hidden_activation"] = "gelu_pytorch_tanh";
     config["sliding_window"] = hp.sliding_window;

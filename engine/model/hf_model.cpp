@@ -206,6 +206,28 @@ Result<HfFolder> open_folder(const std::string& dir, bool need_tokenizer) {
                       hf_supported_architectures().c_str());
   }
 
+  // transformers 5 writes the RoPE settings as "rope_parameters" (rope_theta and the
+  // scaling's fields in one object; per layer type for some models), older versions as
+  // "rope_theta" and "rope_scaling": read the new form as the old.
+  if (auto rp = config.find("rope_parameters"); rp != config.end() && !rp->is_null()) {
+    const json* p = &*rp;
+    if (p->is_object() && !p->contains("rope_theta") && !p->contains("rope_type") &&
+        p->contains("full_attention")) {
+      p = &(*p)["full_attention"];
+    }
+    if (!p->is_object()) {
+      return make_error(ErrorCode::kFormat, "%s: \"rope_parameters\" is not an object",
+                        config_path.c_str());
+    }
+    const json params = *p;
+    if (!config.contains("rope_theta") && params.contains("rope_theta")) {
+      config["rope_theta"] = params["rope_theta"];
+    }
+    if (!config.contains("rope_scaling") || config["rope_scaling"].is_null()) {
+      config["rope_scaling"] = params;  // type "default": no scaling
+    }
+  }
+
   HfFolder out;
   out.rope_neox_layout = arch->rotate_half_qk;
   std::vector<std::pair<std::string, GgufValue>> kv;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/model/hf_export.h"
@@ -311,6 +313,63 @@ TEST_F(HfFolderErrors, Tokenizer) {
 TEST_F(HfFolderErrors, NotAModelFolder) {
   fs::remove(folder_ + "/config.json");
   expect_load_error(folder_, {"without config.json"});
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// transformers 5 writes "rope_parameters" (rope_theta and the scaling in one
+// object, or one per layer type) where older versions wrote "rope_theta" and
+// "rope_scaling": both forms give the same model.
+TEST(HfFolder, RopeParametersOfTransformersFive) {
+  const std::string folder = write_both(Case{"llama", "f32", 0, false}, "rope_params").second;
+  const std::string original = read_text(folder + "/config.json");
+  const nlohmann::json scaling = {{"factor", 8.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 64}};
+  auto load_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json c = nlohmann::json::parse(original);
+    edit(c);
+    write_text(folder + "/config.json", c.dump(2));
+    auto m = load_model(folder);
+    EXPECT_TRUE(m.ok()) << m.message();
+    return m;
+  };
+  auto old_form = load_with([&](nlohmann::json& c) {
+    c["rope_theta"] = 500000.0;
+    c["rope_scaling"] = scaling;
+    c["rope_scaling"]["rope_type"] = "llama3";
+  });
+  nlohmann::json params = scaling;
+  params["rope_type"] = "llama3";
+  params["rope_theta"] = 500000.0;
+  auto new_form = load_with([&](nlohmann::json& c) {
+    c.erase("rope_theta");
+    c["rope_parameters"] = params;
+  });
+  auto per_type = load_with([&](nlohmann::json& c) {
+    c.erase("rope_theta");
+    c["rope_parameters"] = {{"full_attention", params}, {"sliding_attention", params}};
+  });
+  ASSERT_TRUE(old_form.ok() && new_form.ok() && per_type.ok());
+  const std::vector<int32_t> tokens = {0, 77, 301, 5, 122, 9};
+  const std::vector<float> want = logits_of(**old_form, tokens);
+  for (const auto* m : {&new_form, &per_type}) {
+    EXPECT_EQ((**m)->hp.rope_freq_base, 500000.0f);
+    EXPECT_EQ(logits_of(***m, tokens), want);
+  }
+  auto plain = load_with([&](nlohmann::json& c) {
+    c.erase("rope_theta");
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000.0}};
+  });
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->hp.rope_freq_base, 1000.0f);
+  write_text(folder + "/config.json", std::string(original).insert(1, "\"rope_parameters\": 3,"));
+  expect_load_error(folder, {"config.json", "rope_parameters"});
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ int cmd_synth(const SynthOptions& o) {
   if (o.preset.empty() || o.set_vocab) spec.n_vocab = o.vocab;
   if (o.preset.empty() || o.set_ctx) spec.n_ctx = o.ctx;
   if (!o.vocab_from.empty() && !o.set_vocab) spec.n_vocab = 0;  // take the given tokenizer's size
+  if (o.sliding_window > 0) spec.sliding_window = o.sliding_window;
+  if (o.tied) spec.tied_output = true;
   spec.weight_type = o.dtype;
   spec.seed = o.seed;
   spec.vocab_from = o.vocab_from;

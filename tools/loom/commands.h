@@ -39,6 +39,8 @@ struct SynthOptions {
   std::string vocab_from;  ///< GGUF to copy the tokenizer from; empty: built-in byte-level vocab
   std::string format = "gguf";  ///< gguf | safetensors (a Hugging Face folder; f32/f16/bf16)
   uint64_t shard_mib = 0;       ///< safetensors: shards of about this size; 0: one file
+  int64_t sliding_window = 0;   ///< gemma2: window of the even layers; 0: the preset's (4096)
+  bool tied = false;            ///< no output.weight: the embedding is reused
   // Which of the above were given explicitly (they override a preset).
   bool set_arch = false, set_layers = false, set_dim = false, set_ffn = false, set_heads = false,
        set_kv_heads = false, set_vocab = false, set_ctx = false;

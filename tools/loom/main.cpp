@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   c_syn->add_option("--format", syn.format,
                     "gguf (a file) or safetensors (a Hugging Face folder: --out is the folder)");
   c_syn->add_option("--shard-mib", syn.shard_mib, "safetensors: shards of at most this size");
+  c_syn->add_option("--sliding-window", syn.sliding_window,
+                    "gemma2: attention window of the even layers (default 4096)");
+  c_syn->add_flag("--tied", syn.tied, "No output matrix: the token embedding is reused");
 
   auto engine_opts = [](CLI::App* c, EngineOptions& e) {
     c->add_option("-m,--model", e.model, "GGUF model file, or a Hugging Face model folder")
