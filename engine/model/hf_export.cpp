@@ -1,5 +1,6 @@
 #include "engine/model/hf_export.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -278,7 +279,12 @@ Status write_hf_folder(const std::string& gguf_path, const std::string& dir,
     config["sliding_window"] = hp.sliding_window;
     config["attn_logit_softcapping"] = hp.attn_softcap;
     config["final_logit_softcapping"] = hp.final_softcap;
-    config["query_pre_attn_scalar"] = 1.0 / (static_cast<double>(hp.attn_scale) * hp.attn_scale);
+    // An integer where it is one (transformers 5 checks the type: gemma2's is an int).
+    const double qpas = 1.0 / (static_cast<double>(hp.attn_scale) * hp.attn_scale);
+    const double rounded = std::round(qpas);
+    config["query_pre_attn_scalar"] = std::abs(qpas - rounded) < 1e-3 * rounded
+                                          ? ordered_json(static_cast<int64_t>(rounded))
+                                          : ordered_json(qpas);
   }
   LOOM_TRY(write_text(fs::path(dir) / "config.json", config.dump(2)));
 
