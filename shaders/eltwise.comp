@@ -2,6 +2,8 @@
 // Element-wise ops on [rows, n] activations, one thread per element (or vec4):
 //   OP_ADD       out = a + b
 //   OP_SILU_MUL  out = silu(a) * b, silu(g) = g / (1 + exp(-g))
+//   OP_GELU_MUL  out = gelu(a) * b, GELU's tanh form written as
+//                a / (1 + exp(-2u)), u = sqrt(2/pi) (a + 0.044715 a^3): finite for any a
 //   OP_COPY      out = a
 // Rows are `*_ld` floats apart, so row views of wider matrices work. Where
 // every offset, stride and n is a multiple of 4, a thread does one vec4.
@@ -29,6 +31,13 @@ vec4 op(vec4 av, vec4 bv) { return av + bv; }
 #elif defined(OP_SILU_MUL)
 float op(float av, float bv) { return av / (1.0 + exp(-av)) * bv; }
 vec4 op(vec4 av, vec4 bv) { return av / (1.0 + exp(-av)) * bv; }
+#elif defined(OP_GELU_MUL)
+float op(float av, float bv) {
+  return av / (1.0 + exp(-1.5957691216057308 * (av + 0.044715 * av * av * av))) * bv;
+}
+vec4 op(vec4 av, vec4 bv) {
+  return av / (1.0 + exp(-1.5957691216057308 * (av + 0.044715 * av * av * av))) * bv;
+}
 #elif defined(OP_COPY)
 float op(float av, float bv) { return av; }
 vec4 op(vec4 av, vec4 bv) { return av; }

@@ -37,6 +37,16 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    // 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3): the
+    // second form keeps the tiny values of negative g that 1 + tanh(u) cancels to 0.
+    const double gelu = g / (1.0 + std::exp(-1.5957691216057308 * (g + 0.044715 * g * g * g)));
+    out[i] = static_cast<float>(gelu * static_cast<double>(up[i]));
+  }
+}
+
 void add(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }

@@ -21,6 +21,9 @@ void rms_norm(const float* x, const float* w, float eps, float* y, int64_t n);
 /// out[n] = silu(gate[n]) * up[n], silu evaluated in double.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+/// out[n] = gelu(gate[n]) * up[n] (GELU's tanh form, gemma's GeGLU), in double.
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n);
+
 /// out[n] = a[n] + b[n].
 void add(const float* a, const float* b, float* out, int64_t n);
 

@@ -269,6 +269,8 @@ class Backend {
   }
   /// out = silu(gate) * up.                                         [T, n]
   virtual void silu_mul(Act gate, Act up, Act out) = 0;
+  /// out = gelu(gate) * up, GELU's tanh form (gemma's GeGLU).       [T, n]
+  virtual void gelu_mul(Act gate, Act up, Act out) = 0;
   /// out = a + b.                                                   [T, n]
   virtual void add(Act a, Act b, Act out) = 0;
   /// @}

@@ -245,17 +245,9 @@ Result<TokenizerSource> load_tokenizer_source(const std::string& path) {
   return out;
 }
 
-std::string Model::cpu_only_reason() const {
-  if (hp.attn_softcap > 0 || hp.final_softcap > 0 || hp.sliding_window > 0 || hp.ffn_gelu ||
-      hp.embd_scale > 0) {
-    return hp.arch +
-           ": soft-capped and sliding-window attention, GeGLU, post-norms and the embedding "
-           "scale are not on the GPU backends yet";
-  }
-  for (const LayerWeights& l : layers) {
-    if (l.post_attn_norm.present() || l.post_ffn_norm.present()) {
-      return hp.arch + ": post-attention and post-FFN norms are not on the GPU backends yet";
-    }
+std::string Model::host_attention_reason() const {
+  if (hp.attn_softcap > 0 || hp.sliding_window > 0) {
+    return hp.arch + ": soft-capped and sliding-window attention is not on the GPU backends yet";
   }
   return "";
 }

@@ -99,11 +99,12 @@ struct Model {
   uint64_t weight_bytes() const;
   /// General description: "llama, 22 layers, dim 2048, Q4_0".
   std::string describe() const;
-  /// Why this model's layers run on the CPU only (ops no GPU backend has yet:
-  /// qwen3's per-head q/k norms, gemma2's soft-caps, window, GeGLU, post-norms),
-  /// or "" when the GPU backends can run it. Strategies and the forward pass
-  /// keep such a model on the CPU and say this.
-  std::string cpu_only_reason() const;
+  /// Why this model's attention runs on the CPU (gemma2's soft-capped scores
+  /// and sliding window: no GPU backend has that attention yet), or "" when the
+  /// GPU backends run all of it. Strategies and the forward pass keep that op
+  /// group (and a scaled embedding lookup) on the CPU and say this; the rest of
+  /// such a layer runs where it is placed (keep_host_ops_on_cpu).
+  std::string host_attention_reason() const;
 };
 
 /// Loads and validates a model: a GGUF file, or a Hugging Face folder

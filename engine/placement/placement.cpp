@@ -180,7 +180,9 @@ std::vector<const Weight*> group_weights(const LayerWeights& w, OpGroup g) {
       for (const Weight* x : {&w.w_gate, &w.w_up, &w.w_down}) add(*x);
       break;
     case OpGroup::kNorm:
-      for (const Weight* x : {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm}) add(*x);
+      for (const Weight* x :
+           {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm, &w.post_attn_norm, &w.post_ffn_norm})
+        add(*x);
       break;
     case OpGroup::kAttn: break;
   }
@@ -238,6 +240,18 @@ Status check_dtype(const Weight& w, std::optional<DType> dtype, const std::strin
   return {};
 }
 }  // namespace
+
+bool keep_host_ops_on_cpu(const Model& m, Placement* p) {
+  if (m.host_attention_reason().empty()) return false;
+  bool moved = false;
+  auto to_cpu = [&moved](GroupPlace& g) {
+    moved = moved || g.unit != Unit::kCpu;
+    g.unit = Unit::kCpu;
+  };
+  if (m.hp.embd_scale > 0) to_cpu(p->embed);
+  for (LayerPlace& lp : p->layers) to_cpu(lp[OpGroup::kAttn]);
+  return moved;
+}
 
 Status validate_placement(const Model& m, const Placement& p) {
   if (static_cast<int64_t>(p.layers.size()) != m.hp.n_layer) {

@@ -79,6 +79,11 @@ struct Placement {
 /// a quantizer exists). The error names the layer, group and tensor.
 Status validate_placement(const Model& m, const Placement& p);
 
+/// Moves to the CPU what the GPU backends cannot run for `m` yet
+/// (Model::host_attention_reason(): gemma2's soft-capped, windowed attention,
+/// and its scaled embedding lookup). True when anything moved.
+bool keep_host_ops_on_cpu(const Model& m, Placement* p);
+
 /// Bytes a placement puts on each unit.
 struct PlacementBytes {
   std::array<uint64_t, kNumUnits> weights{};  ///< after requantization

@@ -309,9 +309,7 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
     p.strategy = "custom";
     return p;
   }
-  // A model only the CPU runs yet: every strategy places it there (the
-  // caller says why: Model::cpu_only_reason()).
-  if (s == "cpu" || !m.cpu_only_reason().empty()) {
+  if (s == "cpu") {
     Placement p = Placement::uniform(L, Unit::kCpu);
     set_dtypes(&p, o);
     return p;
@@ -359,8 +357,11 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
         &p);
     p.strategy = "attn-gpu";
   } else {
-    return auto_placement(m, o, cost, budget, kv_layer);
+    Placement a = auto_placement(m, o, cost, budget, kv_layer);
+    keep_host_ops_on_cpu(m, &a);  // what the GPU cannot run for this model (gemma2's attention)
+    return a;
   }
+  keep_host_ops_on_cpu(m, &p);
   set_dtypes(&p, o);
   if (p.strategy.empty()) p.strategy = s;
   LOOM_TRY(validate_placement(m, p));
@@ -370,10 +371,11 @@ Result<Placement> make_placement(const Model& m, const StrategyOptions& o, const
 std::vector<PlacementCandidate> candidate_placements(const Model& m, const StrategyOptions& o,
                                                      const CostModel& cost) {
   std::vector<PlacementCandidate> out;
-  if (!o.has_gpu || !m.cpu_only_reason().empty()) return out;
+  if (!o.has_gpu) return out;
   const uint64_t kv_layer = kv_bytes_per_layer(m, o.n_ctx, o.kv_dtype);
   const uint64_t budget = budget_of(m, o);
   auto add = [&](Placement p, int64_t n) {
+    keep_host_ops_on_cpu(m, &p);
     if (p.layers.empty() || gpu_bytes_of(m, p, kv_layer) > budget) return;
     for (PlacementCandidate& q : out) {
       if (!q.p.same_as(p)) continue;

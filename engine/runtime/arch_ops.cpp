@@ -21,15 +21,6 @@ void host_softcap(Act x, float cap) {
   for (int64_t i = 0; i < n; ++i) x.data[i] = cap * std::tanh(x.data[i] / cap);
 }
 
-void host_gelu_mul(Act g, Act u) {
-  const int64_t n = g.rows * g.cols;
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g.data[i];
-    g.data[i] = 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x))) * u.data[i];
-  }
-}
-
 void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                     float scale, float cap, int64_t window, Act out) {
   const cpu::KvView v = kv.view(layer);

@@ -1,9 +1,8 @@
-// Host-side ops of the architectures whose layers only the CPU runs so far
-// (qwen3's per-head q/k norms go through the backend's RMS norm; these are
-// gemma2's): scaling, soft-capping, GELU(tanh)·mul, and attention with a
-// logit soft-cap and a sliding window, reading the layer's paged KV cache.
-// The ForwardPass calls them on host memory only: the placement keeps such
-// layers on the CPU (forward.cpp says why in its notes).
+// Host-side ops of gemma2 that no GPU backend has: scaling (the embedding),
+// soft-capping (the logits), and attention with a logit soft-cap and a
+// sliding window, reading the layer's paged KV cache. The
+// ForwardPass calls them on host memory only: keep_host_ops_on_cpu
+// (placement.h) keeps the attention and the embedding on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +16,6 @@ namespace loom {
 void host_scale(Act x, float s);
 /// x = cap * tanh(x / cap), every element (no-op when cap <= 0).
 void host_softcap(Act x, float cap);
-/// g = gelu_tanh(g) * u, element-wise (the GeGLU of gemma's FFN).
-void host_gelu_mul(Act g, Act u);
 
 /// Causal GQA attention like Backend::attention, plus: scores soft-capped
 /// (cap * tanh(s / cap), when cap > 0) before the softmax, and, when

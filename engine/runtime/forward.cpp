@@ -51,9 +51,6 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend, KvCache& kv, int6
   if (m_.rope_freqs.present()) rope_.freq_factors = static_cast<const float*>(m_.rope_freqs.data);
   pos_.resize(static_cast<size_t>(max_chunk_));
   layer_ns_.resize(static_cast<size_t>(hp.n_layer));
-  // The GPU backends have none of these ops yet: the placement moves such
-  // layers to the CPU rather than compute them wrongly.
-  host_only_ = m_.cpu_only_reason();
 
   const Unit primary = backend.host_memory() ? Unit::kCpu : Unit::kGpu;
   units_[static_cast<size_t>(primary)] = &backend;
@@ -166,15 +163,9 @@ Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
 
 Status ForwardPass::apply(const Placement& requested) {
   LOOM_TRY(validate_placement(m_, requested));
-  // Architectures the GPU backends cannot run yet stay on the CPU, said so.
+  // What the GPU backends cannot run yet for this model stays on the CPU, said so.
   Placement want = requested;
-  const bool host_moved = !host_only_.empty() && want.uses(Unit::kGpu);
-  if (host_moved) {
-    want.embed.unit = want.output.unit = Unit::kCpu;
-    for (auto& lp : want.layers) {
-      for (auto& g : lp.g) g.unit = Unit::kCpu;
-    }
-  }
+  const bool host_moved = keep_host_ops_on_cpu(m_, &want);
   // Activations before weights: weights can move to the CPU when device
   // memory runs out, activations cannot.
   for (Unit u : kUnits) {
@@ -188,7 +179,7 @@ Status ForwardPass::apply(const Placement& requested) {
   }
   Placement p = want;
   std::vector<std::string> notes;
-  if (host_moved) notes.push_back("every layer runs on the CPU: " + host_only_);
+  if (host_moved) notes.push_back("attention runs on the CPU: " + m_.host_attention_reason());
   const int64_t L = m_.hp.n_layer;
   Backend* gpu = unit(Unit::kGpu);
   auto fall_back = [&](GroupPlace& g, const std::string& what, const Status& why) {
@@ -256,8 +247,8 @@ Status ForwardPass::apply(const Placement& requested) {
       const std::string at = "layer " + std::to_string(l) + " ";
       // Norm weights and RoPE factors are small vectors: they go first.
       LOOM_TRY(place(lp[OpGroup::kNorm],
-                     {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm,
-                      static_cast<const Weight*>(&nw.rope_freqs)},
+                     {&w.attn_norm, &w.ffn_norm, &w.q_norm, &w.k_norm, &w.post_attn_norm,
+                      &w.post_ffn_norm, static_cast<const Weight*>(&nw.rope_freqs)},
                      OpKind::kRmsNorm, at + "norm"));
       if (lp[OpGroup::kAttnW].unit == Unit::kGpu) {
         Status s = upload_group({&w.bq, &w.bk, &w.bv}, OpKind::kAdd, at + "attn_w");
@@ -765,14 +756,12 @@ Status ForwardPass::eval_rows(const int32_t* tokens, int64_t T, int64_t first, f
   be(uo).matmul(w_.output, xb, o, nullptr);
   group_end();
   LOOM_TRY(std::exchange(op_status_, Status()));
-  return transfer(o, uo, Act{logits, rows, hp.n_vocab}, Unit::kCpu);
+  LOOM_TRY(transfer(o, uo, Act{logits, rows, hp.n_vocab}, Unit::kCpu));
+  host_softcap(Act{logits, rows, hp.n_vocab}, hp.final_softcap);  // gemma2
+  return {};
 }
 
 void ForwardPass::layer(int64_t l, int64_t T) {
-  if (!host_only_.empty()) {
-    layer_host(l, T);
-    return;
-  }
   const HParams& hp = m_.hp;
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
   const LayerPlace& P = placement_.layers[static_cast<size_t>(l)];
@@ -845,7 +834,11 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kAttention);
     // Each sequence of the step attends over its own cache.
     Act q = in(kQ, ua, T), att = out(kAtt, ua, T);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    const float scale =
+        hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    // gemma2: soft-capped scores, a window on every swa_every-th layer (the CPU's, see apply).
+    const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
+    const bool host_attn = hp.attn_softcap > 0 || swa;
     for (const Seg& g : segs_) {
       KvCache& kv = *g.kv;
       // Spilled KV blocks of a host layer come back from the SSD to be read.
@@ -865,12 +858,15 @@ void ForwardPass::layer(int64_t l, int64_t T) {
                        : make_error(ErrorCode::kInternal,
                                     "the device KV tier needs the CPU backend for the host blocks");
         if (!s.ok() && op_status_.ok()) op_status_ = s;
+      } else if (host_attn) {
+        host_attention(kv, l, qg, pos, hp.n_head, scale, hp.attn_softcap,
+                       swa ? hp.sliding_window : 0, ag);
       } else {
         be(ua).attention(kv, l, qg, pos, hp.n_head, scale, ag);
       }
     }
   }
-  if (uw == un) {
+  if (uw == un && !w.post_attn_norm.present()) {
     // One op where the backend fuses them: x += wo att (timed with attn_w).
     OpTimer timer(stats_, OpLabel::kAttnOut);
     group_begin(scope(OpGroup::kAttnW), uw);
@@ -888,6 +884,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     group_begin(scope(OpGroup::kNorm), un);
     Act x = in(kX, un, T), xb = in(kXb, un, T);
     valid_[kX] = bit(un);
+    // gemma2: the attention's output normed before it joins the residual.
+    if (w.post_attn_norm.present()) be(un).rms_norm(xb, w.post_attn_norm, hp.rms_eps, xb);
     be(un).add(x, xb, x);
   }
   {
@@ -898,10 +896,18 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     OpTimer timer(stats_, OpLabel::kFfnUpGate);
     group_begin(scope(OpGroup::kFfn), uf);
     Act xb = in(kXb, uf, T);
-    // silu(gate) * up, one op where the backend fuses it.
-    be(uf).matmul_glu(w.w_gate, w.w_up, xb, out(kHb, uf, T), out(kHb2, uf, T));
+    if (hp.ffn_gelu) {  // gemma2's GeGLU: gelu(gate) * up
+      Act hb = out(kHb, uf, T), hb2 = out(kHb2, uf, T);
+      be(uf).matmul(w.w_gate, xb, hb, nullptr);
+      be(uf).matmul(w.w_up, xb, hb2, nullptr);
+      be(uf).gelu_mul(hb, hb2, hb);
+    } else {
+      // silu(gate) * up, one op where the backend fuses it.
+      be(uf).matmul_glu(w.w_gate, w.w_up, xb, out(kHb, uf, T), out(kHb2, uf, T));
+    }
   }
-  if (uf == un) {  // x += w_down hb, fused where the backend can (timed with ffn)
+  if (uf == un && !w.post_ffn_norm.present()) {
+    // x += w_down hb, fused where the backend can (timed with ffn)
     OpTimer timer(stats_, OpLabel::kFfnDown);
     Act hb = in(kHb, uf, T), x = in(kX, uf, T);
     valid_[kX] = bit(uf);
@@ -916,82 +922,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
   group_begin(scope(OpGroup::kNorm), un);
   Act x = in(kX, un, T), xb = in(kXb, un, T);
   valid_[kX] = bit(un);
+  if (w.post_ffn_norm.present()) be(un).rms_norm(xb, w.post_ffn_norm, hp.rms_eps, xb);  // gemma2
   be(un).add(x, xb, x);
-}
-
-// qwen3 and gemma2 on the CPU (shapes [T, ...]):
-//   xb = rms_norm(x) * attn_norm
-//   q, k, v = Wq xb, Wk xb, Wv xb
-//   q, k = rms_norm per head * q_norm, k_norm              (qwen3)
-//   rope(q), rope(k); store k, v
-//   att = attention(q, cache): scale, soft-cap, window     (gemma2: host_attention)
-//   o = Wo att; o = rms_norm(o) * post_attn_norm           (gemma2)
-//   x += o; xb = rms_norm(x) * ffn_norm
-//   h = act(W_gate xb) * (W_up xb), act GELU-tanh (gemma2) or SiLU
-//   d = W_down h; d = rms_norm(d) * post_ffn_norm          (gemma2)
-//   x += d
-void ForwardPass::layer_host(int64_t l, int64_t T) {
-  const HParams& hp = m_.hp;
-  const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
-  const Unit u = Unit::kCpu;
-  Backend& b = be(u);
-  auto scope = [&](OpGroup g) { return prof_ ? prof_->scope(l, g) : 0; };
-  const float eps = hp.rms_eps;
-
-  group_begin(scope(OpGroup::kNorm), u);
-  Act x = in(kX, u, T);
-  valid_[kX] = bit(u);
-  Act xb = out(kXb, u, T);
-  b.rms_norm(x, w.attn_norm, eps, xb);
-  group_begin(scope(OpGroup::kAttnW), u);
-  Act q = out(kQ, u, T), k = out(kK, u, T), v = out(kV, u, T);
-  b.matmul_qkv(w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, xb, q, k, v);
-  group_begin(scope(OpGroup::kNorm), u);
-  if (w.q_norm.present()) {
-    const Act qh = heads(q, T * hp.n_head, hp.head_dim),
-              kh = heads(k, T * hp.n_head_kv, hp.head_dim);
-    b.rms_norm(qh, w.q_norm, eps, qh);
-    b.rms_norm(kh, w.k_norm, eps, kh);
-  }
-  b.rope_qk(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data(), rope_);
-  group_begin(scope(OpGroup::kAttn), u);
-  Act att = out(kAtt, u, T);
-  const float scale =
-      hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
-  const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
-  for (const Seg& g : segs_) {
-    KvCache& kv = *g.kv;
-    const Act qg = q.rows_view(g.r0, g.n), ag = att.rows_view(g.r0, g.n);
-    const int32_t* pos = pos_.data() + g.r0;
-    b.kv_store(kv, l, k.rows_view(g.r0, g.n), v.rows_view(g.r0, g.n), pos);
-    if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
-    if (hp.attn_softcap > 0 || swa) {
-      host_attention(kv, l, qg, pos, hp.n_head, scale, hp.attn_softcap, swa ? hp.sliding_window : 0,
-                     ag);
-    } else {
-      b.attention(kv, l, qg, pos, hp.n_head, scale, ag);
-    }
-  }
-  group_begin(scope(OpGroup::kAttnW), u);
-  Act o = out(kXb, u, T);
-  b.matmul(w.wo, att, o, nullptr);
-  group_begin(scope(OpGroup::kNorm), u);
-  if (w.post_attn_norm.present()) b.rms_norm(o, w.post_attn_norm, eps, o);
-  b.add(x, o, x);
-  b.rms_norm(x, w.ffn_norm, eps, xb);
-  group_begin(scope(OpGroup::kFfn), u);
-  Act hb = out(kHb, u, T), hb2 = out(kHb2, u, T);
-  if (hp.ffn_gelu) {
-    b.matmul(w.w_gate, xb, hb, nullptr);
-    b.matmul(w.w_up, xb, hb2, nullptr);
-    host_gelu_mul(hb, hb2);
-  } else {
-    b.matmul_glu(w.w_gate, w.w_up, xb, hb, hb2);
-  }
-  b.matmul(w.w_down, hb, o, nullptr);
-  group_begin(scope(OpGroup::kNorm), u);
-  if (w.post_ffn_norm.present()) b.rms_norm(o, w.post_ffn_norm, eps, o);
-  b.add(x, o, x);
 }
 
 }  // namespace loom

@@ -151,8 +151,6 @@ class ForwardPass {
   /// Waits for the units after a step; the profiler's device times.
   Status finish_step();
   void layer(int64_t l, int64_t T);
-  /// One layer of an architecture only the CPU runs yet (qwen3, gemma2).
-  void layer_host(int64_t l, int64_t T);
   Backend& be(Unit u) { return *units_[static_cast<size_t>(u)]; }
   int64_t act_cols(ActId a) const;
   /// Activation `a` [T, cols] on unit u, holding its current value (copied there when needed).
@@ -192,7 +190,6 @@ class ForwardPass {
 
   Placement placement_;
   bool prepared_ = false;
-  std::string host_only_;  ///< why this model's layers run on the CPU only ("": they need not)
   RequantStore requant_;
   Weights w_;
   std::unordered_map<const void*, Weight>

@@ -157,7 +157,7 @@ TEST(CudaBackendOps, MatmulQkvEqualsCpu) {
   }
 }
 
-TEST(CudaBackendOps, RmsNormSiluMulAddEqualCpu) {
+TEST(CudaBackendOps, RmsNormSiluGeluMulAddEqualCpu) {
   LOOM_CUDA_BACKEND_OR_SKIP(be);
   CpuBackend cpu(2);
   // 1001: the plain norm; 4096 (a multiple of 32, T <= 8): the norm that
@@ -177,6 +177,10 @@ TEST(CudaBackendOps, RmsNormSiluMulAddEqualCpu) {
 
     cpu.silu_mul(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
     be->silu_mul(ad.act, bd.act, out.act);
+    EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
+
+    cpu.gelu_mul(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));
+    be->gelu_mul(ad.act, bd.act, out.act);
     EXPECT_LT(test::rel_error_f(out.get(*be), want), 1e-5);
 
     cpu.add(host_act(a, T, n), host_act(b, T, n), host_act(want, T, n));

@@ -31,6 +31,7 @@
 #include "cpu/ops.h"
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
+#include "engine/backends/cpu/cpu_backend.h"
 
 namespace loom {
 namespace {
@@ -539,6 +540,35 @@ TEST_P(CpuOpsTest, AttentionLongContext) {
   for (const DType dt : {DType::kF16, DType::kQ8_0}) {
     check_attention({dt, 16, 128, 4, 1, 1500, 1.0f});
     check_attention({dt, 32, 64, 8, 2, 700, 6.0f});
+  }
+}
+
+// The CPU backend's GeGLU (gemma2's FFN) against the double reference, with
+// gates where exp overflows, and in place over the gate as the forward pass calls it.
+// Bound 1e-4 relative: for negative gates the result is g exp(-2|u|), and the
+// float exponent (up to ~150 for |g| = 12) carries ~1e-7 of it as error.
+TEST(CpuBackendOps, GeluMul) {
+  std::mt19937 rng(9);
+  CpuBackend be(2);
+  for (const int64_t n : {int64_t{1}, int64_t{17}, int64_t{65}, int64_t{40001}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> g = random_floats(rng, n, -12.0f, 12.0f);
+    const float extremes[] = {-1000.0f, -100.0f, -30.0f, 0.0f, 30.0f, 100.0f, 1000.0f};
+    for (size_t i = 0; i < std::size(extremes) && static_cast<int64_t>(i) < n; ++i)
+      g[i * 7 % static_cast<size_t>(n)] = extremes[i];
+    const std::vector<float> u = random_floats(rng, n, -3.0f, 3.0f);
+    std::vector<float> want(static_cast<size_t>(n));
+    ref::gelu_mul(g.data(), u.data(), want.data(), n);
+    Guarded out(n);
+    std::vector<float> gi = g, ui = u;
+    be.gelu_mul(Act{gi.data(), 1, n}, Act{ui.data(), 1, n}, Act{out.data(), 1, n});
+    EXPECT_TRUE(out.guards_intact());
+    EXPECT_TRUE(all_finite(out.data(), n));
+    int64_t at = 0;
+    EXPECT_LE(max_rel_error(out.data(), want.data(), n, 1e-30, &at), 1e-4) << "at gate " << g[at];
+    be.gelu_mul(Act{gi.data(), 1, n}, Act{ui.data(), 1, n}, Act{gi.data(), 1, n});
+    EXPECT_LE(max_rel_error(gi.data(), want.data(), n, 1e-30, &at), 1e-4)
+        << "at " << at << " gate " << g[at] << " got " << gi[at] << " want " << want[at];
   }
 }
 

@@ -819,6 +819,28 @@ TEST_F(VulkanTest, SiluMulAddCopy) {
   }
 }
 
+// gemma2's GeGLU: odd lengths (scalar and vec4 paths), gates where exp overflows.
+TEST_F(VulkanTest, GeluMul) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 1}, {3, 67}, {2, 1000}}) {
+    SCOPED_TRACE("rows=" + std::to_string(rows) + " n=" + std::to_string(n));
+    auto a = random_floats(static_cast<size_t>(rows * n), 23, -12.0f, 12.0f);
+    const float extremes[] = {-1000.0f, -100.0f, -30.0f, 30.0f, 100.0f, 1000.0f};
+    for (size_t i = 0; i < std::size(extremes) && i < a.size(); ++i)
+      a[i * 5 % a.size()] = extremes[i];
+    const auto b = random_floats(static_cast<size_t>(rows * n), 24);
+    DevMat da(be_, rows, n, a), db(be_, rows, n, b), dg(be_, rows, n);
+    be_->gelu_mul(da.act(), db.act(), dg.act());
+    be_->gelu_mul(da.act(), db.act(), da.act());  // in place over the gate
+    std::vector<float> r(a.size());
+    ref::gelu_mul(a.data(), b.data(), r.data(), rows * n);
+    const std::vector<double> rd(r.begin(), r.end());
+    const auto g = dg.fetch(), gi = da.fetch();
+    EXPECT_TRUE(all_finite(g));
+    EXPECT_LT(normalized_error(g, rd), 1e-6);
+    EXPECT_EQ(gi, g);
+  }
+}
+
 TEST_F(VulkanTest, AddInPlaceOnRowViews) {
   // x += y on the last rows of a wider matrix: in-place and offset views, as the forward pass uses
   // them.

@@ -249,6 +249,24 @@ void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int
   }
 }
 
+void CpuBackend::gelu_mul(Act gate, Act up, Act out) {
+  // gelu(x) = 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3):
+  // the second form stays finite for any x.
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float x = gate.data[i];
+      const float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);
+      out.data[i] = x / (1.0f + std::exp(-u2)) * up.data[i];
+    }
+  };
+  const int64_t n = gate.rows * gate.cols;
+  if (n < kMinParallelWork) {
+    run(0, n);
+    return;
+  }
+  pool_.parallel_for(n, 64, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
 void CpuBackend::silu_mul(Act gate, Act up, Act out) {
   const int64_t n = gate.rows * gate.cols;
   if (n < kMinParallelWork) {

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
                            const int32_t* pos, int64_t n_heads, float scale, const float* device_ml,
                            float* part, float* block_mass);
   void silu_mul(Act gate, Act up, Act out) override;
+  void gelu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   // Fused for a few tokens (cpu_fused.cpp): one conversion, one parallel section.
   void matmul_qkv(const Weight& wq, const Weight& wk, const Weight& wv, const Weight& bq,

@@ -52,6 +52,7 @@ enum : uint64_t {
   kOpRopeKv,
   kOpAttention,
   kOpSiluMul,
+  kOpGeluMul,
   kOpAdd
 };
 
@@ -804,6 +805,18 @@ void CudaBackend::silu_mul(Act gate, Act up, Act out) {
   const int64_t n = out.rows * out.cols;
   launch({kOpSiluMul, u(gp), u(upp), u(o), u(n)},
          [=, this] { return cuda::silu_mul(gp, upp, o, n, stream_); });
+}
+
+void CudaBackend::gelu_mul(Act gate, Act up, Act out) {
+  if (!ready() || !check_act(gate, "gelu_mul") || !check_act(up, "gelu_mul") ||
+      !check_act(out, "gelu_mul"))
+    return;
+  const float* gp = dev(gate);
+  const float* upp = dev(up);
+  float* o = dev(out);
+  const int64_t n = out.rows * out.cols;
+  launch({kOpGeluMul, u(gp), u(upp), u(o), u(n)},
+         [=, this] { return cuda::gelu_mul(gp, upp, o, n, stream_); });
 }
 
 void CudaBackend::add(Act a, Act b, Act out) {

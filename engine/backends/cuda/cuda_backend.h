@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
   Status attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                          float scale, Act out, const HostAttentionFn& host) override;
   void silu_mul(Act gate, Act up, Act out) override;
+  void gelu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   /// y += W x in one product (the matvec's or the GEMM's accumulate).
   void matmul_add(const Weight& w, Act x, Act y, Act tmp) override;

@@ -76,6 +76,17 @@ __global__ void silu_mul_kernel(const float* g, const float* u, float* out, int6
   }
 }
 
+// gelu(g) = 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3),
+// in double (as ref::gelu_mul); the second form is finite for any g.
+__global__ void gelu_mul_kernel(const float* g, const float* u, float* out, int64_t n) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double gd = g[k];
+    const double gelu = gd / (1.0 + exp(-1.5957691216057308 * (gd + 0.044715 * gd * gd * gd)));
+    out[k] = static_cast<float>(gelu * static_cast<double>(u[k]));
+  }
+}
+
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -111,6 +122,12 @@ Status silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaS
   if (n <= 0) return {};
   silu_mul_kernel<<<grid_for(n), kThreads, 0, s>>>(gate, up, out, n);
   return launch_status("silu_mul");
+}
+
+Status gelu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
+  if (n <= 0) return {};
+  gelu_mul_kernel<<<grid_for(n), kThreads, 0, s>>>(gate, up, out, n);
+  return launch_status("gelu_mul");
 }
 
 Status add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {

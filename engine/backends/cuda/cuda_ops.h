@@ -28,6 +28,8 @@ Status rope_qk(float* q, int64_t n_heads, float* k, int64_t n_kv_heads, int64_t 
 
 /// out[n] = silu(gate[n]) * up[n] (silu in double, as ref::silu_mul).
 Status silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+/// out[n] = gelu(gate[n]) * up[n], GELU's tanh form in double (as ref::gelu_mul).
+Status gelu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
 
 /// out[n] = a[n] + b[n].
 Status add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);

@@ -110,6 +110,7 @@ class VulkanBackend final : public Backend {
   Status attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                          float scale, Act out, const HostAttentionFn& host) override;
   void silu_mul(Act gate, Act up, Act out) override;
+  void gelu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;
   /// dst = src ([rows, cols] each; row strides may differ).
   void copy(Act src, Act dst);
@@ -285,7 +286,7 @@ class VulkanBackend final : public Backend {
   Result<Pipeline*> pipeline_for(const Variant& v, const Spec& spec, uint32_t n_bindings);
   void dispatch(const Variant& v, const Spec& spec, std::initializer_list<Bind> binds,
                 const void* push, uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz);
-  void eltwise(const char* op, Act a, Act b, Act out);  // add, silu_mul, copy (b unused)
+  void eltwise(const char* op, Act a, Act b, Act out);  // add, silu_mul, gelu_mul, copy (b unused)
   void copy_buffer(vk::Block* src, uint64_t src_off, vk::Block* dst, uint64_t dst_off,
                    uint64_t bytes);
   // Splits a 1-D count of workgroups into x (<= the device limit) and z.

@@ -248,6 +248,13 @@ void VulkanBackend::silu_mul(Act gate, Act up, Act out) {
   eltwise("silu_mul", gate, up, out);
 }
 
+void VulkanBackend::gelu_mul(Act gate, Act up, Act out) {
+  if (!status_.ok() || !check_act(gate, "gelu_mul") || !check_act(up, "gelu_mul") ||
+      !check_act(out, "gelu_mul"))
+    return;
+  eltwise("gelu_mul", gate, up, out);
+}
+
 void VulkanBackend::add(Act a, Act b, Act out) {
   if (!status_.ok() || !check_act(a, "add") || !check_act(b, "add") || !check_act(out, "add"))
     return;
