@@ -100,4 +100,15 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
+void expect_gpu_pass_notes(const Model& m, const std::vector<std::string>& notes, bool uses_gpu) {
+  if (m.host_attention_reason().empty()) {
+    EXPECT_TRUE(notes.empty()) << notes.front();
+    return;
+  }
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("attention runs on the CPU: " + m.hp.arch), std::string::npos)
+      << notes[0];
+  EXPECT_TRUE(uses_gpu);
+}
+
 }  // namespace loom::test

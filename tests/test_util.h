@@ -37,6 +37,11 @@ std::unique_ptr<Model> synth_model(const SynthSpec& spec, const std::string& nam
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 
+/// A forward pass's notes after a placement on the GPU: none, or for a model
+/// whose attention only the CPU runs (Model::host_attention_reason) the one
+/// that says so, the placement still using the GPU.
+void expect_gpu_pass_notes(const Model& m, const std::vector<std::string>& notes, bool uses_gpu);
+
 }  // namespace loom::test
 
 /// Skips the current test, saying why, when a fixture file is not there.

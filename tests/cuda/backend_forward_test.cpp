@@ -94,14 +94,7 @@ TEST_P(CudaForward, LogitsMatchReference) {
   ForwardPass fwd(model, *be, **kv, /*max_chunk=*/12);
   const Status prep = fwd.prepare();
   ASSERT_TRUE(prep.ok()) << prep.message();
-  if (model.host_attention_reason().empty()) {
-    EXPECT_TRUE(fwd.notes().empty()) << fwd.notes().front();
-  } else {
-    ASSERT_EQ(fwd.notes().size(), 1u);
-    EXPECT_NE(fwd.notes()[0].find("attention runs on the CPU: gemma2"), std::string::npos)
-        << fwd.notes()[0];
-    EXPECT_TRUE(fwd.placement().uses(Unit::kGpu));
-  }
+  test::expect_gpu_pass_notes(model, fwd.notes(), fwd.placement().uses(Unit::kGpu));
   const int64_t P = 12;
   std::vector<float> logits(static_cast<size_t>(P * V));
   ASSERT_TRUE(fwd.eval(std::span<const int32_t>(tokens.data(), P), 0, logits.data(), true).ok());

@@ -55,13 +55,17 @@ TEST_F(CudaKvTierSession, GreedyOutputIsIdenticalInEveryTierMix) {
   test::check_greedy_identical_in_every_mix(*model_, *be);
 }
 
-// Disabled: fails on the H200 (2026-12-05, build of this commit). The second
+// Disabled: fails on the H200 and the H100 (2026-12-05). The second
 // conversation's third generated token differs from the all-on-device run
 // (214 against 217; the CPU gives 217), with lru and importance alike,
 // while the same check passes with a budget that holds every block (no
-// slot is reassigned) and on Vulkan. The first conversation, the cache-level
-// checks (a second conversation in the same cache included) and the other
-// session checks pass. Cause not found yet: see the closing note of issue 16.
+// slot is reassigned) and on Vulkan. DiagnoseTheSecondConversationInTurn
+// reproduces it deterministically with append() when the two sessions run
+// one after the other (interleaved step by step, DiagnoseTheSecondConversation,
+// they agree to 1.4e-6): after conv 2's second decode step (position 151)
+// layer 0's KV rows all equal the reference's and layer 1's row 151 does not,
+// so layer 0's output at 151 differs. LOOM_CUDA_GRAPHS, _PDL, _FUSE_NORM,
+// _FUSE_ATTN, _FUSE_ROPE=0 change nothing. Cause not found yet.
 TEST_F(CudaKvTierSession, DISABLED_ASecondConversationReusesTheTiers) {
   LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
@@ -74,6 +78,15 @@ TEST_F(CudaKvTierSession, DISABLED_DiagnoseTheSecondConversation) {
   LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::diagnose_second_conversation(*model_, *be);
+}
+
+// The same two conversations, the all-on-device session's first, then the
+// tiered one's fed its tokens: prints the steps whose logits differ and, after
+// steps 20 to 23, the device KV rows that differ by block.
+TEST_F(CudaKvTierSession, DISABLED_DiagnoseTheSecondConversationInTurn) {
+  LOOM_CUDA_TIER_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  test::diagnose_second_conversation_in_turn(*model_, *be);
 }
 
 TEST_F(CudaKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {

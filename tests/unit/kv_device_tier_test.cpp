@@ -244,6 +244,12 @@ TEST_F(VulkanKvTierSession, DISABLED_DiagnoseTheSecondConversation) {
   test::diagnose_second_conversation(*model_, *be);
 }
 
+TEST_F(VulkanKvTierSession, DISABLED_DiagnoseTheSecondConversationInTurn) {
+  LOOM_VULKAN_OR_SKIP(be, false);
+  ASSERT_NE(model_, nullptr);
+  test::diagnose_second_conversation_in_turn(*model_, *be);
+}
+
 // Blocks of GPU layers that went down to the SSD and cannot be read back are
 // recomputed into their host blocks (the GPU's kv_store hands those tokens to
 // the cache and leaves its slots alone): the output stays the same.

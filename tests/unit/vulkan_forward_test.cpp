@@ -104,14 +104,7 @@ TEST_P(VulkanForward, LogitsMatchReferenceAndCpu) {
     ForwardPass fwd(model, *be, **kv, /*max_chunk=*/4);
     const Status prep = fwd.prepare();
     ASSERT_TRUE(prep.ok()) << prep.message();
-    if (model.host_attention_reason().empty()) {
-      EXPECT_TRUE(fwd.notes().empty()) << fwd.notes().front();
-    } else {
-      ASSERT_EQ(fwd.notes().size(), 1u);
-      EXPECT_NE(fwd.notes()[0].find("attention runs on the CPU: gemma2"), std::string::npos)
-          << fwd.notes()[0];
-      EXPECT_TRUE(fwd.placement().uses(Unit::kGpu));
-    }
+    test::expect_gpu_pass_notes(model, fwd.notes(), fwd.placement().uses(Unit::kGpu));
     std::vector<float> logits(static_cast<size_t>(7 * V));
     ASSERT_TRUE(fwd.eval(std::span<const int32_t>(tokens.data(), 7), 0, logits.data(), true).ok());
     for (int64_t t = 0; t < 7; ++t) {
