@@ -1,6 +1,7 @@
 #include "engine/placement/adaptive.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -228,6 +229,16 @@ std::optional<Placement> AdaptiveController::switch_to(size_t arm, AdaptiveEvent
   skip_next_ = true;
   if (prof) prof->reset();  // its figures belong to the placement that ends
   return arms_[arm].p;
+}
+
+void AdaptiveController::step(double step_ms, int64_t n_past, Profiler* prof,
+                              const std::function<Status(const Placement&)>& apply) {
+  const std::optional<Placement> p = on_step(step_ms, n_past, prof);
+  if (!p) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = apply(*p);
+  applied(s,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void AdaptiveController::applied(const Status& s, double move_ms) {

@@ -91,6 +91,10 @@ class AdaptiveController {
   /// took (weights and KV between the units): a recheck tries a candidate
   /// only when its predicted gain repays two such moves before the next one.
   void applied(const Status& s, double move_ms = 0);
+  /// on_step, then, when it returns a placement, `apply` (the forward pass's
+  /// set_placement) timed and reported through applied().
+  void step(double step_ms, int64_t n_past, Profiler* prof,
+            const std::function<Status(const Placement&)>& apply);
   /// While paused (a user editing the placement), on_step measures nothing
   /// and changes nothing; the window starts again after. Any thread.
   void set_paused(bool paused) { paused_.store(paused, std::memory_order_relaxed); }

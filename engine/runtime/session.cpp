@@ -255,12 +255,8 @@ Status Session::apply_pending_placement() {
 
 void Session::adapt_step(double step_ms) {
   if (!adapt_ || has_pending_.load(std::memory_order_acquire)) return;
-  std::optional<Placement> p =
-      adapt_->on_step(step_ms, static_cast<int64_t>(tokens_.size()), prof_);
-  if (!p) return;
-  const auto t0 = Clock::now();
-  const Status s = fwd_->set_placement(*p);
-  adapt_->applied(s, ms_since(t0));
+  adapt_->step(step_ms, static_cast<int64_t>(tokens_.size()), prof_,
+               [this](const Placement& p) { return fwd_->set_placement(p); });
 }
 
 Result<GenerateStats> Session::generate(std::span<const int32_t> prompt,

@@ -100,14 +100,8 @@ int cmd_bench(const BenchOptions& o) {
       // The adaptive auto's turn between two tokens (a change's cost lands in the next ITL).
       if (e->adaptive) {
         const double ms = std::chrono::duration<double, std::milli>(now - step0).count();
-        if (auto p =
-                e->adaptive->on_step(ms, o.n_prompt + i + 1, o.no_profiler ? nullptr : &prof)) {
-          const auto move_t0 = std::chrono::steady_clock::now();
-          const Status moved = fwd.set_placement(*p);
-          e->adaptive->applied(moved, std::chrono::duration<double, std::milli>(
-                                          std::chrono::steady_clock::now() - move_t0)
-                                          .count());
-        }
+        e->adaptive->step(ms, o.n_prompt + i + 1, o.no_profiler ? nullptr : &prof,
+                          [&fwd](const Placement& p) { return fwd.set_placement(p); });
       }
     }
     fwd.set_stats(nullptr);
