@@ -9,9 +9,6 @@ namespace loom::cli {
 int cmd_plan(const PlanOptions& o) {
   auto e = open_engine(o.engine, "loom plan", /*calibrate=*/true, /*session=*/false);
   if (!e) return 1;
-  if (const std::string why = e->model->host_attention_reason(); !why.empty()) {
-    std::fprintf(stderr, "loom plan: note: attention runs on the CPU: %s\n", why.c_str());
-  }
   if (!o.save.empty()) {
     Status s = e->planned.save(o.save);
     if (!s.ok()) {

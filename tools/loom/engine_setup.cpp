@@ -167,6 +167,8 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     std::fprintf(stderr, "%s: %s\n", who, p.message().c_str());
     return nullptr;
   }
+  if (const std::string why = model.host_attention_reason(); !why.empty() && p->uses(Unit::kGpu))
+    std::fprintf(stderr, "%s: note: attention runs on the CPU: %s\n", who, why.c_str());
   if (!session) {
     e->planned = std::move(p).value();
     return e;
