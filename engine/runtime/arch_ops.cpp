@@ -22,7 +22,7 @@ void host_softcap(Act x, float cap) {
 }
 
 void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
-                    float scale, float cap, int64_t window, Act out) {
+                    float scale, float cap, int64_t window, Act out, cpu::ThreadPool* pool) {
   const cpu::KvView v = kv.view(layer);
   const int64_t hd = v.head_dim, group = n_heads / v.n_kv_heads;
   const size_t row_bytes =
@@ -33,12 +33,14 @@ void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos,
                        static_cast<size_t>(j % v.block_size) * row_bytes;
     (void)ref::dequantize_row(v.dtype, p, dst, hd);
   };
-  std::vector<float> kr(static_cast<size_t>(hd)), vr(static_cast<size_t>(hd)), sc;
-  for (int64_t t = 0; t < q.rows; ++t) {
-    const int64_t p = pos[t];
-    const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-    sc.resize(static_cast<size_t>(p - j0 + 1));
-    for (int64_t h = 0; h < n_heads; ++h) {
+  // One (query row, head) pair per item: each writes its own head_dim outputs.
+  auto work = [&](int64_t first, int64_t last, int) {
+    std::vector<float> kr(static_cast<size_t>(hd)), vr(static_cast<size_t>(hd)), sc;
+    for (int64_t w = first; w < last; ++w) {
+      const int64_t t = w / n_heads, h = w % n_heads;
+      const int64_t p = pos[t];
+      const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      sc.resize(static_cast<size_t>(p - j0 + 1));
       const float* qh = q.row(t) + h * hd;
       const int64_t kh = h / group;
       float mx = -INFINITY;
@@ -57,11 +59,16 @@ void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos,
       std::fill(o, o + hd, 0.0f);
       for (int64_t j = j0; j <= p; ++j) {
         row(v.v_blocks, j, kh, vr.data());
-        const float w = sc[static_cast<size_t>(j - j0)] / sum;
-        for (int64_t i = 0; i < hd; ++i) o[i] += w * vr[static_cast<size_t>(i)];
+        const float wt = sc[static_cast<size_t>(j - j0)] / sum;
+        for (int64_t i = 0; i < hd; ++i) o[i] += wt * vr[static_cast<size_t>(i)];
       }
     }
-  }
+  };
+  const int64_t items = q.rows * n_heads;
+  if (pool && pool->size() > 1 && items > 1)
+    pool->parallel_for(items, 1, work);
+  else
+    work(0, items, 0);
 }
 
 }  // namespace loom

@@ -858,9 +858,10 @@ void ForwardPass::layer(int64_t l, int64_t T) {
                        : make_error(ErrorCode::kInternal,
                                     "the device KV tier needs the CPU backend for the host blocks");
         if (!s.ok() && op_status_.ok()) op_status_ = s;
-      } else if (host_attn) {
+      } else if (host_attn) {  // (on the CPU: keep_host_ops_on_cpu)
+        auto* cpu = dynamic_cast<CpuBackend*>(&be(ua));
         host_attention(kv, l, qg, pos, hp.n_head, scale, hp.attn_softcap,
-                       swa ? hp.sliding_window : 0, ag);
+                       swa ? hp.sliding_window : 0, ag, cpu ? &cpu->pool() : nullptr);
       } else {
         be(ua).attention(kv, l, qg, pos, hp.n_head, scale, ag);
       }
