@@ -594,6 +594,8 @@ void diagnose_second_conversation_in_turn(Model& model, Backend& be) {
     std::printf("[in turn, %s] done: %zu steps, %d off by > 1e-3, max|dlogit| %.2e\n", modes[mode],
                 lr.size(), off, worst);
     std::fflush(stdout);
+    EXPECT_EQ(lr.size(), lt.size()) << modes[mode];
+    EXPECT_LE(worst, 1e-3) << modes[mode] << ": " << off << " steps off";
   }
   be.release_weights();
 }

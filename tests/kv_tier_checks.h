@@ -63,8 +63,9 @@ void check_second_conversation(Model& model, Backend& be);
 /// prints its largest difference, and the device KV rows by block.
 void diagnose_second_conversation(Model& model, Backend& be);
 /// The same two conversations on the all-on-device session first (kept, or
-/// destroyed before the next is made), then on a tiered one fed its tokens:
-/// prints the steps whose logits differ by more than 1e-3 (a diagnosis).
+/// destroyed before the next is made), then on a tiered one fed its tokens,
+/// and the tiered one first: prints the steps whose logits differ by more
+/// than 1e-3, and expects none.
 void diagnose_second_conversation_in_turn(Model& model, Backend& be);
 /// Blocks lost on the SSD (an I/O error, a short read) are recomputed.
 void check_lost_blocks_recomputed(Model& model, Backend& be);

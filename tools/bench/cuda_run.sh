@@ -153,7 +153,6 @@ for s in $stages; do
       ;;
     tiers)
       m="$(model ${TIER_DTYPE:-q4_k_m})"
-      export LOOM_CUDA_KV_TIER=1  # the device tier is off on CUDA by default
       kvdir=/tmp/kvspill; mkdir -p "$kvdir"
       echo "--- disk under $kvdir (dd, O_DIRECT, 1 GiB)"
       dd if=/dev/zero of="$kvdir/dd.bin" bs=4M count=256 oflag=direct 2>&1 | tail -n 1

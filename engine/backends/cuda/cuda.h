@@ -32,11 +32,6 @@ struct CudaOptions {
   bool profile = false;       ///< time every kernel with CUDA events
   uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: what is free
   bool use_graphs = true;     ///< replay decode steps as CUDA graphs where possible
-  /// The device KV tier (--kv-gpu: some of a GPU layer's KV blocks in host
-  /// RAM). Off by default until a known defect is fixed (a second
-  /// conversation in a reused session can give other tokens than with all
-  /// the KV on the GPU); LOOM_CUDA_KV_TIER=1 turns it on as well.
-  bool kv_tier = false;
 };
 
 /// True when this build has the CUDA backend (LOOM_CUDA).

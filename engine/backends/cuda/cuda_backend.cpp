@@ -119,8 +119,6 @@ Status CudaBackend::init(const CudaOptions& opts) {
   LOOM_ASSIGN_OR_RETURN(matmul_, cuda::Matmul::create(device_));
   attn_scratch_ = cuda::AttentionScratch::create();
   budget_.limit = opts.memory_limit;
-  const char* tier = std::getenv("LOOM_CUDA_KV_TIER");
-  kv_tier_ = opts.kv_tier || (tier && std::strcmp(tier, "1") == 0);
   const char* fuse = std::getenv("LOOM_CUDA_FUSE_NORM");
   fuse_norm_ = !(fuse && std::strcmp(fuse, "0") == 0);
   const char* fuse_rope = std::getenv("LOOM_CUDA_FUSE_ROPE");
@@ -220,8 +218,7 @@ Status CudaBackend::download(Act src, float* dst) {
   cudaError_t e = cudaMemcpyAsync(dst, dev(src), bytes, cudaMemcpyDeviceToHost, stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) fail(cuda::cuda_status(e, "download (or a kernel queued before it)"));
-  ring_used_ = 0;
-  put_cache_n_ = 0;
+  ring_restart();
   return status_;
 }
 
@@ -234,9 +231,16 @@ Status CudaBackend::synchronize() {
   finish_step();
   const cudaError_t e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) fail(cuda::cuda_status(e, "a queued kernel"));
-  ring_used_ = 0;
-  put_cache_n_ = 0;
+  ring_restart();
   return status_;
+}
+
+void CudaBackend::ring_restart() {
+  ring_used_ = 0;
+  // The copies of the pass before are forgotten; the next one goes to
+  // entry 0, so entries [0, put_cache_n_) are always this pass's own.
+  put_cache_n_ = 0;
+  put_cache_next_ = 0;
 }
 
 const void* CudaBackend::put(const void* data, uint64_t bytes) {
@@ -249,8 +253,7 @@ const void* CudaBackend::put(const void* data, uint64_t bytes) {
       fail(cuda::cuda_status(e, "a queued kernel"));
       return nullptr;
     }
-    ring_used_ = 0;
-    put_cache_n_ = 0;
+    ring_restart();
     if (need > ring_bytes_) {
       (void)cudaFreeHost(ring_host_);
       (void)cudaFree(ring_dev_);
@@ -436,7 +439,7 @@ bool CudaBackend::check_act(const Act& a, const char* op) {
 
 Result<std::unique_ptr<KvStorage>> CudaBackend::create_kv_storage(const KvCacheConfig& cfg) {
   LOOM_CUDA_TRY(cudaSetDevice(device_), "select the device");
-  LOOM_ASSIGN_OR_RETURN(auto s, cuda::CudaKvStorage::create(cfg, stream_, &budget_, kv_tier_));
+  LOOM_ASSIGN_OR_RETURN(auto s, cuda::CudaKvStorage::create(cfg, stream_, &budget_));
   return std::unique_ptr<KvStorage>(std::move(s));
 }
 

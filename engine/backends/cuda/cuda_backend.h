@@ -77,10 +77,9 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes() const override { return weight_bytes_; }
   bool has_weight(OpKind op, const Weight& w) const override;
   Result<std::unique_ptr<KvStorage>> create_kv_storage(const KvCacheConfig& cfg) override;
-  /// The memory limit, or the device's memory (the default device KV
-  /// budget), while the device KV tier is on (CudaOptions::kv_tier); else 0.
+  /// The memory limit, or the device's memory (the default device KV budget).
   uint64_t memory_capacity() const override {
-    return !kv_tier_ ? 0 : budget_.limit ? budget_.limit : info_.total_bytes;
+    return budget_.limit ? budget_.limit : info_.total_bytes;
   }
 
   bool device_timing() const override { return true; }
@@ -238,6 +237,8 @@ class CudaBackend final : public Backend {
   static constexpr int kPutCache = 4;
   PutCopy put_cache_[kPutCache];
   int put_cache_n_ = 0, put_cache_next_ = 0;
+  // The ring starts over from its first byte (its earlier copies are done).
+  void ring_restart();
   std::vector<float> rope_cs_;  ///< host cos/sin table, reused
 
   // The RMS norm's Q8 copy of its output (decode, T <= 8), read by the next
@@ -274,7 +275,6 @@ class CudaBackend final : public Backend {
   void* gather_ = nullptr;
   uint64_t gather_bytes_ = 0;
   cudaEvent_t tier_event_ = nullptr;  ///< q is on the host (the overlapped split)
-  bool kv_tier_ = false;              ///< CudaOptions::kv_tier
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;

@@ -165,12 +165,9 @@ class CudaKvStorage : public KvStorage {
   /// layers count against. Layers hold room for the tokens reserved so far
   /// (at least 256, at most n_ctx); reserve() grows every resident layer,
   /// copying its rows. kInvalidArgument for a dtype other than F16 or Q8_0.
-  /// `block_slots`: set_block_slots is taken (the device KV tier), else it
-  /// reports kUnsupported (CudaOptions::kv_tier).
   static Result<std::unique_ptr<CudaKvStorage>> create(const KvCacheConfig& cfg,
                                                        cudaStream_t stream,
-                                                       DeviceBudget* budget = nullptr,
-                                                       bool block_slots = false);
+                                                       DeviceBudget* budget = nullptr);
   /// The device K/V of a resident layer (null pointers when not resident).
   virtual DevKvLayer layer(int64_t l) const = 0;
 };

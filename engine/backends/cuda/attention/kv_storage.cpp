@@ -23,9 +23,8 @@ constexpr int64_t kMinCapacity = 256;  // tokens a layer first has room for
 class KvStorageImpl final : public CudaKvStorage {
  public:
   KvStorageImpl(const KvCacheConfig& cfg, cudaStream_t stream, DeviceBudget* budget,
-                uint64_t row_bytes, bool block_slots)
-      : block_slots_(block_slots),
-        cfg_(cfg),
+                uint64_t row_bytes)
+      : cfg_(cfg),
         stream_(stream),
         budget_(budget),
         row_bytes_(row_bytes),
@@ -145,11 +144,6 @@ class KvStorageImpl final : public CudaKvStorage {
   }
 
   Status set_block_slots(int64_t block_size, int64_t n_slots) override {
-    if (!block_slots_)
-      return make_error(ErrorCode::kUnsupported,
-                        "the device KV tier (--kv-gpu) is off on CUDA by default: a second "
-                        "conversation in a reused session can give other tokens than with all "
-                        "the KV on the GPU (a known defect); LOOM_CUDA_KV_TIER=1 turns it on");
     if (block_size <= 0 || n_slots <= 0 || block_size * n_slots > cfg_.n_ctx + block_size)
       return make_error(ErrorCode::kInvalidArgument,
                         "CUDA KV cache: %" PRId64 " slots of %" PRId64 " rows (context %" PRId64
@@ -278,7 +272,6 @@ class KvStorageImpl final : public CudaKvStorage {
     return {};
   }
 
-  bool block_slots_;  ///< set_block_slots is taken (CudaOptions::kv_tier)
   KvCacheConfig cfg_;
   cudaStream_t stream_;
   DeviceBudget* budget_;
@@ -294,8 +287,7 @@ class KvStorageImpl final : public CudaKvStorage {
 
 Result<std::unique_ptr<CudaKvStorage>> CudaKvStorage::create(const KvCacheConfig& cfg,
                                                              cudaStream_t stream,
-                                                             DeviceBudget* budget,
-                                                             bool block_slots) {
+                                                             DeviceBudget* budget) {
   if (cfg.n_layer <= 0 || cfg.n_kv_heads <= 0 || cfg.head_dim <= 0 || cfg.n_ctx <= 0)
     return make_error(ErrorCode::kInvalidArgument, "CUDA KV cache: empty configuration");
   uint64_t row_bytes = 0;
@@ -311,7 +303,7 @@ Result<std::unique_ptr<CudaKvStorage>> CudaKvStorage::create(const KvCacheConfig
                       std::string(dtype_name(cfg.dtype)).c_str(), cfg.head_dim);
   }
   return std::unique_ptr<CudaKvStorage>(
-      std::make_unique<KvStorageImpl>(cfg, stream, budget, row_bytes, block_slots));
+      std::make_unique<KvStorageImpl>(cfg, stream, budget, row_bytes));
 }
 
 }  // namespace loom::cuda
