@@ -493,11 +493,28 @@ struct MassPart {
   float max;
 };
 
+// Soft-caps a step's scores s[i][0, n_valid[i]) and masks those of keys
+// before a row's window (-inf: the softmax gives them 0).
+void apply_mods(const AttnMods& mods, float* s, int64_t lds, int64_t m, int64_t j0,
+                const int32_t* n_valid, const int64_t* row_first) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* si = s + i * lds;
+    const int64_t nv = n_valid[i];
+    if (mods.softcap > 0.0f) {
+      const float cap = mods.softcap, inv = 1.0f / mods.softcap;
+      for (int64_t r = 0; r < nv; ++r) si[r] = cap * std::tanh(si[r] * inv);
+    }
+    const int64_t first = std::min<int64_t>(row_first[i] - j0, nv);
+    for (int64_t r = 0; r < first; ++r) si[r] = -std::numeric_limits<float>::infinity();
+  }
+}
+
 // attention() and attention_partial(): `part` null writes normalized rows to
 // `out`, else partials (m, l, o) to `part`.
 void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
                     const KvView& kv, float scale, float* out, float* part, int64_t h0, int64_t h1,
-                    float* scratch, float* block_mass, const float* other_ml) {
+                    float* scratch, float* block_mass, const float* other_ml,
+                    const AttnMods& mods) {
   thread_local std::vector<MassPart> mass_parts;
   assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
   assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
@@ -519,6 +536,7 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
 
   int32_t row_pos[kTileRows];
   int32_t n_valid[kTileRows];
+  int64_t row_first[kTileRows];  // a sliding window's first key position
   float* row_out[kTileRows];
   int64_t row_th[kTileRows];  // t * n_heads + h
 
@@ -545,12 +563,14 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
     for (int64_t r0 = 0; r0 < n_rows; r0 += kTileRows) {
       // Gather the tile: row i is token t, head h (token-major).
       const int64_t mt = std::min(kTileRows, n_rows - r0);
-      int64_t max_pos = 0;
+      int64_t max_pos = 0, min_first = std::numeric_limits<int64_t>::max();
       for (int64_t i = 0; i < mt; ++i) {
         const int64_t t = (r0 + i) / m;
         const int64_t h = ha + (r0 + i) % m;
         row_pos[i] = q_pos[t];
         max_pos = std::max<int64_t>(max_pos, q_pos[t]);
+        row_first[i] = mods.window > 0 ? std::max<int64_t>(0, q_pos[t] - mods.window + 1) : 0;
+        min_first = std::min(min_first, row_first[i]);
         row_th[i] = t * n_heads + h;
         row_out[i] = part ? part + row_th[i] * (hd + 2) : out + row_th[i] * hd;
         float* qi = sc.qt + i * hdp;
@@ -567,12 +587,14 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
         q_tile = sc.qx;
       }
 
-      // Steps of rc cached rows, which may span several blocks or part of one.
+      // Steps of rc cached rows, which may span several blocks or part of
+      // one; under a sliding window from the step of the tile's first key.
       const int64_t n_ctx = max_pos + 1;
-      for (int64_t j0 = 0; j0 < n_ctx; j0 += rc) {
+      for (int64_t j0 = min_first / rc * rc; j0 < n_ctx; j0 += rc) {
         const int64_t n = std::min(rc, n_ctx - j0);
         for (int64_t i = 0; i < mt; ++i) {
           n_valid[i] = static_cast<int32_t>(std::clamp<int64_t>(row_pos[i] + 1 - j0, 0, n));
+          if (row_first[i] - j0 >= n_valid[i]) n_valid[i] = 0;  // the window starts later
         }
         // The next step's rows, into the cache while this one computes.
         for_each_run(j0 + rc, std::min(j0 + 2 * rc, n_ctx),
@@ -588,6 +610,8 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
           load(k, len, hd, sc.kf + off * k_rs, k_rs, k_cs, pad);
         });
         K.scores(q_tile, mt, hdp, sc.kf, rc, n, scale, sc.s, rc);
+        if (mods.softcap > 0.0f || mods.window > 0)
+          apply_mods(mods, sc.s, rc, mt, j0, n_valid, row_first);
         K.softmax(sc.s, rc, mt, n, n_valid, sc.row_max, sc.row_sum, sc.alpha);
         if (block_mass) {
           for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t*, int64_t len, int64_t off) {
@@ -645,16 +669,17 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
 }  // namespace
 
 void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
-               float scale, float* out, int64_t h0, int64_t h1, float* scratch, float* block_mass) {
+               float scale, float* out, int64_t h0, int64_t h1, float* scratch, float* block_mass,
+               const AttnMods& mods) {
   attention_impl(q, T, q_pos, n_heads, kv, scale, out, nullptr, h0, h1, scratch, block_mass,
-                 nullptr);
+                 nullptr, mods);
 }
 
 void attention_partial(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
                        const KvView& kv, float scale, float* part, int64_t h0, int64_t h1,
                        float* scratch, float* block_mass, const float* other_ml) {
   attention_impl(q, T, q_pos, n_heads, kv, scale, nullptr, part, h0, h1, scratch, block_mass,
-                 other_ml);
+                 other_ml, AttnMods{});
 }
 
 void attention_fold_partial(float* acc, const float* p, int64_t head_dim) {

@@ -76,6 +76,15 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim);
 void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
               int64_t head_dim, int64_t row, const float* src);
 
+/// What some architectures add to attention (gemma2): scores soft-capped to
+/// softcap * tanh(s / softcap) after the scale, before the softmax (when
+/// softcap > 0), and, when window > 0, the query at position p seeing only
+/// the keys at positions p - window < j <= p (a sliding window).
+struct AttnMods {
+  float softcap = 0.0f;
+  int64_t window = 0;
+};
+
 /// Causal grouped-query attention for query heads [h0, h1):
 ///   q   [T, n_heads, head_dim], token t at position q_pos[t]
 ///   out [T, n_heads, head_dim]
@@ -89,7 +98,7 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
 /// (query tokens x heads) computed here: each row adds 1 in all.
 void attention(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
                float scale, float* out, int64_t h0, int64_t h1, float* scratch,
-               float* block_mass = nullptr);
+               float* block_mass = nullptr, const AttnMods& mods = {});
 size_t attention_scratch_floats(const KvView& kv);
 
 /// Query rows that reach no key in a partial get this max (the GPU's NEG_BIG),

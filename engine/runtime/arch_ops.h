@@ -22,7 +22,8 @@ void host_softcap(Act x, float cap);
 /// (cap * tanh(s / cap), when cap > 0) before the softmax, and, when
 /// `window` > 0, query position p seeing only keys at positions p - window < j <= p.
 ///   q [T, n_heads * head_dim] at positions pos[t]; out likewise.
-/// With `pool`, the (row, head) pairs are spread over its threads.
+/// cpu::attention with cpu::AttnMods (the SIMD kernels); with `pool`, the
+/// KV-head groups are spread over its threads.
 void host_attention(const KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                     float scale, float cap, int64_t window, Act out,
                     cpu::ThreadPool* pool = nullptr);

@@ -543,6 +543,84 @@ TEST_P(CpuOpsTest, AttentionLongContext) {
   }
 }
 
+// gemma2's attention: scores soft-capped, and a sliding window, against a
+// double-precision loop over the dequantized rows. Windows shorter than, equal
+// to and longer than an attention step, and rows of one tile whose windows
+// start in different steps (T > 1).
+TEST_P(CpuOpsTest, AttentionSoftcapAndWindow) {
+  for (const DType dt : {DType::kF16, DType::kQ8_0}) {
+    for (const int64_t hd : {64, 256}) {
+      for (const int64_t T : {1, 6, 40}) {
+        for (const int64_t window : {0, 5, 32, 47, 500}) {
+          for (const float cap : {0.0f, 30.0f}) {
+            const int64_t n_kv = 2, ratio = 2, n_heads = n_kv * ratio, bs = 16, p0 = 90;
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " hd=" + std::to_string(hd) +
+                         " T=" + std::to_string(T) + " window=" + std::to_string(window) +
+                         " cap=" + std::to_string(cap));
+            const uint32_t seed = static_cast<uint32_t>(hd * 3 + T * 7 + window);
+            const TestKvCache cache(dt, bs, n_kv, hd, p0 + T, seed);
+            const cpu::KvView kv = cache.view();
+            std::mt19937 rng(seed + 1);
+            // Large q: scores of tens, where the cap changes them.
+            const std::vector<float> q = normal_floats(rng, T * n_heads * hd, 4.0f);
+            std::vector<int32_t> pos(static_cast<size_t>(T));
+            std::iota(pos.begin(), pos.end(), static_cast<int32_t>(p0));
+            const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+            std::vector<float> out(static_cast<size_t>(T * n_heads * hd), NAN);
+            std::vector<float> scratch(cpu::attention_scratch_floats(kv));
+            cpu::attention(q.data(), T, pos.data(), n_heads, kv, scale, out.data(), 0, n_heads,
+                           scratch.data(), nullptr, cpu::AttnMods{cap, window});
+            const size_t rb = cpu::kv_head_bytes(dt, 1, hd);
+            auto row = [&](const void* const* blocks, int64_t j, int64_t g) {
+              std::vector<float> r(static_cast<size_t>(hd));
+              const auto* b = static_cast<const uint8_t*>(blocks[j / bs]) +
+                              static_cast<size_t>(g) * kv.head_stride_bytes +
+                              static_cast<size_t>(j % bs) * rb;
+              EXPECT_TRUE(ref::dequantize_row(dt, b, r.data(), hd).ok());
+              return r;
+            };
+            double err2 = 0, ref2 = 0;
+            for (int64_t t = 0; t < T; ++t) {
+              for (int64_t h = 0; h < n_heads; ++h) {
+                const int64_t p = pos[static_cast<size_t>(t)], g = h / ratio;
+                const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+                const float* qh = q.data() + (t * n_heads + h) * hd;
+                std::vector<double> sc;
+                double mx = -INFINITY;
+                for (int64_t j = j0; j <= p; ++j) {
+                  const std::vector<float> k = row(kv.k_blocks, j, g);
+                  double s = 0;
+                  for (int64_t d = 0; d < hd; ++d) s += double{qh[d]} * k[static_cast<size_t>(d)];
+                  s *= scale;
+                  if (cap > 0) s = cap * std::tanh(s / cap);
+                  sc.push_back(s);
+                  mx = std::max(mx, s);
+                }
+                double sum = 0;
+                for (double& s : sc) sum += s = std::exp(s - mx);
+                std::vector<double> o(static_cast<size_t>(hd), 0.0);
+                for (int64_t j = j0; j <= p; ++j) {
+                  const std::vector<float> v = row(kv.v_blocks, j, g);
+                  for (int64_t d = 0; d < hd; ++d)
+                    o[static_cast<size_t>(d)] +=
+                        sc[static_cast<size_t>(j - j0)] / sum * v[static_cast<size_t>(d)];
+                }
+                for (int64_t d = 0; d < hd; ++d) {
+                  const double got = out[static_cast<size_t>((t * n_heads + h) * hd + d)];
+                  ASSERT_TRUE(std::isfinite(got));
+                  err2 += (got - o[static_cast<size_t>(d)]) * (got - o[static_cast<size_t>(d)]);
+                  ref2 += o[static_cast<size_t>(d)] * o[static_cast<size_t>(d)];
+                }
+              }
+            }
+            EXPECT_LE(err2 / ref2, 1e-10);
+          }
+        }
+      }
+    }
+  }
+}
+
 // The CPU backend's GeGLU (gemma2's FFN) against the double reference, with
 // gates where exp overflows, and in place over the gate as the forward pass calls it.
 // Bound 1e-4 relative: for negative gates the result is g exp(-2|u|), and the
