@@ -312,10 +312,14 @@ std::optional<Placement> AdaptiveController::on_step(double step_ms, int64_t n_p
   // Exploration over: the fastest measured placement runs from here on,
   // the windows compared at this context length.
   size_t best = current_;
+  double best_ms = measured_now(current_, n_past);
   for (size_t i = 0; i < arms_.size(); ++i) {
-    if (arms_[i].measured_ms > 0 && !arms_[i].failed &&
-        measured_now(i, n_past) < measured_now(best, n_past))
+    if (arms_[i].measured_ms <= 0 || arms_[i].failed) continue;
+    const double ms = measured_now(i, n_past);
+    if (ms < best_ms) {
       best = i;
+      best_ms = ms;
+    }
   }
   settled_ = true;
   next_check_ = tokens_ + ao_.recheck_tokens;

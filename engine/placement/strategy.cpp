@@ -120,13 +120,17 @@ Placement layers_n(const Model& m, int64_t n) {
 // Dynamic programming over layers: per layer, attention side (attn_w, attn,
 // norm) and FFN each on the CPU or the GPU; state = where the residual stream
 // is and how much of the budget is used (in kSteps buckets, rounded up).
-// Empty when nothing fits.
+// What the GPU cannot run for the model (keep_host_ops_on_cpu: gemma2's
+// attention, whose KV then stays on the host) is on the CPU in every choice,
+// so the costs and bytes compared are those of what will run. Empty when
+// nothing fits.
 Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel& cost,
                        uint64_t budget, uint64_t kv_layer) {
   const int64_t L = m.hp.n_layer;
   constexpr int kSteps = 4096;  // budget resolution: rounding loses at most one step per item
   const double step = std::max(1.0, static_cast<double>(budget) / kSteps);
   const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
+  const bool host_attn = !m.host_attention_reason().empty();
   auto buckets = [&](uint64_t bytes) {
     return static_cast<int>(std::ceil(static_cast<double>(bytes) / step));
   };
@@ -158,7 +162,7 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
     dp[0][0][0].s = 0;  // the embedding runs on the CPU
     for (int64_t l = 0; l < L; ++l) {
       const int attn_b = buckets(group_gpu_bytes(l, OpGroup::kAttnW) +
-                                 group_gpu_bytes(l, OpGroup::kNorm) + kv_layer);
+                                 group_gpu_bytes(l, OpGroup::kNorm) + (host_attn ? 0 : kv_layer));
       const int ffn_b = buckets(group_gpu_bytes(l, OpGroup::kFfn));
       for (int r = 0; r < 2; ++r) {
         for (int b = 0; b <= B; ++b) {
@@ -174,6 +178,7 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
             LayerPlace lp = base.layers[static_cast<size_t>(l)];
             for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
             lp[OpGroup::kFfn].unit = uf;
+            if (host_attn) lp[OpGroup::kAttn].unit = Unit::kCpu;
             for (auto& g : lp.g) g.dtype = g.unit == Unit::kGpu ? o.gpu_dtype : o.cpu_dtype;
             const double s =
                 c.s + cost.layer_s(m, l, lp, r ? Unit::kGpu : Unit::kCpu, n_past, o.kv_dtype);
@@ -203,6 +208,7 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
                  uf = (c.choice & 2) ? Unit::kGpu : Unit::kCpu;
       for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
       lp[OpGroup::kFfn].unit = uf;
+      if (host_attn) lp[OpGroup::kAttn].unit = Unit::kCpu;
       er = c.prev_r;
       eb = c.prev_b;
     }
@@ -235,6 +241,7 @@ std::vector<Placement> run_placements(const Model& m, const StrategyOptions& o, 
           [&](Placement* t, int64_t i) {
             for (auto& g : t->layers[static_cast<size_t>(last ? L - 1 - i : i)].g)
               g.unit = Unit::kGpu;
+            keep_host_ops_on_cpu(m, t);  // gemma2's attention (and its KV) stays on the host
           },
           &p);
       int64_t n = 0;

@@ -327,7 +327,9 @@ TEST(ForwardHostOps, Gemma2AttentionStaysOnTheCpu) {
     so.has_gpu = true;
     auto q = make_placement(model, so, CostModel::defaults());
     ASSERT_TRUE(q.ok()) << q.message();
-    EXPECT_TRUE(q->uses(Unit::kGpu)) << strategy;
+    // (auto plans with the attention on the CPU, and for this small model
+    // finds the copies to and from the GPU around it not worth it.)
+    if (std::string(strategy) != "auto") EXPECT_TRUE(q->uses(Unit::kGpu)) << strategy;
     for (const LayerPlace& lp : q->layers) {
       EXPECT_EQ(lp[OpGroup::kAttn].unit, Unit::kCpu) << strategy;
     }
