@@ -22,8 +22,10 @@ namespace loom {
 namespace {
 
 std::unique_ptr<Model> synth_model(const std::string& dtype, int64_t n_layer = 4,
-                                   int64_t n_embd = 256, uint64_t seed = 11) {
+                                   int64_t n_embd = 256, uint64_t seed = 11,
+                                   const std::string& arch = "llama") {
   SynthSpec s;
+  s.arch = arch;
   s.n_layer = n_layer;
   s.n_embd = n_embd;
   s.n_ff = 512;
@@ -33,7 +35,7 @@ std::unique_ptr<Model> synth_model(const std::string& dtype, int64_t n_layer = 4
   s.weight_type = dtype;
   s.seed = seed;
   const std::string path =
-      test::temp_dir("placement_" + dtype + std::to_string(n_layer)) + "/m.gguf";
+      test::temp_dir("placement_" + arch + dtype + std::to_string(n_layer)) + "/m.gguf";
   auto r = write_synthetic_model(s, path);
   EXPECT_TRUE(r.ok()) << r.message();
   auto m = load_model(path);
@@ -227,44 +229,33 @@ TEST(Strategy, EachStrategyMakesTheDocumentedPlacement) {
 // it there (its KV not counted against the budget), and is, by its own
 // model, no slower than any whole-layers placement that fits.
 TEST(Strategy, AutoPlansGemma2WithItsAttentionOnTheCpu) {
-  SynthSpec s;
-  s.arch = "gemma2";
-  s.n_layer = 4;
-  s.n_embd = 256;
-  s.n_ff = 512;
-  s.n_head = 4;
-  s.n_head_kv = 2;
-  s.n_ctx = 128;
-  s.weight_type = "f32";
-  const std::string path = test::temp_dir("placement_gemma2") + "/m.gguf";
-  ASSERT_TRUE(write_synthetic_model(s, path).ok());
-  auto m = load_model(path);
-  ASSERT_TRUE(m.ok()) << m.message();
-  ASSERT_FALSE((*m)->host_attention_reason().empty());
+  auto m = synth_model("f32", 4, 256, 11, "gemma2");
+  ASSERT_TRUE(m);
+  ASSERT_FALSE(m->host_attention_reason().empty());
   const CostModel cost = CostModel::defaults();
   StrategyOptions o;
   o.n_ctx = 128;
   o.max_chunk = 16;
-  const uint64_t kv_layer = kv_bytes_per_layer(**m, 128, DType::kF16);
+  const uint64_t kv_layer = kv_bytes_per_layer(*m, 128, DType::kF16);
   const uint64_t all =
-      placement_bytes(**m, Placement::uniform(4, Unit::kGpu), kv_layer).on(Unit::kGpu);
+      placement_bytes(*m, Placement::uniform(4, Unit::kGpu), kv_layer).on(Unit::kGpu);
   const int64_t n_past = 64;
   for (const uint64_t budget : {all / 3, all / 2, 3 * all / 4}) {
     SCOPED_TRACE("budget " + std::to_string(budget));
-    o.vram_budget = budget + gpu_overhead_bytes(**m, 16);
+    o.vram_budget = budget + gpu_overhead_bytes(*m, 16);
     o.strategy = "auto";
-    auto au = make_placement(**m, o, cost);
+    auto au = make_placement(*m, o, cost);
     ASSERT_TRUE(au.ok()) << au.message();
     for (const LayerPlace& lp : au->layers) EXPECT_EQ(lp[OpGroup::kAttn].unit, Unit::kCpu);
-    EXPECT_LE(placement_bytes(**m, *au, kv_layer).on(Unit::kGpu), budget);
-    const double t_auto = cost.predict(**m, *au, n_past, DType::kF16).step_ms;
+    EXPECT_LE(placement_bytes(*m, *au, kv_layer).on(Unit::kGpu), budget);
+    const double t_auto = cost.predict(*m, *au, n_past, DType::kF16).step_ms;
     for (int64_t n = 0; n <= 4; ++n) {
       StrategyOptions ol = o;
       ol.strategy = "layers:" + std::to_string(n);
-      auto ln = make_placement(**m, ol, cost);
+      auto ln = make_placement(*m, ol, cost);
       ASSERT_TRUE(ln.ok());
-      if (placement_bytes(**m, *ln, kv_layer).on(Unit::kGpu) > budget) continue;
-      EXPECT_LE(t_auto, cost.predict(**m, *ln, n_past, DType::kF16).step_ms + 1e-9) << ol.strategy;
+      if (placement_bytes(*m, *ln, kv_layer).on(Unit::kGpu) > budget) continue;
+      EXPECT_LE(t_auto, cost.predict(*m, *ln, n_past, DType::kF16).step_ms + 1e-9) << ol.strategy;
     }
   }
 }
