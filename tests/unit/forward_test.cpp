@@ -329,7 +329,9 @@ TEST(ForwardHostOps, Gemma2AttentionStaysOnTheCpu) {
     ASSERT_TRUE(q.ok()) << q.message();
     // (auto plans with the attention on the CPU, and for this small model
     // finds the copies to and from the GPU around it not worth it.)
-    if (std::string(strategy) != "auto") EXPECT_TRUE(q->uses(Unit::kGpu)) << strategy;
+    if (std::string(strategy) != "auto") {
+      EXPECT_TRUE(q->uses(Unit::kGpu)) << strategy;
+    }
     for (const LayerPlace& lp : q->layers) {
       EXPECT_EQ(lp[OpGroup::kAttn].unit, Unit::kCpu) << strategy;
     }
