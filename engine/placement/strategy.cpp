@@ -131,6 +131,15 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
   const double step = std::max(1.0, static_cast<double>(budget) / kSteps);
   const int64_t n_past = std::max<int64_t>(1, o.n_ctx / 2);
   const bool host_attn = !m.host_attention_reason().empty();
+  // A choice's units (bit 0: attention side on the GPU, bit 1: FFN), with
+  // what the GPU cannot run for this model left on the CPU.
+  auto place = [host_attn](LayerPlace& lp, int choice) {
+    const Unit ua = (choice & 1) ? Unit::kGpu : Unit::kCpu,
+               uf = (choice & 2) ? Unit::kGpu : Unit::kCpu;
+    for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
+    lp[OpGroup::kFfn].unit = uf;
+    if (host_attn) lp[OpGroup::kAttn].unit = Unit::kCpu;
+  };
   auto buckets = [&](uint64_t bytes) {
     return static_cast<int>(std::ceil(static_cast<double>(bytes) / step));
   };
@@ -171,18 +180,14 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
           if (c.s == kInf) continue;
           for (int choice = 0; choice < 4;
                ++choice) {  // bit 0: attention side on the GPU, bit 1: FFN
-            const Unit ua = (choice & 1) ? Unit::kGpu : Unit::kCpu,
-                       uf = (choice & 2) ? Unit::kGpu : Unit::kCpu;
             const int nb = b + ((choice & 1) ? attn_b : 0) + ((choice & 2) ? ffn_b : 0);
             if (nb > B) continue;
             LayerPlace lp = base.layers[static_cast<size_t>(l)];
-            for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
-            lp[OpGroup::kFfn].unit = uf;
-            if (host_attn) lp[OpGroup::kAttn].unit = Unit::kCpu;
+            place(lp, choice);
             for (auto& g : lp.g) g.dtype = g.unit == Unit::kGpu ? o.gpu_dtype : o.cpu_dtype;
             const double s =
                 c.s + cost.layer_s(m, l, lp, r ? Unit::kGpu : Unit::kCpu, n_past, o.kv_dtype);
-            Cell& n = dp[static_cast<size_t>(l + 1)][static_cast<size_t>(ua == Unit::kGpu)]
+            Cell& n = dp[static_cast<size_t>(l + 1)][static_cast<size_t>((choice & 1) != 0)]
                         [static_cast<size_t>(nb)];
             if (s < n.s) n = Cell{s, r, b, choice};
           }
@@ -204,11 +209,7 @@ Placement dp_placement(const Model& m, const StrategyOptions& o, const CostModel
     for (int64_t l = L; l > 0; --l) {
       const Cell& c = dp[static_cast<size_t>(l)][static_cast<size_t>(er)][static_cast<size_t>(eb)];
       LayerPlace& lp = p.layers[static_cast<size_t>(l - 1)];
-      const Unit ua = (c.choice & 1) ? Unit::kGpu : Unit::kCpu,
-                 uf = (c.choice & 2) ? Unit::kGpu : Unit::kCpu;
-      for (OpGroup g : {OpGroup::kAttnW, OpGroup::kAttn, OpGroup::kNorm}) lp[g].unit = ua;
-      lp[OpGroup::kFfn].unit = uf;
-      if (host_attn) lp[OpGroup::kAttn].unit = Unit::kCpu;
+      place(lp, c.choice);
       er = c.prev_r;
       eb = c.prev_b;
     }
