@@ -47,6 +47,7 @@
 #include "cpu/matmul.h"
 #include "cpu/ref/blocks.h"
 #include "cpu/ref/fp16.h"
+#include "cpu/ref/fp8.h"
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 
@@ -77,6 +78,8 @@ void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, con
                  int64_t n, int64_t hd, float* acc);
 void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
                   int64_t n, int64_t hd, float* acc);
+void q8_0_to_f16(const void* src, void* dst, int64_t n_blocks);
+void fp8_e4m3_to_f16(const uint8_t* src, float scale, void* dst, int64_t n);
 inline constexpr int64_t kAttnLanes = 16;
 inline constexpr bool kAttnKRowMajor = true;
 }  // namespace avx512
@@ -453,6 +456,22 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim) {
   return static_cast<size_t>(block_size) * kv_row_bytes(dtype, head_dim);
 }
 
+namespace {
+
+// F16C rounds to nearest even like ref::fp32_to_fp16 (NaN payloads aside).
+void f32_to_f16_row(const float* x, void* y, int64_t n) {
+  switch (active_isa()) {
+    case Isa::kAvx512: return avx512::f32_to_f16_row(x, y, n);
+    case Isa::kAvx2: return avx2::f32_to_f16_row(x, y, n);
+    default: return scalar_f32_to_f16_row(x, y, n);
+  }
+}
+
+// Floats in pieces of this many, through a buffer on the stack.
+constexpr int64_t kConvertPiece = 256;
+
+}  // namespace
+
 void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
               int64_t head_dim, int64_t row, const float* src) {
   if (dtype != DType::kF16) {
@@ -460,19 +479,48 @@ void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_h
     return;
   }
   const size_t row_bytes = kv_row_bytes(dtype, head_dim);
-  const Isa isa = active_isa();
   for (int64_t h = 0; h < n_kv_heads; ++h) {
     void* dst = static_cast<uint8_t*>(block) + static_cast<size_t>(h) * head_stride_bytes +
                 static_cast<size_t>(row) * row_bytes;
-    const float* x = src + h * head_dim;
-    // F16C rounds to nearest even like ref::fp32_to_fp16 (NaN payloads aside).
-    if (isa == Isa::kAvx512) {
-      avx512::f32_to_f16_row(x, dst, head_dim);
-    } else if (isa == Isa::kAvx2) {
-      avx2::f32_to_f16_row(x, dst, head_dim);
-    } else {
-      scalar_f32_to_f16_row(x, dst, head_dim);
+    f32_to_f16_row(src + h * head_dim, dst, head_dim);
+  }
+}
+
+void q8_0_to_f16(const void* src, void* dst, int64_t n) {
+  assert(n % ref::kQK == 0);
+  static_assert(kConvertPiece % ref::kQK == 0);
+  if (active_isa() == Isa::kAvx512) return avx512::q8_0_to_f16(src, dst, n / ref::kQK);
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  alignas(64) float buf[kConvertPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kConvertPiece) {
+    const int64_t m = std::min(kConvertPiece, n - i0);
+    for (int64_t j = 0; j < m; j += ref::kQK) {
+      const uint8_t* blk = in + (i0 + j) / ref::kQK * sizeof(ref::BlockQ8_0);
+      uint16_t h = 0;
+      std::memcpy(&h, blk, sizeof h);
+      const float d = ref::fp16_to_fp32(h);
+      const auto* qs = reinterpret_cast<const int8_t*>(blk + sizeof h);
+      for (int64_t k = 0; k < ref::kQK; ++k) buf[j + k] = static_cast<float>(qs[k]) * d;
     }
+    f32_to_f16_row(buf, out + 2 * i0, m);
+  }
+}
+
+void fp8_e4m3_to_f16(const uint8_t* src, float scale, void* dst, int64_t n) {
+  if (active_isa() == Isa::kAvx512) return avx512::fp8_e4m3_to_f16(src, scale, dst, n);
+  static const std::vector<float> kValue = [] {
+    std::vector<float> t(256);
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = ref::fp8_e4m3_to_fp32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  auto* out = static_cast<uint8_t*>(dst);
+  alignas(64) float buf[kConvertPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kConvertPiece) {
+    const int64_t m = std::min(kConvertPiece, n - i0);
+    for (int64_t k = 0; k < m; ++k) buf[k] = kValue[src[i0 + k]] * scale;
+    f32_to_f16_row(buf, out + 2 * i0, m);
   }
 }
 

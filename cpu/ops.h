@@ -76,6 +76,13 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim);
 void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
               int64_t head_dim, int64_t row, const float* src);
 
+/// KV values from a spill precision back to F16 (what the SSD tier does on
+/// every decode step): `n` values (a multiple of 32) of Q8_0 blocks, or `n`
+/// FP8 E4M3 codes times `scale`. Bit for bit what the cpu/ref dequantizers
+/// followed by rounding to F16 (nearest even) give, at SIMD speed.
+void q8_0_to_f16(const void* src, void* dst, int64_t n);
+void fp8_e4m3_to_f16(const uint8_t* src, float scale, void* dst, int64_t n);
+
 /// What some architectures add to attention (gemma2): scores soft-capped to
 /// softcap * tanh(s / softcap) after the scale, before the softmax (when
 /// softcap > 0), and, when window > 0, the query at position p seeing only

@@ -381,6 +381,87 @@ void f32_to_f16_row(const float* x, void* y, int64_t n) {
   }
 }
 
+// ---- spill precisions back to F16 ---------------------------------------------------
+
+// Per Q8_0 block: 32 int8 quants sign-extended, converted, times the block's
+// scale (one rounding, as ref's q * d), rounded to F16 to nearest even.
+void q8_0_to_f16(const void* src, void* dst, int64_t n_blocks) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<char*>(dst);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int64_t b = 0; b < n_blocks; ++b, in += 34, out += 64) {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(static_cast<unsigned short>(in[0] | (in[1] << 8))));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 18));
+    const __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+    const __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtps_ph(f0, kRound));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm512_cvtps_ph(f1, kRound));
+  }
+}
+
+// The F16 bits of E4M3 codes 0..127 (the sign is bit 7 of a code and bit 15
+// of an F16): every E4M3 value is exact in F16. Exponent e > 0: (e + 8) << 10
+// | mantissa << 7; e = 0: mantissa x 2^-9, normalized; 0x7F: NaN.
+struct Fp8Table {
+  unsigned short v[128];
+};
+constexpr Fp8Table make_fp8_table() {
+  Fp8Table t{};
+  for (int c = 0; c < 128; ++c) {
+    const int e = c >> 3, m = c & 7;
+    if (c == 0x7F) {
+      t.v[c] = 0x7E00;
+    } else if (e > 0) {
+      t.v[c] = static_cast<unsigned short>(((e + 8) << 10) | (m << 7));
+    } else if (m > 0) {  // m x 2^-9 = 1.f x 2^(p - 9), p the top bit of m
+      const int p = m >= 4 ? 2 : m >= 2 ? 1 : 0;
+      t.v[c] = static_cast<unsigned short>(((p - 9 + 15) << 10) | (((m << (10 - p)) & 0x3FF)));
+    }
+  }
+  return t;
+}
+constexpr Fp8Table kFp8 = make_fp8_table();
+
+// 32 codes at a time: their F16 bits by two two-register word permutes
+// (codes 0..63 and 64..127), the sign put back, then times the scale in float
+// (ref multiplies the decoded value by the scale in float) and back to F16.
+void fp8_e4m3_to_f16(const unsigned char* src, float scale, void* dst, int64_t n) {
+  auto* out = static_cast<char*>(dst);
+  const __m512i t0 = _mm512_loadu_si512(kFp8.v), t1 = _mm512_loadu_si512(kFp8.v + 32);
+  const __m512i t2 = _mm512_loadu_si512(kFp8.v + 64), t3 = _mm512_loadu_si512(kFp8.v + 96);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  // Full pieces with plain loads and stores (masked stores are slow on some
+  // CPUs), the tail masked.
+  auto piece = [&](const __m512i c, __m256i* h0, __m256i* h1) {
+    const __m512i lo = _mm512_permutex2var_epi16(t0, c, t1);  // index bits 0..5
+    const __m512i hi = _mm512_permutex2var_epi16(t2, c, t3);
+    const __mmask32 upper = _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40));
+    const __m512i mag = _mm512_mask_mov_epi16(lo, upper, hi);
+    const __m512i h = _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_srli_epi16(c, 7), 15));
+    const __m512 f0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), vscale);
+    const __m512 f1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), vscale);
+    *h0 = _mm512_cvtps_ph(f0, kRound);
+    *h1 = _mm512_cvtps_ph(f1, kRound);
+  };
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i h0, h1;
+    piece(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), &h0,
+          &h1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), h0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i + 32), h1);
+  }
+  if (i < n) {
+    const __mmask32 k = (1u << (n - i)) - 1u;
+    __m256i h0, h1;
+    piece(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(k, src + i)), &h0, &h1);
+    _mm256_mask_storeu_epi16(out + 2 * i, static_cast<__mmask16>(k), h0);
+    _mm256_mask_storeu_epi16(out + 2 * i + 32, static_cast<__mmask16>(k >> 16), h1);
+  }
+}
+
 // ---- attention -------------------------------------------------------------------
 
 void attn_load_f16(const void* src, int64_t n, int64_t hd, float* dst, int64_t rs, int64_t cs,

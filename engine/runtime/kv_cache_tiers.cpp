@@ -223,7 +223,13 @@ uint64_t KvCache::spill_pair_bytes() const {
 }
 
 // Row by row through floats: [K|V][kv_head][row] in each dtype's layout.
+// Q8_0 back to F16 (the read path of every decode step) in one SIMD pass:
+// both layouts are the pair's values back to back.
 void KvCache::convert_pair(const uint8_t* src, DType from, uint8_t* dst, DType to) const {
+  if (from == DType::kQ8_0 && to == DType::kF16) {
+    cpu::q8_0_to_f16(src, dst, 2 * cfg_.n_kv_heads * cfg_.block_size * cfg_.head_dim);
+    return;
+  }
   const size_t hb_from = cpu::kv_head_bytes(from, cfg_.block_size, cfg_.head_dim);
   const size_t hb_to = cpu::kv_head_bytes(to, cfg_.block_size, cfg_.head_dim);
   const size_t rb_from = hb_from / static_cast<size_t>(cfg_.block_size);
@@ -271,6 +277,10 @@ void KvCache::from_spill(const uint8_t* src, uint8_t* dst) const {
     const uint8_t* in = src + h * (sizeof(float) + n);
     float scale = 1.0f;
     std::memcpy(&scale, in, sizeof(float));
+    if (cfg_.dtype == DType::kF16) {  // the head's rows are back to back
+      cpu::fp8_e4m3_to_f16(in + sizeof(float), scale, dst + h * hb, static_cast<int64_t>(n));
+      continue;
+    }
     for (int64_t r = 0; r < cfg_.block_size; ++r) {
       const uint8_t* q = in + sizeof(float) + static_cast<size_t>(r * cfg_.head_dim);
       for (int64_t i = 0; i < cfg_.head_dim; ++i)

@@ -29,6 +29,8 @@
 
 #include "cpu/matmul.h"
 #include "cpu/ops.h"
+#include "cpu/ref/fp16.h"
+#include "cpu/ref/fp8.h"
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 #include "engine/backends/cpu/cpu_backend.h"
@@ -369,6 +371,60 @@ TEST_P(CpuOpsTest, KvStore) {
         ref::kv_store(dt, want.data(), stride, n_kv, hd, row, src.data());
       }
       EXPECT_EQ(got, want);
+    }
+  }
+}
+
+// The spill tier's read path: Q8_0 blocks and FP8 codes back to F16, against
+// the reference dequantizers followed by ref's F16 rounding, over lengths that
+// end inside a conversion piece and past one (tails), with sentinel bytes
+// after the output that must survive.
+TEST_P(CpuOpsTest, SpillPrecisionsBackToF16) {
+  std::mt19937 rng(11);
+  auto f16_of = [](const std::vector<float>& x) {
+    std::vector<uint8_t> out(2 * x.size());
+    (void)ref::quantize_row(DType::kF16, x.data(), out.data(), static_cast<int64_t>(x.size()));
+    return out;
+  };
+  for (const int64_t n : {32, 224, 256, 288, 4096 + 96}) {
+    SCOPED_TRACE("q8_0 n=" + std::to_string(n));
+    std::vector<float> x = normal_floats(rng, n, 3.0f);
+    x[1] = 0.0f;
+    std::vector<uint8_t> q(static_cast<size_t>(n / 32 * 34));
+    ASSERT_TRUE(ref::quantize_row(DType::kQ8_0, x.data(), q.data(), n));
+    std::vector<float> deq(static_cast<size_t>(n));
+    ASSERT_TRUE(ref::dequantize_row(DType::kQ8_0, q.data(), deq.data(), n));
+    std::vector<uint8_t> got(static_cast<size_t>(2 * n + 8), 0xAB);
+    cpu::q8_0_to_f16(q.data(), got.data(), n);
+    std::vector<uint8_t> want = f16_of(deq);
+    want.resize(got.size(), 0xAB);
+    EXPECT_EQ(got, want);
+  }
+  // Every code (NaN 0x7F / 0xFF aside, compared as NaN), then random ones.
+  for (const int64_t n : {1, 17, 255, 256, 257, 1000}) {
+    SCOPED_TRACE("fp8 n=" + std::to_string(n));
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      codes[static_cast<size_t>(i)] = static_cast<uint8_t>(i < 256 ? i : rng() & 0xFF);
+    for (const float scale : {1.0f, 0.0123f, 3.5f}) {
+      std::vector<float> vals(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        vals[static_cast<size_t>(i)] = ref::fp8_e4m3_to_fp32(codes[static_cast<size_t>(i)]) * scale;
+      std::vector<uint8_t> got(static_cast<size_t>(2 * n + 8), 0xAB);
+      cpu::fp8_e4m3_to_f16(codes.data(), scale, got.data(), n);
+      std::vector<uint8_t> want = f16_of(vals);
+      for (int64_t i = 0; i < n; ++i) {
+        const auto k = static_cast<size_t>(i);
+        uint16_t g = 0, w = 0;
+        std::memcpy(&g, got.data() + 2 * k, 2);
+        std::memcpy(&w, want.data() + 2 * k, 2);
+        if (std::isnan(vals[k])) {
+          EXPECT_TRUE(std::isnan(ref::fp16_to_fp32(g))) << "code " << int{codes[k]};
+        } else {
+          EXPECT_EQ(g, w) << "code " << int{codes[k]} << " scale " << scale;
+        }
+      }
+      for (size_t k = static_cast<size_t>(2 * n); k < got.size(); ++k) EXPECT_EQ(got[k], 0xAB);
     }
   }
 }
