@@ -88,6 +88,8 @@ class KvSpillFile {
   /// Whether the staging buffers are registered with the ring (else plain reads/writes).
   bool fixed_buffers() const { return fixed_; }
   size_t payload_bytes() const { return payload_bytes_; }
+  /// Records per submission: the most one begin_reads() takes.
+  unsigned queue_depth() const { return depth_; }
   /// Bytes one record takes in the file (header + payload, 4 KiB-aligned).
   size_t record_bytes() const { return record_bytes_; }
   /// Slots in use, and the file's size in bytes.

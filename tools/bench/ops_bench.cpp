@@ -13,14 +13,18 @@
 //   hot   µs per layer for the same layer again and again (cache-resident
 //         when it fits);
 //   GB/s  K + V bytes read per call / cold time.
-// Each figure is the median of repeated calls after warm-up. --prefill adds
+// Each figure is the median of repeated calls after warm-up. --threads N adds,
+// per case, N threads that attend at once, each over its own layers as in
+// the cold runs (the host tier's attention is N such threads): the bytes all
+// of them read per second, and the per-layer time.
+// --prefill adds
 // one prefill case per shape (T = 512 from position 0, ms per layer).
 //
 // The pool is madvised for transparent huge pages (--no-huge-pages: 4 KiB
 // pages, where every scattered block costs TLB misses).
 //
 // Usage: loom_ops_bench [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill]
-//                       [--no-huge-pages]
+//                       [--no-huge-pages] [--threads N]
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -33,6 +37,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/matmul.h"
@@ -55,6 +60,7 @@ struct Options {
   double min_ms = 200.0;
   bool prefill = false;
   bool huge_pages = true;  // madvise(MADV_HUGEPAGE) on the KV pool
+  int threads = 1;         // --threads N: N threads attend at once, each its own layers
 };
 
 constexpr size_t kPoolTarget = size_t{1} << 30;  // bytes of KV the cold runs rotate through
@@ -156,6 +162,37 @@ size_t kv_row_bytes(DType dt, int64_t head_dim) {
   return loom::cpu::kv_head_bytes(dt, 1, head_dim);
 }
 
+// o.threads threads at once, thread i over layers i, i + threads, ...: the
+// bytes they read per second together, and the mean time of one call.
+void run_decode_threads(const Shape& s, const KvPool& pool, const std::vector<float>& q,
+                        int64_t n_ctx, size_t layer_kv_bytes, const Options& o) {
+  const int n = o.threads;
+  const int32_t pos = static_cast<int32_t>(n_ctx - 1);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  std::vector<int64_t> calls(static_cast<size_t>(n), 0);
+  const auto deadline = Clock::now() + std::chrono::duration<double, std::milli>(o.min_ms);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<float> out(q.size());
+      std::vector<float> scratch(loom::cpu::attention_scratch_floats(pool.layer(0)));
+      int64_t i = t;
+      do {
+        loom::cpu::attention(q.data(), 1, &pos, s.n_heads, pool.layer(i % pool.n_layers()), scale,
+                             out.data(), 0, s.n_heads, scratch.data());
+        i += n;
+        ++calls[static_cast<size_t>(t)];
+      } while (Clock::now() < deadline);
+    });
+  }
+  for (auto& th : ts) th.join();
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  const double total = static_cast<double>(std::accumulate(calls.begin(), calls.end(), int64_t{0}));
+  std::printf("%-11s %*s %2d threads: %9.1f us per call  %6.1f GB/s together\n", s.name, 40, "", n,
+              us * n / total, static_cast<double>(layer_kv_bytes) * total / us / 1e3);
+}
+
 void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
   const size_t layer_kv_bytes =
       2 * kv_row_bytes(dt, s.head_dim) * static_cast<size_t>(n_ctx * s.n_kv_heads);
@@ -184,6 +221,7 @@ void run_decode(const Shape& s, DType dt, int64_t n_ctx, const Options& o) {
               s.name, std::string(loom::dtype_name(dt)).c_str(), static_cast<long long>(n_ctx),
               static_cast<double>(layer_kv_bytes) / (1 << 20), cold, hot,
               static_cast<double>(layer_kv_bytes) / cold / 1e3);
+  if (o.threads > 1) run_decode_threads(s, pool, q, n_ctx, layer_kv_bytes, o);
   std::fflush(stdout);
 }
 
@@ -217,7 +255,7 @@ void run_prefill(const Shape& s, DType dt, const Options& o) {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] "
-               "[--no-huge-pages]\n",
+               "[--no-huge-pages] [--threads N]\n",
                argv0);
   return 2;
 }
@@ -247,6 +285,9 @@ int main(int argc, char** argv) {
       o.prefill = true;
     } else if (a == "--no-huge-pages") {
       o.huge_pages = false;
+    } else if (a == "--threads" && has_value) {
+      o.threads = std::atoi(argv[++i]);
+      if (o.threads <= 0) return usage(argv[0]);
     } else {
       return usage(argv[0]);
     }

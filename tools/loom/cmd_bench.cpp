@@ -137,6 +137,7 @@ int cmd_bench(const BenchOptions& o) {
     j["ttft_ms"] = tt.mean;
     j["itl_p50_ms"] = p50;
     j["itl_p99_ms"] = p99;
+    j["itl_ms"] = itl;  // every decode step of the timed reps, in order (where P99 comes from)
     j["peak_rss_bytes"] = rss;
     j["weight_bytes"] = m.weight_bytes();
     j["kv_bytes"] = kv.allocated_bytes();

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
                   "GPU memory for the KV blocks of layers whose attention runs there, e.g. 1G; "
                   "blocks beyond it move to host RAM (then the SSD), and attention merges the "
                   "GPU's and the CPU's parts (default: all of it while it fits beside the weights, "
-                  "else what is left of the GPU's memory; Vulkan only)");
+                  "else what is left of the GPU's memory; Vulkan and CUDA)");
     c->add_option("--kv-ram", e.kv_ram,
                   "Host RAM for KV blocks, e.g. 2G; older blocks beyond it spill to the SSD "
                   "(default: no limit, or half the free memory when the context would not fit)");
