@@ -27,8 +27,9 @@ constexpr int kDeviceMassEvery = 4;
 constexpr size_t kMaxPromotions = 8;
 // Records per io_uring submission, and so the most blocks one read-ahead
 // covers: a layer's spilled blocks up to 256 (TinyLlama's at 8k tokens with
-// half of them spilled; 4% faster decode there than 64 in three passes), with
-// the spill file's staging buffers (depth records each way) near 32 MiB.
+// half of them spilled: 2-8% faster decode there than 64, in each of three
+// passes), with the spill file's staging buffers (depth records each way)
+// near 32 MiB.
 unsigned spill_queue_depth(uint64_t payload_bytes) {
   const uint64_t by_bytes = (uint64_t{32} << 20) / (2 * (payload_bytes + 4096));
   return static_cast<unsigned>(std::clamp<uint64_t>(by_bytes, 64, 256));
