@@ -79,6 +79,7 @@ void attn_pv_f16(const float* p, int64_t lds, const float* alpha, int64_t m, con
 void attn_pv_q8_0(const float* p, int64_t lds, const float* alpha, int64_t m, const void* v,
                   int64_t n, int64_t hd, float* acc);
 void q8_0_to_f16(const void* src, void* dst, int64_t n_blocks);
+void softcap(float* x, int64_t n, float cap);
 void fp8_e4m3_to_f16(const uint8_t* src, float scale, void* dst, int64_t n);
 inline constexpr int64_t kAttnLanes = 16;
 inline constexpr bool kAttnKRowMajor = true;
@@ -366,6 +367,12 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void softcap(float* x, int64_t n, float cap) {
+  if (active_isa() == Isa::kAvx512) return avx512::softcap(x, n, cap);
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 void add(const float* a, const float* b, float* out, int64_t n) {
   switch (active_isa()) {
     case Isa::kAvx512: return avx512::add(a, b, out, n);
@@ -548,10 +555,7 @@ void apply_mods(const AttnMods& mods, float* s, int64_t lds, int64_t m, int64_t 
   for (int64_t i = 0; i < m; ++i) {
     float* si = s + i * lds;
     const int64_t nv = n_valid[i];
-    if (mods.softcap > 0.0f) {
-      const float cap = mods.softcap, inv = 1.0f / mods.softcap;
-      for (int64_t r = 0; r < nv; ++r) si[r] = cap * std::tanh(si[r] * inv);
-    }
+    if (mods.softcap > 0.0f) softcap(si, nv, mods.softcap);
     const int64_t first = std::min<int64_t>(row_first[i] - j0, nv);
     for (int64_t r = 0; r < first; ++r) si[r] = -std::numeric_limits<float>::infinity();
   }

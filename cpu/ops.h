@@ -25,6 +25,11 @@ void add(const float* a, const float* b, float* out, int64_t n);
 /// In-place softmax over x[n] (max-subtracted).
 void softmax(float* x, int64_t n);
 
+/// In place, x[n] = cap * tanh(x[n] / cap) (gemma2's soft-capped attention
+/// scores and logits); cap > 0. Within 1e-6 relative of std::tanh's (the
+/// AVX-512 kernel; elsewhere std::tanh itself).
+void softcap(float* x, int64_t n, float cap);
+
 /// Dequantizes row `row` of a [rows, n] weight of dtype `t` into out[n] (embedding lookup).
 void get_row(DType t, const void* w, size_t row_bytes, int64_t row, float* out, int64_t n);
 

@@ -860,8 +860,14 @@ void ForwardPass::layer(int64_t l, int64_t T) {
         if (!s.ok() && op_status_.ok()) op_status_ = s;
       } else if (host_attn) {  // (on the CPU: keep_host_ops_on_cpu)
         auto* cpu = dynamic_cast<CpuBackend*>(&be(ua));
-        host_attention(kv, l, qg, pos, hp.n_head, scale, hp.attn_softcap,
-                       swa ? hp.sliding_window : 0, ag, cpu ? &cpu->pool() : nullptr);
+        if (cpu) {
+          cpu->attention(kv, l, qg, pos, hp.n_head, scale, ag,
+                         cpu::AttnMods{hp.attn_softcap, swa ? hp.sliding_window : 0});
+        } else if (op_status_.ok()) {
+          op_status_ = make_error(ErrorCode::kInternal,
+                                  "layer %" PRId64 ": %s runs on the CPU only, not on %s", l,
+                                  m_.host_attention_reason().c_str(), be(ua).name().c_str());
+        }
       } else {
         be(ua).attention(kv, l, qg, pos, hp.n_head, scale, ag);
       }

@@ -375,6 +375,32 @@ TEST_P(CpuOpsTest, KvStore) {
   }
 }
 
+// gemma2's soft-cap against tanh in double: values spread over the whole
+// curve (tiny, around the kernel's switch at |x / cap| = 0.25, saturated,
+// +-0, huge), for two caps, with guards around the row.
+TEST_P(CpuOpsTest, Softcap) {
+  std::mt19937 rng(12);
+  for (const float cap : {50.0f, 30.0f}) {
+    for (const int64_t n : kSizes) {
+      SCOPED_TRACE("cap=" + std::to_string(cap) + " n=" + std::to_string(n));
+      std::vector<float> x = random_floats(rng, n, -4.0f * cap, 4.0f * cap);
+      const float special[] = {0.0f,           -0.0f,         1e-30f, -3e-4f, 0.25f * cap,
+                               -0.2499f * cap, 0.2501f * cap, 1e4f,   -1e30f, 0.01f};
+      for (size_t i = 0; i < std::size(special) && static_cast<int64_t>(i) < n; ++i)
+        x[i * 5 % static_cast<size_t>(n)] = special[i];
+      Guarded out(n, x);
+      cpu::softcap(out.data(), n, cap);
+      EXPECT_TRUE(out.guards_intact());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = cap * std::tanh(static_cast<double>(x[i]) / cap);
+        const double got = out.data()[i];
+        EXPECT_LE(std::fabs(got - want), 1e-6 * std::fabs(want) + 1e-37) << "x=" << x[i];
+        EXPECT_EQ(std::signbit(got), std::signbit(x[i])) << "x=" << x[i];
+      }
+    }
+  }
+}
+
 // The spill tier's read path: Q8_0 blocks and FP8 codes back to F16, against
 // the reference dequantizers followed by ref's F16 rounding, over lengths that
 // end inside a conversion piece and past one (tails), with sentinel bytes

@@ -119,6 +119,11 @@ void CpuBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_
 
 void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                            float scale, Act out) {
+  attention(kv, layer, q, pos, n_heads, scale, out, cpu::AttnMods{});
+}
+
+void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                           float scale, Act out, const cpu::AttnMods& mods) {
   const cpu::KvView view = kv.view(layer);
   const size_t scratch = cpu::attention_scratch_floats(view);
   for (auto& s : att_scratch_) {
@@ -137,7 +142,7 @@ void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos
   pool_.parallel_for(n_heads, group, [&](int64_t h0, int64_t h1, int ith) {
     const auto t = static_cast<size_t>(ith);
     cpu::attention(q.data, q.rows, pos, n_heads, view, scale, out.data, h0, h1,
-                   att_scratch_[t].data(), mass ? att_mass_[t].data() : nullptr);
+                   att_scratch_[t].data(), mass ? att_mass_[t].data() : nullptr, mods);
   });
   if (mass) {
     for (size_t t = 1; t < att_mass_.size(); ++t) {

@@ -27,6 +27,11 @@ class CpuBackend final : public Backend {
   void kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
+  /// The same with what some architectures add (gemma2's soft-capped scores
+  /// and sliding window: cpu::AttnMods), which only the CPU runs (the
+  /// ForwardPass keeps such attention here: keep_host_ops_on_cpu).
+  void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                 float scale, Act out, const cpu::AttnMods& mods);
   /// The host part of a device-tiered layer's attention (the HostAttentionFn
   /// a GPU backend's attention_split calls): attention_partial over the
   /// layer's host blocks (KvCache::host_view), causal by position.
