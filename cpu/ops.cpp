@@ -3,22 +3,29 @@
 // (cpu/avx2/ops_avx2.cpp, cpu/avx512/ops_avx512.cpp).
 //
 // Attention plan (per call, for query heads [h0, h1)):
-//   for each KV head g touched by [h0, h1):
-//     the m query heads of [h0, h1) that share g, times the T tokens, are
-//     M = T * m query rows; they go through in tiles of up to kTileRows.
+//   for each KV head g touched by [h0, h1), the m query heads of [h0, h1)
+//   that share g, times the T tokens, are M = T * m query rows. Tiles of up
+//   to kTileRows rows: a group's rows whole where they fit, several groups in
+//   one tile (decode: 8 groups of 4 for Llama-3-8B), each group at a row
+//   offset that is a multiple of 4; else kTileRows rows of one group a tile.
 //     for each tile, for each step of rc cached rows (rc = 16..64, see
 //     step_rows; a step may span several KV blocks or part of one):
-//       K rows -> fp32 scratch (once for all query rows of the tile)
-//       S[i][r] = q_i . k_r * scale                            [rows, rc]
-//       causal mask, online softmax: running max/sum, P = exp(S - max)
-//       acc[i] = acc[i] * exp(old_max - new_max) + P[i] . V    [rows, head_dim]
-//         (AVX-512: V converted in registers straight from the cache; else
-//         V rows -> fp32 scratch first)
+//       for each group of the tile, in KV head order:
+//         K rows -> fp32 scratch (once for all of the group's rows)
+//         S[i][r] = q_i . k_r * scale                          [rows, rc]
+//         causal mask, online softmax: running max/sum, P = exp(S - max)
+//         acc[i] = acc[i] * exp(old_max - new_max) + P[i] . V  [rows, head_dim]
+//           (AVX-512: V converted in registers straight from the cache; else
+//           V rows -> fp32 scratch first)
 //     out = acc / sum
 //   Each K/V row is read from the cache once per tile: once per decode step
 //   for all query heads of a GQA group, once per kTileRows query rows in
-//   prefill. The next step's rows are prefetched: blocks are pages scattered
-//   in memory, and the hardware prefetcher loses the stream at each boundary.
+//   prefill. A step visits a block's heads back to back, which lie next to
+//   each other ([kv_head][row] in a block): one long run per block, which
+//   the memory system streams much better than a short run per head (8 KiB
+//   for Llama-3-8B's F16 heads: 1.4x slower, loom_ops_bench). The next
+//   step's rows are prefetched: blocks are pages scattered in memory, and
+//   the hardware prefetcher loses the stream at each boundary.
 //
 // Scratch layout (floats, every region 64-byte aligned):
 //   kf   [hdp / W][rc][W]  K rows, chunk-major: for a chunk of W dims, the rows
@@ -561,27 +568,34 @@ void apply_mods(const AttnMods& mods, float* s, int64_t lds, int64_t m, int64_t 
   }
 }
 
-// attention() and attention_partial(): `part` null writes normalized rows to
-// `out`, else partials (m, l, o) to `part`.
-void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
-                    const KvView& kv, float scale, float* out, float* part, int64_t h0, int64_t h1,
-                    float* scratch, float* block_mass, const float* other_ml,
-                    const AttnMods& mods) {
-  thread_local std::vector<MassPart> mass_parts;
-  assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
-  assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
-  if (T <= 0 || h0 >= h1) return;
+// One GQA group's query rows within a tile: tile rows [off, off + n) are the
+// group's rows [r0, r0 + n) (token-major: row r is token r / m, head ha + r % m).
+struct TileSeg {
+  int64_t g;   // KV head
+  int64_t ha;  // first query head of the group in range
+  int64_t m;   // query heads of the group in range
+  int64_t off;
+  int64_t n;
+  int64_t r0;
+};
+
+// The attention of one tile: its segments' rows walk the cached rows in steps
+// together, each step visiting the KV heads in order, so that one step reads
+// a block's heads back to back (one long run per block instead of a short run
+// per head, which the memory system streams far better).
+void attention_tile(const float* q, const int32_t* q_pos, int64_t n_heads, const KvView& kv,
+                    float scale, float* out, float* part, const TileSeg* segs, int64_t n_segs,
+                    const AttnScratch& sc, float* block_mass, const float* other_ml,
+                    const AttnMods& mods, std::vector<MassPart>& mass_parts) {
   const AttnKernels& K = attn_kernels(active_isa());
   const int64_t hd = kv.head_dim;
   const int64_t bs = kv.block_size;
   const int64_t hdp = round_up(hd, kLanes);
-  const int64_t rc = step_rows(hdp);  // cached rows per step
-  const int64_t n_rep = n_heads / kv.n_kv_heads;
+  const int64_t rc = step_rows(hdp);
   const size_t row_bytes = kv_row_bytes(kv.dtype, hd);
   const auto load = kv.dtype == DType::kF16 ? K.load_f16 : K.load_q8_0;
   AttnKernels::PvRaw pv_raw =
       kv.dtype == DType::kF16 ? (hd % 16 == 0 ? K.pv_f16 : nullptr) : K.pv_q8_0;
-  const AttnScratch sc = carve_scratch(scratch, hdp, rc);
   // K row-major or chunk-major (W-float chunks, rows W apart); V row-major.
   const int64_t k_rs = K.k_row_major ? hdp : K.lanes;
   const int64_t k_cs = K.k_row_major ? K.lanes : rc * K.lanes;
@@ -592,130 +606,184 @@ void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_h
   float* row_out[kTileRows];
   int64_t row_th[kTileRows];  // t * n_heads + h
 
-  for (int64_t g = h0 / n_rep; g <= (h1 - 1) / n_rep; ++g) {
-    const int64_t ha = std::max(h0, g * n_rep);
-    const int64_t hb = std::min(h1, (g + 1) * n_rep);
-    const int64_t m = hb - ha;  // query heads of this group in range
-    const int64_t n_rows = T * m;
+  // Calls f(src_k, src_v, len, off) for the runs of cached rows [j0, j1) of
+  // KV head g that lie in one block each; off = row index relative to j0.
+  auto for_each_run = [&](int64_t g, int64_t j0, int64_t j1, auto&& f) {
     const size_t head_off = static_cast<size_t>(g) * kv.head_stride_bytes;
-    // Calls f(src_k, src_v, len, off) for the runs of cached rows [j0, j1)
-    // that lie in one block each; off = row index relative to j0.
-    auto for_each_run = [&](int64_t j0, int64_t j1, auto&& f) {
-      for (int64_t j = j0; j < j1;) {
-        const int64_t b = j / bs;
-        const int64_t r = j % bs;
-        const int64_t len = std::min(bs - r, j1 - j);
-        const size_t off = head_off + static_cast<size_t>(r) * row_bytes;
-        f(static_cast<const uint8_t*>(kv.k_blocks[b]) + off,
-          static_cast<const uint8_t*>(kv.v_blocks[b]) + off, len, j - j0);
-        j += len;
-      }
-    };
+    for (int64_t j = j0; j < j1;) {
+      const int64_t b = j / bs;
+      const int64_t r = j % bs;
+      const int64_t len = std::min(bs - r, j1 - j);
+      const size_t off = head_off + static_cast<size_t>(r) * row_bytes;
+      f(static_cast<const uint8_t*>(kv.k_blocks[b]) + off,
+        static_cast<const uint8_t*>(kv.v_blocks[b]) + off, len, j - j0);
+      j += len;
+    }
+  };
 
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kTileRows) {
-      // Gather the tile: row i is token t, head h (token-major).
-      const int64_t mt = std::min(kTileRows, n_rows - r0);
-      int64_t max_pos = 0, min_first = std::numeric_limits<int64_t>::max();
-      for (int64_t i = 0; i < mt; ++i) {
-        const int64_t t = (r0 + i) / m;
-        const int64_t h = ha + (r0 + i) % m;
-        row_pos[i] = q_pos[t];
-        max_pos = std::max<int64_t>(max_pos, q_pos[t]);
-        row_first[i] = mods.window > 0 ? std::max<int64_t>(0, q_pos[t] - mods.window + 1) : 0;
-        min_first = std::min(min_first, row_first[i]);
-        row_th[i] = t * n_heads + h;
-        row_out[i] = part ? part + row_th[i] * (hd + 2) : out + row_th[i] * hd;
-        float* qi = sc.qt + i * hdp;
-        std::memcpy(qi, q + (t * n_heads + h) * hd, static_cast<size_t>(hd) * sizeof(float));
-        std::fill(qi + hd, qi + hdp, 0.0f);
-        sc.row_max[i] = -std::numeric_limits<float>::infinity();
-        sc.row_sum[i] = 0.0f;
-      }
-      std::fill(sc.acc, sc.acc + mt * hdp, 0.0f);
-      mass_parts.clear();
-      const float* q_tile = sc.qt;
-      if (K.prepare_q) {
-        K.prepare_q(sc.qt, mt, hdp, sc.qx);
-        q_tile = sc.qx;
-      }
+  // Gather the tile's rows; rows between segments (alignment gaps) stay unused.
+  int64_t max_pos = 0, min_first = std::numeric_limits<int64_t>::max();
+  const int64_t mt = segs[n_segs - 1].off + segs[n_segs - 1].n;
+  for (int64_t k = 0; k < n_segs; ++k) {
+    const TileSeg& sg = segs[k];
+    for (int64_t i = 0; i < sg.n; ++i) {
+      const int64_t ti = sg.off + i;
+      const int64_t t = (sg.r0 + i) / sg.m;
+      const int64_t h = sg.ha + (sg.r0 + i) % sg.m;
+      row_pos[ti] = q_pos[t];
+      max_pos = std::max<int64_t>(max_pos, q_pos[t]);
+      row_first[ti] = mods.window > 0 ? std::max<int64_t>(0, q_pos[t] - mods.window + 1) : 0;
+      min_first = std::min(min_first, row_first[ti]);
+      row_th[ti] = t * n_heads + h;
+      row_out[ti] = part ? part + row_th[ti] * (hd + 2) : out + row_th[ti] * hd;
+      float* qi = sc.qt + ti * hdp;
+      std::memcpy(qi, q + (t * n_heads + h) * hd, static_cast<size_t>(hd) * sizeof(float));
+      std::fill(qi + hd, qi + hdp, 0.0f);
+      sc.row_max[ti] = -std::numeric_limits<float>::infinity();
+      sc.row_sum[ti] = 0.0f;
+    }
+  }
+  std::fill(sc.acc, sc.acc + mt * hdp, 0.0f);
+  mass_parts.clear();
+  const float* q_tile = sc.qt;
+  if (K.prepare_q) {
+    for (int64_t k = 0; k < n_segs; ++k)
+      K.prepare_q(sc.qt + segs[k].off * hdp, segs[k].n, hdp, sc.qx + segs[k].off * hdp);
+    q_tile = sc.qx;
+  }
 
-      // Steps of rc cached rows, which may span several blocks or part of
-      // one; under a sliding window from the step of the tile's first key.
-      const int64_t n_ctx = max_pos + 1;
-      for (int64_t j0 = min_first / rc * rc; j0 < n_ctx; j0 += rc) {
-        const int64_t n = std::min(rc, n_ctx - j0);
-        for (int64_t i = 0; i < mt; ++i) {
-          n_valid[i] = static_cast<int32_t>(std::clamp<int64_t>(row_pos[i] + 1 - j0, 0, n));
-          if (row_first[i] - j0 >= n_valid[i]) n_valid[i] = 0;  // the window starts later
-        }
-        // The next step's rows, into the cache while this one computes.
-        for_each_run(j0 + rc, std::min(j0 + 2 * rc, n_ctx),
-                     [&](const uint8_t* k, const uint8_t* v, int64_t len, int64_t) {
-                       prefetch_rows(k, static_cast<size_t>(len) * row_bytes);
-                       prefetch_rows(v, static_cast<size_t>(len) * row_bytes);
-                     });
-        // K rows, then zeros up to a multiple of 16 rows (the score kernels
-        // work on groups of 8 or 16 rows).
-        const int64_t n_pad = round_up(n, kLanes);
-        for_each_run(j0, j0 + n, [&](const uint8_t* k, const uint8_t*, int64_t len, int64_t off) {
-          const int64_t pad = off + len == n ? n_pad - off : len;
-          load(k, len, hd, sc.kf + off * k_rs, k_rs, k_cs, pad);
+  // Steps of rc cached rows, which may span several blocks or part of one;
+  // under a sliding window from the step of the tile's first key.
+  const int64_t n_ctx = max_pos + 1;
+  for (int64_t j0 = min_first / rc * rc; j0 < n_ctx; j0 += rc) {
+    const int64_t n = std::min(rc, n_ctx - j0);
+    const int64_t n_pad = round_up(n, kLanes);
+    for (int64_t k = 0; k < n_segs; ++k) {
+      const TileSeg& sg = segs[k];
+      for (int64_t ti = sg.off; ti < sg.off + sg.n; ++ti) {
+        n_valid[ti] = static_cast<int32_t>(std::clamp<int64_t>(row_pos[ti] + 1 - j0, 0, n));
+        if (row_first[ti] - j0 >= n_valid[ti]) n_valid[ti] = 0;  // the window starts later
+      }
+    }
+    for (int64_t k = 0; k < n_segs; ++k) {
+      const TileSeg& sg = segs[k];
+      const int64_t o = sg.off;
+      float* s = sc.s + o * rc;
+      // This head's rows of the next step, into the cache while this one computes.
+      for_each_run(sg.g, j0 + rc, std::min(j0 + 2 * rc, n_ctx),
+                   [&](const uint8_t* kp, const uint8_t* vp, int64_t len, int64_t) {
+                     prefetch_rows(kp, static_cast<size_t>(len) * row_bytes);
+                     prefetch_rows(vp, static_cast<size_t>(len) * row_bytes);
+                   });
+      // K rows, then zeros up to a multiple of 16 rows (the score kernels
+      // work on groups of 8 or 16 rows).
+      for_each_run(sg.g, j0, j0 + n,
+                   [&](const uint8_t* kp, const uint8_t*, int64_t len, int64_t r) {
+                     const int64_t pad = r + len == n ? n_pad - r : len;
+                     load(kp, len, hd, sc.kf + r * k_rs, k_rs, k_cs, pad);
+                   });
+      K.scores(q_tile + o * hdp, sg.n, hdp, sc.kf, rc, n, scale, s, rc);
+      if (mods.softcap > 0.0f || mods.window > 0)
+        apply_mods(mods, s, rc, sg.n, j0, n_valid + o, row_first + o);
+      K.softmax(s, rc, sg.n, n, n_valid + o, sc.row_max + o, sc.row_sum + o, sc.alpha + o);
+      if (block_mass) {
+        for_each_run(sg.g, j0, j0 + n, [&](const uint8_t*, const uint8_t*, int64_t len, int64_t r) {
+          const auto b = static_cast<int32_t>((j0 + r) / bs);
+          for (int64_t i = o; i < o + sg.n; ++i) {
+            const float* p = sc.s + i * rc + r;
+            float sum = 0.0f;
+            for (int64_t x = 0; x < len; ++x) sum += p[x];
+            if (sum > 0.0f) mass_parts.push_back({b, static_cast<int32_t>(i), sum, sc.row_max[i]});
+          }
         });
-        K.scores(q_tile, mt, hdp, sc.kf, rc, n, scale, sc.s, rc);
-        if (mods.softcap > 0.0f || mods.window > 0)
-          apply_mods(mods, sc.s, rc, mt, j0, n_valid, row_first);
-        K.softmax(sc.s, rc, mt, n, n_valid, sc.row_max, sc.row_sum, sc.alpha);
-        if (block_mass) {
-          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t*, int64_t len, int64_t off) {
-            const auto b = static_cast<int32_t>((j0 + off) / bs);
-            for (int64_t i = 0; i < mt; ++i) {
-              const float* p = sc.s + i * rc + off;
-              float sum = 0.0f;
-              for (int64_t r = 0; r < len; ++r) sum += p[r];
-              if (sum > 0.0f)
-                mass_parts.push_back({b, static_cast<int32_t>(i), sum, sc.row_max[i]});
-            }
-          });
-        }
-        if (pv_raw) {
-          // Run by run from the cache; the first run applies the rescaling.
-          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
-            pv_raw(sc.s + off, rc, off == 0 ? sc.alpha : nullptr, mt, v, len, hd, sc.acc);
-          });
-        } else {
-          for_each_run(j0, j0 + n, [&](const uint8_t*, const uint8_t* v, int64_t len, int64_t off) {
-            load(v, len, hd, sc.vf + off * hdp, hdp, K.lanes, len);
-          });
-          K.pv(sc.s, rc, sc.alpha, mt, sc.vf, n, hdp, sc.acc);
-        }
       }
-
-      for (int64_t i = 0; i < mt; ++i) {
-        const float* a = sc.acc + i * hdp;
-        if (part) {
-          const bool empty = !(sc.row_sum[i] > 0.0f);
-          row_out[i][0] = empty ? kAttnEmptyMax : sc.row_max[i];
-          row_out[i][1] = empty ? 0.0f : sc.row_sum[i];
-          for (int64_t d = 0; d < hd; ++d) row_out[i][2 + d] = empty ? 0.0f : a[d];
-          continue;
-        }
-        const float inv = 1.0f / sc.row_sum[i];
-        for (int64_t d = 0; d < hd; ++d) row_out[i][d] = a[d] * inv;
-      }
-      // Each part's sum, rescaled to the row's final max and normalized (over
-      // both parts of a split layer when the other's m and l are given).
-      for (const MassPart& mp : mass_parts) {
-        float mx = sc.row_max[mp.row], l = sc.row_sum[mp.row];
-        if (other_ml) {
-          const float* o = other_ml + 2 * row_th[mp.row];
-          const float m2 = std::max(mx, o[0]);
-          l = l * std::exp(mx - m2) + o[1] * std::exp(o[0] - m2);
-          mx = m2;
-        }
-        block_mass[mp.block] += mp.sum * std::exp(mp.max - mx) / l;
+      float* acc = sc.acc + o * hdp;
+      if (pv_raw) {
+        // Run by run from the cache; the first run applies the rescaling.
+        for_each_run(sg.g, j0, j0 + n,
+                     [&](const uint8_t*, const uint8_t* vp, int64_t len, int64_t r) {
+                       pv_raw(s + r, rc, r == 0 ? sc.alpha + o : nullptr, sg.n, vp, len, hd, acc);
+                     });
+      } else {
+        for_each_run(sg.g, j0, j0 + n,
+                     [&](const uint8_t*, const uint8_t* vp, int64_t len, int64_t r) {
+                       load(vp, len, hd, sc.vf + r * hdp, hdp, K.lanes, len);
+                     });
+        K.pv(s, rc, sc.alpha + o, sg.n, sc.vf, n, hdp, acc);
       }
     }
   }
+
+  for (int64_t k = 0; k < n_segs; ++k) {
+    for (int64_t i = segs[k].off; i < segs[k].off + segs[k].n; ++i) {
+      const float* a = sc.acc + i * hdp;
+      if (part) {
+        const bool empty = !(sc.row_sum[i] > 0.0f);
+        row_out[i][0] = empty ? kAttnEmptyMax : sc.row_max[i];
+        row_out[i][1] = empty ? 0.0f : sc.row_sum[i];
+        for (int64_t d = 0; d < hd; ++d) row_out[i][2 + d] = empty ? 0.0f : a[d];
+        continue;
+      }
+      const float inv = 1.0f / sc.row_sum[i];
+      for (int64_t d = 0; d < hd; ++d) row_out[i][d] = a[d] * inv;
+    }
+  }
+  // Each part's sum, rescaled to the row's final max and normalized (over
+  // both parts of a split layer when the other's m and l are given).
+  for (const MassPart& mp : mass_parts) {
+    float mx = sc.row_max[mp.row], l = sc.row_sum[mp.row];
+    if (other_ml) {
+      const float* o = other_ml + 2 * row_th[mp.row];
+      const float m2 = std::max(mx, o[0]);
+      l = l * std::exp(mx - m2) + o[1] * std::exp(o[0] - m2);
+      mx = m2;
+    }
+    block_mass[mp.block] += mp.sum * std::exp(mp.max - mx) / l;
+  }
+}
+
+// attention() and attention_partial(): `part` null writes normalized rows to
+// `out`, else partials (m, l, o) to `part`. Tiles: a GQA group's T * m query
+// rows whole where they fit (several groups in one tile, each at a row offset
+// that is a multiple of 4, as the quad layout of the scores wants), else in
+// tiles of kTileRows rows of that group alone.
+void attention_impl(const float* q, int64_t T, const int32_t* q_pos, int64_t n_heads,
+                    const KvView& kv, float scale, float* out, float* part, int64_t h0, int64_t h1,
+                    float* scratch, float* block_mass, const float* other_ml,
+                    const AttnMods& mods) {
+  thread_local std::vector<MassPart> mass_parts;
+  assert(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
+  assert(0 <= h0 && h0 <= h1 && h1 <= n_heads);
+  if (T <= 0 || h0 >= h1) return;
+  const int64_t hdp = round_up(kv.head_dim, kLanes);
+  const AttnScratch sc = carve_scratch(scratch, hdp, step_rows(hdp));
+  const int64_t n_rep = n_heads / kv.n_kv_heads;
+  TileSeg segs[kTileRows];
+  int64_t n_segs = 0, used = 0;
+  auto flush = [&] {
+    if (n_segs > 0)
+      attention_tile(q, q_pos, n_heads, kv, scale, out, part, segs, n_segs, sc, block_mass,
+                     other_ml, mods, mass_parts);
+    n_segs = 0;
+    used = 0;
+  };
+  for (int64_t g = h0 / n_rep; g <= (h1 - 1) / n_rep; ++g) {
+    const int64_t ha = std::max(h0, g * n_rep);
+    const int64_t m = std::min(h1, (g + 1) * n_rep) - ha;  // query heads of this group in range
+    const int64_t n_rows = T * m;
+    if (n_rows <= kTileRows) {
+      if (used + n_rows > kTileRows) flush();
+      segs[n_segs++] = {g, ha, m, used, n_rows, 0};
+      used = round_up(used + n_rows, 4);
+      continue;
+    }
+    flush();
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kTileRows) {
+      segs[n_segs++] = {g, ha, m, 0, std::min(kTileRows, n_rows - r0), r0};
+      flush();
+    }
+  }
+  flush();
 }
 
 }  // namespace

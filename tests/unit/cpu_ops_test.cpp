@@ -34,6 +34,7 @@
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/quants.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/runtime/kv_cache.h"
 
 namespace loom {
 namespace {
@@ -614,6 +615,15 @@ TEST_P(CpuOpsTest, AttentionOddShapes) {
   check_attention({DType::kQ8_0, 256, 64, 2, 2, 300});
   // The first position only.
   check_attention({DType::kF16, 16, 64, 2, 1, 0});
+  // Several KV heads' rows in one tile: eight groups of 4 (Llama-3-8B's
+  // decode), and groups of 9 rows at 4-aligned offsets that fill a tile
+  // before the last group (a second tile).
+  AttnCase eight{DType::kF16, 32, 128, 4, 1, 100};
+  eight.n_kv = 8;
+  check_attention(eight);
+  AttnCase five{DType::kQ8_0, 16, 64, 3, 3, 60};
+  five.n_kv = 5;
+  check_attention(five);
 }
 
 TEST_P(CpuOpsTest, AttentionLongContext) {
@@ -698,6 +708,61 @@ TEST_P(CpuOpsTest, AttentionSoftcapAndWindow) {
             EXPECT_LE(err2 / ref2, 1e-10);
           }
         }
+      }
+    }
+  }
+}
+
+// Decode-sized attention through the CPU backend over a long cache: the
+// blocks in ranges, a task each, the partials merged (CpuBackend::attention).
+// Against one cpu::attention call over the whole cache, for 1-3 threads, 1
+// and 3 query tokens, GQA shapes with 8, 3 and 2 KV heads (head dims and
+// block sizes not multiples of the vector width among them), F16 and Q8_0.
+TEST(CpuBackendOps, DecodeAttentionInBlockRanges) {
+  struct Case {
+    DType dt;
+    int64_t n_kv, ratio, hd, bs, n;
+  };
+  const Case cases[] = {{DType::kF16, 8, 4, 128, 32, 1200},
+                        {DType::kF16, 3, 2, 72, 16, 700},
+                        {DType::kQ8_0, 2, 3, 64, 32, 900}};
+  for (const Case& c : cases) {
+    const int64_t n_heads = c.n_kv * c.ratio, d = c.n_kv * c.hd;
+    auto kvr = KvCache::create(KvCacheConfig{1, c.n_kv, c.hd, c.n, c.bs, c.dt});
+    ASSERT_TRUE(kvr.ok());
+    KvCache& kv = **kvr;
+    ASSERT_TRUE(kv.reserve(c.n).ok());
+    std::mt19937 rng(static_cast<uint32_t>(c.n));
+    const std::vector<float> k = normal_floats(rng, c.n * d, 1.0f);
+    const std::vector<float> v = normal_floats(rng, c.n * d, 1.0f);
+    for (int64_t p = 0; p < c.n; ++p) kv.store(0, p, k.data() + p * d, v.data() + p * d);
+    kv.set_n_tokens(c.n);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    for (const int64_t T : {int64_t{1}, int64_t{3}}) {
+      const std::vector<float> q = normal_floats(rng, T * n_heads * c.hd, 2.0f);
+      std::vector<int32_t> pos;
+      for (int64_t t = 0; t < T; ++t) pos.push_back(static_cast<int32_t>(c.n - T + t));
+      const cpu::KvView view = kv.view(0);
+      std::vector<float> scratch(cpu::attention_scratch_floats(view));
+      std::vector<float> want(q.size());
+      cpu::attention(q.data(), T, pos.data(), n_heads, view, scale, want.data(), 0, n_heads,
+                     scratch.data());
+      for (const int threads : {1, 2, 3}) {
+        SCOPED_TRACE(std::string(dtype_name(c.dt)) + " kv=" + std::to_string(c.n_kv) +
+                     " T=" + std::to_string(T) + " threads=" + std::to_string(threads));
+        CpuBackend be(threads);
+        std::vector<float> qi = q;
+        Guarded out(static_cast<int64_t>(q.size()));
+        be.attention(kv, 0, Act{qi.data(), T, n_heads * c.hd}, pos.data(), n_heads, scale,
+                     Act{out.data(), T, n_heads * c.hd});
+        EXPECT_TRUE(out.guards_intact());
+        // Only the order of the sums differs: within 1e-5 of the largest output.
+        double diff = 0.0, top = 0.0;
+        for (size_t i = 0; i < q.size(); ++i) {
+          diff = std::max(diff, std::fabs(static_cast<double>(out.data()[i]) - want[i]));
+          top = std::max(top, std::fabs(static_cast<double>(want[i])));
+        }
+        EXPECT_LE(diff, 1e-5 * top);
       }
     }
   }

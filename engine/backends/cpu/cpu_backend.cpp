@@ -13,6 +13,10 @@ namespace loom {
 namespace {
 // Below this many floats of work a parallel section costs more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 14;
+// Decode attention over blocks in ranges (CpuBackend::attention): at most
+// this many query tokens, and at least this many blocks per range.
+constexpr int64_t kMaxRangeRows = 4;
+constexpr int64_t kMinRangeBlocks = 8;
 }  // namespace
 
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {
@@ -129,12 +133,31 @@ void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos
   for (auto& s : att_scratch_) {
     if (s.size() < scratch) s.resize(scratch);
   }
-  // Split by KV-head groups so the query heads sharing a KV head stay together.
-  const int64_t group = n_heads / view.n_kv_heads;
   // The attention mass per KV block, for a tiered cache's importance policy:
   // one array per thread, summed afterwards.
   const bool mass = q.rows > 0 && kv.wants_mass(layer);
-  const int64_t n_blocks = mass ? pos[q.rows - 1] / view.block_size + 1 : 0;
+  const int64_t n_blocks =
+      q.rows > 0 ? *std::max_element(pos, pos + q.rows) / view.block_size + 1 : 0;
+  // Decode over a long cache: the blocks in ranges, every head in each
+  // (split-K, as on the GPUs): all threads busy whatever the KV head count,
+  // and each reads a block's heads back to back. The mass is normalized over
+  // the whole row, and the mods' window is per row, so those keep the split
+  // by heads.
+  const bool plain = !mass && mods.softcap <= 0.0f && mods.window <= 0;
+  const int64_t ranges = std::min<int64_t>(2 * pool_.size(), n_blocks / kMinRangeBlocks);
+  if (plain && q.rows <= kMaxRangeRows && ranges >= 2) {
+    const int64_t hd = view.head_dim, stride = hd + 2, rows = q.rows * n_heads;
+    range_out_.resize(static_cast<size_t>(rows * stride));
+    host_ranges(q.data, q.rows, pos, n_heads, view, n_blocks, scale, range_out_.data(), ranges);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = range_out_.data() + r * stride;
+      const float inv = 1.0f / p[1];
+      for (int64_t d = 0; d < hd; ++d) out.data[r * hd + d] = p[2 + d] * inv;
+    }
+    return;
+  }
+  // Split by KV-head groups so the query heads sharing a KV head stay together.
+  const int64_t group = n_heads / view.n_kv_heads;
   if (mass) {
     att_mass_.resize(att_scratch_.size());
     for (auto& m : att_mass_) m.assign(static_cast<size_t>(n_blocks), 0.0f);
@@ -192,13 +215,11 @@ void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q,
   const float* qt = q + t0 * n_heads * hd;
   float* pt = part + t0 * n_heads * (hd + 2);
   const float* ml = device_ml ? device_ml + t0 * n_heads * 2 : nullptr;
-  // Without the attention mass, the blocks are split in ranges too, so every
+  // Without the attention mass, the blocks are split in ranges, so every
   // thread has work (a KV head per task leaves half of 16 threads idle with
   // 8 KV heads), and the ranges' partials merged. The mass is normalized over
   // the whole row inside attention_partial, so it keeps one range.
-  const int64_t n_kv = view.n_kv_heads;
-  const int64_t ranges =
-      block_mass ? 1 : std::clamp<int64_t>((2 * pool_.size() + n_kv - 1) / n_kv, 1, nb);
+  const int64_t ranges = block_mass ? 1 : std::clamp<int64_t>(2 * pool_.size(), 1, nb);
   if (ranges > 1) {
     host_ranges(qt, T - t0, hpos.data() + t0, n_heads, view, nb, scale, pt, ranges);
     return;
@@ -220,7 +241,7 @@ void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int
                              const cpu::KvView& view, int64_t nb, float scale, float* part,
                              int64_t ranges) {
   const int64_t bs = view.block_size, hd = view.head_dim, stride = hd + 2;
-  const int64_t n_kv = view.n_kv_heads, group = n_heads / n_kv, rows = T * n_heads;
+  const int64_t rows = T * n_heads;
   const int64_t per = (nb + ranges - 1) / ranges;
   ranges = (nb + per - 1) / per;
   range_parts_.resize(static_cast<size_t>(ranges * rows * stride));
@@ -232,14 +253,14 @@ void CpuBackend::host_ranges(const float* q, int64_t T, const int32_t* hpos, int
           static_cast<int32_t>(std::clamp<int64_t>(hpos[t] + 1 - b0 * bs, 0, (b1 - b0) * bs) - 1);
     }
   }
-  pool_.parallel_for(n_kv * ranges, 1, [&](int64_t i0, int64_t i1, int ith) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t g = i / ranges, r = i % ranges;
+  // A range per task, every head in it: a block's heads are read back to back.
+  pool_.parallel_for(ranges, 1, [&](int64_t r0, int64_t r1, int ith) {
+    for (int64_t r = r0; r < r1; ++r) {
       cpu::KvView sub = view;
       sub.k_blocks += r * per;
       sub.v_blocks += r * per;
       cpu::attention_partial(q, T, rpos.data() + r * T, n_heads, sub, scale,
-                             range_parts_.data() + r * rows * stride, g * group, (g + 1) * group,
+                             range_parts_.data() + r * rows * stride, 0, n_heads,
                              att_scratch_[static_cast<size_t>(ith)].data(), nullptr, nullptr);
     }
   });

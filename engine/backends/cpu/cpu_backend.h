@@ -60,9 +60,10 @@ class CpuBackend final : public Backend {
   // x's rows converted for weights of dtype w into act_buf_ (in parallel for
   // large inputs); matmul and the fused ops.
   const uint8_t* convert_input(DType w, Act x);
-  // attention_host_part without the mass: the view's `nb` blocks in
-  // `ranges` ranges x KV heads tasks, their partials merged into `part`.
-  // Row t sees the view's first hpos[t] + 1 rows.
+  // Attention without the mass over the view's `nb` blocks in `ranges`
+  // ranges, a task each (every head), their partials merged into `part`
+  // (attention_host_part, and decode in attention). Row t sees the view's
+  // first hpos[t] + 1 rows.
   void host_ranges(const float* q, int64_t T, const int32_t* hpos, int64_t n_heads,
                    const cpu::KvView& view, int64_t nb, float scale, float* part, int64_t ranges);
 
@@ -72,6 +73,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> att_scratch_;  ///< per thread
   std::vector<std::vector<float>> att_mass_;     ///< per thread: attention mass per KV block
   std::vector<float> range_parts_;               ///< host_ranges(): a partial per range and row
+  std::vector<float> range_out_;                 ///< attention(): the ranges' merged partials
   bool fuse_ = true;                             ///< the fused decode ops (LOOM_CPU_FUSE)
 };
 
