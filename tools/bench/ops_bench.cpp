@@ -24,7 +24,8 @@
 // pages, where every scattered block costs TLB misses).
 //
 // Usage: loom_ops_bench [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill]
-//                       [--no-huge-pages] [--threads N]
+//                       [--no-huge-pages] [--threads N] [--shape NAME] [--ctx N]
+// --shape and --ctx run that shape or that context only.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -61,6 +62,8 @@ struct Options {
   bool prefill = false;
   bool huge_pages = true;  // madvise(MADV_HUGEPAGE) on the KV pool
   int threads = 1;         // --threads N: N threads attend at once, each its own layers
+  std::string shape;       // --shape NAME: that shape only
+  int64_t ctx = 0;         // --ctx N: that context only (decode)
 };
 
 constexpr size_t kPoolTarget = size_t{1} << 30;  // bytes of KV the cold runs rotate through
@@ -253,10 +256,11 @@ void run_prefill(const Shape& s, DType dt, const Options& o) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] "
-               "[--no-huge-pages] [--threads N]\n",
-               argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s [--isa scalar|avx2|avx512] [--block-size N] [--min-ms MS] [--prefill] "
+      "[--no-huge-pages] [--threads N] [--shape TinyLlama|Llama-3-8B] [--ctx 512|4096|32768]\n",
+      argv0);
   return 2;
 }
 
@@ -288,6 +292,10 @@ int main(int argc, char** argv) {
     } else if (a == "--threads" && has_value) {
       o.threads = std::atoi(argv[++i]);
       if (o.threads <= 0) return usage(argv[0]);
+    } else if (a == "--shape" && has_value) {
+      o.shape = argv[++i];
+    } else if (a == "--ctx" && has_value) {
+      o.ctx = std::atoll(argv[++i]);
     } else {
       return usage(argv[0]);
     }
@@ -296,12 +304,16 @@ int main(int argc, char** argv) {
               loom::cpu::isa_name(loom::cpu::active_isa()), static_cast<long long>(o.block_size));
   const Shape shapes[] = {{"TinyLlama", 32, 4, 64}, {"Llama-3-8B", 32, 8, 128}};
   for (const Shape& s : shapes) {
+    if (!o.shape.empty() && o.shape != s.name) continue;
     for (const DType dt : {DType::kF16, DType::kQ8_0}) {
-      for (const int64_t n_ctx : {512, 4096, 32768}) run_decode(s, dt, n_ctx, o);
+      for (const int64_t n_ctx : {512, 4096, 32768}) {
+        if (o.ctx == 0 || o.ctx == n_ctx) run_decode(s, dt, n_ctx, o);
+      }
     }
   }
   if (o.prefill) {
     for (const Shape& s : shapes) {
+      if (!o.shape.empty() && o.shape != s.name) continue;
       for (const DType dt : {DType::kF16, DType::kQ8_0}) run_prefill(s, dt, o);
     }
   }
