@@ -35,6 +35,7 @@
 #include "cpu/ref/quants.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/runtime/kv_cache.h"
+#include "tests/kv_tier_checks.h"
 
 namespace loom {
 namespace {
@@ -728,15 +729,12 @@ TEST(CpuBackendOps, DecodeAttentionInBlockRanges) {
                         {DType::kQ8_0, 2, 3, 64, 32, 900}};
   for (const Case& c : cases) {
     const int64_t n_heads = c.n_kv * c.ratio, d = c.n_kv * c.hd;
-    auto kvr = KvCache::create(KvCacheConfig{1, c.n_kv, c.hd, c.n, c.bs, c.dt});
-    ASSERT_TRUE(kvr.ok());
-    KvCache& kv = **kvr;
-    ASSERT_TRUE(kv.reserve(c.n).ok());
     std::mt19937 rng(static_cast<uint32_t>(c.n));
     const std::vector<float> k = normal_floats(rng, c.n * d, 1.0f);
     const std::vector<float> v = normal_floats(rng, c.n * d, 1.0f);
-    for (int64_t p = 0; p < c.n; ++p) kv.store(0, p, k.data() + p * d, v.data() + p * d);
-    kv.set_n_tokens(c.n);
+    const auto cache =
+        test::tier_host_cache(KvCacheConfig{1, c.n_kv, c.hd, c.n, c.bs, c.dt}, k, v, c.n);
+    KvCache& kv = *cache;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
     for (const int64_t T : {int64_t{1}, int64_t{3}}) {
       const std::vector<float> q = normal_floats(rng, T * n_heads * c.hd, 2.0f);
