@@ -75,16 +75,22 @@ bool online_decode() {
   return on;
 }
 
-// Blocks the split plan aims at, per SM: LOOM_CUDA_ATTN_WAVES, default 8.
-// Measured on the H200 (llama3-8b Q4_0, decode after 32768 tokens, run of
-// 2026-12-04 09:00): 165.1 tokens/s at 8 against 140.3 at 2 (the earlier
-// default), where a block's keys were too few loads in flight per SM. Up to
-// about 1,000 keys both plan the same splits (at least 32 keys each).
+// Blocks the split plan aims at, per SM: LOOM_CUDA_ATTN_WAVES, default 4.
+// Measured on the H200 with the three-step kernel (llama3-8b Q4_0, decode
+// after 32768 tokens, 2026-12-04): 165.1 tokens/s at 8 against 140.3 at 2,
+// where a block's keys were too few loads in flight per SM. With the
+// one-pass kernel (H100, 2026-12-06, loom_cuda_attn_bench, µs per layer):
+// Llama-3-8B heads 18.0 / 25.1 / 61.8 / 110.3 at 4 against 20.6 / 27.9 /
+// 67.3 / 116.4 at 8 for 4k / 8k / 32k / 64k keys (6, 12 and 16 slower
+// still), TinyLlama's 24.2 against 35.5 at 8k and 47.5 against 60.7 at 32k;
+// the 8B Q4_K_M's decode after 32768 tokens 196.2 / 192.7 tokens/s at 4
+// against 190.5 / 189.5 at 8. Below about 2k keys (4k with TinyLlama's
+// heads) 4 and 8 plan the same splits, of 32 keys (the least).
 int64_t waves() {
   static const int64_t w = [] {
     const char* e = std::getenv("LOOM_CUDA_ATTN_WAVES");
     const long v = e ? std::strtol(e, nullptr, 10) : 0;
-    return static_cast<int64_t>(v >= 1 && v <= 64 ? v : 8);
+    return static_cast<int64_t>(v >= 1 && v <= 64 ? v : 4);
   }();
   return w;
 }
