@@ -132,6 +132,17 @@ class KvStorage {
     (void)layer, (void)row0, (void)n, (void)k, (void)v;
     return make_error(ErrorCode::kUnsupported, "import_rows: no device tier on this backend");
   }
+  /// Host memory for one host block (K then V, `bytes`) of a device-tiered
+  /// layer, which the device can read in place (the CUDA backend's mapped
+  /// pinned memory), or null: the KvCache then allocates it itself. A block
+  /// given out goes back through free_host_pair, before the storage dies;
+  /// the KvCache frees a block only while no queued device work reads it
+  /// (between steps, after export/import, which wait for the queue).
+  virtual uint8_t* alloc_host_pair(uint64_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
+  virtual void free_host_pair(uint8_t* p) { (void)p; }
   /// @}
 };
 

@@ -53,9 +53,20 @@ void KvCache::point_at(size_t l, size_t b, uint8_t* kv_pair) {
   v_ptrs_[l][b] = kv_pair ? kv_pair + block_bytes() : nullptr;
 }
 
+HostPair KvCache::new_pair(size_t l, bool zero) {
+  if (storage_ && device_tiered(static_cast<int64_t>(l))) {
+    if (uint8_t* p = storage_->alloc_host_pair(pair_bytes())) {
+      if (zero) std::memset(p, 0, pair_bytes());
+      return HostPair(p, HostPairFree{storage_.get()});
+    }
+  }
+  return HostPair(zero ? new (std::nothrow) uint8_t[pair_bytes()]()
+                       : new (std::nothrow) uint8_t[pair_bytes()]);
+}
+
 Status KvCache::grow_layer(size_t l, size_t n_blocks) {
   while (blocks_[l].size() < n_blocks) {
-    std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
+    HostPair kv = new_pair(l);
     if (!kv) {
       return make_error(ErrorCode::kOutOfMemory,
                         "KV cache: out of memory allocating block %zu of layer %zu (%" PRIu64
@@ -90,11 +101,13 @@ void KvCache::free_layer(size_t l) {
 }
 
 void KvCache::clear() {
+  ++host_epoch_;
   n_tokens_ = 0;
   for (auto& m : mass_) std::fill(m.begin(), m.end(), 0.0f);  // the next tokens start afresh
 }
 
 Status KvCache::reserve(int64_t n) {
+  ++host_epoch_;
   if (n > cfg_.n_ctx) {
     return make_error(ErrorCode::kOutOfRange,
                       "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64, n,
@@ -169,6 +182,7 @@ void KvCache::host_rows(size_t l, int64_t n, uint8_t* k, uint8_t* v, bool out) {
 }
 
 Status KvCache::move_layer(int64_t layer, bool to_device) {
+  ++host_epoch_;
   if (!storage_)
     return make_error(ErrorCode::kInternal,
                       "KV cache: no device storage to move layer %" PRId64 " to or from", layer);
@@ -235,6 +249,7 @@ Status KvCache::copy_prefix(KvCache& src, int64_t n) {
 }
 
 void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) {
+  if (dev_slots_ > 0 && device_tiered(layer)) ++host_epoch_;  // a host block of a tiered layer
   const auto l = static_cast<size_t>(layer);
   const auto b = static_cast<size_t>(pos / cfg_.block_size);
   const int64_t row = pos % cfg_.block_size;

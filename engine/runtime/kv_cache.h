@@ -94,6 +94,19 @@ std::string default_kv_spill_dir();
 /// whole context's KV fits in half the available memory, else that half.
 uint64_t default_kv_ram_budget(uint64_t kv_bytes_full_context);
 
+/// Frees a host (layer, block) pair where it came from: the device storage
+/// (KvStorage::alloc_host_pair), or new[].
+struct HostPairFree {
+  KvStorage* from = nullptr;
+  void operator()(uint8_t* p) const {
+    if (from)
+      from->free_host_pair(p);
+    else
+      delete[] p;
+  }
+};
+using HostPair = std::unique_ptr<uint8_t[], HostPairFree>;
+
 class KvCache {
  public:
   static Result<std::unique_ptr<KvCache>> create(const KvCacheConfig& cfg);
@@ -194,6 +207,11 @@ class KvCache {
   /// The device row (slot * block_size + row) of token `pos` of a
   /// device-tiered layer, or -1 when its block is a host block.
   int64_t device_row(int64_t layer, int64_t pos) const;
+  /// Changes whenever host blocks may have moved or been written (reserve,
+  /// rebalance, a store into a tiered layer's host block, fetch_layer...):
+  /// a device copy of host blocks made at one value holds their bytes while
+  /// it lasts.
+  uint64_t host_epoch() const { return host_epoch_; }
   /// Whether any of blocks [0, n_blocks) of a device-tiered layer is a host block.
   bool has_host_blocks(int64_t layer, int64_t n_blocks) const;
   /// The host blocks among [0, n_blocks) of a device-tiered layer (after
@@ -217,6 +235,10 @@ class KvCache {
   Status grow_layer(size_t l, size_t n_blocks);
   void free_layer(size_t l);
   void point_at(size_t l, size_t b, uint8_t* kv_pair);
+  /// Memory of one host (layer, block) pair: the storage's where layer l is
+  /// device-tiered and it gives memory its device reads in place
+  /// (KvStorage::alloc_host_pair), else new[]; null when out of memory.
+  HostPair new_pair(size_t l, bool zero = false);
   /// Bytes of one (layer, block) pair on the SSD, and its conversion from and
   /// to the cache's dtype (when the spill precision differs).
   uint64_t spill_pair_bytes() const;
@@ -246,7 +268,7 @@ class KvCache {
   std::vector<int32_t> block_table_;  ///< logical block -> physical block (the same in every layer)
   // Per layer: physical block -> K then V in RAM (null while on the SSD);
   // k_ptrs_/v_ptrs_ follow the block table (into staging for spilled blocks).
-  std::vector<std::vector<std::unique_ptr<uint8_t[]>>> blocks_;
+  std::vector<std::vector<HostPair>> blocks_;
   std::vector<std::vector<const void*>> k_ptrs_, v_ptrs_;
   // Tiers: per layer and physical block, the spill slot (-1: in RAM) and the
   // attention mass; lost (layer, block) pairs waiting for a recompute.
@@ -276,6 +298,7 @@ class KvCache {
   std::vector<std::vector<int32_t>> dev_slot_, slot_block_;
   int64_t dev_slots_ = 0, n_dev_layers_ = 0;
   uint64_t n_to_host_ = 0, n_to_device_ = 0;
+  uint64_t host_epoch_ = 0;    ///< host_epoch()
   uint64_t n_rebalances_ = 0;  ///< steps so far (wants_mass samples device-tiered layers)
   std::vector<const void*> host_k_, host_v_;  ///< host_view()'s block pointers
   /// Device tier moves of one block (between two steps): slot -> new RAM

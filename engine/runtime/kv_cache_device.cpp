@@ -81,7 +81,7 @@ int64_t KvCache::max_step_tokens() const {
 
 Status KvCache::block_to_host(size_t l, size_t b, std::vector<KvStorage::KvRowsOut>* deferred) {
   const int32_t slot = dev_slot_[l][b];
-  std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
+  HostPair kv = new_pair(l);
   if (!kv) {
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache: out of memory moving block %zu of layer %zu off the device", b, l);
@@ -282,6 +282,15 @@ Status KvCache::rebalance_device() {
       LOOM_ASSIGN_OR_RETURN(const size_t slot, take_slot(l, b, b + 1));
       LOOM_TRY(block_to_device(l, b, slot));
     }
+    // Nothing to bring up without a host block; nothing can move without a
+    // free slot where no swap is wanted (lru). Then no block is scored or
+    // sorted (at 32k tokens, 2048 blocks a layer every step).
+    if (std::none_of(dev_slot_[l].begin(), dev_slot_[l].begin() + static_cast<ptrdiff_t>(n),
+                     [](int32_t s) { return s < 0; }))
+      continue;
+    size_t n_free =
+        static_cast<size_t>(std::count(slot_block_[l].begin(), slot_block_[l].end(), -1));
+    if (n_free == 0 && margin <= 0) continue;
     struct Cand {
       double score;
       size_t b;
@@ -297,8 +306,6 @@ Status KvCache::rebalance_device() {
     std::sort(dev.begin(), dev.end(),
               [](const Cand& a, const Cand& b) { return a.score < b.score; });
     size_t moved = 0, next_cold = 0;
-    size_t n_free =
-        static_cast<size_t>(std::count(slot_block_[l].begin(), slot_block_[l].end(), -1));
     for (const Cand& hot : host) {
       if (moved >= kMaxDevicePromotions) break;
       if (n_free > 0) {  // a free slot takes the hottest host blocks as they are

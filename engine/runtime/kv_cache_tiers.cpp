@@ -336,7 +336,7 @@ Status KvCache::promote(std::vector<std::pair<size_t, size_t>>& todo) {
   if (converts()) spill_buf_.resize(todo.size() * spill_pair_bytes());
   for (size_t i = 0; i < todo.size(); ++i) {
     auto [l, b] = todo[i];
-    std::unique_ptr<uint8_t[]> kv(new (std::nothrow) uint8_t[pair_bytes()]);
+    HostPair kv = new_pair(l);
     if (!kv) {
       return make_error(ErrorCode::kOutOfMemory,
                         "KV cache: out of memory bringing block %zu of layer %zu back to RAM", b,
@@ -386,8 +386,7 @@ storage::SpillBlockKey KvCache::spill_key(size_t l, size_t b) const {
 }
 
 Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
-  std::unique_ptr<uint8_t[]> kv(zero ? new (std::nothrow) uint8_t[pair_bytes()]()
-                                     : new (std::nothrow) uint8_t[pair_bytes()]);
+  HostPair kv = new_pair(l, zero);
   if (!kv) {
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache: out of memory allocating block %zu of layer %zu (%" PRIu64
@@ -404,8 +403,9 @@ Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
 }
 
 KvCache::~KvCache() {
-  drain_prefetch();
-}  // reads must not land in freed staging
+  drain_prefetch();  // reads must not land in freed staging
+  blocks_.clear();   // blocks from the storage go back before it dies
+}
 
 std::vector<size_t> KvCache::spilled_blocks(size_t l) const {
   const auto n_blocks =
@@ -487,6 +487,7 @@ Status KvCache::fetch_layer(int64_t layer) {
     start_prefetch(layer + 1);
     return {};
   }
+  ++host_epoch_;                    // the layer's spilled blocks now point at staging
   size_staging(l, spilled.size());  // (a read-ahead sized it already when there was one)
   std::vector<uint8_t>& buf = staging_[l % 2];
   std::vector<storage::SpillRead> reads;
@@ -548,6 +549,7 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 }
 
 Status KvCache::rebalance() {
+  ++host_epoch_;
   if (!tiered() || !policy_) return {};
   ++n_rebalances_;
   // (Not while recomputing lost blocks: they are rewritten where they lie.)

@@ -11,7 +11,9 @@
 //     run under each mix and both policies, with bytes in every tier.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -120,6 +122,111 @@ TEST(KvDeviceTier, StorageWithoutSlotsIsUnsupported) {
   EXPECT_EQ(s.error().code(), ErrorCode::kUnsupported);
   EXPECT_NE(s.message().find("--kv-gpu"), std::string::npos) << s.message();
   EXPECT_FALSE((*kv)->on_device(0));
+}
+
+// A storage that hands out the host blocks of its tiered layers
+// (KvStorage::alloc_host_pair, as the CUDA backend's mapped pinned memory):
+// every block that leaves the device, or comes back from the SSD, is one of
+// its blocks, and each goes back to it before it dies.
+TEST(KvDeviceTier, HostBlocksOfTieredLayersComeFromTheStorage) {
+  struct Counts {
+    int given = 0, freed = 0, live_at_death = -1;
+  } counts;
+  class Slotted final : public KvStorage {
+   public:
+    explicit Slotted(Counts* c) : c_(c) {}
+    ~Slotted() override { c_->live_at_death = static_cast<int>(live_.size()); }
+    Status reserve(int64_t) override { return {}; }
+    uint64_t allocated_bytes() const override { return 0; }
+    bool layer_resident(int64_t) const override { return slots_ > 0; }
+    Status set_layer_resident(int64_t, bool r) override {
+      slots_ = r ? pending_ : 0;
+      return {};
+    }
+    Status export_layer(int64_t, int64_t, uint8_t*, uint8_t*) override { return {}; }
+    Status import_layer(int64_t, int64_t, const uint8_t*, const uint8_t*) override { return {}; }
+    Status set_block_slots(int64_t, int64_t n) override {
+      pending_ = n;
+      return {};
+    }
+    int64_t layer_slots(int64_t) const override { return slots_; }
+    Status export_rows(int64_t, int64_t, int64_t n, uint8_t* k, uint8_t* v) override {
+      std::memset(k, 7, static_cast<size_t>(n) * 2 * 64 * 2);  // 2 heads of 64 F16 values
+      std::memset(v, 9, static_cast<size_t>(n) * 2 * 64 * 2);
+      return {};
+    }
+    Status import_rows(int64_t, int64_t, int64_t, const uint8_t*, const uint8_t*) override {
+      return {};
+    }
+    uint8_t* alloc_host_pair(uint64_t bytes) override {
+      auto* p = new uint8_t[bytes];
+      live_.push_back(p);
+      ++c_->given;
+      return p;
+    }
+    void free_host_pair(uint8_t* p) override {
+      const auto it = std::find(live_.begin(), live_.end(), p);
+      ASSERT_NE(it, live_.end()) << "a block the storage did not give";
+      live_.erase(it);
+      delete[] p;
+      ++c_->freed;
+    }
+
+   private:
+    Counts* c_;
+    int64_t pending_ = 0, slots_ = 0;
+    std::vector<uint8_t*> live_;
+  };
+  const KvCacheConfig cfg{1, 2, 64, 512, 32, DType::kF16};
+  const uint64_t pair = 2ull * 2 * 32 * 64 * 2;
+  {
+    auto kvr = KvCache::create(cfg);
+    ASSERT_TRUE(kvr.ok());
+    KvCache& kv = **kvr;
+    KvTierConfig t;
+    t.device_budget = 6 * pair;
+    t.ram_budget = 3 * pair;
+    t.spill_dir = test::temp_dir("kv_host_pairs");
+    t.sink_tokens = 32;
+    t.window_tokens = 32;
+    t.policy = "lru";
+    ASSERT_TRUE(kv.configure_tiers(t).ok());
+    ASSERT_TRUE(kv.attach_storage(std::make_unique<Slotted>(&counts)).ok());
+    kv.set_device_layers(1);
+    ASSERT_TRUE(kv.move_layer(0, true).ok());
+    ASSERT_TRUE(kv.device_tiered(0));
+    for (int64_t n = 32; n <= 12 * 32; n += 32) {
+      ASSERT_TRUE(kv.reserve(n).ok());
+      kv.set_n_tokens(n);
+      ASSERT_TRUE(kv.rebalance().ok());
+    }
+    const KvTierStats st = kv.tier_stats();
+    EXPECT_GT(st.ram_bytes, 0u);
+    EXPECT_GT(st.ssd_bytes, 0u);
+    // Every block in RAM is the storage's, and a block read back from the
+    // SSD gets the storage's memory too.
+    EXPECT_EQ(static_cast<uint64_t>(counts.given - counts.freed) * pair, st.ram_bytes);
+    // The host view's RAM blocks: V half a pair after K (what the CUDA
+    // kernel reads in place); spilled ones have no address until fetched.
+    std::vector<int32_t> blocks;
+    const cpu::KvView hv = kv.host_view(0, 12, &blocks);
+    ASSERT_FALSE(blocks.empty());
+    int in_ram = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (!hv.k_blocks[i]) continue;
+      ++in_ram;
+      EXPECT_EQ(static_cast<const uint8_t*>(hv.v_blocks[i]),
+                static_cast<const uint8_t*>(hv.k_blocks[i]) + pair / 2);
+    }
+    EXPECT_EQ(static_cast<uint64_t>(in_ram) * pair, st.ram_bytes);
+    ASSERT_TRUE(kv.fetch_layer(0).ok());
+    const int before = counts.given;
+    ASSERT_TRUE(kv.move_layer(0, false).ok());  // to the CPU: every block back in RAM
+    EXPECT_GE(counts.given, before);
+  }
+  EXPECT_GT(counts.given, 0);
+  EXPECT_EQ(counts.freed, counts.given);
+  EXPECT_EQ(counts.live_at_death, 0) << "blocks outlived the storage's use";
 }
 
 #ifdef LOOM_HAVE_VULKAN

@@ -13,8 +13,14 @@
 // second. For scale, the first line gives a device-to-device copy's rate
 // (bytes read + written per second).
 //
+// With --host-keys H[,H...] (F16), each case runs again as a layer of the
+// device KV tier: ctx keys in slots of 16 rows on the device (alone, then)
+// with H more in host blocks of mapped pinned memory, which the kernel reads
+// over PCIe (cuda_kv_tier.cpp's attention_mapped without its staging); the
+// query sees all ctx + H keys.
+//
 // Usage: loom_cuda_attn_bench [--shape NAME] [--ctx N[,N...]] [--dtype f16|q8_0]
-//                             [--calls N]
+//                             [--calls N] [--host-keys H[,H...]]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -111,8 +117,18 @@ void copy_rate(cudaStream_t s) {
   cudaFree(y);
 }
 
-bool run_case(const Shape& sh, DType dt, int64_t ctx, int calls, cudaStream_t s,
+// host_keys < 0: a whole layer (cuda::attention); else a slotted one with
+// host_keys more in host blocks (0: none, every key in the slots).
+bool run_case(const Shape& sh, DType dt, int64_t ctx, int64_t host_keys, int calls, cudaStream_t s,
               loom::cuda::AttentionScratch& scratch) {
+  constexpr int64_t kBs = 16;  // rows per slot and per host block
+  const bool slotted = host_keys >= 0;
+  if (host_keys < 0) host_keys = 0;
+  if (slotted && (dt != DType::kF16 || ctx % kBs != 0 || host_keys % kBs != 0)) {
+    std::fprintf(stderr, "--host-keys: F16, ctx and host keys multiples of %lld\n",
+                 static_cast<long long>(kBs));
+    return false;
+  }
   const int64_t hd = sh.head_dim;
   const uint64_t row_bytes =
       dt == DType::kF16 ? static_cast<uint64_t>(2 * hd) : static_cast<uint64_t>(hd / 32 * 34);
@@ -139,7 +155,46 @@ bool run_case(const Shape& sh, DType dt, int64_t ctx, int calls, cudaStream_t s,
   for (float& x : qh) x = nd(rng);
   float *q = nullptr, *out = nullptr;
   int32_t* pos = nullptr;
-  const int32_t p = static_cast<int32_t>(ctx - 1);
+  const int32_t p = static_cast<int32_t>(ctx + host_keys - 1);
+  // The tier's layout: slot i holds positions 16 i.., host block i positions
+  // ctx + 16 i..; per layer copy its own host blocks (K then V, each
+  // [kv_head][16][row]) and their device addresses.
+  const int64_t n_slots = ctx / kBs, n_hb = host_keys / kBs;
+  const uint64_t half = static_cast<uint64_t>(sh.n_kv_heads * kBs) * row_bytes;
+  std::vector<uint8_t*> host_slabs;
+  std::vector<const uint8_t**> host_tables;
+  int32_t* slot_pos = nullptr;
+  if (slotted && good) {
+    std::vector<int32_t> sp(static_cast<size_t>(n_slots + n_hb));
+    for (size_t i = 0; i < sp.size(); ++i) sp[i] = static_cast<int32_t>(i * kBs);
+    good = ok(cudaMalloc(reinterpret_cast<void**>(&slot_pos), sp.size() * 4), "cudaMalloc map") &&
+           ok(cudaMemcpy(slot_pos, sp.data(), sp.size() * 4, cudaMemcpyHostToDevice), "map");
+    const std::vector<uint8_t> hk = random_rows(dt, sh.n_kv_heads * host_keys, hd, row_bytes, rng);
+    for (int c = 0; c < n_layers && good && n_hb > 0; ++c) {
+      void* h = nullptr;
+      void* d = nullptr;
+      good = ok(cudaHostAlloc(&h, 2 * half * static_cast<uint64_t>(n_hb), cudaHostAllocMapped),
+                "cudaHostAlloc") &&
+             ok(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
+      if (!good) break;
+      host_slabs.push_back(static_cast<uint8_t*>(h));
+      std::vector<const uint8_t*> at(static_cast<size_t>(n_hb));
+      for (int64_t b = 0; b < n_hb; ++b) {
+        uint8_t* blk = static_cast<uint8_t*>(h) + 2 * half * static_cast<uint64_t>(b);
+        for (int which = 0; which < 2; ++which)  // K, then V: rows of this block's tokens
+          for (int64_t kvh = 0; kvh < sh.n_kv_heads; ++kvh)
+            std::memcpy(blk + which * half + static_cast<uint64_t>(kvh * kBs) * row_bytes,
+                        hk.data() + static_cast<uint64_t>(kvh * host_keys + b * kBs) * row_bytes,
+                        static_cast<uint64_t>(kBs) * row_bytes);
+        at[static_cast<size_t>(b)] = static_cast<const uint8_t*>(d) + 2 * half * b;
+      }
+      const uint8_t** t = nullptr;
+      good =
+          ok(cudaMalloc(reinterpret_cast<void**>(&t), at.size() * sizeof(at[0])), "table") &&
+          ok(cudaMemcpy(t, at.data(), at.size() * sizeof(at[0]), cudaMemcpyHostToDevice), "table");
+      host_tables.push_back(t);
+    }
+  }
   good = good && ok(cudaMalloc(reinterpret_cast<void**>(&q), qh.size() * 4), "cudaMalloc q") &&
          ok(cudaMalloc(reinterpret_cast<void**>(&out), qh.size() * 4), "cudaMalloc out") &&
          ok(cudaMalloc(reinterpret_cast<void**>(&pos), 4), "cudaMalloc pos") &&
@@ -151,14 +206,32 @@ bool run_case(const Shape& sh, DType dt, int64_t ctx, int calls, cudaStream_t s,
   if (good) {
     us = time_calls(
         [&](int i) {
-          const auto r = loom::cuda::attention(layers[static_cast<size_t>(i % n_layers)], q, 1, pos,
-                                               ctx - 1, sh.n_heads, scale, out, scratch, s);
+          const auto c = static_cast<size_t>(i % n_layers);
+          loom::Status r;
+          if (!slotted) {
+            r = loom::cuda::attention(layers[c], q, 1, pos, ctx - 1, sh.n_heads, scale, out,
+                                      scratch, s);
+          } else {
+            loom::cuda::SlotMap m{slot_pos, kBs, n_slots};
+            m.host = n_hb > 0 ? host_tables[c] : nullptr;
+            m.n_host = n_hb;
+            m.host_head_bytes = static_cast<uint64_t>(kBs) * row_bytes;
+            m.host_v_offset = half;
+            r = loom::cuda::attention_slots(layers[c], q, 1, pos, sh.n_heads, scale, m, 0, out,
+                                            scratch, s);
+          }
           if (!r.ok() && st.ok()) st = r;
         },
         calls, s);
     good = ok(cudaStreamSynchronize(s), "attention");
   }
-  if (good && st.ok())
+  if (good && st.ok() && slotted)
+    std::printf(
+        "%-10s %-5s ctx %6lld slotted + %5lld host keys (%.2f MiB over PCIe)  %9.2f µs  (%d layer "
+        "copies)\n",
+        sh.name, "f16", static_cast<long long>(ctx), static_cast<long long>(host_keys),
+        static_cast<double>(2 * half * static_cast<uint64_t>(n_hb)) / 1048576.0, us, n_layers);
+  else if (good && st.ok())
     std::printf("%-10s %-5s ctx %6lld  %9.2f µs  %7.1f GB/s  (%d layer copies)\n", sh.name,
                 dt == DType::kF16 ? "f16" : "q8_0", static_cast<long long>(ctx), us,
                 static_cast<double>(layer_bytes) / us / 1e3, n_layers);
@@ -169,6 +242,9 @@ bool run_case(const Shape& sh, DType dt, int64_t ctx, int calls, cudaStream_t s,
     cudaFree(L.k);
     cudaFree(L.v);
   }
+  for (uint8_t* h : host_slabs) cudaFreeHost(h);
+  for (const uint8_t** t : host_tables) cudaFree(t);
+  cudaFree(slot_pos);
   cudaFree(q);
   cudaFree(out);
   cudaFree(pos);
@@ -179,7 +255,7 @@ bool run_case(const Shape& sh, DType dt, int64_t ctx, int calls, cudaStream_t s,
 
 int main(int argc, char** argv) {
   std::string shape, dtype;
-  std::vector<int64_t> ctxs = {512, 4096, 8192, 32768};
+  std::vector<int64_t> ctxs = {512, 4096, 8192, 32768}, host_keys;
   int calls = 50;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -190,22 +266,23 @@ int main(int argc, char** argv) {
       dtype = argv[++i];
     } else if (a == "--calls" && has) {
       calls = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--ctx" && has) {
-      ctxs.clear();
+    } else if ((a == "--ctx" || a == "--host-keys") && has) {
+      std::vector<int64_t>& list = a == "--ctx" ? ctxs : host_keys;
+      list.clear();
       for (const char* c = argv[++i]; *c;) {
         char* end = nullptr;
         const long long v = std::strtoll(c, &end, 10);
         if (end == c || v < 1) {
-          std::fprintf(stderr, "--ctx: a list of positive numbers, e.g. 4096,32768\n");
+          std::fprintf(stderr, "%s: a list of positive numbers, e.g. 4096,32768\n", a.c_str());
           return 2;
         }
-        ctxs.push_back(v);
+        list.push_back(v);
         c = *end == ',' ? end + 1 : end;
       }
     } else {
       std::fprintf(stderr,
                    "usage: loom_cuda_attn_bench [--shape tinyllama|llama3-8b] [--ctx N[,N...]] "
-                   "[--dtype f16|q8_0] [--calls N]\n");
+                   "[--dtype f16|q8_0] [--calls N] [--host-keys H[,H...]]\n");
       return 2;
     }
   }
@@ -226,7 +303,12 @@ int main(int argc, char** argv) {
     if (!shape.empty() && shape != sh.name) continue;
     for (const DType dt : {DType::kF16, DType::kQ8_0}) {
       if (!dtype.empty() && dtype != (dt == DType::kF16 ? "f16" : "q8_0")) continue;
-      for (const int64_t ctx : ctxs) all = run_case(sh, dt, ctx, calls, s, *scratch) && all;
+      for (const int64_t ctx : ctxs) {
+        all = run_case(sh, dt, ctx, -1, calls, s, *scratch) && all;
+        if (dt != DType::kF16 || host_keys.empty()) continue;
+        all = run_case(sh, dt, ctx, 0, calls, s, *scratch) && all;
+        for (const int64_t h : host_keys) all = run_case(sh, dt, ctx, h, calls, s, *scratch) && all;
+      }
     }
   }
   cudaStreamDestroy(s);

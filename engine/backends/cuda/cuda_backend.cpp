@@ -149,6 +149,13 @@ CudaBackend::~CudaBackend() {
   if (tier_host_) (void)cudaFreeHost(tier_host_);
   if (gather_) (void)cudaFree(gather_);
   if (tier_event_) (void)cudaEventDestroy(tier_event_);
+  if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_);
+  for (TierStage& st : stage_) {
+    if (st.dev) (void)cudaFree(st.dev);
+    if (st.ready) (void)cudaEventDestroy(st.ready);
+    if (st.done) (void)cudaEventDestroy(st.done);
+  }
+  if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
   if (ring_host_) (void)cudaFreeHost(ring_host_);
   if (ring_dev_) (void)cudaFree(ring_dev_);
   if (stream_) (void)cudaStreamDestroy(stream_);

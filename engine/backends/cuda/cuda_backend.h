@@ -172,6 +172,14 @@ class CudaBackend final : public Backend {
   // kOutOfMemory when the gather buffers do not fit (the caller splits).
   Status attention_gathered(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                             const int32_t* pos, int64_t n_heads, float scale, Act out);
+  // Decode over a slotted layer whose host blocks [0, n_blocks) all lie in
+  // the storage's mapped pinned memory: one launch, the kernel reading them
+  // over PCIe where they are; no host work, no wait. False, nothing queued,
+  // where a block lies elsewhere (a spilled block's staging copy, RAM the
+  // storage did not give) or the kernel reads no host rows (Q8_0).
+  bool attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                        const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale,
+                        Act out);
   // The slot map of a slotted layer in the ring (n_slots entries), or null.
   const int32_t* put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots);
   // At least `bytes` of pinned host memory in tier_host_ (after the stream's
@@ -275,6 +283,35 @@ class CudaBackend final : public Backend {
   void* gather_ = nullptr;
   uint64_t gather_bytes_ = 0;
   cudaEvent_t tier_event_ = nullptr;  ///< q is on the host (the overlapped split)
+  // Device copies of a tiered layer's host blocks (attention_mapped): two
+  // buffers, which the copy engine fills on copy_stream_ (the next tiered
+  // layer's blocks while this one computes). A copy serves while the cache's
+  // host_epoch() and the layer's block list are those it was made from.
+  struct TierStage {
+    void* dev = nullptr;
+    uint64_t bytes = 0;
+    const KvCache* kv = nullptr;
+    int64_t layer = -1;
+    uint64_t epoch = 0;
+    std::vector<const uint8_t*> blocks;
+    cudaEvent_t ready = nullptr;  ///< the copy is done (copy_stream_)
+    cudaEvent_t done = nullptr;   ///< the last kernel reading it is done (stream_)
+  };
+  TierStage stage_[2];
+  int next_stage_ = 0;
+  cudaStream_t copy_stream_ = nullptr;
+  // The stage holding `blocks` (host K pointers) of `layer`, or -1.
+  int staged(const KvCache& kv, int64_t layer, const std::vector<const uint8_t*>& blocks) const;
+  // Queues the copy of `blocks` (each a K/V pair of `pair` bytes, pinned)
+  // into a stage other than `avoid`; the stage, or -1 where there is no
+  // device memory for it (the kernel then reads the blocks over PCIe).
+  int stage_copy(const KvCache& kv, int64_t layer, const std::vector<const uint8_t*>& blocks,
+                 uint64_t pair, int avoid);
+  // The host K pointers of a tiered layer's host blocks [0, n_blocks), and
+  // their mapped device addresses; false where one is not mapped (or none).
+  bool mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks, std::vector<int32_t>* blocks,
+                     std::vector<const uint8_t*>* host, std::vector<const uint8_t*>* dev,
+                     uint64_t* v_off, uint64_t* head_bytes);
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;

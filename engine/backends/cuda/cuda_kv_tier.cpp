@@ -4,7 +4,13 @@
 //  - kv_store: a token goes to the slot row the cache names; a token whose
 //    block is a host block (a recompute of a block lost on the SSD) is
 //    stored by the cache, and while recomputing the slots stay as they are.
-//  - decode (attention_split): the split-K kernel over the slots under the
+//  - decode (attention_split), host blocks in mapped pinned memory (the
+//    storage gives the tiered layers' host blocks from it) and no attention
+//    mass wanted: one launch of the one-pass kernel over the slots and then
+//    the host blocks, which it reads over PCIe where they lie
+//    (attention_mapped); nothing waits for the host.
+//  - decode otherwise (Q8_0 rows, the mass, a spilled block's staging copy,
+//    LOOM_CUDA_KV_HOST=cpu): the split-K kernel over the slots under the
 //    slot map, splits kept; the CPU attends over the host blocks where they
 //    lie (no host block is copied up to be read once) into the one split
 //    left free, and the merge kernel combines them exactly. Without the
@@ -17,6 +23,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -190,6 +197,166 @@ Status CudaBackend::attention_gathered(KvCache& kv, int64_t layer, const cuda::D
                          stream_);
 }
 
+bool CudaBackend::mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks,
+                                std::vector<int32_t>* blocks, std::vector<const uint8_t*>* host,
+                                std::vector<const uint8_t*>* dev, uint64_t* v_off,
+                                uint64_t* head_bytes) {
+  auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
+  const cpu::KvView hv = kv.host_view(layer, n_blocks, blocks);
+  if (!st || blocks->empty()) return false;
+  *head_bytes = hv.head_stride_bytes;
+  *v_off = hv.head_stride_bytes * static_cast<uint64_t>(hv.n_kv_heads);  // K, then V
+  host->resize(blocks->size());
+  dev->resize(blocks->size());
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const auto* k = static_cast<const uint8_t*>(hv.k_blocks[i]);
+    (*host)[i] = k;
+    (*dev)[i] = k ? st->mapped(k) : nullptr;  // null: spilled, not fetched
+    if (!(*dev)[i] || static_cast<const uint8_t*>(hv.v_blocks[i]) != k + *v_off) return false;
+  }
+  return true;
+}
+
+int CudaBackend::staged(const KvCache& kv, int64_t layer,
+                        const std::vector<const uint8_t*>& blocks) const {
+  for (int b = 0; b < 2; ++b) {
+    const TierStage& st = stage_[b];
+    if (st.kv == &kv && st.layer == layer && st.epoch == kv.host_epoch() && st.blocks == blocks)
+      return b;
+  }
+  return -1;
+}
+
+int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
+                            const std::vector<const uint8_t*>& blocks, uint64_t pair, int avoid) {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_KV_STAGE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (!on || blocks.empty()) return -1;
+  if (!copy_stream_) {
+    if (cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      copy_stream_ = nullptr;
+      return -1;
+    }
+    for (TierStage& st : stage_) {
+      if (cudaEventCreateWithFlags(&st.ready, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming) != cudaSuccess)
+        return -1;
+    }
+  }
+  int b = next_stage_;
+  if (b == avoid) b ^= 1;
+  next_stage_ = b ^ 1;
+  TierStage& st = stage_[b];
+  st.layer = -1;  // until the copy is queued
+  const uint64_t need = blocks.size() * pair;
+  if (need > st.bytes) {
+    // The old buffer may still be read or written by queued work.
+    if (cudaStreamSynchronize(copy_stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess)
+      return -1;
+    if (st.dev) {
+      (void)cudaFree(st.dev);
+      budget_.give(st.bytes);
+    }
+    st.dev = nullptr;
+    st.bytes = 0;
+    const uint64_t want = need + need / 4;
+    if (!budget_.take(want, "the KV tier's staging").ok()) return -1;
+    if (!cuda::device_alloc(&st.dev, want, "the KV tier's staging").ok()) {
+      budget_.give(want);
+      st.dev = nullptr;
+      return -1;
+    }
+    st.bytes = want;
+  }
+  // Runs of blocks that lie back to back in the pinned slabs go as one copy.
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  std::vector<size_t> len;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!src.empty() && static_cast<const uint8_t*>(src.back()) + len.back() == blocks[i]) {
+      len.back() += pair;
+      continue;
+    }
+    dst.push_back(static_cast<uint8_t*>(st.dev) + i * pair);
+    src.push_back(blocks[i]);
+    len.push_back(pair);
+  }
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.srcLocHint.type = cudaMemLocationTypeHost;
+  attr.dstLocHint.type = cudaMemLocationTypeDevice;
+  attr.dstLocHint.id = device_;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_at = 0;
+  // Not before the kernels that read the stage's last copy are done.
+  if (cudaStreamWaitEvent(copy_stream_, st.done, 0) != cudaSuccess ||
+      cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), dst.size(), &attr, &attr_at, 1,
+                           copy_stream_) != cudaSuccess ||
+      cudaEventRecord(st.ready, copy_stream_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  st.kv = &kv;
+  st.layer = layer;
+  st.epoch = kv.host_epoch();
+  st.blocks = blocks;
+  return b;
+}
+
+bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                                   const int32_t* pos, int64_t n_blocks, int64_t n_heads,
+                                   float scale, Act out) {
+  if (!cuda::host_slots_fit(l)) return false;
+  auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
+  const int64_t bs = kv.config().block_size, n_slots = st->layer_slots(layer);
+  std::vector<int32_t> blocks;
+  std::vector<const uint8_t*> host, at;
+  uint64_t v_off = 0, head_bytes = 0;
+  if (!mapped_blocks(kv, layer, n_blocks, &blocks, &host, &at, &v_off, &head_bytes)) return false;
+  // A device copy (prefetched while the layer before ran, else queued now),
+  // or else the pinned blocks themselves, read over PCIe.
+  int si = staged(kv, layer, host);
+  if (si < 0) si = stage_copy(kv, layer, host, 2 * v_off, -1);
+  if (si >= 0) {
+    const cudaError_t e = cudaStreamWaitEvent(stream_, stage_[si].ready, 0);
+    if (e != cudaSuccess) {
+      fail(cuda::cuda_status(e, "wait for the KV tier's staging"));
+      return true;
+    }
+    for (size_t i = 0; i < at.size(); ++i)
+      at[i] = static_cast<const uint8_t*>(stage_[si].dev) + i * 2 * v_off;
+  }
+  std::vector<int32_t> map = kv.slot_positions(layer);
+  map.resize(static_cast<size_t>(n_slots), -1);  // free slots past the last one in use
+  for (const int32_t b : blocks) map.push_back(b * static_cast<int32_t>(bs));
+  const auto* d_map = static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
+  const auto* d_at = static_cast<const uint8_t* const*>(put(at.data(), at.size() * sizeof(at[0])));
+  const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
+  if (!d_map || !d_at || !d_pos) return true;  // failed (status_)
+  cuda::SlotMap sm{d_map, bs, n_slots};
+  sm.host = d_at;
+  sm.n_host = static_cast<int64_t>(blocks.size());
+  sm.host_head_bytes = head_bytes;
+  sm.host_v_offset = v_off;
+  fail(cuda::attention_slots(l, dev(q), q.rows, d_pos, n_heads, scale, sm,
+                             attn_scratch_->split_keys(), dev(out), *attn_scratch_, stream_));
+  if (si >= 0 && cudaEventRecord(stage_[si].done, stream_) != cudaSuccess)
+    fail(make_error(ErrorCode::kInternal, "CUDA: record an event"));
+  // The next tiered layer's host blocks start up while this layer goes on.
+  for (int64_t l2 = layer + 1; l2 < kv.config().n_layer && status_.ok(); ++l2) {
+    if (!kv.device_tiered(l2) || !kv.has_host_blocks(l2, n_blocks)) continue;
+    std::vector<const uint8_t*> h2, a2;
+    if (mapped_blocks(kv, l2, n_blocks, &blocks, &h2, &a2, &v_off, &head_bytes) &&
+        staged(kv, l2, h2) < 0)
+      (void)stage_copy(kv, l2, h2, 2 * v_off, si);
+    break;
+  }
+  return true;
+}
+
 Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
                                     int64_t n_heads, float scale, Act out,
                                     const HostAttentionFn& host) {
@@ -223,6 +390,9 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
   }
   finish_step();
   const bool mass = kv.wants_mass(layer);
+  if (!mass && T < kGatherMinRows &&
+      attention_mapped(kv, layer, l, q, pos, n_blocks, n_heads, scale, out))
+    return status_;
   std::vector<float> block_mass(mass ? static_cast<size_t>(n_blocks) : 0, 0.0f);
   const int64_t stride = hd + 2;  // the host's partial per row: m, l, o
   const uint64_t per_row = static_cast<uint64_t>(n_heads * (n_slots + 1) * hd) * sizeof(float);

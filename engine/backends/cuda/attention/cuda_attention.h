@@ -122,7 +122,19 @@ struct SlotMap {
   const int32_t* first_pos = nullptr;
   int64_t block_size = 0;
   int64_t n_slots = 0;
+  /// Host blocks the kernel reads in place (CudaKvStorage::mapped), after
+  /// the slots: first_pos then has n_slots + n_host entries, and host block
+  /// i is at host[i] (device addresses, device uint8_t*[n_host]): K as
+  /// [n_kv_heads][block_size][row] with heads host_head_bytes apart, V
+  /// host_v_offset bytes after K. Only the one-pass kernel (F16 rows,
+  /// head_dim a multiple of 8 up to 256) reads them (host_slots_fit).
+  const uint8_t* const* host = nullptr;
+  int64_t n_host = 0;
+  uint64_t host_head_bytes = 0;
+  uint64_t host_v_offset = 0;
 };
+/// Whether attention_slots reads host blocks of `layer` in place (SlotMap::host).
+bool host_slots_fit(const DevKvLayer& layer);
 /// Unmerged split-K partials: per query row r = t * n_heads + h and split s,
 /// the unnormalized sum o[(r * n_splits + s) * head_dim ..] and (max, sum)
 /// ml[r * n_splits + s]. The last split is the host's (attention_slots with
@@ -170,6 +182,10 @@ class CudaKvStorage : public KvStorage {
                                                        DeviceBudget* budget = nullptr);
   /// The device K/V of a resident layer (null pointers when not resident).
   virtual DevKvLayer layer(int64_t l) const = 0;
+  /// The device's address of host memory this storage gave out
+  /// (alloc_host_pair: mapped pinned memory, which kernels read over PCIe
+  /// in place), or null for any other host memory.
+  virtual const uint8_t* mapped(const void* host) const = 0;
 };
 
 }  // namespace loom::cuda

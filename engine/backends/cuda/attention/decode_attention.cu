@@ -86,13 +86,26 @@ bool online_decode() {
 // the 8B Q4_K_M's decode after 32768 tokens 196.2 / 192.7 tokens/s at 4
 // against 190.5 / 189.5 at 8. Below about 2k keys (4k with TinyLlama's
 // heads) 4 and 8 plan the same splits, of 32 keys (the least).
+// An environment setting in [1, most], else `dflt`.
+int64_t env_count(const char* name, long most, long dflt) {
+  const char* e = std::getenv(name);
+  const long v = e ? std::strtol(e, nullptr, 10) : 0;
+  return static_cast<int64_t>(v >= 1 && v <= most ? v : dflt);
+}
+
 int64_t waves() {
-  static const int64_t w = [] {
-    const char* e = std::getenv("LOOM_CUDA_ATTN_WAVES");
-    const long v = e ? std::strtol(e, nullptr, 10) : 0;
-    return static_cast<int64_t>(v >= 1 && v <= 64 ? v : 4);
-  }();
+  static const int64_t w = env_count("LOOM_CUDA_ATTN_WAVES", 64, 4);
   return w;
+}
+
+// Most splits over the host blocks (LOOM_CUDA_ATTN_HOST_SPLITS, default 16):
+// each takes whole blocks, as few as make that many. Read over PCIe
+// (loom_cuda_attn_bench --host-keys, H100, 2026-12-06, 32768 keys on the
+// device): 1.5 / 5 / 17 MiB of host blocks added 45 / 87 / 298 µs at 16
+// splits against 50 / 125 / 369 at 64 and 49 / 123 / 370 at 256.
+int64_t host_splits() {
+  static const int64_t n = env_count("LOOM_CUDA_ATTN_HOST_SPLITS", 4096, 16);
+  return n;
 }
 
 struct Fmt {
@@ -105,6 +118,15 @@ struct Fmt {
   bool vec16;               // F16 rows of a multiple of 8 values: 16-byte loads
   const int32_t* slot_pos;  // device tier: first position per slot (-1: free), else null
   int bs;                   // rows per slot
+  // Host blocks read in place (SlotMap::host; one-pass kernel only): rows
+  // from dev_rows on are host block (j - dev_rows) / bs's. Splits:
+  // dev_splits of `chunk` rows over the slots, then host_splits of
+  // host_chunk rows over the host blocks, launched first (blockIdx.z <
+  // host_splits): their reads are the slowest.
+  const uint8_t* const* host;
+  int64_t dev_rows;
+  uint64_t host_head, host_v;
+  int host_chunk, dev_splits, host_splits;
 };
 
 // Rows of V a thread loads before their products in step 3 (F16 rows).
@@ -123,6 +145,22 @@ __device__ __forceinline__ bool row_counts(const Fmt& f, int64_t j, int64_t qp) 
 __device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, const Fmt& f, int kvh,
                                                  int64_t j) {
   return base + (static_cast<int64_t>(kvh) * f.capacity + j) * static_cast<int64_t>(f.row_bytes);
+}
+
+// Row j's K and V rows for KV head kvh: a device row's, or past the slots a
+// host block's (mapped pinned memory read over PCIe, or its device copy).
+__device__ __forceinline__ void kv_rows(const Fmt& f, int kvh, int64_t j, const uint8_t** kr,
+                                        const uint8_t** vr) {
+  if (f.host && j >= f.dev_rows) {
+    const int64_t i = j - f.dev_rows;
+    const uint8_t* b = f.host[i / f.bs] + static_cast<uint64_t>(kvh) * f.host_head +
+                       static_cast<uint64_t>(i % f.bs) * f.row_bytes;
+    *kr = b;
+    *vr = b + f.host_v;
+  } else {
+    *kr = row_at(f.k, f, kvh, j);
+    *vr = row_at(f.v, f, kvh, j);
+  }
 }
 
 // Values d and d + 1 (d even) of a K or V row.
@@ -404,12 +442,22 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   pdl_wait();
   const int hd = f.hd;
-  const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z;
+  const int h0 = blockIdx.x * kG, t = blockIdx.y;
   const int kvh = h0 / group;
   const int64_t qp = pos[t];
   const int64_t n_keys = f.slot_pos ? n_rows : qp + 1;
-  const int64_t k0 = static_cast<int64_t>(s) * chunk;
-  const int n = static_cast<int>(n_keys - k0 < chunk ? (n_keys > k0 ? n_keys - k0 : 0) : chunk);
+  int s = static_cast<int>(blockIdx.z);
+  int64_t k0 = static_cast<int64_t>(s) * chunk, end = f.host ? f.dev_rows : n_keys;
+  if (f.host && s < f.host_splits) {  // a host split (host blocks' rows come after the slots')
+    k0 = f.dev_rows + static_cast<int64_t>(s) * f.host_chunk;
+    end = n_rows;
+    s += f.dev_splits;
+  } else if (f.host) {
+    s -= f.host_splits;
+    k0 = static_cast<int64_t>(s) * chunk;
+  }
+  const int64_t span = f.host && s >= f.dev_splits ? f.host_chunk : chunk;
+  const int n = static_cast<int>(end - k0 < span ? (end > k0 ? end - k0 : 0) : span);
   int P = 1;
   while (P * 8 < hd) P *= 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -440,10 +488,10 @@ __global__ void __launch_bounds__(kThreads)
       const int j = jb + u * step + slot;
       cnt[u] = j < n && (!f.slot_pos || row_counts(f, k0 + j, qp));
       const bool ld = cnt[u] && seg;
-      kw[u] = ld ? reinterpret_cast<const uint4*>(row_at(f.k, f, kvh, k0 + j))[c]
-                 : make_uint4(0, 0, 0, 0);
-      vw[u] = ld ? reinterpret_cast<const uint4*>(row_at(f.v, f, kvh, k0 + j))[c]
-                 : make_uint4(0, 0, 0, 0);
+      const uint8_t *kr = nullptr, *vr = nullptr;
+      if (ld) kv_rows(f, kvh, k0 + j, &kr, &vr);
+      kw[u] = ld ? reinterpret_cast<const uint4*>(kr)[c] : make_uint4(0, 0, 0, 0);
+      vw[u] = ld ? reinterpret_cast<const uint4*>(vr)[c] : make_uint4(0, 0, 0, 0);
     }
     float sc[kU][kG];
 #pragma unroll
@@ -669,6 +717,11 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
     if (slots->block_size <= 0 || slots->block_size > most)
       return make_error(ErrorCode::kUnsupported, "CUDA decode attention: slots of %" PRId64 " rows",
                         slots->block_size);
+    if (slots->host && !host_slots_fit(layer))
+      return make_error(ErrorCode::kUnsupported,
+                        "CUDA decode attention: host blocks read in place need F16 rows of a "
+                        "head_dim that is a multiple of 8, at most 256 (got %d)",
+                        hd);
   }
   const int64_t n_blocks = n_heads / kg;
   int64_t chunk = forced_chunk;
@@ -681,8 +734,13 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   chunk = std::min<int64_t>(chunk, most);
   if (slots) chunk = std::max<int64_t>(1, chunk / slots->block_size) * slots->block_size;
   const int64_t n_dev = std::max<int64_t>(1, (plan_keys + chunk - 1) / chunk);
+  // Host blocks read in place: at most host_splits() splits of whole blocks.
+  const int64_t n_host = slots && slots->host ? slots->n_host : 0;
+  const int64_t host_chunk =
+      n_host > 0 ? (n_host + host_splits() - 1) / host_splits() * slots->block_size : 0;
+  const int64_t n_hs = n_host > 0 ? (n_host * slots->block_size + host_chunk - 1) / host_chunk : 0;
   // Kept for the host: one more split, which the caller fills (merge_splits).
-  const int64_t n_splits = n_dev + (keep ? 1 : 0);
+  const int64_t n_splits = n_dev + n_hs + (keep ? 1 : 0);
   if (n_splits > 65535)
     return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
   float* part = nullptr;
@@ -702,9 +760,16 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
               q8,
               vec16,
               slots ? slots->first_pos : nullptr,
-              slots ? static_cast<int>(slots->block_size) : 0};
+              slots ? static_cast<int>(slots->block_size) : 0,
+              slots ? slots->host : nullptr,
+              slots ? slots->n_slots * slots->block_size : 0,
+              slots ? slots->host_head_bytes : 0,
+              slots ? slots->host_v_offset : 0,
+              static_cast<int>(host_chunk),
+              static_cast<int>(n_dev),
+              static_cast<int>(n_hs)};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
-                  static_cast<unsigned>(n_dev));
+                  static_cast<unsigned>(n_dev + n_hs));
   const Q8Out qo = out_q8 && hd % 32 == 0 && !keep ? *out_q8 : Q8Out{};
   const size_t smem = static_cast<size_t>(fixed + kg * chunk) * sizeof(float);
   // One kernel per heads-per-block count.
@@ -713,7 +778,8 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   static constexpr Launch kLaunch[8] = {launch<1>, launch<2>, launch<3>, launch<4>,
                                         launch<5>, launch<6>, launch<7>, launch<8>};
   kLaunch[kg - 1](grid, smem, s, f, q, pos, n_heads, group, scale, static_cast<int>(chunk),
-                  plan_keys, static_cast<int>(n_splits), part, part_ml, out, qo);
+                  plan_keys + n_host * (slots ? slots->block_size : 0), static_cast<int>(n_splits),
+                  part, part_ml, out, qo);
   LOOM_TRY(launch_status("attention (decode)"));
   const SplitPartials sp{part, part_ml, n_splits, static_cast<int64_t>(chunk)};
   if (keep) {
@@ -727,6 +793,11 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
 }  // namespace loom::cuda::detail
 
 namespace loom::cuda {
+
+bool host_slots_fit(const DevKvLayer& layer) {
+  return layer.dtype == DType::kF16 && layer.head_dim % 8 == 0 && layer.head_dim <= 256 &&
+         detail::online_decode();
+}
 
 Status merge_splits(const SplitPartials& sp, int64_t T, int64_t n_heads, int64_t head_dim,
                     float* out, cudaStream_t s, const Q8Out* q8) {

@@ -7,7 +7,16 @@
 // holds n * bs rows per KV head (its slots) for good; reserve() grows only
 // the layers that hold whole contexts. export_rows/import_rows move one
 // block's rows (every head) between a slot and the host block format.
+//
+// Host blocks of the tiered layers (alloc_host_pair) come from slabs of
+// mapped pinned memory, so the decode attention reads them over PCIe where
+// they lie (cuda_kv_tier.cpp); LOOM_CUDA_KV_HOST=cpu gives none out, and the
+// CPU attends over the host blocks instead (the path before 2026-12-06).
+#include <algorithm>
 #include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -19,6 +28,17 @@ namespace loom::cuda {
 namespace {
 
 constexpr int64_t kMinCapacity = 256;  // tokens a layer first has room for
+// Pinned slabs for host blocks: the first of 16 MiB, each next twice the
+// last, up to 256 MiB.
+constexpr uint64_t kFirstSlab = 16ull << 20, kMostSlab = 256ull << 20;
+
+bool host_pairs_mapped() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_KV_HOST");
+    return !(e && std::strcmp(e, "cpu") == 0);
+  }();
+  return on;
+}
 
 class KvStorageImpl final : public CudaKvStorage {
  public:
@@ -34,6 +54,33 @@ class KvStorageImpl final : public CudaKvStorage {
   ~KvStorageImpl() override {
     (void)cudaStreamSynchronize(stream_);
     for (size_t l = 0; l < k_.size(); ++l) free_layer(l);
+    for (const Slab& sl : slabs_) (void)cudaFreeHost(sl.host);
+  }
+
+  uint8_t* alloc_host_pair(uint64_t bytes) override {
+    if (!host_pairs_mapped() || bytes == 0) return nullptr;
+    std::lock_guard<std::mutex> lock(host_mu_);
+    if (pair_bytes_ != 0 && bytes != pair_bytes_) return nullptr;  // one size per cache
+    pair_bytes_ = bytes;
+    if (free_pairs_.empty() && !grow_slabs()) return nullptr;
+    uint8_t* p = free_pairs_.back();
+    free_pairs_.pop_back();
+    return p;
+  }
+
+  void free_host_pair(uint8_t* p) override {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(host_mu_);
+    free_pairs_.push_back(p);
+  }
+
+  const uint8_t* mapped(const void* host) const override {
+    const auto* h = static_cast<const uint8_t*>(host);
+    std::lock_guard<std::mutex> lock(host_mu_);
+    for (const Slab& sl : slabs_) {
+      if (h >= sl.host && h < sl.host + sl.bytes) return sl.dev + (h - sl.host);
+    }
+    return nullptr;
   }
 
   Status reserve(int64_t n) override {
@@ -214,6 +261,33 @@ class KvStorageImpl final : public CudaKvStorage {
     k_[l] = v_[l] = nullptr;
     if (budget_) budget_->give(2 * layer_bytes(rows(l)));
   }
+  /// A new slab of pinned, mapped memory cut into free pairs (under host_mu_).
+  /// After a failure no more are tried: the KvCache allocates its own.
+  bool grow_slabs() {
+    if (slabs_failed_) return false;
+    const uint64_t want = std::min(kMostSlab, kFirstSlab << std::min<size_t>(slabs_.size(), 8));
+    const uint64_t pieces = std::max<uint64_t>(1, want / pair_bytes_);
+    Slab sl;
+    sl.bytes = pieces * pair_bytes_;
+    void* h = nullptr;
+    void* d = nullptr;
+    if (cudaHostAlloc(&h, sl.bytes, cudaHostAllocMapped) != cudaSuccess) {
+      (void)cudaGetLastError();
+      slabs_failed_ = true;
+      return false;
+    }
+    if (cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaFreeHost(h);
+      slabs_failed_ = true;
+      return false;
+    }
+    sl.host = static_cast<uint8_t*>(h);
+    sl.dev = static_cast<const uint8_t*>(d);
+    slabs_.push_back(sl);
+    for (uint64_t i = pieces; i-- > 0;) free_pairs_.push_back(sl.host + i * pair_bytes_);
+    return true;
+  }
   /// Rows per KV head of layer l: its slots' or the shared capacity.
   int64_t rows(size_t l) const { return slots_[l] > 0 ? slots_[l] * block_size_ : capacity_; }
   /// Rows [row0, row0 + n) of every KV head between a resident layer and
@@ -281,6 +355,17 @@ class KvStorageImpl final : public CudaKvStorage {
   std::vector<int64_t> slots_;  ///< per layer: its slots (0: a whole context)
   int64_t pending_slots_ = 0;   ///< slots of the layers made resident next (set_block_slots)
   int64_t block_size_ = 0;
+  // Host pairs (alloc_host_pair): the slabs, and the pieces not given out.
+  struct Slab {
+    uint8_t* host = nullptr;
+    const uint8_t* dev = nullptr;
+    uint64_t bytes = 0;
+  };
+  mutable std::mutex host_mu_;
+  std::vector<Slab> slabs_;
+  std::vector<uint8_t*> free_pairs_;
+  uint64_t pair_bytes_ = 0;
+  bool slabs_failed_ = false;
 };
 
 }  // namespace

@@ -67,6 +67,10 @@ Status attention_slots(const DevKvLayer& layer, const float* q, int64_t T, const
                       "CUDA attention: %" PRId64 " slots of %" PRId64
                       " rows in a layer of %" PRId64,
                       slots.n_slots, slots.block_size, layer.capacity);
+  if (slots.host && (slots.n_host <= 0 || slots.host_head_bytes == 0 || slots.host_v_offset == 0))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "CUDA attention: %" PRId64 " host blocks of %" PRIu64 " bytes a head",
+                      slots.n_host, slots.host_head_bytes);
   return detail::decode_attention(layer, q, T, pos, 0, static_cast<int>(n_heads), scale, split_rows,
                                   scratch, out, s, nullptr, &slots, keep);
 }
