@@ -1,6 +1,7 @@
 #include "engine/runtime/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstring>
 #include <new>
@@ -8,7 +9,13 @@
 
 namespace loom {
 
+void KvCache::touch_host() {
+  static std::atomic<uint64_t> last{0};
+  host_epoch_ = last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
+  touch_host();
   head_bytes_ = cpu::kv_head_bytes(cfg.dtype, cfg.block_size, cfg.head_dim);
   const auto L = static_cast<size_t>(cfg.n_layer);
   blocks_.resize(L);
@@ -101,13 +108,13 @@ void KvCache::free_layer(size_t l) {
 }
 
 void KvCache::clear() {
-  ++host_epoch_;
+  touch_host();
   n_tokens_ = 0;
   for (auto& m : mass_) std::fill(m.begin(), m.end(), 0.0f);  // the next tokens start afresh
 }
 
 Status KvCache::reserve(int64_t n) {
-  ++host_epoch_;
+  touch_host();
   if (n > cfg_.n_ctx) {
     return make_error(ErrorCode::kOutOfRange,
                       "KV cache: %" PRId64 " tokens do not fit in the context of %" PRId64, n,
@@ -182,7 +189,7 @@ void KvCache::host_rows(size_t l, int64_t n, uint8_t* k, uint8_t* v, bool out) {
 }
 
 Status KvCache::move_layer(int64_t layer, bool to_device) {
-  ++host_epoch_;
+  touch_host();
   if (!storage_)
     return make_error(ErrorCode::kInternal,
                       "KV cache: no device storage to move layer %" PRId64 " to or from", layer);
@@ -249,7 +256,7 @@ Status KvCache::copy_prefix(KvCache& src, int64_t n) {
 }
 
 void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) {
-  if (dev_slots_ > 0 && device_tiered(layer)) ++host_epoch_;  // a host block of a tiered layer
+  if (dev_slots_ > 0 && device_tiered(layer)) touch_host();  // a host block of a tiered layer
   const auto l = static_cast<size_t>(layer);
   const auto b = static_cast<size_t>(pos / cfg_.block_size);
   const int64_t row = pos % cfg_.block_size;

@@ -210,7 +210,8 @@ class KvCache {
   /// Changes whenever host blocks may have moved or been written (reserve,
   /// rebalance, a store into a tiered layer's host block, fetch_layer...):
   /// a device copy of host blocks made at one value holds their bytes while
-  /// it lasts.
+  /// it lasts. Values are unique in the process: no two caches share one,
+  /// even where one cache is made where another was freed.
   uint64_t host_epoch() const { return host_epoch_; }
   /// Whether any of blocks [0, n_blocks) of a device-tiered layer is a host block.
   bool has_host_blocks(int64_t layer, int64_t n_blocks) const;
@@ -299,6 +300,7 @@ class KvCache {
   int64_t dev_slots_ = 0, n_dev_layers_ = 0;
   uint64_t n_to_host_ = 0, n_to_device_ = 0;
   uint64_t host_epoch_ = 0;    ///< host_epoch()
+  void touch_host();           ///< a new host_epoch()
   uint64_t n_rebalances_ = 0;  ///< steps so far (wants_mass samples device-tiered layers)
   std::vector<const void*> host_k_, host_v_;  ///< host_view()'s block pointers
   /// Device tier moves of one block (between two steps): slot -> new RAM

@@ -487,7 +487,7 @@ Status KvCache::fetch_layer(int64_t layer) {
     start_prefetch(layer + 1);
     return {};
   }
-  ++host_epoch_;                    // the layer's spilled blocks now point at staging
+  touch_host();                     // the layer's spilled blocks now point at staging
   size_staging(l, spilled.size());  // (a read-ahead sized it already when there was one)
   std::vector<uint8_t>& buf = staging_[l % 2];
   std::vector<storage::SpillRead> reads;
@@ -549,7 +549,7 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 }
 
 Status KvCache::rebalance() {
-  ++host_epoch_;
+  touch_host();
   if (!tiered() || !policy_) return {};
   ++n_rebalances_;
   // (Not while recomputing lost blocks: they are rewritten where they lie.)

@@ -229,6 +229,27 @@ TEST(KvDeviceTier, HostBlocksOfTieredLayersComeFromTheStorage) {
   EXPECT_EQ(counts.live_at_death, 0) << "blocks outlived the storage's use";
 }
 
+// host_epoch() (which a device copy of host blocks is checked against)
+// moves with every change that may move or write host blocks, and two
+// caches, even one made where another was freed, never share a value.
+TEST(KvDeviceTier, HostEpochMovesAndIsNeverShared) {
+  const KvCacheConfig cfg{1, 2, 64, 512, 32, DType::kF16};
+  uint64_t first = 0;
+  {
+    auto a = KvCache::create(cfg);
+    ASSERT_TRUE(a.ok());
+    first = (*a)->host_epoch();
+    ASSERT_TRUE((*a)->reserve(40).ok());
+    EXPECT_NE((*a)->host_epoch(), first);
+    const uint64_t e = (*a)->host_epoch();
+    (*a)->clear();
+    EXPECT_NE((*a)->host_epoch(), e);
+  }
+  auto b = KvCache::create(cfg);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)->host_epoch(), first);
+}
+
 #ifdef LOOM_HAVE_VULKAN
 
 // ---- Vulkan: the cache alone -------------------------------------------------------
