@@ -276,12 +276,20 @@ Status KvCache::rebalance_device() {
     if (!device_tiered(static_cast<int64_t>(l))) continue;
     const size_t n = std::min(dev_slot_[l].size(), static_cast<size_t>(used));
     // Pinned host blocks come up first (after a new conversation reused the
-    // blocks, or a layer moved onto the device).
-    for (size_t b = 0; b < n; ++b) {
-      if (dev_slot_[l][b] >= 0 || !pinned(static_cast<int64_t>(b))) continue;
+    // blocks, or a layer moved onto the device). Only the sinks' blocks and
+    // the window's (from a little before where it starts) can be pinned.
+    const int64_t bs = cfg_.block_size;
+    const auto sink_end = std::min(n, static_cast<size_t>((tiers_.sink_tokens + bs - 1) / bs));
+    const auto window_from =
+        std::min(n, static_cast<size_t>(
+                        std::max<int64_t>(sink_end, (n_tokens_ - tiers_.window_tokens) / bs - 2)));
+    auto bring_up = [&](size_t b) -> Status {
+      if (dev_slot_[l][b] >= 0 || !pinned(static_cast<int64_t>(b))) return {};
       LOOM_ASSIGN_OR_RETURN(const size_t slot, take_slot(l, b, b + 1));
-      LOOM_TRY(block_to_device(l, b, slot));
-    }
+      return block_to_device(l, b, slot);
+    };
+    for (size_t b = 0; b < sink_end; ++b) LOOM_TRY(bring_up(b));
+    for (size_t b = window_from; b < n; ++b) LOOM_TRY(bring_up(b));
     // Nothing to bring up without a host block; nothing can move without a
     // free slot where no swap is wanted (lru). Then no block is scored or
     // sorted (at 32k tokens, 2048 blocks a layer every step).

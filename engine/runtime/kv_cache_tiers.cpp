@@ -556,6 +556,9 @@ Status KvCache::rebalance() {
   if (dev_slots_ > 0 && !recomputing_) LOOM_TRY(rebalance_device());  // its moves count below
   if (tiers_.ram_budget == 0) return {};
   const uint64_t budget = tiers_.ram_budget;
+  // Under the budget with no swaps wanted (lru): nothing to move, so nothing
+  // to score or sort (every host block of every layer, each step).
+  if (policy_->promote_margin() <= 0 && n_ram_blocks_ * pair_bytes() <= budget) return {};
   const int64_t used_blocks = (n_tokens_ + cfg_.block_size - 1) / cfg_.block_size;
   struct Cand {
     double score;
