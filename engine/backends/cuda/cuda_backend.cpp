@@ -125,6 +125,8 @@ Status CudaBackend::init(const CudaOptions& opts) {
   fuse_rope_ = !(fuse_rope && std::strcmp(fuse_rope, "0") == 0);
   const char* fuse_attn = std::getenv("LOOM_CUDA_FUSE_ATTN");
   fuse_attn_ = !(fuse_attn && std::strcmp(fuse_attn, "0") == 0);
+  const char* stage = std::getenv("LOOM_CUDA_KV_STAGE");
+  tier_stage_ = !(stage && std::strcmp(stage, "0") == 0);
   LOOM_CUDA_TRY(cudaMallocHost(&ring_host_, kRingBytes), "allocate the pinned input ring");
   LOOM_TRY(cuda::device_alloc(&ring_dev_, kRingBytes, "the input ring"));
   ring_bytes_ = kRingBytes;

@@ -180,8 +180,10 @@ class CudaBackend final : public Backend {
   bool attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                         const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale,
                         Act out);
-  // The slot map of a slotted layer in the ring (n_slots entries), or null.
-  const int32_t* put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots);
+  // The slot map of a slotted layer in the ring (n_slots entries, then the
+  // first positions of `host_blocks`, by block index), or null.
+  const int32_t* put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots,
+                              const std::vector<int32_t>& host_blocks = {});
   // At least `bytes` of pinned host memory in tier_host_ (after the stream's
   // earlier copies from it are done).
   Status tier_host(uint64_t bytes);
@@ -298,6 +300,7 @@ class CudaBackend final : public Backend {
     cudaEvent_t done = nullptr;   ///< the last kernel reading it is done (stream_)
   };
   TierStage stage_[2];
+  bool tier_stage_ = true;  ///< LOOM_CUDA_KV_STAGE=0: the kernel reads the pinned blocks
   int next_stage_ = 0;
   cudaStream_t copy_stream_ = nullptr;
   // The stage holding `blocks` (host K pointers) of `layer`, or -1.

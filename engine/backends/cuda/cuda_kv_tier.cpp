@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -52,9 +51,12 @@ Status CudaBackend::tier_host(uint64_t bytes) {
   return {};
 }
 
-const int32_t* CudaBackend::put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots) {
+const int32_t* CudaBackend::put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots,
+                                         const std::vector<int32_t>& host_blocks) {
   std::vector<int32_t> map = kv.slot_positions(layer);
   map.resize(static_cast<size_t>(n_slots), -1);  // free slots past the last one in use
+  for (const int32_t b : host_blocks)
+    map.push_back(b * static_cast<int32_t>(kv.config().block_size));
   return static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
 }
 
@@ -229,11 +231,7 @@ int CudaBackend::staged(const KvCache& kv, int64_t layer,
 
 int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
                             const std::vector<const uint8_t*>& blocks, uint64_t pair, int avoid) {
-  static const bool on = [] {
-    const char* e = std::getenv("LOOM_CUDA_KV_STAGE");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  if (!on || blocks.empty()) return -1;
+  if (!tier_stage_ || blocks.empty()) return -1;
   if (!copy_stream_) {
     if (cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking) != cudaSuccess) {
       copy_stream_ = nullptr;
@@ -329,10 +327,7 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
     for (size_t i = 0; i < at.size(); ++i)
       at[i] = static_cast<const uint8_t*>(stage_[si].dev) + i * 2 * v_off;
   }
-  std::vector<int32_t> map = kv.slot_positions(layer);
-  map.resize(static_cast<size_t>(n_slots), -1);  // free slots past the last one in use
-  for (const int32_t b : blocks) map.push_back(b * static_cast<int32_t>(bs));
-  const auto* d_map = static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
+  const int32_t* d_map = put_slot_map(kv, layer, n_slots, blocks);
   const auto* d_at = static_cast<const uint8_t* const*>(put(at.data(), at.size() * sizeof(at[0])));
   const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
   if (!d_map || !d_at || !d_pos) return true;  // failed (status_)
