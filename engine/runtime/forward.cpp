@@ -699,13 +699,13 @@ Status ForwardPass::eval_layer(int64_t l, const float* x, int64_t T, float* y) {
 
 Status ForwardPass::eval_rows(const int32_t* tokens, int64_t T, int64_t first, float* logits) {
   const HParams& hp = m_.hp;
-  const bool tiered =
-      std::any_of(segs_.begin(), segs_.end(), [](const Seg& g) { return g.kv->tiered(); });
   profiling_ =
       prof_ != nullptr && T == 1 &&
       decode_steps_++ % static_cast<uint64_t>(prof_->sample_every(placement_.uses(Unit::kGpu))) ==
           0;
-  if (T == 1 && !profiling_ && unit(Unit::kGpu) && !placement_.uses(Unit::kCpu) && !tiered)
+  // (Tiered KV too: the backend ends the step where a layer's attention needs
+  // the host, and the KV blocks move only between steps.)
+  if (T == 1 && !profiling_ && unit(Unit::kGpu) && !placement_.uses(Unit::kCpu))
     unit(Unit::kGpu)->begin_step();
   if (profiling_) std::fill(layer_ns_.begin(), layer_ns_.end(), 0);
   cur_layer_ = -1;

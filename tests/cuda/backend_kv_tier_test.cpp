@@ -3,9 +3,11 @@
 // cpu/ref, and greedy output identical to the all-on-device run.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "tests/cuda/backend_test_util.h"
 #include "tests/kv_tier_checks.h"
@@ -74,6 +76,33 @@ TEST_F(CudaKvTierSession, SecondConversationAfterAnotherSession) {
   LOOM_CUDA_BACKEND_OR_SKIP(be);
   ASSERT_NE(model_, nullptr);
   test::diagnose_second_conversation_in_turn(*model_, *be);
+}
+
+// Decode steps over tiered layers are CUDA graphs too (the slots' store and
+// attention, the host blocks' copies on the second stream): most of 80 steps
+// replay one, and the tokens equal the all-on-device run's and those of the
+// same tiers op by op (LOOM_CUDA_GRAPHS=0).
+TEST_F(CudaKvTierSession, TieredStepsAreReplayedAsGraphs) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  KvTierStats ts;
+  const std::vector<int32_t> want = test::greedy(*model_, *be, KvTierConfig{}, 80, &ts);
+  KvTierConfig t;
+  t.device_budget = 2 * 7 * test::kTierPair;  // 7 of each layer's 15 blocks in slots
+  t.policy = "lru";
+  t.sink_tokens = 32;
+  t.window_tokens = 64;
+  const auto before = be->graph_stats();
+  EXPECT_EQ(test::greedy(*model_, *be, t, 80, &ts), want);
+  const auto after = be->graph_stats();
+  EXPECT_GT(ts.ram_bytes, 0u);
+  EXPECT_GT(after.replays, before.replays + 50);
+  EXPECT_EQ(after.capture_failures, before.capture_failures);
+  ASSERT_EQ(setenv("LOOM_CUDA_GRAPHS", "0", 1), 0);
+  EXPECT_EQ(test::greedy(*model_, *be, t, 80, &ts), want);
+  ASSERT_EQ(unsetenv("LOOM_CUDA_GRAPHS"), 0);
+  EXPECT_EQ(be->graph_stats().replays, after.replays);
+  be->release_weights();
 }
 
 TEST_F(CudaKvTierSession, LostBlocksOfGpuLayersAreRecomputed) {

@@ -7,9 +7,12 @@
 
 #include "cpu/ref/ops_ref.h"
 #include "engine/backends/cuda/cuda_ops.h"
+#include "engine/backends/cuda/launch_key.h"
 #include "engine/runtime/kv_cache.h"
 
 namespace loom {
+
+using namespace launch_key;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
@@ -19,42 +22,6 @@ constexpr uint64_t kRingAlign = 256;
 uint64_t align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
-
-// Launch arguments as hash words (CudaBackend::launch).
-uint64_t u(const void* p) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
-}
-uint64_t u(int64_t v) {
-  return static_cast<uint64_t>(v);
-}
-uint64_t u(float f) {
-  uint32_t b = 0;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-uint64_t u(const cuda::DevMatrix& m) {
-  return u(m.data) ^ (static_cast<uint64_t>(m.dtype) << 56) ^ (u(m.n_out) << 28) ^ u(m.n_in) ^
-         (m.row_bytes << 40);
-}
-
-// Op tags, so that two ops with the same arguments hash apart.
-enum : uint64_t {
-  kOpPut = 1,
-  kOpGetRows,
-  kOpNorm,
-  kOpNormQ8,
-  kOpMatmul,
-  kOpMatmulAdd,
-  kOpGlu,
-  kOpQkv,
-  kOpRope,
-  kOpKvStore,
-  kOpRopeKv,
-  kOpAttention,
-  kOpSiluMul,
-  kOpGeluMul,
-  kOpAdd
-};
 
 }  // namespace
 
@@ -157,6 +124,7 @@ CudaBackend::~CudaBackend() {
     if (st.ready) (void)cudaEventDestroy(st.ready);
     if (st.done) (void)cudaEventDestroy(st.done);
   }
+  if (copy_join_) (void)cudaEventDestroy(copy_join_);
   if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
   if (ring_host_) (void)cudaFreeHost(ring_host_);
   if (ring_dev_) (void)cudaFree(ring_dev_);
@@ -739,23 +707,34 @@ void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, in
   cuda::DevKvLayer l;
   if (!kv_layer(kv, layer, "rope_qk_kv", &l)) return;
   const int64_t n_pairs = p.n_rot / 2, T = q.rows;
-  // (Slotted layers store by slot row: apart, through kv_store.)
   if (!fuse_rope_ || n_pairs == 0 || l.n_kv_heads != n_kv_heads ||
-      !cuda::rope_kv_store_fits(l, head_dim) || kv.device_tiered(layer)) {
+      !cuda::rope_kv_store_fits(l, head_dim)) {
     Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
     return;
   }
-  for (int64_t t = 0; t < T; ++t) {
-    if (pos[t] < 0 || pos[t] >= l.capacity) {
-      fail(make_error(ErrorCode::kOutOfRange,
-                      "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved", pos[t],
-                      l.capacity));
-      return;
+  // The K/V rows written: the positions, or in a slotted layer the slot rows
+  // the cache names (a token bound for a host block is stored by the cache
+  // after the launch).
+  const bool slotted = kv.device_tiered(layer);
+  std::vector<int32_t> rows;
+  bool to_host = false;
+  const int32_t* d_pos = nullptr;
+  if (slotted) {
+    d_pos = slot_rows(kv, layer, l, pos, T, &rows, &to_host);
+    if (!d_pos) return;
+  } else {
+    for (int64_t t = 0; t < T; ++t) {
+      if (pos[t] < 0 || pos[t] >= l.capacity) {
+        fail(make_error(ErrorCode::kOutOfRange,
+                        "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved",
+                        pos[t], l.capacity));
+        return;
+      }
     }
   }
   const float* d_cs = rope_table(T, pos, p);
   if (!d_cs) return;
-  const auto* d_pos = static_cast<const int32_t*>(put(pos, T * sizeof(int32_t)));
+  if (!slotted) d_pos = static_cast<const int32_t*>(put(pos, T * sizeof(int32_t)));
   if (!d_pos) return;
   float* qp = dev(q);
   float* kp = dev(k);
@@ -768,6 +747,7 @@ void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, in
            return cuda::rope_kv_store(l, qp, n_heads, kp, vp, T, n_pairs, neox, d_cs, d_pos,
                                       stream_);
          });
+  if (to_host) store_host_rows(kv, layer, k, v, pos, rows);
 }
 
 void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
@@ -780,11 +760,17 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   for (int64_t t = 0; t < q.rows; ++t) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
   const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
   if (!d_pos) return;
-  // The split plan is for a power-of-two bucket of keys (at least 256), so
-  // that a step's graph serves every position up to it; op by op the same
-  // plan, so both give the same sums.
+  // The split plan is for a bucket of keys, so that a step's graph serves
+  // every position up to it; op by op the same plan, so both give the same
+  // sums. Buckets: powers of two from 256, in eighths of an octave past 2048
+  // (a power of two just past the keys left half the splits idle: at 32832
+  // keys the 65536-key plan ran 33 of its 66 splits).
   int64_t plan = 256;
   while (plan < max_pos + 1) plan *= 2;
+  if (plan > 2048) {
+    const int64_t step = plan / 16;
+    plan = (max_pos + step) / step * step;
+  }
   const float* qp = dev(q);
   float* o = dev(out);
   const int64_t T = q.rows;

@@ -165,6 +165,15 @@ class CudaBackend final : public Backend {
   // names, their attention runs under the slot map.
   void kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k, Act v,
                         const int32_t* pos);
+  // The slot row of each of T tokens at `pos` (-1: stored by the cache in a
+  // host block, -2: left as it is while recomputing) in the ring; null on a
+  // failure. *to_host: some token goes to a host block (store_host_rows).
+  const int32_t* slot_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
+                           const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
+                           bool* to_host);
+  // The tokens whose row is -1 stored by the cache (k, v brought down).
+  void store_host_rows(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos,
+                       const std::vector<int32_t>& rows);
   void attention_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                          const int32_t* pos, int64_t n_heads, float scale, Act out);
   // Prefill over a slotted layer: its blocks up to the last position copied
@@ -180,6 +189,10 @@ class CudaBackend final : public Backend {
   bool attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                         const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale,
                         Act out);
+  // Launches the attention of q over a slotted layer under `map`; with a
+  // stage `si` >= 0 after its copy is done (and marks the stage read).
+  void launch_slots(const cuda::DevKvLayer& l, Act q, const int32_t* d_pos, int64_t n_heads,
+                    float scale, const cuda::SlotMap& map, Act out, int si);
   // The slot map of a slotted layer in the ring (n_slots entries, then the
   // first positions of `host_blocks`, by block index), or null.
   const int32_t* put_slot_map(KvCache& kv, int64_t layer, int64_t n_slots,
@@ -298,16 +311,23 @@ class CudaBackend final : public Backend {
     std::vector<const uint8_t*> blocks;
     cudaEvent_t ready = nullptr;  ///< the copy is done (copy_stream_)
     cudaEvent_t done = nullptr;   ///< the last kernel reading it is done (stream_)
+    /// step_serial_ when `done` was recorded: a copy waits on it only within
+    /// the same run of launches (an event recorded inside a stream capture
+    /// marks nothing outside it).
+    uint64_t done_serial = ~0ull;
   };
   TierStage stage_[2];
   bool tier_stage_ = true;  ///< LOOM_CUDA_KV_STAGE=0: the kernel reads the pinned blocks
   int next_stage_ = 0;
   cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copy_join_ = nullptr;  ///< copy_stream_ joined back before a capture ends
   // The stage holding `blocks` (host K pointers) of `layer`, or -1.
   int staged(const KvCache& kv, int64_t layer, const std::vector<const uint8_t*>& blocks) const;
   // Queues the copy of `blocks` (each a K/V pair of `pair` bytes, pinned)
-  // into a stage other than `avoid`; the stage, or -1 where there is no
-  // device memory for it (the kernel then reads the blocks over PCIe).
+  // into a stage other than `avoid` (a launch: inside a step it is part of
+  // the step's graph, a branch on copy_stream_); the stage, or -1 where
+  // there is no device memory for it (the kernel then reads the blocks over
+  // PCIe).
   int stage_copy(const KvCache& kv, int64_t layer, const std::vector<const uint8_t*>& blocks,
                  uint64_t pair, int avoid);
   // The host K pointers of a tiered layer's host blocks [0, n_blocks), and
@@ -319,6 +339,7 @@ class CudaBackend final : public Backend {
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;
   bool stepping_ = false;
+  uint64_t step_serial_ = 0;  ///< counts runs of launches: each step, and each finish_step
   uint64_t step_hash_ = 0, last_eager_hash_ = 0, graph_clock_ = 0;
   std::vector<std::function<Status()>> step_ops_;
   struct StepGraph {

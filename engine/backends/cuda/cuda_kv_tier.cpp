@@ -7,8 +7,12 @@
 //  - decode (attention_split), host blocks in mapped pinned memory (the
 //    storage gives the tiered layers' host blocks from it) and no attention
 //    mass wanted: one launch of the one-pass kernel over the slots and then
-//    the host blocks, which it reads over PCIe where they lie
-//    (attention_mapped); nothing waits for the host.
+//    the host blocks, which it reads from a device copy the copy engine
+//    made on a second stream while the layer before ran, or else over PCIe
+//    where they lie (attention_mapped); nothing waits for the host. Stores,
+//    attention and copies are launches (CudaBackend::launch), so that a
+//    decode step over tiered layers is a CUDA graph too: its copies a branch
+//    on the second stream, joined by events inside the capture.
 //  - decode otherwise (Q8_0 rows, the mass, a spilled block's staging copy,
 //    LOOM_CUDA_KV_HOST=cpu): the split-K kernel over the slots under the
 //    slot map, splits kept; the CPU attends over the host blocks where they
@@ -28,8 +32,11 @@
 
 #include "cpu/ops.h"
 #include "engine/backends/cuda/cuda_backend.h"
+#include "engine/backends/cuda/launch_key.h"
 
 namespace loom {
+
+using namespace launch_key;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
@@ -60,35 +67,29 @@ const int32_t* CudaBackend::put_slot_map(KvCache& kv, int64_t layer, int64_t n_s
   return static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
 }
 
-void CudaBackend::kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k,
-                                   Act v, const int32_t* pos) {
-  const int64_t T = k.rows;
-  std::vector<int32_t> rows(static_cast<size_t>(T));
-  bool to_host = false;
+const int32_t* CudaBackend::slot_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
+                                      const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
+                                      bool* to_host) {
+  rows->resize(static_cast<size_t>(T));
+  *to_host = false;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t r = kv.device_row(layer, pos[t]);
     if (r >= l.capacity) {
       fail(make_error(ErrorCode::kOutOfRange,
                       "CUDA kv_store: slot row %" PRId64 " outside the layer's %" PRId64, r,
                       l.capacity));
-      return;
+      return nullptr;
     }
-    rows[static_cast<size_t>(t)] = r < 0 ? -1 : kv.recomputing() ? -2 : static_cast<int32_t>(r);
-    to_host |= r < 0;
+    (*rows)[static_cast<size_t>(t)] = r < 0 ? -1 : kv.recomputing() ? -2 : static_cast<int32_t>(r);
+    *to_host |= r < 0;
   }
-  for (int64_t t0 = 0; t0 < T;) {  // runs of tokens stored on the device
-    int64_t t1 = t0;
-    while (t1 < T && rows[static_cast<size_t>(t1)] >= 0) ++t1;
-    if (t1 > t0) {
-      const auto* d_rows = static_cast<const int32_t*>(
-          put(rows.data() + t0, static_cast<uint64_t>(t1 - t0) * sizeof(int32_t)));
-      if (!d_rows) return;
-      fail(cuda::kv_store(l, dev(k.rows_view(t0, t1 - t0)), dev(v.rows_view(t0, t1 - t0)), t1 - t0,
-                          d_rows, stream_));
-    }
-    t0 = std::max(t1, t0 + 1);
-  }
-  if (!to_host || !status_.ok()) return;
+  return static_cast<const int32_t*>(put(rows->data(), static_cast<uint64_t>(T) * sizeof(int32_t)));
+}
+
+void CudaBackend::store_host_rows(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos,
+                                  const std::vector<int32_t>& rows) {
+  if (!status_.ok()) return;
+  const int64_t T = k.rows;
   std::vector<float> kh(static_cast<size_t>(T * k.cols)), vh(kh.size());
   Status st = download(k, kh.data());
   if (st.ok()) st = download(v, vh.data());
@@ -97,6 +98,22 @@ void CudaBackend::kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKv
     if (rows[static_cast<size_t>(t)] == -1)
       kv.store(layer, pos[t], kh.data() + t * k.cols, vh.data() + t * k.cols);
   }
+}
+
+void CudaBackend::kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k,
+                                   Act v, const int32_t* pos) {
+  std::vector<int32_t> rows;
+  bool to_host = false;
+  const int32_t* d_rows = slot_rows(kv, layer, l, pos, k.rows, &rows, &to_host);
+  if (!d_rows) return;
+  // (The kernel passes over rows < 0.)
+  const float* kp = dev(k);
+  const float* vp = dev(v);
+  const int64_t n = k.rows;
+  launch({kOpKvStoreSlots, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
+          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(n), u(d_rows)},
+         [=, this] { return cuda::kv_store(l, kp, vp, n, d_rows, stream_); });
+  if (to_host) store_host_rows(kv, layer, k, v, pos, rows);
 }
 
 void CudaBackend::attention_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
@@ -119,9 +136,7 @@ void CudaBackend::attention_slotted(KvCache& kv, int64_t layer, const cuda::DevK
     const cuda::SlotMap map{put_slot_map(kv, layer, n_slots), kv.config().block_size, n_slots};
     const auto* d_pos = static_cast<const int32_t*>(put(pos + t0, n * sizeof(int32_t)));
     if (!map.first_pos || !d_pos) return;
-    fail(cuda::attention_slots(l, dev(q.rows_view(t0, n)), n, d_pos, n_heads, scale, map,
-                               attn_scratch_->split_keys(), dev(out.rows_view(t0, n)),
-                               *attn_scratch_, stream_));
+    launch_slots(l, q.rows_view(t0, n), d_pos, n_heads, scale, map, out.rows_view(t0, n), -1);
   }
 }
 
@@ -250,7 +265,9 @@ int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
   st.layer = -1;  // until the copy is queued
   const uint64_t need = blocks.size() * pair;
   if (need > st.bytes) {
-    // The old buffer may still be read or written by queued work.
+    // The old buffer may still be read or written by queued work (a step's
+    // kept launches first).
+    finish_step();
     if (cudaStreamSynchronize(copy_stream_) != cudaSuccess ||
         cudaStreamSynchronize(stream_) != cudaSuccess)
       return -1;
@@ -273,7 +290,9 @@ int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
   std::vector<void*> dst;
   std::vector<const void*> src;
   std::vector<size_t> len;
+  uint64_t h = 0xcbf29ce484222325ull;  // the sources, into the step's hash
   for (size_t i = 0; i < blocks.size(); ++i) {
+    h = (h ^ u(blocks[i])) * 0x100000001b3ull;
     if (!src.empty() && static_cast<const uint8_t*>(src.back()) + len.back() == blocks[i]) {
       len.back() += pair;
       continue;
@@ -282,26 +301,102 @@ int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
     src.push_back(blocks[i]);
     len.push_back(pair);
   }
-  cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attr.srcLocHint.type = cudaMemLocationTypeHost;
-  attr.dstLocHint.type = cudaMemLocationTypeDevice;
-  attr.dstLocHint.id = device_;
-  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  size_t attr_at = 0;
-  // Not before the kernels that read the stage's last copy are done.
-  if (cudaStreamWaitEvent(copy_stream_, st.done, 0) != cudaSuccess ||
-      cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), dst.size(), &attr, &attr_at, 1,
-                           copy_stream_) != cudaSuccess ||
-      cudaEventRecord(st.ready, copy_stream_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
+  // Not before the kernels that read the stage's last copy are done: their
+  // event where it was recorded in this run of launches, else this point of
+  // the stream (after everything queued so far).
+  const bool fork = st.done_serial != step_serial_;
+  cudaStream_t cs = copy_stream_, ms = stream_;
+  cudaEvent_t done = st.done, ready = st.ready;
+  const int device = device_;
+  launch({kOpStageCopy, u(st.dev), static_cast<uint64_t>(b), h, pair,
+          static_cast<uint64_t>(blocks.size()), fork},
+         [=]() -> Status {
+           cudaError_t e = fork ? cudaEventRecord(done, ms) : cudaSuccess;
+           if (e == cudaSuccess) e = cudaStreamWaitEvent(cs, done, 0);
+           cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+           if (e == cudaSuccess) e = cudaStreamIsCapturing(cs, &capturing);
+           if (e == cudaSuccess && capturing == cudaStreamCaptureStatusActive) {
+             // A graph has no node for a batch of copies: one node each.
+             for (size_t i = 0; i < dst.size() && e == cudaSuccess; ++i)
+               e = cudaMemcpyAsync(dst[i], src[i], len[i], cudaMemcpyHostToDevice, cs);
+           } else if (e == cudaSuccess) {
+             cudaMemcpyAttributes attr{};
+             attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+             attr.srcLocHint.type = cudaMemLocationTypeHost;
+             attr.dstLocHint.type = cudaMemLocationTypeDevice;
+             attr.dstLocHint.id = device;
+             attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+             size_t attr_at = 0;
+             std::vector<void*> d = dst;
+             std::vector<const void*> s = src;
+             std::vector<size_t> n = len;
+             e = cudaMemcpyBatchAsync(d.data(), s.data(), n.data(), d.size(), &attr, &attr_at, 1,
+                                      cs);
+           }
+           if (e == cudaSuccess) e = cudaEventRecord(ready, cs);
+           return cuda::cuda_status(e, "copy a tiered layer's host KV blocks to the GPU");
+         });
+  if (!status_.ok()) return -1;
   st.kv = &kv;
   st.layer = layer;
   st.epoch = kv.host_epoch();
   st.blocks = blocks;
   return b;
+}
+
+void CudaBackend::launch_slots(const cuda::DevKvLayer& l, Act q, const int32_t* d_pos,
+                               int64_t n_heads, float scale, const cuda::SlotMap& map, Act out,
+                               int si) {
+  const float* qp = dev(q);
+  float* o = dev(out);
+  const int64_t T = q.rows, split = attn_scratch_->split_keys();
+  cudaEvent_t ready = si >= 0 ? stage_[si].ready : nullptr;
+  cudaEvent_t done = si >= 0 ? stage_[si].done : nullptr;
+  if (si >= 0) stage_[si].done_serial = step_serial_;
+  // The o product's Q8 activations too, as attention() writes them.
+  const int64_t width = n_heads * l.head_dim;
+  const bool q8 = fuse_attn_ && width <= norm_cols_ && out.cols == width && out.rows == T &&
+                  T <= cuda::kMaxMatvecTokens && cuda::attention_writes_q8(l, T, *attn_scratch_);
+  const cuda::Q8Out q8o =
+      q8 ? cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
+                       cuda::q8_token_bytes(width)}
+         : cuda::Q8Out{};
+  cuda::AttentionScratch* scratch = attn_scratch_.get();
+  launch({kOpAttentionSlots,
+          u(l.k),
+          u(l.v),
+          u(l.capacity),
+          l.row_bytes,
+          u(l.head_dim),
+          u(l.n_kv_heads),
+          static_cast<uint64_t>(l.dtype),
+          u(qp),
+          u(T),
+          u(d_pos),
+          u(n_heads),
+          u(scale),
+          u(o),
+          u(split),
+          u(map.first_pos),
+          u(map.block_size),
+          u(map.n_slots),
+          u(map.host),
+          u(map.n_host),
+          map.host_head_bytes,
+          map.host_v_offset,
+          u(ready),
+          u(q8o.q)},
+         [=, this]() -> Status {
+           if (ready) {
+             LOOM_CUDA_TRY(cudaStreamWaitEvent(stream_, ready, 0),
+                           "wait for the KV tier's staging");
+           }
+           LOOM_TRY(cuda::attention_slots(l, qp, T, d_pos, n_heads, scale, map, split, o, *scratch,
+                                          stream_, nullptr, q8 ? &q8o : nullptr));
+           if (done) LOOM_CUDA_TRY(cudaEventRecord(done, stream_), "record an event");
+           return {};
+         });
+  if (q8) norm_q8_ = NormQ8{o, T, width, op_seq_};
 }
 
 bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
@@ -318,12 +413,8 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
   // or else the pinned blocks themselves, read over PCIe.
   int si = staged(kv, layer, host);
   if (si < 0) si = stage_copy(kv, layer, host, 2 * v_off, -1);
+  if (!status_.ok()) return true;
   if (si >= 0) {
-    const cudaError_t e = cudaStreamWaitEvent(stream_, stage_[si].ready, 0);
-    if (e != cudaSuccess) {
-      fail(cuda::cuda_status(e, "wait for the KV tier's staging"));
-      return true;
-    }
     for (size_t i = 0; i < at.size(); ++i)
       at[i] = static_cast<const uint8_t*>(stage_[si].dev) + i * 2 * v_off;
   }
@@ -336,10 +427,7 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
   sm.n_host = static_cast<int64_t>(blocks.size());
   sm.host_head_bytes = head_bytes;
   sm.host_v_offset = v_off;
-  fail(cuda::attention_slots(l, dev(q), q.rows, d_pos, n_heads, scale, sm,
-                             attn_scratch_->split_keys(), dev(out), *attn_scratch_, stream_));
-  if (si >= 0 && cudaEventRecord(stage_[si].done, stream_) != cudaSuccess)
-    fail(make_error(ErrorCode::kInternal, "CUDA: record an event"));
+  launch_slots(l, q, d_pos, n_heads, scale, sm, out, si);
   // The next tiered layer's host blocks start up while this layer goes on.
   for (int64_t l2 = layer + 1; l2 < kv.config().n_layer && status_.ok(); ++l2) {
     if (!kv.device_tiered(l2) || !kv.has_host_blocks(l2, n_blocks)) continue;
@@ -383,11 +471,11 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
     if (g.ok() || !status_.ok() || g.error().code() != ErrorCode::kOutOfMemory) return g;
     // No device memory to gather into: the split path below.
   }
-  finish_step();
   const bool mass = kv.wants_mass(layer);
   if (!mass && T < kGatherMinRows &&
       attention_mapped(kv, layer, l, q, pos, n_blocks, n_heads, scale, out))
     return status_;
+  finish_step();  // the CPU's part waits for q: a step's kept launches go first
   std::vector<float> block_mass(mass ? static_cast<size_t>(n_blocks) : 0, 0.0f);
   const int64_t stride = hd + 2;  // the host's partial per row: m, l, o
   const uint64_t per_row = static_cast<uint64_t>(n_heads * (n_slots + 1) * hd) * sizeof(float);

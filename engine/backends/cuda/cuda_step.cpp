@@ -25,11 +25,14 @@ void CudaBackend::begin_step() {
   const char* env = std::getenv("LOOM_CUDA_GRAPHS");
   if (env && std::strcmp(env, "0") == 0) return;
   stepping_ = true;
+  ++step_serial_;
   // Graphs hold the scratch buffers' addresses: a buffer that grew was
   // reallocated (the scratch only grows), so its size names it.
   step_hash_ = 0xcbf29ce484222325ull ^ matmul_->scratch_bytes();
   step_hash_ = (step_hash_ ^ attn_scratch_->bytes()) * 0x100000001b3ull;
   step_hash_ = (step_hash_ ^ ring_bytes_ ^ (ring_used_ << 32)) * 0x100000001b3ull;
+  // Graphs copy from the KV tier's pinned host blocks: none from slabs since freed.
+  step_hash_ = (step_hash_ ^ cuda::CudaKvStorage::slabs_freed()) * 0x100000001b3ull;
   // A graph keeps its launches' programmatic edges (pdl.cuh).
   step_hash_ = (step_hash_ ^ (cuda::chained_launches() ? 1u : 0u)) * 0x100000001b3ull;
   step_ops_.clear();
@@ -38,6 +41,7 @@ void CudaBackend::begin_step() {
 void CudaBackend::finish_step() {
   if (!stepping_) return;
   stepping_ = false;
+  ++step_serial_;
   std::vector<std::function<Status()>> ops = std::move(step_ops_);
   step_ops_.clear();
   if (!status_.ok() || ops.empty()) return;
@@ -73,6 +77,17 @@ bool CudaBackend::capture_step(const std::vector<std::function<Status()>>& ops, 
   for (const auto& op : ops) {
     st = op();
     if (!st.ok()) break;
+  }
+  // A copy the step forked onto copy_stream_ and no launch waited for
+  // (attention_mapped's read-ahead) joins the stream before the capture ends.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (st.ok() && copy_stream_ && cudaStreamIsCapturing(copy_stream_, &cs) == cudaSuccess &&
+      cs == cudaStreamCaptureStatusActive) {
+    if ((!copy_join_ &&
+         cudaEventCreateWithFlags(&copy_join_, cudaEventDisableTiming) != cudaSuccess) ||
+        cudaEventRecord(copy_join_, copy_stream_) != cudaSuccess ||
+        cudaStreamWaitEvent(stream_, copy_join_, 0) != cudaSuccess)
+      st = make_error(ErrorCode::kInternal, "CUDA: join the KV tier's copies into the step");
   }
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(stream_, &graph);

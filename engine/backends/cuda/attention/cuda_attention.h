@@ -151,11 +151,12 @@ struct SplitPartials {
 /// one split per slot measures each block's attention mass), else planned
 /// for the SMs. Without `keep` the result goes to out; with it the splits
 /// stay in the scratch (valid until its next use) with the last one left
-/// for the host's partials, and merge_splits() writes out.
+/// for the host's partials, and merge_splits() writes out. Without `keep`,
+/// `q8` (optional, where attention_writes_q8): out's Q8 activations too.
 Status attention_slots(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                        int64_t n_heads, float scale, const SlotMap& slots, int64_t split_rows,
                        float* out, AttentionScratch& scratch, cudaStream_t s,
-                       SplitPartials* keep = nullptr);
+                       SplitPartials* keep = nullptr, const Q8Out* q8 = nullptr);
 /// out = the partials' splits combined exactly (log-sum-exp); `q8`
 /// (optional): out's Q8 activations too.
 Status merge_splits(const SplitPartials& sp, int64_t T, int64_t n_heads, int64_t head_dim,
@@ -186,6 +187,10 @@ class CudaKvStorage : public KvStorage {
   /// (alloc_host_pair: mapped pinned memory, which kernels read over PCIe
   /// in place), or null for any other host memory.
   virtual const uint8_t* mapped(const void* host) const = 0;
+  /// Slabs of mapped host memory freed so far in the process (by storages
+  /// destroyed): a new slab can come at a freed one's address, where a CUDA
+  /// graph that copied from the old one must not be replayed (begin_step).
+  static uint64_t slabs_freed();
 };
 
 }  // namespace loom::cuda

@@ -724,21 +724,34 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
                         hd);
   }
   const int64_t n_blocks = n_heads / kg;
+  const int64_t n_host = slots && slots->host ? slots->n_host : 0;
+  const int64_t bs = slots ? slots->block_size : 1;
   int64_t chunk = forced_chunk;
   if (chunk <= 0) {
     // Enough splits that the grid covers the SMs waves() times.
     const int64_t want = waves() * static_cast<int64_t>(scratch.sm_count());
     const int64_t splits = std::max<int64_t>(1, (want + n_blocks * T - 1) / (n_blocks * T));
-    chunk = std::max<int64_t>(32, (plan_keys + splits - 1) / splits);
+    if (!slots) {
+      chunk = std::max<int64_t>(32, (plan_keys + splits - 1) / splits);
+    } else {
+      // Whole slots a split, and no more splits than planned: a grid one
+      // split over the SMs' waves runs a second wave for it (the slots'
+      // and the host blocks' rows together; their rounding can add one).
+      const int64_t rows = plan_keys + n_host * bs;
+      const int64_t s_max = std::max<int64_t>(1, splits - (n_host > 0 ? 1 : 0));
+      chunk = std::max<int64_t>(1, (rows + s_max * bs - 1) / (s_max * bs)) * bs;
+    }
   }
   chunk = std::min<int64_t>(chunk, most);
-  if (slots) chunk = std::max<int64_t>(1, chunk / slots->block_size) * slots->block_size;
+  if (slots) chunk = std::max<int64_t>(1, chunk / bs) * bs;
   const int64_t n_dev = std::max<int64_t>(1, (plan_keys + chunk - 1) / chunk);
-  // Host blocks read in place: at most host_splits() splits of whole blocks.
-  const int64_t n_host = slots && slots->host ? slots->n_host : 0;
+  // Host blocks read in place: splits of whole blocks, as long as the
+  // slots' and at most host_splits() of them.
   const int64_t host_chunk =
-      n_host > 0 ? (n_host + host_splits() - 1) / host_splits() * slots->block_size : 0;
-  const int64_t n_hs = n_host > 0 ? (n_host * slots->block_size + host_chunk - 1) / host_chunk : 0;
+      n_host > 0
+          ? std::max((n_host + host_splits() - 1) / host_splits(), chunk / bs) * slots->block_size
+          : 0;
+  const int64_t n_hs = n_host > 0 ? (n_host * bs + host_chunk - 1) / host_chunk : 0;
   // Kept for the host: one more split, which the caller fills (merge_splits).
   const int64_t n_splits = n_dev + n_hs + (keep ? 1 : 0);
   if (n_splits > 65535)

@@ -13,6 +13,7 @@
 // they lie (cuda_kv_tier.cpp); LOOM_CUDA_KV_HOST=cpu gives none out, and the
 // CPU attends over the host blocks instead (the path before 2026-12-06).
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,8 @@
 namespace loom::cuda {
 
 namespace {
+
+std::atomic<uint64_t> g_slabs_freed{0};  // CudaKvStorage::slabs_freed
 
 constexpr int64_t kMinCapacity = 256;  // tokens a layer first has room for
 // Pinned slabs for host blocks: the first of 16 MiB, each next twice the
@@ -54,7 +57,12 @@ class KvStorageImpl final : public CudaKvStorage {
   ~KvStorageImpl() override {
     (void)cudaStreamSynchronize(stream_);
     for (size_t l = 0; l < k_.size(); ++l) free_layer(l);
+    if (slabs_.empty()) return;
+    // A copy out of a slab may still run on another stream (the backend's
+    // read-ahead of host blocks).
+    (void)cudaDeviceSynchronize();
     for (const Slab& sl : slabs_) (void)cudaFreeHost(sl.host);
+    g_slabs_freed.fetch_add(slabs_.size());
   }
 
   uint8_t* alloc_host_pair(uint64_t bytes) override {
@@ -369,6 +377,10 @@ class KvStorageImpl final : public CudaKvStorage {
 };
 
 }  // namespace
+
+uint64_t CudaKvStorage::slabs_freed() {
+  return g_slabs_freed.load();
+}
 
 Result<std::unique_ptr<CudaKvStorage>> CudaKvStorage::create(const KvCacheConfig& cfg,
                                                              cudaStream_t stream,

@@ -52,7 +52,8 @@ __global__ void gather_kernel(const uint8_t* lk, const uint8_t* lv, int64_t capa
 
 Status attention_slots(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                        int64_t n_heads, float scale, const SlotMap& slots, int64_t split_rows,
-                       float* out, AttentionScratch& scratch, cudaStream_t s, SplitPartials* keep) {
+                       float* out, AttentionScratch& scratch, cudaStream_t s, SplitPartials* keep,
+                       const Q8Out* q8) {
   if (T <= 0) return {};
   if (!layer.k || !layer.v || !slots.first_pos)
     return make_error(ErrorCode::kInternal,
@@ -71,8 +72,9 @@ Status attention_slots(const DevKvLayer& layer, const float* q, int64_t T, const
     return make_error(ErrorCode::kInvalidArgument,
                       "CUDA attention: %" PRId64 " host blocks of %" PRIu64 " bytes a head",
                       slots.n_host, slots.host_head_bytes);
-  return detail::decode_attention(layer, q, T, pos, 0, static_cast<int>(n_heads), scale, split_rows,
-                                  scratch, out, s, nullptr, &slots, keep);
+  return detail::decode_attention(
+      layer, q, T, pos, 0, static_cast<int>(n_heads), scale, split_rows, scratch, out, s,
+      q8 && attention_writes_q8(layer, T, scratch) ? q8 : nullptr, &slots, keep);
 }
 
 Status gather_blocks(const DevKvLayer& layer, int64_t block_size, const int32_t* src,
