@@ -113,8 +113,8 @@ void expect_attention(Backend& be, CpuBackend& cpu, KvCache& kv, const KvCache& 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (kv.device_tiered(0)) {
     HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                               float* part, float* mass) {
-      cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+                               float* part, float* mass, int64_t nb) {
+      cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass, nb);
     };
     ASSERT_TRUE(be.attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
   } else {

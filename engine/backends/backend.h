@@ -151,9 +151,12 @@ class KvStorage {
 /// the device part's m and l per query row ([T][n_heads][2]), fills
 /// part [T][n_heads][head_dim + 2] as cpu::attention_partial does, and, when
 /// `block_mass` is given, adds each host block's attention mass (normalized
-/// over both parts) at its logical index.
-using HostAttentionFn = std::function<void(const float* q, int64_t T, const int32_t* pos,
-                                           const float* device_ml, float* part, float* block_mass)>;
+/// over both parts) at its logical index. `n_blocks` >= 0: over the first
+/// n_blocks host blocks only (KvCache::host_view's order; the device reads
+/// the others), else all.
+using HostAttentionFn =
+    std::function<void(const float* q, int64_t T, const int32_t* pos, const float* device_ml,
+                       float* part, float* block_mass, int64_t n_blocks)>;
 
 enum class OpKind { kGetRows, kRmsNorm, kMatmul, kRope, kKvStore, kAttention, kSiluMul, kAdd };
 

@@ -851,8 +851,8 @@ void ForwardPass::layer(int64_t l, int64_t T) {
         auto* cpu =
             ensure_unit(Unit::kCpu).ok() ? dynamic_cast<CpuBackend*>(unit(Unit::kCpu)) : nullptr;
         HostAttentionFn host = [&](const float* qh, int64_t n, const int32_t* hpos,
-                                   const float* dev_ml, float* part, float* mass) {
-          cpu->attention_host_part(kv, l, qh, n, hpos, hp.n_head, scale, dev_ml, part, mass);
+                                   const float* dev_ml, float* part, float* mass, int64_t nb) {
+          cpu->attention_host_part(kv, l, qh, n, hpos, hp.n_head, scale, dev_ml, part, mass, nb);
         };
         Status s = cpu ? be(ua).attention_split(kv, l, qg, pos, hp.n_head, scale, ag, host)
                        : make_error(ErrorCode::kInternal,

@@ -25,6 +25,20 @@ TEST_P(CudaKvTier, AttentionAcrossTiersMatchesTheReference) {
       [&](uint32_t c) { be->attention_scratch().set_split_keys(int64_t{c} * 32); });
 }
 
+// The same with the GPU reading half of the pinned host blocks (the newest)
+// in the slots' launch while the CPU attends over the rest, and with the
+// GPU reading them all on that path (Q8_0 rows: the CPU reads them all).
+TEST_P(CudaKvTier, AttentionReadByBothBusesMatchesTheReference) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  for (const int64_t share : {50, 100}) {
+    SCOPED_TRACE("GPU share " + std::to_string(share) + "%");
+    be->set_tier_reads(0, share);
+    test::check_attention_across_tiers(
+        *be, std::get<0>(GetParam()), std::get<1>(GetParam()),
+        [&](uint32_t c) { be->attention_scratch().set_split_keys(int64_t{c} * 32); });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DtypesAndMixes, CudaKvTier,
                          ::testing::Combine(::testing::Values(DType::kF16, DType::kQ8_0),
                                             ::testing::ValuesIn(test::kTierMixes)),
@@ -102,6 +116,24 @@ TEST_F(CudaKvTierSession, TieredStepsAreReplayedAsGraphs) {
   EXPECT_EQ(test::greedy(*model_, *be, t, 80, &ts), want);
   ASSERT_EQ(unsetenv("LOOM_CUDA_GRAPHS"), 0);
   EXPECT_EQ(be->graph_stats().replays, after.replays);
+  be->release_weights();
+}
+
+// Greedy tokens with the GPU and the CPU each reading part of every
+// layer's host blocks equal the all-on-device run's.
+TEST_F(CudaKvTierSession, GreedyOutputWithBothBusesReading) {
+  LOOM_CUDA_BACKEND_OR_SKIP(be);
+  ASSERT_NE(model_, nullptr);
+  KvTierStats ts;
+  const std::vector<int32_t> want = test::greedy(*model_, *be, KvTierConfig{}, 40, &ts);
+  KvTierConfig t;
+  t.device_budget = 2 * 7 * test::kTierPair;
+  t.policy = "lru";
+  t.sink_tokens = 32;
+  t.window_tokens = 64;
+  be->set_tier_reads(0, 40);
+  EXPECT_EQ(test::greedy(*model_, *be, t, 40, &ts), want);
+  EXPECT_GT(ts.ram_bytes, 0u);
   be->release_weights();
 }
 

@@ -328,8 +328,8 @@ TEST(VulkanKvTierExports, AChunksEvictionsShareOneSubmission) {
   ASSERT_TRUE(kv.fetch_layer(0).ok());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   HostAttentionFn host = [&](const float* qh, int64_t tn, const int32_t* p, const float* ml,
-                             float* part, float* mass) {
-    cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass);
+                             float* part, float* mass, int64_t nb) {
+    cpu.attention_host_part(kv, 0, qh, tn, p, n_heads, scale, ml, part, mass, nb);
   };
   ASSERT_TRUE(be->attention_split(kv, 0, qa, pos.data(), n_heads, scale, oa, host).ok());
   std::vector<float> got(static_cast<size_t>(n_heads * hd));

@@ -178,13 +178,16 @@ void CpuBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos
 
 void CpuBackend::attention_host_part(KvCache& kv, int64_t layer, const float* q, int64_t T,
                                      const int32_t* pos, int64_t n_heads, float scale,
-                                     const float* device_ml, float* part, float* block_mass) {
+                                     const float* device_ml, float* part, float* block_mass,
+                                     int64_t n_blocks) {
   if (T <= 0) return;
   const int64_t bs = kv.config().block_size, hd = kv.config().head_dim;
   int32_t max_pos = 0;
   for (int64_t t = 0; t < T; ++t) max_pos = std::max(max_pos, pos[t]);
   std::vector<int32_t> blocks;
   const cpu::KvView view = kv.host_view(layer, max_pos / bs + 1, &blocks);
+  if (n_blocks >= 0 && n_blocks < static_cast<int64_t>(blocks.size()))
+    blocks.resize(static_cast<size_t>(n_blocks));  // (the view's first ones)
   // The view's rows are the host blocks' rows back to back, in position
   // order: token t sees the first hpos[t] + 1 of them (those at positions <= pos[t]).
   std::vector<int32_t> hpos(static_cast<size_t>(T));

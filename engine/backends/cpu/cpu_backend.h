@@ -34,10 +34,11 @@ class CpuBackend final : public Backend {
                  float scale, Act out, const cpu::AttnMods& mods);
   /// The host part of a device-tiered layer's attention (the HostAttentionFn
   /// a GPU backend's attention_split calls): attention_partial over the
-  /// layer's host blocks (KvCache::host_view), causal by position.
+  /// layer's host blocks (KvCache::host_view; the first `n_blocks` of them
+  /// where that is >= 0), causal by position.
   void attention_host_part(KvCache& kv, int64_t layer, const float* q, int64_t T,
                            const int32_t* pos, int64_t n_heads, float scale, const float* device_ml,
-                           float* part, float* block_mass);
+                           float* part, float* block_mass, int64_t n_blocks = -1);
   void silu_mul(Act gate, Act up, Act out) override;
   void gelu_mul(Act gate, Act up, Act out) override;
   void add(Act a, Act b, Act out) override;

@@ -1,5 +1,6 @@
 #include "engine/backends/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdlib>
@@ -94,6 +95,10 @@ Status CudaBackend::init(const CudaOptions& opts) {
   fuse_attn_ = !(fuse_attn && std::strcmp(fuse_attn, "0") == 0);
   const char* stage = std::getenv("LOOM_CUDA_KV_STAGE");
   tier_stage_ = !(stage && std::strcmp(stage, "0") == 0);
+  if (const char* gr = std::getenv("LOOM_CUDA_KV_GPU_READ_MIB"))
+    tier_gpu_read_ = std::strtoull(gr, nullptr, 10) << 20;
+  if (const char* gs = std::getenv("LOOM_CUDA_KV_GPU_SHARE"))
+    tier_gpu_share_ = std::clamp<int64_t>(std::strtoll(gs, nullptr, 10), 0, 100);
   LOOM_CUDA_TRY(cudaMallocHost(&ring_host_, kRingBytes), "allocate the pinned input ring");
   LOOM_TRY(cuda::device_alloc(&ring_dev_, kRingBytes, "the input ring"));
   ring_bytes_ = kRingBytes;

@@ -130,6 +130,14 @@ class CudaBackend final : public Backend {
   uint64_t device_bytes() const;
   /// Test hooks of the attention kernels (AttentionScratch).
   cuda::AttentionScratch& attention_scratch() { return *attn_scratch_; }
+  /// Who reads a device-tiered layer's pinned host blocks at decode (tests;
+  /// LOOM_CUDA_KV_GPU_READ_MIB and LOOM_CUDA_KV_GPU_SHARE otherwise): the GPU
+  /// alone up to `gpu_read_bytes` a layer, past that the GPU `share_pct`
+  /// percent of them (the newest) and the CPU the rest.
+  void set_tier_reads(uint64_t gpu_read_bytes, int64_t share_pct) {
+    tier_gpu_read_ = gpu_read_bytes;
+    tier_gpu_share_ = share_pct;
+  }
   /// Test hook: the next op fails as a lost device would, and every later one is skipped.
   void simulate_failure(const std::string& why) {
     fail(make_error(ErrorCode::kInternal, "%s", why.c_str()));
@@ -318,6 +326,18 @@ class CudaBackend final : public Backend {
   };
   TierStage stage_[2];
   bool tier_stage_ = true;  ///< LOOM_CUDA_KV_STAGE=0: the kernel reads the pinned blocks
+  /// A tiered layer's host bytes up to which the GPU alone reads them (a
+  /// staged copy, or PCIe: attention_mapped), and past that the share
+  /// (percent, the newest blocks) it reads while the CPU attends over the
+  /// rest where they lie (attention_split; 0: the CPU all).
+  /// LOOM_CUDA_KV_GPU_READ_MIB, LOOM_CUDA_KV_GPU_SHARE. Measured on the H100
+  /// machine (PCIe 5, 16 cores; 8B Q4_K_M, 2026-12-06; the CPU's speed
+  /// varies between leases of it): 16 MiB a layer (516 MiB at 32k), GPU
+  /// 69.5 tokens/s, CPU 58.2, both (40%) 64.1; 24 MiB a layer (772 MiB at
+  /// 8k, another lease), CPU 70.8, GPU 56.1; 56 MiB a layer (1796 MiB at
+  /// 16k), CPU 20.1, both 22.8 (40%) and 22.0 (25%).
+  uint64_t tier_gpu_read_ = 20ull << 20;
+  int64_t tier_gpu_share_ = 40;
   int next_stage_ = 0;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t copy_join_ = nullptr;  ///< copy_stream_ joined back before a capture ends

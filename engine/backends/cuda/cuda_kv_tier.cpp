@@ -5,21 +5,23 @@
 //    block is a host block (a recompute of a block lost on the SSD) is
 //    stored by the cache, and while recomputing the slots stay as they are.
 //  - decode (attention_split), host blocks in mapped pinned memory (the
-//    storage gives the tiered layers' host blocks from it) and no attention
-//    mass wanted: one launch of the one-pass kernel over the slots and then
-//    the host blocks, which it reads from a device copy the copy engine
-//    made on a second stream while the layer before ran, or else over PCIe
-//    where they lie (attention_mapped); nothing waits for the host. Stores,
-//    attention and copies are launches (CudaBackend::launch), so that a
-//    decode step over tiered layers is a CUDA graph too: its copies a branch
-//    on the second stream, joined by events inside the capture.
-//  - decode otherwise (Q8_0 rows, the mass, a spilled block's staging copy,
-//    LOOM_CUDA_KV_HOST=cpu): the split-K kernel over the slots under the
-//    slot map, splits kept; the CPU attends over the host blocks where they
-//    lie (no host block is copied up to be read once) into the one split
-//    left free, and the merge kernel combines them exactly. Without the
-//    attention mass, q comes down first and the CPU works while the GPU
-//    does; with it, the splits' (max, sum) come down too (one split per slot).
+//    storage gives the tiered layers' host blocks from it), no attention
+//    mass wanted and at most tier_gpu_read_ bytes of them: one launch of the one-pass kernel over
+//    the slots and then the host blocks, which it reads from a device copy the copy engine made on
+//    a second stream while the layer before ran, or else over PCIe where they lie
+//    (attention_mapped); nothing waits for the host. Stores, attention and copies are launches
+//    (CudaBackend::launch), so that a decode step over tiered layers is a CUDA graph too: its
+//    copies a branch on the second stream, joined by events inside the capture.
+//  - decode otherwise (more host bytes, Q8_0 rows, the mass, a spilled
+//    block's staging copy, LOOM_CUDA_KV_HOST=cpu): the split-K kernel over
+//    the slots under the slot map, splits kept; the CPU attends over the
+//    host blocks where they lie (no host block is copied up to be read
+//    once) into the one split left free, and the merge kernel combines them
+//    exactly. Without the attention mass, q comes down first and the CPU
+//    works while the GPU does, and where the host blocks are all pinned the
+//    GPU reads the newest tier_gpu_share_ percent of them over PCIe in the
+//    same launch (PCIe and the CPU's memory bus both busy); with the mass,
+//    the splits' (max, sum) come down too (one split per slot).
 //  - prompts (16 query rows or more): the layer's blocks are gathered by
 //    position into one K/V pair (host blocks over PCIe once per chunk) and
 //    the flash prefill runs over it; without device memory for that, the
@@ -408,7 +410,9 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
   std::vector<int32_t> blocks;
   std::vector<const uint8_t*> host, at;
   uint64_t v_off = 0, head_bytes = 0;
-  if (!mapped_blocks(kv, layer, n_blocks, &blocks, &host, &at, &v_off, &head_bytes)) return false;
+  if (!mapped_blocks(kv, layer, n_blocks, &blocks, &host, &at, &v_off, &head_bytes) ||
+      blocks.size() * 2 * v_off > tier_gpu_read_)
+    return false;  // (the CPU's part, attention_split)
   // A device copy (prefetched while the layer before ran, else queued now),
   // or else the pinned blocks themselves, read over PCIe.
   int si = staged(kv, layer, host);
@@ -433,7 +437,7 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
     if (!kv.device_tiered(l2) || !kv.has_host_blocks(l2, n_blocks)) continue;
     std::vector<const uint8_t*> h2, a2;
     if (mapped_blocks(kv, l2, n_blocks, &blocks, &h2, &a2, &v_off, &head_bytes) &&
-        staged(kv, l2, h2) < 0)
+        h2.size() * 2 * v_off <= tier_gpu_read_ && staged(kv, l2, h2) < 0)
       (void)stage_copy(kv, l2, h2, 2 * v_off, si);
     break;
   }
@@ -484,10 +488,38 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
     LOOM_CUDA_TRY(cudaEventCreateWithFlags(&tier_event_, cudaEventDisableTiming),
                   "create an event");
   std::vector<float> dev_ml;
+  // Where the host blocks are all pinned and no mass is wanted, the GPU
+  // reads the newest share of them (tier_gpu_share_, in the slots' launch,
+  // over PCIe) while the CPU attends over the others: both buses at once.
+  std::vector<int32_t> gpu_blocks;
+  std::vector<const uint8_t*> gpu_at;
+  uint64_t g_v_off = 0, g_head = 0;
+  int64_t n_cpu = -1;  // the CPU's host blocks (-1: all)
+  if (!mass && tier_gpu_share_ > 0 && cuda::host_slots_fit(l)) {
+    std::vector<int32_t> hb;
+    std::vector<const uint8_t*> hh, ha;
+    if (mapped_blocks(kv, layer, n_blocks, &hb, &hh, &ha, &g_v_off, &g_head)) {
+      const auto nb = static_cast<int64_t>(hb.size());
+      const int64_t ng = nb * tier_gpu_share_ / 100;
+      if (ng > 0) {
+        n_cpu = nb - ng;
+        gpu_blocks.assign(hb.begin() + n_cpu, hb.end());
+        gpu_at.assign(ha.begin() + n_cpu, ha.end());
+      }
+    }
+  }
   for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
     const int64_t n = std::min(tn, T - t0), rows = n * n_heads;
     const Act qc = q.rows_view(t0, n), oc = out.rows_view(t0, n);
-    const cuda::SlotMap map{put_slot_map(kv, layer, n_slots), bs, n_slots};
+    cuda::SlotMap map{put_slot_map(kv, layer, n_slots, gpu_blocks), bs, n_slots};
+    if (!gpu_blocks.empty()) {
+      map.host =
+          static_cast<const uint8_t* const*>(put(gpu_at.data(), gpu_at.size() * sizeof(gpu_at[0])));
+      map.n_host = static_cast<int64_t>(gpu_blocks.size());
+      map.host_head_bytes = g_head;
+      map.host_v_offset = g_v_off;
+      if (!map.host) return status_;
+    }
     const auto* d_pos = static_cast<const int32_t*>(put(pos + t0, n * sizeof(int32_t)));
     if (!map.first_pos || !d_pos) return status_;
     // Pinned: q, the host's partial, the device splits' (max, sum).
@@ -533,8 +565,8 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
       dev_ml[static_cast<size_t>(2 * r)] = M;
       dev_ml[static_cast<size_t>(2 * r + 1)] = L;
     }
-    host(qh, n, pos + t0, mass ? dev_ml.data() : nullptr, hpart,
-         mass ? block_mass.data() : nullptr);
+    host(qh, n, pos + t0, mass ? dev_ml.data() : nullptr, hpart, mass ? block_mass.data() : nullptr,
+         n_cpu);
     if (mass) {  // each slot's share of the row's total, at its block
       const std::vector<int32_t> slots = kv.slot_positions(layer);
       for (int64_t r = 0; r < rows; ++r) {

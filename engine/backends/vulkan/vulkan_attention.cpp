@@ -413,7 +413,7 @@ Status VulkanBackend::attention_split(KvCache& kv, int64_t layer, Act q, const i
     }
     hpart.assign(static_cast<size_t>(rows * stride), 0.0f);
     host(qh.data(), n, pos + t0, mass ? dev_ml.data() : nullptr, hpart.data(),
-         mass ? block_mass.data() : nullptr);
+         mass ? block_mass.data() : nullptr, -1);
     if (mass) {  // each slot's share of the row's total, at its block
       for (int64_t r = 0; r < rows; ++r) {
         const float* h = hpart.data() + r * stride;
