@@ -755,6 +755,15 @@ void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, in
   if (to_host) store_host_rows(kv, layer, k, v, pos, rows);
 }
 
+cuda::Q8Out CudaBackend::attention_q8(const cuda::DevKvLayer& l, int64_t n_heads, Act out) const {
+  const int64_t width = n_heads * l.head_dim, T = out.rows;
+  if (!fuse_attn_ || width > norm_cols_ || out.cols != width || T > cuda::kMaxMatvecTokens ||
+      !cuda::attention_writes_q8(l, T, *attn_scratch_))
+    return {};
+  return cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
+                     cuda::q8_token_bytes(width)};
+}
+
 void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                             float scale, Act out) {
   if (!ready() || !check_act(q, "attention") || !check_act(out, "attention")) return;
@@ -779,15 +788,10 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
   const float* qp = dev(q);
   float* o = dev(out);
   const int64_t T = q.rows;
-  // The decode kernels also write the Q8 activations of the o product (into
-  // the norm's buffers, free between the q/k/v product and the next norm).
+  // The decode kernels also write the Q8 activations of the o product.
   const int64_t width = n_heads * l.head_dim;
-  const bool q8 = fuse_attn_ && width <= norm_cols_ && out.cols == width && out.rows == T &&
-                  T <= cuda::kMaxMatvecTokens && cuda::attention_writes_q8(l, T, *attn_scratch_);
-  const cuda::Q8Out q8o =
-      q8 ? cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
-                       cuda::q8_token_bytes(width)}
-         : cuda::Q8Out{};
+  const cuda::Q8Out q8o = attention_q8(l, n_heads, out);
+  const bool q8 = q8o.q != nullptr;
   launch({kOpAttention, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
           static_cast<uint64_t>(l.dtype), u(qp), u(T), u(d_pos), u(n_heads), u(scale), u(o),
           u(plan), u(q8o.q)},

@@ -197,6 +197,10 @@ class CudaBackend final : public Backend {
   bool attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                         const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale,
                         Act out);
+  // Where the decode attention into `out` can also write the o product's Q8
+  // activations (into the norm's buffers, free between the q/k/v product
+  // and the next norm): those buffers, else q null.
+  cuda::Q8Out attention_q8(const cuda::DevKvLayer& l, int64_t n_heads, Act out) const;
   // Launches the attention of q over a slotted layer under `map`; with a
   // stage `si` >= 0 after its copy is done (and marks the stage read).
   void launch_slots(const cuda::DevKvLayer& l, Act q, const int32_t* d_pos, int64_t n_heads,

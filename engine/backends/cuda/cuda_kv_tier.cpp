@@ -357,12 +357,8 @@ void CudaBackend::launch_slots(const cuda::DevKvLayer& l, Act q, const int32_t* 
   if (si >= 0) stage_[si].done_serial = step_serial_;
   // The o product's Q8 activations too, as attention() writes them.
   const int64_t width = n_heads * l.head_dim;
-  const bool q8 = fuse_attn_ && width <= norm_cols_ && out.cols == width && out.rows == T &&
-                  T <= cuda::kMaxMatvecTokens && cuda::attention_writes_q8(l, T, *attn_scratch_);
-  const cuda::Q8Out q8o =
-      q8 ? cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
-                       cuda::q8_token_bytes(width)}
-         : cuda::Q8Out{};
+  const cuda::Q8Out q8o = attention_q8(l, n_heads, out);
+  const bool q8 = q8o.q != nullptr;
   cuda::AttentionScratch* scratch = attn_scratch_.get();
   launch({kOpAttentionSlots,
           u(l.k),
