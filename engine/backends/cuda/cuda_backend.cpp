@@ -684,16 +684,9 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   if (!ready() || !check_act(k, "kv_store") || !check_act(v, "kv_store")) return;
   cuda::DevKvLayer l;
   if (!kv_layer(kv, layer, "kv_store", &l)) return;
-  if (kv.device_tiered(layer)) return kv_store_slotted(kv, layer, l, k, v, pos);
-  for (int64_t t = 0; t < k.rows; ++t) {
-    if (pos[t] < 0 || pos[t] >= l.capacity) {
-      fail(make_error(ErrorCode::kOutOfRange,
-                      "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved", pos[t],
-                      l.capacity));
-      return;
-    }
-  }
-  const auto* d_pos = static_cast<const int32_t*>(put(pos, k.rows * sizeof(int32_t)));
+  std::vector<int32_t> rows;
+  bool to_host = false;
+  const int32_t* d_pos = store_rows(kv, layer, l, pos, k.rows, &rows, &to_host);
   if (!d_pos) return;
   const float* kp = dev(k);
   const float* vp = dev(v);
@@ -701,6 +694,7 @@ void CudaBackend::kv_store(KvCache& kv, int64_t layer, Act k, Act v, const int32
   launch({kOpKvStore, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim), u(l.n_kv_heads),
           static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(T), u(d_pos)},
          [=, this] { return cuda::kv_store(l, kp, vp, T, d_pos, stream_); });
+  if (to_host) store_host_rows(kv, layer, k, v, pos, rows);
 }
 
 void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, int64_t n_heads,
@@ -717,30 +711,12 @@ void CudaBackend::rope_qk_kv(Act q, Act k, Act v, KvCache& kv, int64_t layer, in
     Backend::rope_qk_kv(q, k, v, kv, layer, n_heads, n_kv_heads, head_dim, pos, p);
     return;
   }
-  // The K/V rows written: the positions, or in a slotted layer the slot rows
-  // the cache names (a token bound for a host block is stored by the cache
-  // after the launch).
-  const bool slotted = kv.device_tiered(layer);
   std::vector<int32_t> rows;
   bool to_host = false;
-  const int32_t* d_pos = nullptr;
-  if (slotted) {
-    d_pos = slot_rows(kv, layer, l, pos, T, &rows, &to_host);
-    if (!d_pos) return;
-  } else {
-    for (int64_t t = 0; t < T; ++t) {
-      if (pos[t] < 0 || pos[t] >= l.capacity) {
-        fail(make_error(ErrorCode::kOutOfRange,
-                        "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved",
-                        pos[t], l.capacity));
-        return;
-      }
-    }
-  }
+  const int32_t* d_pos = store_rows(kv, layer, l, pos, T, &rows, &to_host);
+  if (!d_pos) return;
   const float* d_cs = rope_table(T, pos, p);
   if (!d_cs) return;
-  if (!slotted) d_pos = static_cast<const int32_t*>(put(pos, T * sizeof(int32_t)));
-  if (!d_pos) return;
   float* qp = dev(q);
   float* kp = dev(k);
   const float* vp = dev(v);

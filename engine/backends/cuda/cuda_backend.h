@@ -171,14 +171,14 @@ class CudaBackend final : public Backend {
   // The device KV tier (cuda_kv_tier.cpp). Layers in block slots
   // (KvStorage::set_block_slots): their stores go to the slot rows the cache
   // names, their attention runs under the slot map.
-  void kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k, Act v,
-                        const int32_t* pos);
-  // The slot row of each of T tokens at `pos` (-1: stored by the cache in a
-  // host block, -2: left as it is while recomputing) in the ring; null on a
-  // failure. *to_host: some token goes to a host block (store_host_rows).
-  const int32_t* slot_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
-                           const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
-                           bool* to_host);
+  // The K/V rows that kv_store and rope_qk_kv write for T tokens at `pos`,
+  // in the ring: the positions, or in a slotted layer the slot rows the
+  // cache names (-1: stored by the cache in a host block, -2: left as it is
+  // while recomputing; the kernels pass over rows < 0); null on a failure.
+  // *to_host: some token goes to a host block (store_host_rows).
+  const int32_t* store_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
+                            const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
+                            bool* to_host);
   // The tokens whose row is -1 stored by the cache (k, v brought down).
   void store_host_rows(KvCache& kv, int64_t layer, Act k, Act v, const int32_t* pos,
                        const std::vector<int32_t>& rows);

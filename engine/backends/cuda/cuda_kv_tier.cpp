@@ -1,17 +1,20 @@
 // The CUDA backend's side of the device KV tier (KvTierConfig::device_budget,
 // kv_cache_device.cpp): layers whose K/V live partly in device slots and
 // partly in host blocks.
-//  - kv_store: a token goes to the slot row the cache names; a token whose
-//    block is a host block (a recompute of a block lost on the SSD) is
-//    stored by the cache, and while recomputing the slots stay as they are.
+//  - kv_store (store_rows): a token goes to the slot row the cache names;
+//    a token whose block is a host block (a recompute of a block lost on
+//    the SSD) is stored by the cache, and while recomputing the slots stay
+//    as they are.
 //  - decode (attention_split), host blocks in mapped pinned memory (the
 //    storage gives the tiered layers' host blocks from it), no attention
-//    mass wanted and at most tier_gpu_read_ bytes of them: one launch of the one-pass kernel over
-//    the slots and then the host blocks, which it reads from a device copy the copy engine made on
-//    a second stream while the layer before ran, or else over PCIe where they lie
-//    (attention_mapped); nothing waits for the host. Stores, attention and copies are launches
-//    (CudaBackend::launch), so that a decode step over tiered layers is a CUDA graph too: its
-//    copies a branch on the second stream, joined by events inside the capture.
+//    mass wanted and at most tier_gpu_read_ bytes of them: one launch of
+//    the one-pass kernel over the slots and then the host blocks, which it
+//    reads from a device copy the copy engine made on a second stream while
+//    the layer before ran, or else over PCIe where they lie
+//    (attention_mapped); nothing waits for the host. Stores, attention and
+//    copies are launches (CudaBackend::launch), so that a decode step over
+//    tiered layers is a CUDA graph too: its copies a branch on the second
+//    stream, joined by events inside the capture.
 //  - decode otherwise (more host bytes, Q8_0 rows, the mass, a spilled
 //    block's staging copy, LOOM_CUDA_KV_HOST=cpu): the split-K kernel over
 //    the slots under the slot map, splits kept; the CPU attends over the
@@ -69,11 +72,22 @@ const int32_t* CudaBackend::put_slot_map(KvCache& kv, int64_t layer, int64_t n_s
   return static_cast<const int32_t*>(put(map.data(), map.size() * sizeof(int32_t)));
 }
 
-const int32_t* CudaBackend::slot_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
-                                      const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
-                                      bool* to_host) {
-  rows->resize(static_cast<size_t>(T));
+const int32_t* CudaBackend::store_rows(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l,
+                                       const int32_t* pos, int64_t T, std::vector<int32_t>* rows,
+                                       bool* to_host) {
   *to_host = false;
+  if (!kv.device_tiered(layer)) {  // the positions
+    for (int64_t t = 0; t < T; ++t) {
+      if (pos[t] < 0 || pos[t] >= l.capacity) {
+        fail(make_error(ErrorCode::kOutOfRange,
+                        "CUDA kv_store: position %d outside the %" PRId64 " tokens reserved",
+                        pos[t], l.capacity));
+        return nullptr;
+      }
+    }
+    return static_cast<const int32_t*>(put(pos, static_cast<uint64_t>(T) * sizeof(int32_t)));
+  }
+  rows->resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t r = kv.device_row(layer, pos[t]);
     if (r >= l.capacity) {
@@ -100,22 +114,6 @@ void CudaBackend::store_host_rows(KvCache& kv, int64_t layer, Act k, Act v, cons
     if (rows[static_cast<size_t>(t)] == -1)
       kv.store(layer, pos[t], kh.data() + t * k.cols, vh.data() + t * k.cols);
   }
-}
-
-void CudaBackend::kv_store_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act k,
-                                   Act v, const int32_t* pos) {
-  std::vector<int32_t> rows;
-  bool to_host = false;
-  const int32_t* d_rows = slot_rows(kv, layer, l, pos, k.rows, &rows, &to_host);
-  if (!d_rows) return;
-  // (The kernel passes over rows < 0.)
-  const float* kp = dev(k);
-  const float* vp = dev(v);
-  const int64_t n = k.rows;
-  launch({kOpKvStoreSlots, u(l.k), u(l.v), u(l.capacity), l.row_bytes, u(l.head_dim),
-          u(l.n_kv_heads), static_cast<uint64_t>(l.dtype), u(kp), u(vp), u(n), u(d_rows)},
-         [=, this] { return cuda::kv_store(l, kp, vp, n, d_rows, stream_); });
-  if (to_host) store_host_rows(kv, layer, k, v, pos, rows);
 }
 
 void CudaBackend::attention_slotted(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
@@ -312,7 +310,7 @@ int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
   const int device = device_;
   launch({kOpStageCopy, u(st.dev), static_cast<uint64_t>(b), h, pair,
           static_cast<uint64_t>(blocks.size()), fork},
-         [=]() -> Status {
+         [=]() mutable -> Status {
            cudaError_t e = fork ? cudaEventRecord(done, ms) : cudaSuccess;
            if (e == cudaSuccess) e = cudaStreamWaitEvent(cs, done, 0);
            cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -329,11 +327,8 @@ int CudaBackend::stage_copy(const KvCache& kv, int64_t layer,
              attr.dstLocHint.id = device;
              attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
              size_t attr_at = 0;
-             std::vector<void*> d = dst;
-             std::vector<const void*> s = src;
-             std::vector<size_t> n = len;
-             e = cudaMemcpyBatchAsync(d.data(), s.data(), n.data(), d.size(), &attr, &attr_at, 1,
-                                      cs);
+             e = cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), dst.size(), &attr,
+                                      &attr_at, 1, cs);
            }
            if (e == cudaSuccess) e = cudaEventRecord(ready, cs);
            return cuda::cuda_status(e, "copy a tiered layer's host KV blocks to the GPU");

@@ -44,7 +44,6 @@ enum : uint64_t {
   kOpGeluMul,
   kOpAdd,
   // The device KV tier (cuda_kv_tier.cpp).
-  kOpKvStoreSlots,
   kOpAttentionSlots,
   kOpStageCopy,
 };

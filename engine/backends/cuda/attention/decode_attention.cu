@@ -748,9 +748,7 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   // Host blocks read in place: splits of whole blocks, as long as the
   // slots' and at most host_splits() of them.
   const int64_t host_chunk =
-      n_host > 0
-          ? std::max((n_host + host_splits() - 1) / host_splits(), chunk / bs) * slots->block_size
-          : 0;
+      n_host > 0 ? std::max((n_host + host_splits() - 1) / host_splits(), chunk / bs) * bs : 0;
   const int64_t n_hs = n_host > 0 ? (n_host * bs + host_chunk - 1) / host_chunk : 0;
   // Kept for the host: one more split, which the caller fills (merge_splits).
   const int64_t n_splits = n_dev + n_hs + (keep ? 1 : 0);
