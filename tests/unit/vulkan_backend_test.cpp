@@ -973,6 +973,25 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   // to merge: more than a workgroup's worth at 3 keys and 300 on lavapipe).
   // Prefill: the tiled kernel here, the tensor-core one below.
   be->set_attn_coopmat(false);
+  auto check_out = [&] {
+    be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
+    const auto out = dout.fetch();
+    EXPECT_TRUE(all_finite(out));
+    EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
+              c.kv == DType::kF16 ? 1e-5 : 1e-3);
+    // One token (head sizes of 32-element blocks): the kernel that writes
+    // the output, attn_split with one split or attn_merge, also writes its
+    // Q8 copy, which feeds o's integer-dot matvec.
+    if (o_w.w.data) {
+      const uint64_t i0 = be->int_dot_dispatches();
+      be->matmul(o_w.w, dout.act(), dy.act(), nullptr);
+      EXPECT_EQ(be->int_dot_dispatches() - i0, 1u);
+      const std::vector<double> oq = q8_round_trip(std::vector<double>(out.begin(), out.end()));
+      std::vector<double> ry(static_cast<size_t>(o_rows));
+      for (int64_t i = 0; i < o_rows; ++i) ry[static_cast<size_t>(i)] = row_dot(o_w, i, oq);
+      EXPECT_LT(normalized_error(dy.fetch(), ry), 2e-4);
+    }
+  };
   {
     // Then splits of several chunks (online softmax inside a split).
     const std::pair<uint32_t, uint32_t> splits[] = {{0, 0}, {8, 0}, {3, 0}, {8, 5}, {3, 7}};
@@ -980,27 +999,21 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
       SCOPED_TRACE("keys per split " + std::to_string(keys) + ", chunks " + std::to_string(chunks));
       be->set_attn_split_keys(keys);
       be->set_attn_split_chunks(chunks);
-      be->attention(**dev_kv, 0, dq.act(), pos.data() + c.n_past, c.n_heads, scale, dout.act());
-      const auto out = dout.fetch();
-      EXPECT_TRUE(all_finite(out));
-      EXPECT_LT(normalized_error(out, std::vector<double>(r.begin(), r.end())),
-                c.kv == DType::kF16 ? 1e-5 : 1e-3);
-      // One token (head sizes of 32-element blocks): the kernel that writes
-      // the output, attn_split with one split or attn_merge, also writes its
-      // Q8 copy, which feeds o's integer-dot matvec.
-      if (o_w.w.data) {
-        const uint64_t i0 = be->int_dot_dispatches();
-        be->matmul(o_w.w, dout.act(), dy.act(), nullptr);
-        EXPECT_EQ(be->int_dot_dispatches() - i0, 1u);
-        const std::vector<double> oq = q8_round_trip(std::vector<double>(out.begin(), out.end()));
-        std::vector<double> ry(static_cast<size_t>(o_rows));
-        for (int64_t i = 0; i < o_rows; ++i) ry[static_cast<size_t>(i)] = row_dot(o_w, i, oq);
-        EXPECT_LT(normalized_error(dy.fetch(), ry), 2e-4);
-      }
+      check_out();
     }
   }
   be->set_attn_split_keys(0);
   be->set_attn_split_chunks(0);
+  // Decode in one pass (attn_decode.comp, F16 rows) at every context, where
+  // the device has subgroup shuffles (lavapipe has: 8-lane subgroups, two
+  // 16-byte segments a lane past 64 values), and attn_split alone.
+  const bool decode_default = be->attn_decode_on();
+  for (const bool one_pass : {true, false}) {
+    SCOPED_TRACE(one_pass ? "attn_decode" : "attn_split only");
+    be->set_attn_decode(one_pass, true);
+    check_out();
+  }
+  be->set_attn_decode(decode_default);
   be->set_attn_coopmat(true);
   // Prefill on cooperative matrices (attn_cm.comp: F16 Q, K, V and P, F32
   // sums), where the device has them (from 16 query rows); lavapipe has not.
@@ -1019,8 +1032,9 @@ TEST_P(VulkanAttention, MatchesReference) {
   check_attention(be_, GetParam());
 }
 
-// Decode (T = 1, attn_split): over 1 key, a full split and 300 keys (several
-// splits, merged); GQA groups of 2 and 12 (two head chunks of attn_split); a
+// Decode (T = 1, attn_split, and attn_decode for F16 rows): over 1 key, a
+// full split, 300, 701 and 1001 keys (several splits, merged; a head of 80:
+// lanes past the row); GQA groups of 2, 4 and 12 (head chunks); a
 // head of 18 and 21 keys (tails of attn_split's unrolled K and V loops).
 // Prefill (T > 1, attn_tile): partial and several query tiles, odd head sizes,
 // the causal mask inside a tile; a head of 256 (too big for the tiles: split).
@@ -1033,7 +1047,8 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{DType::kF16, 4, 1, 64, 100, 70}, AttnCase{DType::kQ8_0, 4, 2, 64, 40, 65},
         AttnCase{DType::kF16, 2, 2, 18, 0, 7}, AttnCase{DType::kF16, 4, 2, 64, 40, 37},
         AttnCase{DType::kF16, 2, 1, 256, 10, 3}, AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
-        AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}),
+        AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}, AttnCase{DType::kF16, 8, 2, 128, 1000, 1},
+        AttnCase{DType::kF16, 4, 1, 80, 700, 1}),
     [](const auto& pi) { return attn_name(pi.param); });
 
 // ---- KV residency and transfers -----------------------------------------------------

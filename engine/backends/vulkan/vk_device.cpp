@@ -349,6 +349,8 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   c.timestamp_bits = pick->timestamp_period > 0 ? pick->timestamp_bits : 0;
   c.subgroup_size = pick->info.subgroup_size;
   c.subgroup_arithmetic = opts.use_subgroups && pick->info.subgroup_arithmetic;
+  c.subgroup_shuffle =
+      c.subgroup_arithmetic && (pick->subgroup_ops & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
   c.f16_storage = opts.use_f16_storage && pick->f16_storage;
 
   const float prio = 1.0f;

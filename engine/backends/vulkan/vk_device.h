@@ -17,6 +17,8 @@ namespace loom::vk {
 struct DeviceCaps {
   bool subgroup_arithmetic = false;  ///< used by the *_sg variants (and allowed by the options)
   uint32_t subgroup_size = 0;
+  /// Subgroup shuffles in compute shaders, with subgroup arithmetic (attn_decode.comp).
+  bool subgroup_shuffle = false;
   bool f16_storage = false;        ///< storageBuffer16BitAccess enabled (and allowed)
   uint64_t max_storage_range = 0;  ///< bytes one storage-buffer binding may span
   uint64_t max_allocation = 0;     ///< maxMemoryAllocationSize

@@ -1,5 +1,6 @@
 // VulkanBackend's attention: tiled flash attention for prefill, split
-// decode attention (attn_split, then attn_merge), one split per slot for
+// decode attention (attn_decode over F16 rows on GPUs, else attn_split; then
+// attn_merge), one split per slot for
 // layers in device slots, and attention_split, where the host attends over
 // the layer's host blocks and its partial is merged with the device's.
 #include <algorithm>
@@ -28,6 +29,13 @@ constexpr uint32_t kAttnCmShared = 30720;      // its shared memory, bytes
 // 64-row tile would be mostly empty, and short prompts keep F32 scores and
 // probabilities (as their matmuls keep F32 activations in the matvecs).
 constexpr int64_t kAttnCmMinRows = 16;
+// attn_decode.comp: GM, HD_MAX and NSG_MAX there; its workgroup size (at
+// least a subgroup); the least keys of a split.
+constexpr uint32_t kAttnDecodeHeads = 4;
+constexpr int64_t kAttnDecodeMaxHeadDim = 256;
+constexpr uint32_t kAttnDecodeMaxSubgroups = 64;
+constexpr uint32_t kWgAttnDecode = 128;
+constexpr uint32_t kAttnDecodeMinKeys = 32;
 // Query rows from which attention over a slotted layer gathers its blocks
 // (vulkan_kv_gather.cpp) instead of one split per slot and the host's part.
 constexpr int64_t kGatherMinRows = 16;
@@ -154,6 +162,11 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
           : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
                                                         : std::min(kAttnSplitKeys, wg);
   }
+  if (!map && extra_splits == 0 && !keep_splits) {
+    uint32_t n_dev = 0;
+    if (attention_decode_onepass(s, layer, q, pos, n_heads, scale, out, n_keys, &n_dev))
+      return n_dev;
+  }
   kps = std::max<uint32_t>(kps, 1);
   // Chunks of kps keys per split: one, unless there are more chunks than it
   // takes to fill the GPU (about kAttnSplitGroups workgroups), and then as
@@ -265,6 +278,84 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
   return n_dev;
 }
 
+bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act q,
+                                             const int32_t* pos, int64_t n_heads, float scale,
+                                             Act out, uint32_t n_keys, uint32_t* n_dev) {
+  const KvCacheConfig& c = s.cfg_;
+  const auto l = static_cast<size_t>(layer);
+  const int64_t T = q.rows, hd = c.head_dim;
+  const Alloc& ka = s.k_[l];
+  const Alloc& va = s.v_[l];
+  const vk::DeviceCaps& dc = dev_->caps();
+  if (!attn_decode_ || attn_split_keys_ || attn_split_chunks_ || !dc.subgroup_shuffle ||
+      c.dtype != DType::kF16 || hd % 8 != 0 || hd > kAttnDecodeMaxHeadDim || ka.offset % 16 != 0 ||
+      va.offset % 16 != 0 || (!attn_decode_always_ && n_keys <= kAttnOneSplitKeys))
+    return false;
+  // Lanes per key: one 16-byte segment of the row each (VS = 1) where the
+  // subgroup has a lane for every segment, else two (VS = 2).
+  const uint32_t sg = dc.subgroup_size;
+  const uint32_t wg = std::max<uint32_t>(kWgAttnDecode, sg);
+  uint32_t vs = 0, lanes = 1;
+  for (const uint32_t v : {1u, 2u}) {
+    if (hd % (8 * v) != 0) continue;
+    uint32_t p = 1;
+    while (p * 8 * v < hd) p *= 2;
+    if (p <= sg) {
+      vs = v;
+      lanes = p;
+      break;
+    }
+  }
+  if (vs == 0 || wg > dc.max_wg_threads || wg / sg > kAttnDecodeMaxSubgroups) return false;
+  // Splits: enough that the grid has about attn_decode_groups_ workgroups
+  // (four per SM of an H100), of at least kAttnDecodeMinKeys keys.
+  const uint32_t group = u32(n_heads / c.n_kv_heads);
+  const uint32_t gy = u32(c.n_kv_heads) * ((group + kAttnDecodeHeads - 1) / kAttnDecodeHeads);
+  const uint32_t want = std::max<uint32_t>(1, attn_decode_groups_ / (gy * u32(T)));
+  const uint32_t chunk = std::max<uint32_t>(kAttnDecodeMinKeys, (n_keys + want - 1) / want);
+  const uint32_t n_splits = (n_keys + chunk - 1) / chunk;
+  *n_dev = n_splits;
+  const uint64_t part_bytes =
+      static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4;
+  if (Status st = ensure_scratch(part_bytes); !st.ok()) {
+    fail(st);
+    return true;
+  }
+  auto po = put_ints(pos, T);
+  if (!po.ok()) {
+    fail(po.status());
+    return true;
+  }
+  struct {
+    uint32_t q_off, q_ld, part_off, k_off, v_off, n_ctx, n_heads, n_kv_heads, head_dim, pos_off,
+        n_splits;
+    float scale;
+    uint32_t chunk, lanes;
+  } pc{u32(q.offset / 4),
+       u32(q.cols),
+       u32(scratch_.offset / 4),
+       u32(ka.offset / 16),
+       u32(va.offset / 16),
+       u32(s.rows(l)),
+       u32(n_heads),
+       u32(c.n_kv_heads),
+       u32(hd),
+       *po,
+       n_splits,
+       scale,
+       chunk,
+       lanes};
+  static_assert(sizeof(pc) <= kPushBytes);
+  dispatch(
+      plain(vs == 1 ? "attn_decode" : "attn_decode_v2"), Spec{wg},
+      {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
+       Bind{va.block, va.offset, va.size, false},
+       Bind{scratch_.block, scratch_.offset, part_bytes, true}, Bind{ring_.block, 0, 0, false}},
+      &pc, sizeof(pc), n_splits, gy, u32(T));
+  attn_merge(out, n_heads, hd, n_splits, part_bytes, attn_q8_out(out, n_heads, hd));
+  return true;
+}
+
 bool VulkanBackend::attn_q8_out(const Act& out, int64_t n_heads, int64_t hd) const {
   return int_dot_outputs_ && int_dot_ && dev_->caps().int_dot && out.rows == 1 && hd % 32 == 0 &&
          out.cols == n_heads * hd;
@@ -283,19 +374,20 @@ void VulkanBackend::attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_
        0,
        0};
   const Bind pb{scratch_.block, scratch_.offset, part_bytes, false};
-  if (q8_out && reduce_wg_ % 8 == 0) {
+  const uint32_t gz = u32((hd + 31) / 32);
+  if (q8_out && hd % 32 == 0) {
     Xq8 copy;
     auto qo = xq8_out(out, &copy);
     if (!qo.ok()) return fail(qo.status());
     mp.qo_off = copy.xq_off;
     mp.qdo_off = copy.xd_off;
-    dispatch(plain("attn_merge_q8", true), Spec{reduce_wg_}, {pb, act_bind(out, true), *qo}, &mp,
-             sizeof(mp), u32(n_heads), 1, 1);
+    dispatch(plain("attn_merge_q8", true), Spec{merge_wg_}, {pb, act_bind(out, true), *qo}, &mp,
+             sizeof(mp), u32(n_heads), 1, gz);
     if (status_.ok()) xq8_ = copy;
     return;
   }
-  dispatch(plain("attn_merge", true), Spec{reduce_wg_}, {pb, act_bind(out, true)}, &mp, sizeof(mp),
-           u32(n_heads), u32(out.rows), 1);
+  dispatch(plain("attn_merge", true), Spec{merge_wg_}, {pb, act_bind(out, true)}, &mp, sizeof(mp),
+           u32(n_heads), u32(out.rows), gz);
 }
 
 // The device's splits stay in the scratch ([row][split][m, l, o]; row = token

@@ -127,6 +127,13 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     attn_chunk_keys_ = std::clamp<uint32_t>(static_cast<uint32_t>(std::atoi(e)), 1, 256);
   if (const char* e = std::getenv("LOOM_VK_ATTN_GROUPS"))
     attn_groups_ = std::max<uint32_t>(static_cast<uint32_t>(std::atoi(e)), 1);
+  // LOOM_VK_ATTN_DECODE (A/B runs): 0 decode attention on attn_split.comp
+  // only; 1 (the default on GPUs) attn_decode.comp past one split's keys.
+  // LOOM_VK_ATTN_DECODE_GROUPS: the workgroups its splits aim at.
+  attn_decode_ = gpu_device_;
+  if (const char* e = std::getenv("LOOM_VK_ATTN_DECODE")) attn_decode_ = std::atoi(e) != 0;
+  if (const char* e = std::getenv("LOOM_VK_ATTN_DECODE_GROUPS"))
+    attn_decode_groups_ = std::max<uint32_t>(static_cast<uint32_t>(std::atoi(e)), 1);
   // LOOM_VK_ATTN_CM=0 (A/B runs): prefill attention on the tiled kernel.
   if (const char* e = std::getenv("LOOM_VK_ATTN_CM")) attn_coopmat_ = std::atoi(e) != 0;
   // Benchmarks only (wrong results): Q4_0 plain matvecs without their arithmetic.
@@ -169,6 +176,11 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
   // 32-key split; CPU devices keep reduce_wg_.
   attn_wg_ =
       gpu_device_ && c.subgroup_arithmetic ? std::min<uint32_t>(256, c.max_wg_threads) : reduce_wg_;
+  // The merge of decode attention's splits: 32 values of a head a workgroup,
+  // eight slices of the splits on GPUs; one on CPU devices.
+  merge_wg_ = gpu_device_
+                  ? std::max<uint32_t>(32, std::min<uint32_t>(256, c.max_wg_threads) / 32 * 32)
+                  : 32;
 
   if (opts.matvec_rows) matvec_rows_ = std::clamp<uint32_t>(opts.matvec_rows, 1, kMatvecRowsMax);
   matvec_rows_opt_ = matvec_rows_;

@@ -172,6 +172,14 @@ class VulkanBackend final : public Backend {
   void set_attn_split_keys(uint32_t k) { attn_split_keys_ = k; }
   /// Test hook: chunks of those keys per split (0: chosen from the context).
   void set_attn_split_chunks(uint32_t c) { attn_split_chunks_ = c; }
+  /// Test hook: decode attention over F16 K/V in one pass (attn_decode.comp;
+  /// on by default on GPUs, past one split's keys) or on attn_split.comp. With
+  /// `always`, attn_decode takes every context it can (CPU devices included).
+  void set_attn_decode(bool on, bool always = false) {
+    attn_decode_ = on;
+    attn_decode_always_ = on && always;
+  }
+  bool attn_decode_on() const { return attn_decode_; }
   /// Test hook: matmul_qkv_rope_kv in one dispatch where it can (the default) or as two ops.
   void set_qkv_rope(bool on) { qkv_rope_ = on; }
   /// Test hook: integer-dot matvecs where the device has them (the default),
@@ -343,6 +351,11 @@ class VulkanBackend final : public Backend {
   uint32_t attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
                             int64_t n_heads, float scale, Act out, const std::vector<int32_t>* map,
                             uint32_t extra_splits, bool keep_splits, bool slot_chunks = false);
+  // attn_decode.comp's dispatch where it applies (F16 rows, no slot map, a
+  // subgroup shape that holds the head); false, and nothing recorded, where not.
+  bool attention_decode_onepass(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
+                                int64_t n_heads, float scale, Act out, uint32_t n_keys,
+                                uint32_t* n_dev);
   // attn_merge of the n_splits partials in the scratch into out.
   void attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_splits, uint64_t part_bytes,
                   bool q8_out);
@@ -412,6 +425,7 @@ class VulkanBackend final : public Backend {
   MatvecTuning mv_tune_;
   uint32_t norm_wg_ = 128;  ///< workgroup size of rms_norm
   uint32_t attn_wg_ = 128;  ///< workgroup size of attn_split
+  uint32_t merge_wg_ = 32;  ///< workgroup size of attn_merge (a multiple of 32)
   // keep_busy: allowed (options, GPU), asked for (set_keep_busy), the kernel
   // submitted and not told to stop yet; its flag word and command buffer.
   bool keep_allowed_ = false, keep_on_ = false, keep_running_ = false;
@@ -430,6 +444,12 @@ class VulkanBackend final : public Backend {
   // LOOM_VK_ATTN_GROUPS, LOOM_VK_ATTN_KEYS (A/B runs).
   uint32_t attn_groups_ = 1024;
   uint32_t attn_chunk_keys_ = 64;
+  // attn_decode.comp: on (set_attn_decode, LOOM_VK_ATTN_DECODE; GPUs), for
+  // every context (tests), and the workgroups its splits aim at
+  // (LOOM_VK_ATTN_DECODE_GROUPS).
+  bool attn_decode_ = true;
+  bool attn_decode_always_ = false;
+  uint32_t attn_decode_groups_ = 512;
   bool attn_coopmat_ = true;      ///< set_attn_coopmat(), LOOM_VK_ATTN_CM
   bool matmul_n64_ = false;       ///< set_matmul_n64()
   bool coopmat_ = true;           ///< set_matmul_coopmat(), LOOM_VK_COOPMAT

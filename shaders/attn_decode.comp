@@ -1,0 +1,192 @@
+#version 450
+// Decode attention in one pass over F16 K/V rows (flash decoding), for
+// contexts long enough to split: workgroup (s, kv head group, t) takes query
+// token t, up to GM query heads that share one KV head, and the keys
+// [s * chunk, (s + 1) * chunk) ∩ [0, pos[t]]. It writes the split's partial
+// (max m, sum l, unnormalized o[head_dim]) for attn_merge.comp.
+//
+// Within a subgroup, P lanes (pc.lanes: a power of two, at most the subgroup
+// size) take one key: lane c holds values [8 VS c, 8 VS c + 8 VS) of the
+// row (VS 16-byte loads of K, and of V), so a subgroup takes SG / P keys at a
+// time, KU of them per lane group in flight. The partial dots are summed
+// across the P lanes by shuffles, and each lane group keeps its own running
+// max, sum and p * v (online softmax, in base 2: q is scaled by log2 e). No
+// barrier separates reading K from reading V, so both are in flight
+// together. At the end the lane groups are merged by shuffles, then the
+// subgroups through shared memory. (attn_split.comp, which this replaces
+// for F16 rows on GPUs, scores a chunk, reduces its softmax across the
+// workgroup and only then reads V, with barriers between.)
+// Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+#ifndef VS
+#define VS 1  // 16-byte segments of a row per lane
+#endif
+#define GM 4                 // query heads per workgroup
+#define KU (VS > 1 ? 2 : 4)  // keys per lane group in flight
+#define NV (8 * VS)          // values of a row per lane
+#define HD_MAX 256           // largest head_dim (checked by the host)
+#define NSG_MAX 64           // subgroups per workgroup at most (WG <= 256, subgroups >= 4)
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer Q { float q[]; };
+layout(binding = 1) readonly buffer K { uvec4 k4[]; };
+layout(binding = 2) readonly buffer V { uvec4 v4[]; };
+layout(binding = 3) writeonly buffer PART { float part[]; };
+layout(binding = 4) readonly buffer P { int pos[]; };
+
+layout(push_constant) uniform PC {
+  uint q_off, q_ld;  // floats; row t of q is [n_heads * head_dim]
+  uint part_off;     // floats
+  uint k_off, v_off;  // uvec4s (16 bytes); row r of a KV head's rows at + r * head_dim / 8
+  uint n_ctx, n_heads, n_kv_heads, head_dim;
+  uint pos_off;
+  uint n_splits;
+  float scale;
+  uint chunk;  // keys per split
+  uint lanes;  // P
+} pc;
+
+shared float o_sh[GM][HD_MAX];
+shared vec2 ml_sh[NSG_MAX][GM];
+
+const float LOG2E = 1.4426950408889634;
+
+vec4 lo4(uvec4 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
+vec4 hi4(uvec4 w) { return vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)); }
+
+void main() {
+  const uint s = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
+  const uint group = pc.n_heads / pc.n_kv_heads;
+  const uint n_gchunks = (group + GM - 1) / GM;
+  const uint kvh = gl_WorkGroupID.y / n_gchunks;
+  const uint h0 = kvh * group + (gl_WorkGroupID.y % n_gchunks) * GM;
+  const uint gn = min(GM, kvh * group + group - h0);
+  const uint hd = pc.head_dim, rw = hd / 8;  // uvec4s a row
+
+  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
+  const uint k0 = s * pc.chunk;
+  const uint n = k0 < n_keys ? min(pc.chunk, n_keys - k0) : 0;
+
+  const uint P = pc.lanes, SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
+  const uint c = lane % P, slot = lane / P, per_sg = SG / P;
+  const bool seg = c * NV < hd;  // this lane holds NV values of a row
+
+  float qv[GM][NV], o[GM][NV], m[GM], l[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) {
+    m[g] = NEG_BIG;
+    l[g] = 0.0;
+    const uint qb = pc.q_off + t * pc.q_ld + (h0 + min(g, gn - 1)) * hd + c * NV;
+    [[unroll]] for (uint e = 0; e < NV; ++e) {
+      qv[g][e] = seg && g < gn ? q[qb + e] * (pc.scale * LOG2E) : 0.0;
+      o[g][e] = 0.0;
+    }
+  }
+
+  const uint step = gl_NumSubgroups * per_sg;
+  const uint rb = kvh * pc.n_ctx + k0;  // the split's first row
+  // The loop bound is the subgroup's, not the lane group's: the shuffles need
+  // every lane.
+  for (uint jb = gl_SubgroupID * per_sg; jb < n; jb += KU * step) {
+    uvec4 kw[KU][VS], vw[KU][VS];
+    bool cnt[KU];
+    [[unroll]] for (uint u = 0; u < KU; ++u) {
+      const uint j = jb + u * step + slot;
+      cnt[u] = j < n;
+      const bool ld = cnt[u] && seg;
+      const uint rbase = (rb + j) * rw + c * VS;
+      [[unroll]] for (uint v = 0; v < VS; ++v) {
+        kw[u][v] = ld ? k4[pc.k_off + rbase + v] : uvec4(0);
+        vw[u][v] = ld ? v4[pc.v_off + rbase + v] : uvec4(0);
+      }
+    }
+    float sc[KU][GM];
+    [[unroll]] for (uint u = 0; u < KU; ++u) {
+      float acc[GM];
+      [[unroll]] for (uint g = 0; g < GM; ++g) acc[g] = 0.0;
+      [[unroll]] for (uint v = 0; v < VS; ++v) {
+        const vec4 a = lo4(kw[u][v]), b = hi4(kw[u][v]);
+        [[unroll]] for (uint g = 0; g < GM; ++g) {
+          acc[g] += dot(vec4(qv[g][8 * v], qv[g][8 * v + 1], qv[g][8 * v + 2], qv[g][8 * v + 3]), a) +
+                    dot(vec4(qv[g][8 * v + 4], qv[g][8 * v + 5], qv[g][8 * v + 6], qv[g][8 * v + 7]), b);
+        }
+      }
+      for (uint off = P / 2; off > 0; off >>= 1) {
+        [[unroll]] for (uint g = 0; g < GM; ++g) acc[g] += subgroupShuffleXor(acc[g], off);
+      }
+      [[unroll]] for (uint g = 0; g < GM; ++g) sc[u][g] = cnt[u] ? acc[g] : NEG_BIG;
+    }
+    [[unroll]] for (uint g = 0; g < GM; ++g) {
+      float mn = m[g];
+      [[unroll]] for (uint u = 0; u < KU; ++u) mn = max(mn, sc[u][g]);
+      if (mn == NEG_BIG) continue;  // no key of this lane group counted yet
+      const float corr = exp2(m[g] - mn);
+      m[g] = mn;
+      l[g] *= corr;
+      [[unroll]] for (uint e = 0; e < NV; ++e) o[g][e] *= corr;
+      [[unroll]] for (uint u = 0; u < KU; ++u) {
+        const float p = cnt[u] ? exp2(sc[u][g] - mn) : 0.0;
+        l[g] += p;
+        [[unroll]] for (uint v = 0; v < VS; ++v) {
+          const vec4 a = lo4(vw[u][v]), b = hi4(vw[u][v]);
+          [[unroll]] for (uint e = 0; e < 4; ++e) {
+            o[g][8 * v + e] += p * a[e];
+            o[g][8 * v + 4 + e] += p * b[e];
+          }
+        }
+      }
+    }
+  }
+
+  // The subgroup's lane groups merged: every lane ends with the subgroup's
+  // sums for its segment.
+  for (uint off = P; off < SG; off <<= 1) {
+    [[unroll]] for (uint g = 0; g < GM; ++g) {
+      const float mo = subgroupShuffleXor(m[g], off), lo = subgroupShuffleXor(l[g], off);
+      const float mn = max(m[g], mo);
+      const float a = exp2(m[g] - mn), b = exp2(mo - mn);  // 0 for a side that counted nothing
+      l[g] = l[g] * a + lo * b;
+      [[unroll]] for (uint e = 0; e < NV; ++e) o[g][e] = o[g][e] * a + subgroupShuffleXor(o[g][e], off) * b;
+      m[g] = mn;
+    }
+  }
+  // Then the subgroups: their (m, l), the common max, and o added in turn.
+  const uint sgi = gl_SubgroupID;
+  if (lane == 0) {
+    [[unroll]] for (uint g = 0; g < GM; ++g) ml_sh[sgi][g] = vec2(m[g], l[g]);
+  }
+  barrier();
+  float M[GM], L[GM];
+  [[unroll]] for (uint g = 0; g < GM; ++g) {
+    M[g] = NEG_BIG;
+    for (uint w = 0; w < gl_NumSubgroups; ++w) M[g] = max(M[g], ml_sh[w][g].x);
+    L[g] = 0.0;
+    for (uint w = 0; w < gl_NumSubgroups; ++w) L[g] += ml_sh[w][g].y * exp2(ml_sh[w][g].x - M[g]);
+  }
+  for (uint w = 0; w < gl_NumSubgroups; ++w) {  // uniform
+    if (sgi == w && slot == 0 && seg) {
+      [[unroll]] for (uint g = 0; g < GM; ++g) {
+        const float a = exp2(m[g] - M[g]);
+        [[unroll]] for (uint e = 0; e < NV; ++e) o_sh[g][c * NV + e] = (w == 0 ? 0.0 : o_sh[g][c * NV + e]) + o[g][e] * a;
+      }
+    }
+    barrier();
+  }
+  // The partial, in base e for the merge.
+  const uint tid = gl_LocalInvocationID.x, stride = hd + 2;
+  for (uint i = tid; i < gn * hd; i += WG) {
+    const uint g = i / hd, d = i % hd;
+    float Mg = M[0], Lg = L[0];
+    [[unroll]] for (uint gg = 1; gg < GM; ++gg) {
+      Mg = gg == g ? M[gg] : Mg;
+      Lg = gg == g ? L[gg] : Lg;
+    }
+    const uint pb = pc.part_off + ((t * pc.n_heads + h0 + g) * pc.n_splits + s) * stride;
+    if (d == 0) {
+      part[pb] = Mg == NEG_BIG ? NEG_BIG : Mg / LOG2E;
+      part[pb + 1] = Lg;
+    }
+    part[pb + 2 + d] = o_sh[g][d];
+  }
+}
