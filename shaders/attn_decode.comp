@@ -72,12 +72,13 @@ void main() {
   const uint P = pc.lanes, SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
   const uint c = lane % P, slot = lane / P, per_sg = SG / P;
   const bool seg = c * NV < hd;  // this lane holds NV values of a row
+  const uint cs = seg ? c : 0;    // where it reads (a lane past the row reads its first values)
 
   float qv[GM][NV], o[GM][NV], m[GM], l[GM];
   [[unroll]] for (uint g = 0; g < GM; ++g) {
     m[g] = NEG_BIG;
     l[g] = 0.0;
-    const uint qb = pc.q_off + t * pc.q_ld + (h0 + min(g, gn - 1)) * hd + c * NV;
+    const uint qb = pc.q_off + t * pc.q_ld + (h0 + min(g, gn - 1)) * hd + cs * NV;
     [[unroll]] for (uint e = 0; e < NV; ++e) {
       qv[g][e] = seg && g < gn ? q[qb + e] * (pc.scale * LOG2E) : 0.0;
       o[g][e] = 0.0;
@@ -95,7 +96,7 @@ void main() {
       const uint j = jb + u * step + slot;
       cnt[u] = j < n;
       const bool ld = cnt[u] && seg;
-      const uint rbase = (rb + j) * rw + c * VS;
+      const uint rbase = (rb + min(j, n - 1)) * rw + cs * VS;  // in bounds, loaded or not
       [[unroll]] for (uint v = 0; v < VS; ++v) {
         kw[u][v] = ld ? k4[pc.k_off + rbase + v] : uvec4(0);
         vw[u][v] = ld ? v4[pc.v_off + rbase + v] : uvec4(0);
