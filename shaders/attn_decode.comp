@@ -1,13 +1,14 @@
 #version 450
-// Decode attention in one pass over F16 K/V rows (flash decoding), for
+// Decode attention in one pass over F16 or Q8_0 K/V rows (flash decoding), for
 // contexts long enough to split: workgroup (s, kv head group, t) takes query
 // token t, up to GM query heads that share one KV head, and the keys
 // [s * chunk, (s + 1) * chunk) ∩ [0, pos[t]]. It writes the split's partial
 // (max m, sum l, unnormalized o[head_dim]) for attn_merge.comp.
 //
 // Within a subgroup, P lanes (pc.lanes: a power of two, at most the subgroup
-// size) take one key: lane c holds values [8 VS c, 8 VS c + 8 VS) of the
-// row (VS 16-byte loads of K, and of V), so a subgroup takes SG / P keys at a
+// size) take one key: lane c holds values [NV c, NV c + NV) of the row (VS
+// 16-byte loads of K, and of V: 8 values each for F16 rows, 16 for Q8_0's
+// quants, KV_Q8, with the one scale of their 32-value block), so a subgroup takes SG / P keys at a
 // time, KU of them per lane group in flight. The partial dots are summed
 // across the P lanes by shuffles, and each lane group keeps its own running
 // max, sum and p * v (online softmax, in base 2: q is scaled by log2 e). No
@@ -25,7 +26,12 @@
 #endif
 #define GM 4                 // query heads per workgroup
 #define KU (VS > 1 ? 2 : 4)  // keys per lane group in flight
-#define NV (8 * VS)          // values of a row per lane
+#ifdef KV_Q8
+#define NPU 16  // values per 16-byte load: int8 quants
+#else
+#define NPU 8  // halves
+#endif
+#define NV (NPU * VS)  // values of a row per lane
 #define HD_MAX 256           // largest head_dim (checked by the host)
 #define NSG_MAX 64           // subgroups per workgroup at most (WG <= 256, subgroups >= 4)
 #include "common.glsl"
@@ -33,13 +39,20 @@
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer K { uvec4 k4[]; };
 layout(binding = 2) readonly buffer V { uvec4 v4[]; };
+#ifdef KV_Q8
+// Q8_0 rows: the layer's quants [rows][head_dim] int8, then its scales
+// [rows][head_dim / 32] (kv_store.comp).
+layout(binding = 1) readonly buffer KD { float kd[]; };
+layout(binding = 2) readonly buffer VD { float vd[]; };
+#endif
 layout(binding = 3) writeonly buffer PART { float part[]; };
 layout(binding = 4) readonly buffer P { int pos[]; };
 
 layout(push_constant) uniform PC {
   uint q_off, q_ld;  // floats; row t of q is [n_heads * head_dim]
   uint part_off;     // floats
-  uint k_off, v_off;  // uvec4s (16 bytes); row r of a KV head's rows at + r * head_dim / 8
+  uint k_off, v_off;  // uvec4s (16 bytes); row r at + r * head_dim / NPU
+  uint kd_off, vd_off;  // KV_Q8: floats; row r's scales at + r * head_dim / 32
   uint n_ctx, n_heads, n_kv_heads, head_dim;
   uint pos_off;
   uint n_splits;
@@ -53,8 +66,15 @@ shared vec2 ml_sh[NSG_MAX][GM];
 
 const float LOG2E = 1.4426950408889634;
 
-vec4 lo4(uvec4 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
-vec4 hi4(uvec4 w) { return vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)); }
+// Values 4i .. 4i + 3 of a 16-byte load (i < NPU / 4).
+vec4 part4(uvec4 w, uint i) {
+#ifdef KV_Q8
+  const int x = int(w[i]);
+  return vec4(ivec4(x << 24, x << 16, x << 8, x) >> 24);
+#else
+  return vec4(unpackHalf2x16(w[2 * i]), unpackHalf2x16(w[2 * i + 1]));
+#endif
+}
 
 void main() {
   const uint s = gl_WorkGroupID.x, t = gl_WorkGroupID.z;
@@ -63,7 +83,7 @@ void main() {
   const uint kvh = gl_WorkGroupID.y / n_gchunks;
   const uint h0 = kvh * group + (gl_WorkGroupID.y % n_gchunks) * GM;
   const uint gn = min(GM, kvh * group + group - h0);
-  const uint hd = pc.head_dim, rw = hd / 8;  // uvec4s a row
+  const uint hd = pc.head_dim, rw = hd / NPU;  // uvec4s a row
 
   const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
   const uint k0 = s * pc.chunk;
@@ -91,28 +111,40 @@ void main() {
   // every lane.
   for (uint jb = gl_SubgroupID * per_sg; jb < n; jb += KU * step) {
     uvec4 kw[KU][VS], vw[KU][VS];
+    float ks[KU], vsc[KU];  // the rows' scales (1 for F16 rows)
     bool cnt[KU];
     [[unroll]] for (uint u = 0; u < KU; ++u) {
       const uint j = jb + u * step + slot;
       cnt[u] = j < n;
       const bool ld = cnt[u] && seg;
-      const uint rbase = (rb + min(j, n - 1)) * rw + cs * VS;  // in bounds, loaded or not
+      const uint row = rb + min(j, n - 1);  // in bounds, loaded or not
+      const uint rbase = row * rw + cs * VS;
       [[unroll]] for (uint v = 0; v < VS; ++v) {
         kw[u][v] = ld ? k4[pc.k_off + rbase + v] : uvec4(0);
         vw[u][v] = ld ? v4[pc.v_off + rbase + v] : uvec4(0);
       }
+#ifdef KV_Q8
+      const uint di = row * (hd / 32) + cs * NV / 32;  // VS = 1: one block a lane
+      ks[u] = kd[pc.kd_off + di];
+      vsc[u] = vd[pc.vd_off + di];
+#else
+      ks[u] = 1.0;
+      vsc[u] = 1.0;
+#endif
     }
     float sc[KU][GM];
     [[unroll]] for (uint u = 0; u < KU; ++u) {
       float acc[GM];
       [[unroll]] for (uint g = 0; g < GM; ++g) acc[g] = 0.0;
       [[unroll]] for (uint v = 0; v < VS; ++v) {
-        const vec4 a = lo4(kw[u][v]), b = hi4(kw[u][v]);
-        [[unroll]] for (uint g = 0; g < GM; ++g) {
-          acc[g] += dot(vec4(qv[g][8 * v], qv[g][8 * v + 1], qv[g][8 * v + 2], qv[g][8 * v + 3]), a) +
-                    dot(vec4(qv[g][8 * v + 4], qv[g][8 * v + 5], qv[g][8 * v + 6], qv[g][8 * v + 7]), b);
+        [[unroll]] for (uint i = 0; i < NPU / 4; ++i) {
+          const vec4 a = part4(kw[u][v], i);
+          const uint e = NPU * v + 4 * i;
+          [[unroll]] for (uint g = 0; g < GM; ++g)
+            acc[g] += dot(vec4(qv[g][e], qv[g][e + 1], qv[g][e + 2], qv[g][e + 3]), a);
         }
       }
+      [[unroll]] for (uint g = 0; g < GM; ++g) acc[g] *= ks[u];
       for (uint off = P / 2; off > 0; off >>= 1) {
         [[unroll]] for (uint g = 0; g < GM; ++g) acc[g] += subgroupShuffleXor(acc[g], off);
       }
@@ -129,11 +161,11 @@ void main() {
       [[unroll]] for (uint u = 0; u < KU; ++u) {
         const float p = cnt[u] ? exp2(sc[u][g] - mn) : 0.0;
         l[g] += p;
+        const float pv = p * vsc[u];
         [[unroll]] for (uint v = 0; v < VS; ++v) {
-          const vec4 a = lo4(vw[u][v]), b = hi4(vw[u][v]);
-          [[unroll]] for (uint e = 0; e < 4; ++e) {
-            o[g][8 * v + e] += p * a[e];
-            o[g][8 * v + 4 + e] += p * b[e];
+          [[unroll]] for (uint i = 0; i < NPU / 4; ++i) {
+            const vec4 a = part4(vw[u][v], i);
+            [[unroll]] for (uint e = 0; e < 4; ++e) o[g][NPU * v + 4 * i + e] += pv * a[e];
           }
         }
       }

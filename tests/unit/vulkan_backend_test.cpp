@@ -1004,9 +1004,10 @@ void check_attention(VulkanBackend* be, const AttnCase& c) {
   }
   be->set_attn_split_keys(0);
   be->set_attn_split_chunks(0);
-  // Decode in one pass (attn_decode.comp, F16 rows) at every context, where
-  // the device has subgroup shuffles (lavapipe has: 8-lane subgroups, two
-  // 16-byte segments a lane past 64 values), and attn_split alone.
+  // Decode in one pass (attn_decode.comp: F16 rows, and Q8_0 rows of
+  // 32-value blocks) at every context, where the device has subgroup
+  // shuffles (lavapipe has: 8-lane subgroups, two 16-byte segments of F16
+  // a lane past 64 values), and attn_split alone.
   const bool decode_default = be->attn_decode_on();
   for (const bool one_pass : {true, false}) {
     SCOPED_TRACE(one_pass ? "attn_decode" : "attn_split only");
@@ -1048,7 +1049,7 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{DType::kF16, 2, 2, 18, 0, 7}, AttnCase{DType::kF16, 4, 2, 64, 40, 37},
         AttnCase{DType::kF16, 2, 1, 256, 10, 3}, AttnCase{DType::kQ8_0, 4, 2, 64, 299, 1},
         AttnCase{DType::kQ8_0, 8, 8, 32, 3, 6}, AttnCase{DType::kF16, 8, 2, 128, 1000, 1},
-        AttnCase{DType::kF16, 4, 1, 80, 700, 1}),
+        AttnCase{DType::kF16, 4, 1, 80, 700, 1}, AttnCase{DType::kQ8_0, 8, 2, 128, 1000, 1}),
     [](const auto& pi) { return attn_name(pi.param); });
 
 // ---- KV residency and transfers -----------------------------------------------------

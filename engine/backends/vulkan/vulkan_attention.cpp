@@ -287,19 +287,24 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   const Alloc& ka = s.k_[l];
   const Alloc& va = s.v_[l];
   const vk::DeviceCaps& dc = dev_->caps();
+  const bool q8 = c.dtype == DType::kQ8_0;
+  const uint64_t qb = s.quant_bytes(l);
   if (!attn_decode_ || attn_split_keys_ || attn_split_chunks_ || !dc.subgroup_shuffle ||
-      c.dtype != DType::kF16 || hd % 8 != 0 || hd > kAttnDecodeMaxHeadDim || ka.offset % 16 != 0 ||
-      va.offset % 16 != 0 || (!attn_decode_always_ && n_keys <= kAttnOneSplitKeys))
+      (c.dtype != DType::kF16 && !q8) || hd % (q8 ? 32 : 8) != 0 || hd > kAttnDecodeMaxHeadDim ||
+      ka.offset % 16 != 0 || va.offset % 16 != 0 || qb % 4 != 0 ||
+      (!attn_decode_always_ && n_keys <= kAttnOneSplitKeys))
     return false;
-  // Lanes per key: one 16-byte segment of the row each (VS = 1) where the
-  // subgroup has a lane for every segment, else two (VS = 2).
+  // Lanes per key: one 16-byte segment of the row each (VS = 1: 8 halves, or
+  // 16 of Q8_0's quants) where the subgroup has a lane for every segment,
+  // else two (VS = 2, F16 rows).
   const uint32_t sg = dc.subgroup_size;
   const uint32_t wg = std::max<uint32_t>(kWgAttnDecode, sg);
+  const uint32_t per_load = q8 ? 16 : 8;
   uint32_t vs = 0, lanes = 1;
   for (const uint32_t v : {1u, 2u}) {
-    if (hd % (8 * v) != 0) continue;
+    if (hd % (per_load * v) != 0 || (q8 && v > 1)) continue;
     uint32_t p = 1;
-    while (p * 8 * v < hd) p *= 2;
+    while (p * per_load * v < hd) p *= 2;
     if (p <= sg) {
       vs = v;
       lanes = p;
@@ -327,8 +332,8 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
     return true;
   }
   struct {
-    uint32_t q_off, q_ld, part_off, k_off, v_off, n_ctx, n_heads, n_kv_heads, head_dim, pos_off,
-        n_splits;
+    uint32_t q_off, q_ld, part_off, k_off, v_off, kd_off, vd_off, n_ctx, n_heads, n_kv_heads,
+        head_dim, pos_off, n_splits;
     float scale;
     uint32_t chunk, lanes;
   } pc{u32(q.offset / 4),
@@ -336,6 +341,8 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
        u32(scratch_.offset / 4),
        u32(ka.offset / 16),
        u32(va.offset / 16),
+       u32((ka.offset + qb) / 4),
+       u32((va.offset + qb) / 4),
        u32(s.rows(l)),
        u32(n_heads),
        u32(c.n_kv_heads),
@@ -347,7 +354,10 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
        lanes};
   static_assert(sizeof(pc) <= kPushBytes);
   dispatch(
-      plain(vs == 1 ? "attn_decode" : "attn_decode_v2"), Spec{wg},
+      plain(q8        ? "attn_decode_q8"
+            : vs == 1 ? "attn_decode"
+                      : "attn_decode_v2"),
+      Spec{wg},
       {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
        Bind{va.block, va.offset, va.size, false},
        Bind{scratch_.block, scratch_.offset, part_bytes, true}, Bind{ring_.block, 0, 0, false}},
