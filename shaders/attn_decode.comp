@@ -17,7 +17,13 @@
 // subgroups through shared memory. (attn_split.comp, which this replaces
 // for F16 rows on GPUs, scores a chunk, reduces its softmax across the
 // workgroup and only then reads V, with barriers between.)
-// Grid: x = n_splits, y = n_kv_heads * ceil(group / GM), z = T.
+// Device tier (map_bs > 0): the layer's rows are slots of map_bs rows, and
+// pos[map_off + slot] is the first position of the block in each slot (-1:
+// free); keys are rows [0, map_keys), and key j counts for token t when its
+// slot holds a block and its position is at most pos[t] (as in
+// attn_split.comp). A split whose keys all fail gives (NEG_BIG, 0, 0).
+// n_splits may exceed the grid's x: the splits past it are the caller's.
+// Grid: x = the device's splits, y = n_kv_heads * ceil(group / GM), z = T.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
@@ -59,12 +65,21 @@ layout(push_constant) uniform PC {
   float scale;
   uint chunk;  // keys per split
   uint lanes;  // P
+  uint map_off, map_keys, map_bs;  // device tier: the slot map (ints, in P); 0: no map
 } pc;
 
 shared float o_sh[GM][HD_MAX];
 shared vec2 ml_sh[NSG_MAX][GM];
 
 const float LOG2E = 1.4426950408889634;
+
+// Whether key j (a row) counts for token t: always without a map (the splits
+// end at the token's position), else by its slot's block position.
+bool key_ok(uint j, uint t) {
+  if (pc.map_bs == 0) return true;
+  const int b0 = pos[pc.map_off + j / pc.map_bs];
+  return b0 >= 0 && b0 + int(j % pc.map_bs) <= pos[pc.pos_off + t];
+}
 
 // Values 4i .. 4i + 3 of a 16-byte load (i < NPU / 4).
 vec4 part4(uvec4 w, uint i) {
@@ -85,7 +100,7 @@ void main() {
   const uint gn = min(GM, kvh * group + group - h0);
   const uint hd = pc.head_dim, rw = hd / NPU;  // uvec4s a row
 
-  const uint n_keys = uint(pos[pc.pos_off + t]) + 1;
+  const uint n_keys = pc.map_bs > 0 ? pc.map_keys : uint(pos[pc.pos_off + t]) + 1;
   const uint k0 = s * pc.chunk;
   const uint n = k0 < n_keys ? min(pc.chunk, n_keys - k0) : 0;
 
@@ -115,7 +130,7 @@ void main() {
     bool cnt[KU];
     [[unroll]] for (uint u = 0; u < KU; ++u) {
       const uint j = jb + u * step + slot;
-      cnt[u] = j < n;
+      cnt[u] = j < n && key_ok(k0 + j, t);
       const bool ld = cnt[u] && seg;
       const uint row = rb + min(j, n - 1);  // in bounds, loaded or not
       const uint rbase = row * rw + cs * VS;
@@ -125,8 +140,8 @@ void main() {
       }
 #ifdef KV_Q8
       const uint di = row * (hd / 32) + cs * NV / 32;  // VS = 1: one block a lane
-      ks[u] = kd[pc.kd_off + di];
-      vsc[u] = vd[pc.vd_off + di];
+      ks[u] = ld ? kd[pc.kd_off + di] : 0.0;  // (a row that does not count may hold anything)
+      vsc[u] = ld ? vd[pc.vd_off + di] : 0.0;
 #else
       ks[u] = 1.0;
       vsc[u] = 1.0;

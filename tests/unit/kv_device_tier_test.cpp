@@ -257,10 +257,15 @@ TEST(KvDeviceTier, HostEpochMovesAndIsNeverShared) {
 class VulkanKvTier : public ::testing::TestWithParam<std::tuple<DType, test::TierMix>> {};
 
 // 40 query rows are gathered (prefill); 3 slots per split on the device (no mass: lru).
+// Decode over the slots on attn_split.comp, and in one pass (attn_decode.comp).
 TEST_P(VulkanKvTier, AttentionAcrossTiersMatchesTheReference) {
   LOOM_VULKAN_OR_SKIP(be, false);
-  test::check_attention_across_tiers(*be, std::get<0>(GetParam()), std::get<1>(GetParam()),
-                                     [&](uint32_t c) { be->set_attn_split_chunks(c); });
+  for (const bool one_pass : {false, true}) {
+    SCOPED_TRACE(one_pass ? "attn_decode" : "attn_split");
+    be->set_attn_decode(one_pass, true);
+    test::check_attention_across_tiers(*be, std::get<0>(GetParam()), std::get<1>(GetParam()),
+                                       [&](uint32_t c) { be->set_attn_split_chunks(c); });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndMixes, VulkanKvTier,

@@ -162,9 +162,10 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
           : n_keys <= kAttnOneSplitKeys || !gpu_device_ ? std::min(n_keys, wg)
                                                         : std::min(kAttnSplitKeys, wg);
   }
-  if (!map && extra_splits == 0 && !keep_splits) {
+  {
     uint32_t n_dev = 0;
-    if (attention_decode_onepass(s, layer, q, pos, n_heads, scale, out, n_keys, &n_dev))
+    if (attention_decode_onepass(s, layer, q, pos, n_heads, scale, out, n_keys, map, extra_splits,
+                                 keep_splits, slot_chunks, &n_dev))
       return n_dev;
   }
   kps = std::max<uint32_t>(kps, 1);
@@ -280,7 +281,9 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
 
 bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act q,
                                              const int32_t* pos, int64_t n_heads, float scale,
-                                             Act out, uint32_t n_keys, uint32_t* n_dev) {
+                                             Act out, uint32_t n_keys,
+                                             const std::vector<int32_t>* map, uint32_t extra_splits,
+                                             bool keep_splits, bool slot_chunks, uint32_t* n_dev) {
   const KvCacheConfig& c = s.cfg_;
   const auto l = static_cast<size_t>(layer);
   const int64_t T = q.rows, hd = c.head_dim;
@@ -289,10 +292,12 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   const vk::DeviceCaps& dc = dev_->caps();
   const bool q8 = c.dtype == DType::kQ8_0;
   const uint64_t qb = s.quant_bytes(l);
-  if (!attn_decode_ || attn_split_keys_ || attn_split_chunks_ || !dc.subgroup_shuffle ||
+  // (Without a map the test hooks' keys and chunks per split are attn_split's;
+  // under one, chunks are slots per split for both kernels.)
+  if (!attn_decode_ || (!map && (attn_split_keys_ || attn_split_chunks_)) || !dc.subgroup_shuffle ||
       (c.dtype != DType::kF16 && !q8) || hd % (q8 ? 32 : 8) != 0 || hd > kAttnDecodeMaxHeadDim ||
       ka.offset % 16 != 0 || va.offset % 16 != 0 || qb % 4 != 0 ||
-      (!attn_decode_always_ && n_keys <= kAttnOneSplitKeys))
+      (!map && !attn_decode_always_ && n_keys <= kAttnOneSplitKeys))
     return false;
   // Lanes per key: one 16-byte segment of the row each (VS = 1: 8 halves, or
   // 16 of Q8_0's quants) where the subgroup has a lane for every segment,
@@ -313,20 +318,35 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   }
   if (vs == 0 || wg > dc.max_wg_threads || wg / sg > kAttnDecodeMaxSubgroups) return false;
   // Splits: enough that the grid has about attn_decode_groups_ workgroups
-  // (four per SM of an H100), of at least kAttnDecodeMinKeys keys.
+  // (four per SM of an H100), of at least kAttnDecodeMinKeys keys. Under a
+  // slot map (n_keys: all the slots' rows) a split takes whole slots: one
+  // unless slot_chunks (a split's (m, l) is then its slot's block's share,
+  // for the attention mass).
   const uint32_t group = u32(n_heads / c.n_kv_heads);
   const uint32_t gy = u32(c.n_kv_heads) * ((group + kAttnDecodeHeads - 1) / kAttnDecodeHeads);
   const uint32_t want = std::max<uint32_t>(1, attn_decode_groups_ / (gy * u32(T)));
-  const uint32_t chunk = std::max<uint32_t>(kAttnDecodeMinKeys, (n_keys + want - 1) / want);
-  const uint32_t n_splits = (n_keys + chunk - 1) / chunk;
-  *n_dev = n_splits;
+  uint32_t chunk = std::max<uint32_t>(kAttnDecodeMinKeys, (n_keys + want - 1) / want);
+  const uint32_t bs = map ? u32(c.block_size) : 0;
+  if (map) {
+    const uint32_t n_slots = u32(map->size());
+    const uint32_t per = attn_split_chunks_ ? attn_split_chunks_
+                         : slot_chunks      ? (n_slots + want - 1) / want
+                                            : 1;
+    chunk = std::max<uint32_t>(per, 1) * bs;
+  }
+  const uint32_t n_dev_splits = (n_keys + chunk - 1) / chunk;
+  const uint32_t n_splits = n_dev_splits + extra_splits;
+  *n_dev = n_dev_splits;
   const uint64_t part_bytes =
       static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4;
   if (Status st = ensure_scratch(part_bytes); !st.ok()) {
     fail(st);
     return true;
   }
-  auto po = put_ints(pos, T);
+  // Positions, then the slot map, in one put (a second put may flush the ring).
+  std::vector<int32_t> ints(pos, pos + T);
+  if (map) ints.insert(ints.end(), map->begin(), map->end());
+  auto po = put_ints(ints.data(), static_cast<int64_t>(ints.size()));
   if (!po.ok()) {
     fail(po.status());
     return true;
@@ -335,7 +355,7 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
     uint32_t q_off, q_ld, part_off, k_off, v_off, kd_off, vd_off, n_ctx, n_heads, n_kv_heads,
         head_dim, pos_off, n_splits;
     float scale;
-    uint32_t chunk, lanes;
+    uint32_t chunk, lanes, map_off, map_keys, map_bs;
   } pc{u32(q.offset / 4),
        u32(q.cols),
        u32(scratch_.offset / 4),
@@ -351,7 +371,10 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
        n_splits,
        scale,
        chunk,
-       lanes};
+       lanes,
+       *po + u32(T),
+       n_keys,
+       bs};
   static_assert(sizeof(pc) <= kPushBytes);
   dispatch(
       plain(q8        ? "attn_decode_q8"
@@ -361,8 +384,9 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
       {act_bind(q, false), Bind{ka.block, ka.offset, ka.size, false},
        Bind{va.block, va.offset, va.size, false},
        Bind{scratch_.block, scratch_.offset, part_bytes, true}, Bind{ring_.block, 0, 0, false}},
-      &pc, sizeof(pc), n_splits, gy, u32(T));
-  attn_merge(out, n_heads, hd, n_splits, part_bytes, attn_q8_out(out, n_heads, hd));
+      &pc, sizeof(pc), n_dev_splits, gy, u32(T));
+  if (!keep_splits)
+    attn_merge(out, n_heads, hd, n_splits, part_bytes, attn_q8_out(out, n_heads, hd));
   return true;
 }
 

@@ -351,11 +351,13 @@ class VulkanBackend final : public Backend {
   uint32_t attention_decode(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
                             int64_t n_heads, float scale, Act out, const std::vector<int32_t>* map,
                             uint32_t extra_splits, bool keep_splits, bool slot_chunks = false);
-  // attn_decode.comp's dispatch where it applies (F16 rows, no slot map, a
-  // subgroup shape that holds the head); false, and nothing recorded, where not.
+  // attn_decode.comp's dispatch where it applies (F16 or Q8_0 rows, a
+  // subgroup shape that holds the head), as attention_decode's arguments;
+  // false, and nothing recorded, where not.
   bool attention_decode_onepass(VkKvStorage& s, int64_t layer, Act q, const int32_t* pos,
                                 int64_t n_heads, float scale, Act out, uint32_t n_keys,
-                                uint32_t* n_dev);
+                                const std::vector<int32_t>* map, uint32_t extra_splits,
+                                bool keep_splits, bool slot_chunks, uint32_t* n_dev);
   // attn_merge of the n_splits partials in the scratch into out.
   void attn_merge(Act out, int64_t n_heads, int64_t hd, uint32_t n_splits, uint64_t part_bytes,
                   bool q8_out);
