@@ -1,6 +1,6 @@
 // VulkanBackend's attention: tiled flash attention for prefill, split
-// decode attention (attn_decode over F16 rows on GPUs, else attn_split; then
-// attn_merge), one split per slot for
+// decode attention (attn_decode over F16 and Q8_0 rows on GPUs, else
+// attn_split; then attn_merge), one split per slot for
 // layers in device slots, and attention_split, where the host attends over
 // the layer's host blocks and its partial is merged with the device's.
 #include <algorithm>
@@ -329,9 +329,9 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   const uint32_t bs = map ? u32(c.block_size) : 0;
   if (map) {
     const uint32_t n_slots = u32(map->size());
-    const uint32_t per = attn_split_chunks_ ? attn_split_chunks_
-                         : slot_chunks      ? (n_slots + want - 1) / want
-                                            : 1;
+    const uint32_t per = !slot_chunks         ? 1
+                         : attn_split_chunks_ ? attn_split_chunks_
+                                              : (n_slots + want - 1) / want;
     chunk = std::max<uint32_t>(per, 1) * bs;
   }
   const uint32_t n_dev_splits = (n_keys + chunk - 1) / chunk;
