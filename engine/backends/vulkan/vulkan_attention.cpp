@@ -208,10 +208,7 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
       return n_dev;
     }
   }
-  // Positions, then the slot map, in one put (a second put may flush the ring).
-  std::vector<int32_t> ints(pos, pos + T);
-  if (map) ints.insert(ints.end(), map->begin(), map->end());
-  auto po = put_ints(ints.data(), static_cast<int64_t>(ints.size()));
+  auto po = put_positions(pos, T, map);
   if (!po.ok()) {
     fail(po.status());
     return n_dev;
@@ -343,10 +340,7 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
     fail(st);
     return true;
   }
-  // Positions, then the slot map, in one put (a second put may flush the ring).
-  std::vector<int32_t> ints(pos, pos + T);
-  if (map) ints.insert(ints.end(), map->begin(), map->end());
-  auto po = put_ints(ints.data(), static_cast<int64_t>(ints.size()));
+  auto po = put_positions(pos, T, map);
   if (!po.ok()) {
     fail(po.status());
     return true;
@@ -388,6 +382,14 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   if (!keep_splits)
     attn_merge(out, n_heads, hd, n_splits, part_bytes, attn_q8_out(out, n_heads, hd));
   return true;
+}
+
+Result<uint32_t> VulkanBackend::put_positions(const int32_t* pos, int64_t T,
+                                              const std::vector<int32_t>* map) {
+  if (!map) return put_ints(pos, T);
+  std::vector<int32_t> ints(pos, pos + T);
+  ints.insert(ints.end(), map->begin(), map->end());
+  return put_ints(ints.data(), static_cast<int64_t>(ints.size()));
 }
 
 bool VulkanBackend::attn_q8_out(const Act& out, int64_t n_heads, int64_t hd) const {
