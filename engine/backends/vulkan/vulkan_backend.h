@@ -344,10 +344,11 @@ class VulkanBackend final : public Backend {
                      uint8_t* v_out, const uint8_t* k_in, const uint8_t* v_in);
   // kv_store() of tokens into the given device rows of a layer.
   void kv_store_rows(VkKvStorage& s, int64_t layer, Act k, Act v, const int32_t* rows);
-  // Decode attention (attn_split, then attn_merge unless `keep_splits`) of a
-  // layer: with `map` (slotted layers: the first position of each slot's
-  // block, -1 when free) one split per slot over the slots' rows, causal by
-  // position; `extra_splits` more splits are left for the caller to fill
+  // Decode attention (attn_decode where attention_decode_onepass takes it,
+  // else attn_split; then attn_merge unless `keep_splits`) of a layer: with
+  // `map` (slotted layers: the first position of each slot's block, -1 when
+  // free) one split per slot over the slots' rows, causal by position;
+  // `extra_splits` more splits are left for the caller to fill
   // (attention_split's host part). `slot_chunks`: with `map`, a split may
   // take several slots (no slot's own (m, l) is wanted: no attention mass).
   // Returns the number of device splits.
