@@ -359,6 +359,10 @@ class CudaBackend final : public Backend {
   bool mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks, std::vector<int32_t>* blocks,
                      std::vector<const uint8_t*>* host, std::vector<const uint8_t*>* dev,
                      uint64_t* v_off, uint64_t* head_bytes);
+  // Whether the GPU alone reads n host blocks of K/V pairs (v_off: K's
+  // bytes, as mapped_blocks gives) in the slots' launch (attention_mapped):
+  // at most tier_gpu_read_ bytes of them; past that the CPU takes part.
+  bool gpu_reads_all(size_t n, uint64_t v_off) const { return n * 2 * v_off <= tier_gpu_read_; }
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;

@@ -402,7 +402,7 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
   std::vector<const uint8_t*> host, at;
   uint64_t v_off = 0, head_bytes = 0;
   if (!mapped_blocks(kv, layer, n_blocks, &blocks, &host, &at, &v_off, &head_bytes) ||
-      blocks.size() * 2 * v_off > tier_gpu_read_)
+      !gpu_reads_all(blocks.size(), v_off))
     return false;  // (the CPU's part, attention_split)
   // A device copy (prefetched while the layer before ran, else queued now),
   // or else the pinned blocks themselves, read over PCIe.
@@ -428,7 +428,7 @@ bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKv
     if (!kv.device_tiered(l2) || !kv.has_host_blocks(l2, n_blocks)) continue;
     std::vector<const uint8_t*> h2, a2;
     if (mapped_blocks(kv, l2, n_blocks, &blocks, &h2, &a2, &v_off, &head_bytes) &&
-        h2.size() * 2 * v_off <= tier_gpu_read_ && staged(kv, l2, h2) < 0)
+        gpu_reads_all(h2.size(), v_off) && staged(kv, l2, h2) < 0)
       (void)stage_copy(kv, l2, h2, 2 * v_off, si);
     break;
   }

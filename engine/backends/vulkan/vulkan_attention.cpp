@@ -201,14 +201,7 @@ uint32_t VulkanBackend::attention_decode(VkKvStorage& s, int64_t layer, Act q, c
   const uint64_t part_bytes = n_splits > 1 ? static_cast<uint64_t>(T * n_heads) * n_splits *
                                                  static_cast<uint64_t>(hd + 2) * 4
                                            : 0;
-  if (part_bytes) {
-    Status st = ensure_scratch(part_bytes);
-    if (!st.ok()) {
-      fail(st);
-      return n_dev;
-    }
-  }
-  auto po = put_positions(pos, T, map);
+  auto po = decode_inputs(part_bytes, pos, T, map);
   if (!po.ok()) {
     fail(po.status());
     return n_dev;
@@ -336,11 +329,7 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   *n_dev = n_dev_splits;
   const uint64_t part_bytes =
       static_cast<uint64_t>(T * n_heads) * n_splits * static_cast<uint64_t>(hd + 2) * 4;
-  if (Status st = ensure_scratch(part_bytes); !st.ok()) {
-    fail(st);
-    return true;
-  }
-  auto po = put_positions(pos, T, map);
+  auto po = decode_inputs(part_bytes, pos, T, map);
   if (!po.ok()) {
     fail(po.status());
     return true;
@@ -384,8 +373,9 @@ bool VulkanBackend::attention_decode_onepass(VkKvStorage& s, int64_t layer, Act 
   return true;
 }
 
-Result<uint32_t> VulkanBackend::put_positions(const int32_t* pos, int64_t T,
+Result<uint32_t> VulkanBackend::decode_inputs(uint64_t part_bytes, const int32_t* pos, int64_t T,
                                               const std::vector<int32_t>* map) {
+  if (part_bytes) LOOM_TRY(ensure_scratch(part_bytes));
   if (!map) return put_ints(pos, T);
   std::vector<int32_t> ints(pos, pos + T);
   ints.insert(ints.end(), map->begin(), map->end());

@@ -307,9 +307,12 @@ class VulkanBackend final : public Backend {
                     uint64_t bytes);  // after ring_reserve; returns the byte offset
   // Positions or ids of the current op in the ring (cached while unchanged), as an int offset.
   Result<uint32_t> put_ints(const int32_t* v, int64_t n);
-  // Positions, then a slot map (if any), in one put_ints (a second put may
-  // flush the ring): the positions' offset; the map's follows at + T.
-  Result<uint32_t> put_positions(const int32_t* pos, int64_t T, const std::vector<int32_t>* map);
+  // A decode attention dispatch's inputs: the scratch grown to part_bytes
+  // for its partials (0: none), then the positions and a slot map (if any)
+  // in one put_ints (a second put may flush the ring). Returns the
+  // positions' offset; the map's follows at + T.
+  Result<uint32_t> decode_inputs(uint64_t part_bytes, const int32_t* pos, int64_t T,
+                                 const std::vector<int32_t>* map);
 
   const Resident* find_weight(const void* p) const;
   /// The resident tensor `w` is all of (not a row range of), or null.
