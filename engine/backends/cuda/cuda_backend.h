@@ -189,14 +189,21 @@ class CudaBackend final : public Backend {
   // kOutOfMemory when the gather buffers do not fit (the caller splits).
   Status attention_gathered(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                             const int32_t* pos, int64_t n_heads, float scale, Act out);
-  // Decode over a slotted layer whose host blocks [0, n_blocks) all lie in
-  // the storage's mapped pinned memory: one launch, the kernel reading them
-  // over PCIe where they are; no host work, no wait. False, nothing queued,
-  // where a block lies elsewhere (a spilled block's staging copy, RAM the
-  // storage did not give) or the kernel reads no host rows (Q8_0).
-  bool attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
-                        const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale,
-                        Act out);
+  // A tiered layer's host blocks [0, n_blocks) in mapped pinned memory
+  // (mapped_blocks): their indices, host K pointers (each block K then V,
+  // v_off bytes apart; heads head_bytes apart) and mapped device addresses.
+  struct MappedBlocks {
+    std::vector<int32_t> blocks;
+    std::vector<const uint8_t*> host, dev;
+    uint64_t v_off = 0, head_bytes = 0;
+  };
+  // Decode over a slotted layer whose host blocks `mb` (mapped_blocks, and
+  // few enough that the GPU alone reads them: gpu_reads_all): one launch,
+  // the kernel reading them from a staged copy or over PCIe where they are;
+  // no host work, no wait. Also starts the next tiered layer's copy.
+  void attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+                        const int32_t* pos, int64_t n_blocks, int64_t n_heads, float scale, Act out,
+                        MappedBlocks& mb);
   // Where the decode attention into `out` can also write the o product's Q8
   // activations (into the norm's buffers, free between the q/k/v product
   // and the next norm): those buffers, else q null.
@@ -354,15 +361,16 @@ class CudaBackend final : public Backend {
   // PCIe).
   int stage_copy(const KvCache& kv, int64_t layer, const std::vector<const uint8_t*>& blocks,
                  uint64_t pair, int avoid);
-  // The host K pointers of a tiered layer's host blocks [0, n_blocks), and
-  // their mapped device addresses; false where one is not mapped (or none).
-  bool mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks, std::vector<int32_t>* blocks,
-                     std::vector<const uint8_t*>* host, std::vector<const uint8_t*>* dev,
-                     uint64_t* v_off, uint64_t* head_bytes);
-  // Whether the GPU alone reads n host blocks of K/V pairs (v_off: K's
-  // bytes, as mapped_blocks gives) in the slots' launch (attention_mapped):
-  // at most tier_gpu_read_ bytes of them; past that the CPU takes part.
-  bool gpu_reads_all(size_t n, uint64_t v_off) const { return n * 2 * v_off <= tier_gpu_read_; }
+  // The host blocks [0, n_blocks) of a tiered layer, into *mb; false where
+  // there are none, or one lies outside the storage's mapped pinned memory
+  // (a spilled block's staging copy, RAM the storage did not give).
+  bool mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks, MappedBlocks* mb);
+  // Whether the GPU alone reads mb's blocks in the slots' launch
+  // (attention_mapped): at most tier_gpu_read_ bytes of them; past that the
+  // CPU takes part.
+  bool gpu_reads_all(const MappedBlocks& mb) const {
+    return mb.host.size() * 2 * mb.v_off <= tier_gpu_read_;
+  }
 
   // Steps (cuda_step.cpp).
   bool graphs_on_ = true;

@@ -214,22 +214,19 @@ Status CudaBackend::attention_gathered(KvCache& kv, int64_t layer, const cuda::D
                          stream_);
 }
 
-bool CudaBackend::mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks,
-                                std::vector<int32_t>* blocks, std::vector<const uint8_t*>* host,
-                                std::vector<const uint8_t*>* dev, uint64_t* v_off,
-                                uint64_t* head_bytes) {
+bool CudaBackend::mapped_blocks(KvCache& kv, int64_t layer, int64_t n_blocks, MappedBlocks* mb) {
   auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
-  const cpu::KvView hv = kv.host_view(layer, n_blocks, blocks);
-  if (!st || blocks->empty()) return false;
-  *head_bytes = hv.head_stride_bytes;
-  *v_off = hv.head_stride_bytes * static_cast<uint64_t>(hv.n_kv_heads);  // K, then V
-  host->resize(blocks->size());
-  dev->resize(blocks->size());
-  for (size_t i = 0; i < blocks->size(); ++i) {
+  const cpu::KvView hv = kv.host_view(layer, n_blocks, &mb->blocks);
+  if (!st || mb->blocks.empty()) return false;
+  mb->head_bytes = hv.head_stride_bytes;
+  mb->v_off = hv.head_stride_bytes * static_cast<uint64_t>(hv.n_kv_heads);  // K, then V
+  mb->host.resize(mb->blocks.size());
+  mb->dev.resize(mb->blocks.size());
+  for (size_t i = 0; i < mb->blocks.size(); ++i) {
     const auto* k = static_cast<const uint8_t*>(hv.k_blocks[i]);
-    (*host)[i] = k;
-    (*dev)[i] = k ? st->mapped(k) : nullptr;  // null: spilled, not fetched
-    if (!(*dev)[i] || static_cast<const uint8_t*>(hv.v_blocks[i]) != k + *v_off) return false;
+    mb->host[i] = k;
+    mb->dev[i] = k ? st->mapped(k) : nullptr;  // null: spilled, not fetched
+    if (!mb->dev[i] || static_cast<const uint8_t*>(hv.v_blocks[i]) != k + mb->v_off) return false;
   }
   return true;
 }
@@ -392,47 +389,41 @@ void CudaBackend::launch_slots(const cuda::DevKvLayer& l, Act q, const int32_t* 
   if (q8) norm_q8_ = NormQ8{o, T, width, op_seq_};
 }
 
-bool CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
+void CudaBackend::attention_mapped(KvCache& kv, int64_t layer, const cuda::DevKvLayer& l, Act q,
                                    const int32_t* pos, int64_t n_blocks, int64_t n_heads,
-                                   float scale, Act out) {
-  if (!cuda::host_slots_fit(l)) return false;
+                                   float scale, Act out, MappedBlocks& mb) {
   auto* st = dynamic_cast<cuda::CudaKvStorage*>(kv.storage());
   const int64_t bs = kv.config().block_size, n_slots = st->layer_slots(layer);
-  std::vector<int32_t> blocks;
-  std::vector<const uint8_t*> host, at;
-  uint64_t v_off = 0, head_bytes = 0;
-  if (!mapped_blocks(kv, layer, n_blocks, &blocks, &host, &at, &v_off, &head_bytes) ||
-      !gpu_reads_all(blocks.size(), v_off))
-    return false;  // (the CPU's part, attention_split)
+  const uint64_t pair = 2 * mb.v_off;
   // A device copy (prefetched while the layer before ran, else queued now),
   // or else the pinned blocks themselves, read over PCIe.
-  int si = staged(kv, layer, host);
-  if (si < 0) si = stage_copy(kv, layer, host, 2 * v_off, -1);
-  if (!status_.ok()) return true;
+  int si = staged(kv, layer, mb.host);
+  if (si < 0) si = stage_copy(kv, layer, mb.host, pair, -1);
+  if (!status_.ok()) return;
   if (si >= 0) {
-    for (size_t i = 0; i < at.size(); ++i)
-      at[i] = static_cast<const uint8_t*>(stage_[si].dev) + i * 2 * v_off;
+    for (size_t i = 0; i < mb.dev.size(); ++i)
+      mb.dev[i] = static_cast<const uint8_t*>(stage_[si].dev) + i * pair;
   }
-  const int32_t* d_map = put_slot_map(kv, layer, n_slots, blocks);
-  const auto* d_at = static_cast<const uint8_t* const*>(put(at.data(), at.size() * sizeof(at[0])));
+  const int32_t* d_map = put_slot_map(kv, layer, n_slots, mb.blocks);
+  const auto* d_at =
+      static_cast<const uint8_t* const*>(put(mb.dev.data(), mb.dev.size() * sizeof(mb.dev[0])));
   const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
-  if (!d_map || !d_at || !d_pos) return true;  // failed (status_)
+  if (!d_map || !d_at || !d_pos) return;  // failed (status_)
   cuda::SlotMap sm{d_map, bs, n_slots};
   sm.host = d_at;
-  sm.n_host = static_cast<int64_t>(blocks.size());
-  sm.host_head_bytes = head_bytes;
-  sm.host_v_offset = v_off;
+  sm.n_host = static_cast<int64_t>(mb.blocks.size());
+  sm.host_head_bytes = mb.head_bytes;
+  sm.host_v_offset = mb.v_off;
   launch_slots(l, q, d_pos, n_heads, scale, sm, out, si);
   // The next tiered layer's host blocks start up while this layer goes on.
   for (int64_t l2 = layer + 1; l2 < kv.config().n_layer && status_.ok(); ++l2) {
     if (!kv.device_tiered(l2) || !kv.has_host_blocks(l2, n_blocks)) continue;
-    std::vector<const uint8_t*> h2, a2;
-    if (mapped_blocks(kv, l2, n_blocks, &blocks, &h2, &a2, &v_off, &head_bytes) &&
-        gpu_reads_all(h2.size(), v_off) && staged(kv, l2, h2) < 0)
-      (void)stage_copy(kv, l2, h2, 2 * v_off, si);
+    MappedBlocks next;
+    if (mapped_blocks(kv, l2, n_blocks, &next) && gpu_reads_all(next) &&
+        staged(kv, l2, next.host) < 0)
+      (void)stage_copy(kv, l2, next.host, 2 * next.v_off, si);
     break;
   }
-  return true;
 }
 
 Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int32_t* pos,
@@ -467,9 +458,13 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
     // No device memory to gather into: the split path below.
   }
   const bool mass = kv.wants_mass(layer);
-  if (!mass && T < kGatherMinRows &&
-      attention_mapped(kv, layer, l, q, pos, n_blocks, n_heads, scale, out))
+  // Host blocks all in mapped pinned memory (listed once for both uses below).
+  MappedBlocks mb;
+  const bool mapped = !mass && cuda::host_slots_fit(l) && mapped_blocks(kv, layer, n_blocks, &mb);
+  if (mapped && T < kGatherMinRows && gpu_reads_all(mb)) {
+    attention_mapped(kv, layer, l, q, pos, n_blocks, n_heads, scale, out, mb);
     return status_;
+  }
   finish_step();  // the CPU's part waits for q: a step's kept launches go first
   std::vector<float> block_mass(mass ? static_cast<size_t>(n_blocks) : 0, 0.0f);
   const int64_t stride = hd + 2;  // the host's partial per row: m, l, o
@@ -486,17 +481,15 @@ Status CudaBackend::attention_split(KvCache& kv, int64_t layer, Act q, const int
   std::vector<const uint8_t*> gpu_at;
   uint64_t g_v_off = 0, g_head = 0;
   int64_t n_cpu = -1;  // the CPU's host blocks (-1: all)
-  if (!mass && tier_gpu_share_ > 0 && cuda::host_slots_fit(l)) {
-    std::vector<int32_t> hb;
-    std::vector<const uint8_t*> hh, ha;
-    if (mapped_blocks(kv, layer, n_blocks, &hb, &hh, &ha, &g_v_off, &g_head)) {
-      const auto nb = static_cast<int64_t>(hb.size());
-      const int64_t ng = nb * tier_gpu_share_ / 100;
-      if (ng > 0) {
-        n_cpu = nb - ng;
-        gpu_blocks.assign(hb.begin() + n_cpu, hb.end());
-        gpu_at.assign(ha.begin() + n_cpu, ha.end());
-      }
+  if (mapped && tier_gpu_share_ > 0) {
+    const auto nb = static_cast<int64_t>(mb.blocks.size());
+    const int64_t ng = nb * tier_gpu_share_ / 100;
+    if (ng > 0) {
+      n_cpu = nb - ng;
+      gpu_blocks.assign(mb.blocks.begin() + n_cpu, mb.blocks.end());
+      gpu_at.assign(mb.dev.begin() + n_cpu, mb.dev.end());
+      g_v_off = mb.v_off;
+      g_head = mb.head_bytes;
     }
   }
   for (int64_t t0 = 0; t0 < T && status_.ok(); t0 += tn) {
