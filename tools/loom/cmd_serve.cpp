@@ -61,6 +61,7 @@ int cmd_serve(const ServeOptions& o) {
   so.n_slots = o.parallel;
   so.queue_max = o.queue;
   so.prefill_chunk = o.engine.batch;
+  so.itl_factor = o.itl_factor;
   const int64_t n_ctx = slots[0]->n_ctx();
   serve::Scheduler sched(std::move(slots), so, &metrics);
 

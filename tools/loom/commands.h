@@ -126,6 +126,7 @@ struct ServeOptions {
   int parallel = 1;     ///< slots (sequences generated at once)
   int64_t queue = 64;   ///< requests waiting for a slot; more get 429
   int64_t max_body_kib = 4096;
+  double itl_factor = 1.5;  ///< SchedulerOptions::itl_factor
 };
 int cmd_serve(const ServeOptions& o);
 

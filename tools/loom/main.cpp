@@ -174,6 +174,10 @@ int main(int argc, char** argv) {
                       "Sequences generated at once (slots; each has its own KV cache)");
   c_serve->add_option("--queue", serve.queue, "Requests that may wait for a slot (then 429)");
   c_serve->add_option("--max-body", serve.max_body_kib, "Largest request body in KiB (then 413)");
+  c_serve->add_option("--itl-factor", serve.itl_factor,
+                      "While sequences decode, a step takes only the prompt tokens that keep it "
+                      "within this many times a decode-only step (learned from the steps run; "
+                      "1: prompts take whole steps)");
 
   PerplexityOptions ppl;
   auto* c_ppl = app.add_subcommand(

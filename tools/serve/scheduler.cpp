@@ -240,6 +240,11 @@ void Scheduler::step_all() {
   if (static_cast<int64_t>(decode.size()) > max_decode)
     decode.resize(static_cast<size_t>(max_decode));
   int64_t left = budget_ - static_cast<int64_t>(decode.size());
+  // Beside decoding sequences, prompts take what keeps the step near a
+  // decode-only one: their inter-token latency stays even.
+  if (!decode.empty() && !prefill.empty() && opt_.itl_factor > 1 && left > 0)
+    left = cost_.prompt_budget(static_cast<int64_t>(decode.size()), opt_.itl_factor, kMinPromptRows,
+                               left);
 
   struct Planned {
     Slot* slot;
@@ -278,12 +283,12 @@ void Scheduler::step_all() {
       it.logits = plan[j].logits ? s->logits.data() : nullptr;
       items.push_back(it);
     }
+    const auto t0 = Clock::now();
     Session::append_batch(items);
-    if (metrics_) {
-      int64_t rows = 0;
-      for (const auto& it : items) rows += static_cast<int64_t>(it.tokens.size());
-      metrics_->count_step(static_cast<int64_t>(items.size()), rows);
-    }
+    int64_t rows = 0;
+    for (const auto& it : items) rows += static_cast<int64_t>(it.tokens.size());
+    cost_.add(rows, ms_between(t0, Clock::now()));
+    if (metrics_) metrics_->count_step(static_cast<int64_t>(items.size()), rows);
     for (size_t k = 0; k < group.size(); ++k) {
       Planned& p = plan[group[k]];
       Slot& s = *std::exchange(p.slot, nullptr);

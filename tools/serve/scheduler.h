@@ -32,6 +32,7 @@
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/session.h"
 #include "tools/serve/metrics.h"
+#include "tools/serve/step_cost.h"
 
 namespace loom::serve {
 
@@ -89,6 +90,11 @@ struct SchedulerOptions {
   int n_slots = 1;            ///< sequences run at once
   int64_t queue_max = 64;     ///< requests waiting for a slot beyond this get 429
   int64_t prefill_chunk = 0;  ///< tokens per prefill step; 0: the sessions' own chunk
+  /// While sequences decode, a step carries at most the prompt tokens that
+  /// keep it within this many times a step of their rows alone (StepCost,
+  /// learned from the steps run; at least kMinPromptRows). At most 1: prompts
+  /// take the whole step budget, however long the decoding sequences wait.
+  double itl_factor = 1.5;
 };
 
 class Scheduler {
@@ -132,6 +138,8 @@ class Scheduler {
   /// least kMinSharedPrefix; returns the tokens now cached.
   int64_t take_shared_prefix(Slot& s, int64_t kept);
   static constexpr int64_t kMinSharedPrefix = 16;
+  /// Prompt tokens a step carries beside decoding rows, however costly.
+  static constexpr int64_t kMinPromptRows = 4;
   /// One batched forward step over the active slots; ends requests that are done.
   void step_all();
   /// Samples from the slot's logits after its latest step and handles the token.
@@ -151,6 +159,7 @@ class Scheduler {
   int64_t chunk_ = 0;   ///< most prompt tokens of one slot in a step
   int64_t budget_ = 0;  ///< most rows in a step (the forward pass's chunk)
   size_t rr_ = 0;       ///< the slot the next step starts from
+  StepCost cost_;       ///< what the steps run so far cost (the prompt budget)
   std::chrono::steady_clock::time_point kv_published_{};  ///< publish_kv's last sums
 
   std::mutex mu_;
