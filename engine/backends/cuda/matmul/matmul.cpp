@@ -9,6 +9,7 @@
 // is dequantized to F16 a slice of rows at a time (at most kF16SliceBytes),
 // each slice's GEMM writing its columns of y.
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/backends/cuda/cuda_util.h"
@@ -21,6 +22,16 @@ namespace loom::cuda {
 namespace {
 
 constexpr uint64_t kF16SliceBytes = 64ull << 20;  // dequantized weight rows per GEMM
+
+// LOOM_CUDA_GEMM_SLICE_MIB overrides kF16SliceBytes (for A/B runs).
+uint64_t f16_slice_bytes() {
+  static const uint64_t bytes = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMM_SLICE_MIB");
+    const long mib = e ? std::strtol(e, nullptr, 10) : 0;
+    return mib > 0 ? static_cast<uint64_t>(mib) << 20 : kF16SliceBytes;
+  }();
+  return bytes;
+}
 
 // A device buffer that only grows (old contents are not kept).
 struct Scratch {
@@ -172,7 +183,7 @@ class MatmulImpl final : public Matmul {
   // y = xf16_ (prepare_f16 of T tokens) W^T, a slice of W's rows at a time.
   Status gemm_f16(const DevMatrix& w, int64_t T, float* y, bool accumulate, cudaStream_t s) {
     const uint64_t row_f16 = static_cast<uint64_t>(w.n_in) * 2;
-    int64_t slice = static_cast<int64_t>(kF16SliceBytes / row_f16);
+    int64_t slice = static_cast<int64_t>(f16_slice_bytes() / row_f16);
     if (slice < 1) slice = 1;
     if (slice > w.n_out) slice = w.n_out;
     LOOM_TRY(wf16_.ensure(static_cast<uint64_t>(slice) * row_f16, s, "F16 weight rows"));
