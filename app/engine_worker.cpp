@@ -360,6 +360,7 @@ void EngineWorker::loadModel(quint64 requestId, const QString& path, bool isDemo
       !m_gpu || m_gpuType == QLatin1String("cpu") ? "cpu" : (cost.measured ? "auto" : "gpu");
   so.vram_budget = static_cast<uint64_t>(m_gpuMemory);
   so.n_ctx = std::min<int64_t>(model->hp.n_ctx_train, 4096);
+  so.max_chunk = planner->prefillChunk();
   loom::Placement first = loom::Placement::uniform(model->hp.n_layer, loom::Unit::kCpu);
   if (auto p = loom::make_placement(*model, so, cost); p.ok()) first = *p;
   if (m_gpu && m_gpuType == QLatin1String("cpu")) {
@@ -461,6 +462,11 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   loom::SessionConfig sc;
   sc.n_ctx = nCtx;
   sc.kv_dtype = *dt;
+  // Prompts in long chunks where the GPU runs part of the model (its GEMMs
+  // and flash attention gain most on them), as `loom run` does.
+  sc.max_chunk = m_gpu && placement.uses(loom::Unit::kGpu)
+                     ? loom::default_prefill_chunk(model, m_gpu->memory_capacity())
+                     : loom::kCpuPrefillChunk;
   // KV tiers: host RAM up to a budget, the rest in a spill file on the SSD.
   // The automatic budget is set only where the context's KV would not fit in
   // half the free memory (the same default as `loom run`).
@@ -484,6 +490,7 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
     loom::StrategyOptions so;
     so.n_ctx = nCtx > 0 ? nCtx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
     so.kv_dtype = *dt;
+    so.max_chunk = sc.max_chunk;
     sc.kv_tiers.device_budget =
         loom::default_kv_device_budget(model, placement, so, m_gpu->memory_capacity());
   }

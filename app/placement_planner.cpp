@@ -185,6 +185,11 @@ bool PlacementPlanner::check(const PlacementPlan& plan, QString* error) const {
   return true;
 }
 
+int64_t PlacementPlanner::prefillChunk() const {
+  return hasGpu() ? loom::default_prefill_chunk(*m_model, static_cast<uint64_t>(m_gpuMemory))
+                  : loom::kCpuPrefillChunk;
+}
+
 loom::StrategyOptions PlacementPlanner::options(const QString& strategy, int gpuLayers,
                                                 int vramBudgetMiB,
                                                 const PlacementPlan& current) const {
@@ -198,6 +203,7 @@ loom::StrategyOptions PlacementPlanner::options(const QString& strategy, int gpu
                                                         : strategy.toStdString();
   // 0 means "no limit" to the engine; the slider's 0 means nothing on the GPU.
   so.vram_budget = std::max<uint64_t>(1, static_cast<uint64_t>(std::max(0, vramBudgetMiB)) << 20);
+  so.max_chunk = prefillChunk();
   so.has_gpu = hasGpu();
   so.n_ctx = current.nCtx > 0 ? current.nCtx : std::min<int64_t>(m_model->hp.n_ctx_train, 4096);
   so.kv_dtype = dtypeOf(kv).value_or(loom::DType::kF16);
@@ -255,8 +261,9 @@ PlanEstimate PlacementPlanner::estimate(const PlacementPlan& plan, int nPast) co
   e.cpuKv = static_cast<qint64>(b.kv[static_cast<size_t>(loom::Unit::kCpu)]);
   e.gpuWeights = static_cast<qint64>(b.weights[static_cast<size_t>(loom::Unit::kGpu)]);
   e.gpuKv = static_cast<qint64>(b.kv[static_cast<size_t>(loom::Unit::kGpu)]);
-  e.gpuOverhead =
-      p.uses(loom::Unit::kGpu) ? static_cast<qint64>(loom::gpu_overhead_bytes(m, 256)) : 0;
+  e.gpuOverhead = p.uses(loom::Unit::kGpu)
+                      ? static_cast<qint64>(loom::gpu_overhead_bytes(m, prefillChunk()))
+                      : 0;
   e.costMeasured = m_cost->measured;
   e.costText = qstr(m_cost->describe());
   e.valid = true;

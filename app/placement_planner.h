@@ -39,6 +39,9 @@ class PlacementPlanner {
   bool hasGpu() const { return !m_gpuId.isEmpty(); }
   const QString& gpuBackendId() const { return m_gpuId; }
   qint64 gpuMemoryBytes() const { return m_gpuMemory; }
+  /// The prefill chunk of a session whose placement uses this GPU
+  /// (loom::default_prefill_chunk of its memory); the CPU's without one.
+  int64_t prefillChunk() const;
   int layerCount() const { return m_summary.nLayer; }
   const ModelSummary& summary() const { return m_summary; }
 

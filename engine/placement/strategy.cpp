@@ -50,8 +50,19 @@ uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk) {
   const uint64_t acts = 4 * C *
                         static_cast<uint64_t>(2 * hp.n_embd + 2 * hp.n_head * hp.head_dim +
                                               2 * hp.n_head_kv * hp.head_dim + 2 * hp.n_ff);
-  return acts + 4 * static_cast<uint64_t>(hp.n_vocab) +
+  // The prompt GEMMs' scratch: the FFN's up product (F32) and an F16 copy of
+  // the widest input.
+  const uint64_t gemm = C * (4 * static_cast<uint64_t>(hp.n_ff) +
+                             2 * static_cast<uint64_t>(std::max(hp.n_ff, hp.n_embd)));
+  return acts + gemm + 4 * static_cast<uint64_t>(hp.n_vocab) +
          (64ull << 20);  // logits, scratch and blocks' slack
+}
+
+int64_t default_prefill_chunk(const Model& m, uint64_t device_bytes) {
+  if (device_bytes == 0) return kCpuPrefillChunk;
+  for (int64_t c = kGpuPrefillChunk; c > kCpuPrefillChunk; c /= 2)
+    if (gpu_overhead_bytes(m, c) <= device_bytes / 16) return c;
+  return kCpuPrefillChunk;
 }
 
 uint64_t default_kv_device_budget(const Model& m, const Placement& p, const StrategyOptions& o,

@@ -39,8 +39,22 @@ struct StrategyOptions {
 std::optional<uint64_t> parse_size(const std::string& s);
 /// Bytes of K and V of one layer at n_ctx tokens.
 uint64_t kv_bytes_per_layer(const Model& m, int64_t n_ctx, DType kv_dtype);
-/// GPU bytes the forward pass needs besides weights and KV (activations, logits, margin).
+/// GPU bytes the forward pass needs besides weights and KV (activations, the
+/// prompt GEMMs' scratch, logits, margin).
 uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk);
+
+/// Prompt tokens per forward step (the prefill chunk) on the CPU alone.
+inline constexpr int64_t kCpuPrefillChunk = 256;
+/// The largest prefill chunk a GPU gets by default.
+inline constexpr int64_t kGpuPrefillChunk = 4096;
+/// The prefill chunk where a GPU with `device_bytes` of memory for Loom runs
+/// part of the model: the largest of kGpuPrefillChunk, its half, ... down to
+/// 512 whose working memory (gpu_overhead_bytes) is at most 1/16 of it, else
+/// kCpuPrefillChunk (also without a GPU: 0 bytes). A GPU's prompt GEMMs and
+/// flash attention run far faster on long chunks: on an H100, llama3-8b
+/// Q4_K_M through CUDA prefilled 8192 tokens at 9,335 tokens/s in chunks of
+/// 512 and 18,080 in chunks of 4096 (docs/PERFORMANCE.md).
+int64_t default_prefill_chunk(const Model& m, uint64_t device_bytes);
 
 /// The device KV budget (KvTierConfig::device_budget) to use when the user
 /// set none, for placement `p` on a GPU with `device_bytes` of memory for

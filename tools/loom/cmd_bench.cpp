@@ -46,8 +46,9 @@ double percentile(std::vector<double> v, double p) {
 int cmd_bench(const BenchOptions& o) {
   EngineOptions eo = o.engine;
   if (eo.ctx == 0) eo.ctx = o.n_prompt + o.n_gen + 1;
-  if (eo.batch < o.n_prompt)
-    eo.batch = std::max<int64_t>(eo.batch, std::min<int64_t>(o.n_prompt, 512));
+  // Without --batch, a CPU prompt goes in chunks of up to 512 tokens (a GPU
+  // takes its default_prefill_chunk).
+  eo.cpu_batch = std::max<int64_t>(eo.cpu_batch, std::min<int64_t>(o.n_prompt, 512));
   auto e = open_engine(eo, "loom bench", /*calibrate=*/true);
   if (!e) return 1;
   const Model& m = *e->model;
@@ -128,6 +129,7 @@ int cmd_bench(const BenchOptions& o) {
     j["backend"] = e->backend_name();
     j["threads"] = e->cpu->n_threads();
     j["n_prompt"] = o.n_prompt;
+    j["prefill_chunk"] = fwd.max_chunk();
     j["n_gen"] = o.n_gen;
     j["reps"] = o.reps;
     j["prefill_tps"] = pp.mean;
@@ -195,8 +197,9 @@ int cmd_bench(const BenchOptions& o) {
   }
   std::printf("model:    %s\n          %s\n", o.engine.model.c_str(), m.describe().c_str());
   std::printf("backend:  %s\n", e->backend_name().c_str());
-  std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps)\n", pp.mean, pp.sd,
-              static_cast<long long>(o.n_prompt), o.reps);
+  std::printf("prefill:  %8.1f ± %.1f tokens/s  (pp%lld, %d reps, chunks of %lld)\n", pp.mean,
+              pp.sd, static_cast<long long>(o.n_prompt), o.reps,
+              static_cast<long long>(std::min(fwd.max_chunk(), o.n_prompt)));
   std::printf("decode:   %8.1f ± %.1f tokens/s  (tg%lld)\n", tg.mean, tg.sd,
               static_cast<long long>(o.n_gen));
   std::printf("ttft:     %8.2f ms\n", tt.mean);

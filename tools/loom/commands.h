@@ -54,7 +54,8 @@ struct EngineOptions {
   int threads = 0;        ///< 0: all cores
   int64_t ctx = 0;        ///< 0: the model's (capped at 4096)
   std::string kv_type = "f16";
-  int64_t batch = 256;          ///< prefill chunk
+  int64_t batch = 0;            ///< prefill chunk; 0: a GPU's default_prefill_chunk, else cpu_batch
+  int64_t cpu_batch = 256;      ///< prefill chunk without a GPU, unless batch is set
   std::string backend = "cpu";  ///< cpu | vulkan | cuda
   int device = -1;              ///< GPU device index (loom devices); -1: the best
   std::string strategy;         ///< placement strategy; empty: gpu with a GPU --backend, else cpu

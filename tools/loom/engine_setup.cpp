@@ -115,7 +115,6 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   }
   so.kv_dtype = *kv;
   so.n_ctx = o.ctx > 0 ? o.ctx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
-  so.max_chunk = o.batch;
 
   // The GPU, when the strategy or the backend asks for it: CUDA with
   // --backend cuda, else Vulkan. The gpu and hybrid strategies place op
@@ -153,6 +152,15 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
     }
   }
   so.has_gpu = e->gpu != nullptr;
+  // The prefill chunk: --batch, else as long as the GPU's memory allows where
+  // one runs part of the model (its GEMMs and flash attention gain most on
+  // long chunks), else the CPU's.
+  if (o.batch > 0)
+    so.max_chunk = o.batch;
+  else if (e->gpu && so.strategy != "cpu")
+    so.max_chunk = default_prefill_chunk(model, e->gpu->memory_capacity());
+  else
+    so.max_chunk = o.cpu_batch;
 
   if (calibrate_always || so.strategy == "auto") {
     auto c = calibrate(model, *e->cpu, e->gpu.get());
@@ -191,7 +199,7 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   SessionConfig sc;
   sc.kv_tiers = e->kv_tiers;
   sc.n_ctx = so.n_ctx;
-  sc.max_chunk = o.batch;
+  sc.max_chunk = so.max_chunk;
   sc.kv_dtype = so.kv_dtype;
   auto s = Session::create(model, *e->backend, sc);
   if (!s.ok()) {

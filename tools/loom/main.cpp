@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
     c->add_option("-t,--threads", e.threads, "CPU threads (default: all cores)");
     c->add_option("-c,--ctx", e.ctx, "Context size in tokens (default: the model's, at most 4096)");
     c->add_option("--kv-type", e.kv_type, "KV cache type: f16 | q8_0");
-    c->add_option("-b,--batch", e.batch, "Prefill chunk size in tokens");
+    c->add_option("-b,--batch", e.batch,
+                  "Prefill chunk size in tokens (default: up to 4096 where a GPU runs part of the "
+                  "model, as its memory allows; 256 on the CPU)");
     c->add_option(
         "--backend", e.backend,
         "cpu | vulkan | cuda (falls back to the CPU when the GPU backend is unavailable)");
