@@ -113,6 +113,21 @@ TEST(Strategy, ParseSize) {
   EXPECT_FALSE(parse_size("8Q"));
 }
 
+// The prefill chunk: the longest whose working memory takes at most 1/16 of
+// the GPU's, the CPU's without a GPU or with too little memory.
+TEST(Strategy, DefaultPrefillChunkFollowsTheGpusMemory) {
+  auto m = synth_model("f32");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(default_prefill_chunk(*m, 0), kCpuPrefillChunk);
+  EXPECT_EQ(default_prefill_chunk(*m, 80ull << 30), kGpuPrefillChunk);
+  EXPECT_EQ(default_prefill_chunk(*m, 16 * gpu_overhead_bytes(*m, 1024)), 1024);
+  EXPECT_EQ(default_prefill_chunk(*m, 16 * gpu_overhead_bytes(*m, 1024) - 1), 512);
+  EXPECT_EQ(default_prefill_chunk(*m, 16 * gpu_overhead_bytes(*m, 512) - 1), kCpuPrefillChunk);
+  // The prompt GEMMs' scratch is counted: at least the FFN's up product in F32.
+  EXPECT_GE(gpu_overhead_bytes(*m, 1024) - gpu_overhead_bytes(*m, 512),
+            512u * 4 * static_cast<uint64_t>(m->hp.n_ff));
+}
+
 // Without --kv-gpu: no limit while the GPU layers' KV fits beside the
 // weights; else what is left of the device, less a margin.
 TEST(Strategy, DefaultDeviceKvBudgetComesFromTheDevicesMemory) {
