@@ -54,7 +54,10 @@ uint64_t gpu_overhead_bytes(const Model& m, int64_t max_chunk) {
   // the widest input.
   const uint64_t gemm = C * (4 * static_cast<uint64_t>(hp.n_ff) +
                              2 * static_cast<uint64_t>(std::max(hp.n_ff, hp.n_embd)));
-  return acts + gemm + 4 * static_cast<uint64_t>(hp.n_vocab) +
+  // CUDA's F16 copy of a weight slice (the largest FFN matrix, at most 256 MiB).
+  const uint64_t slice = std::min<uint64_t>(
+      256ull << 20, 2 * static_cast<uint64_t>(hp.n_ff) * static_cast<uint64_t>(hp.n_embd));
+  return acts + gemm + slice + 4 * static_cast<uint64_t>(hp.n_vocab) +
          (64ull << 20);  // logits, scratch and blocks' slack
 }
 

@@ -21,7 +21,10 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr uint64_t kF16SliceBytes = 64ull << 20;  // dequantized weight rows per GEMM
+// Dequantized weight rows per GEMM: an 8B's largest matrix (117 MiB) in one.
+// H100, llama3-8b Q4_K_M, pp512 (docs/PERFORMANCE.md): 16 MiB slices
+// 6,849 tokens/s, 64 MiB 9,995, 128 MiB 11,862, 256 MiB 11,833.
+constexpr uint64_t kF16SliceBytes = 256ull << 20;
 
 // LOOM_CUDA_GEMM_SLICE_MIB overrides kF16SliceBytes (for A/B runs).
 uint64_t f16_slice_bytes() {
