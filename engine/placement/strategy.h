@@ -53,7 +53,8 @@ inline constexpr int64_t kGpuPrefillChunk = 4096;
 /// kCpuPrefillChunk (also without a GPU: 0 bytes). A GPU's prompt GEMMs and
 /// flash attention run far faster on long chunks: on an H100, llama3-8b
 /// Q4_K_M through CUDA prefilled 8192 tokens at 9,335 tokens/s in chunks of
-/// 512 and 18,080 in chunks of 4096 (docs/PERFORMANCE.md).
+/// 512 and 18,080 in chunks of 4096 (64 MiB F16 slices; 21,865 with 256 MiB
+/// ones: docs/PERFORMANCE.md).
 int64_t default_prefill_chunk(const Model& m, uint64_t device_bytes);
 
 /// The device KV budget (KvTierConfig::device_budget) to use when the user
