@@ -60,9 +60,12 @@ void print_plan(const Engine& e, const Profiler::Snapshot* measured, FILE* f) {
                cell(p.output, m.output.dtype).c_str(), mib(b.output), pr.output_ms);
   if (measured) std::fprintf(f, ", measured P50 %.3f ms", measured->output.p50_ms);
   std::fprintf(f, "\n");
-  std::fprintf(f, "GPU:       %.1f MiB weights + %.1f MiB KV (+ %.1f MiB activations)\n",
+  std::fprintf(f,
+               "GPU:       %.1f MiB weights + %.1f MiB KV (+ %.1f MiB activations and scratch for "
+               "prompt chunks of %lld)\n",
                mib(b.weights[1]), mib(b.kv[1]),
-               p.uses(Unit::kGpu) ? mib(gpu_overhead_bytes(m, so.max_chunk)) : 0.0);
+               p.uses(Unit::kGpu) ? mib(gpu_overhead_bytes(m, so.max_chunk)) : 0.0,
+               static_cast<long long>(so.max_chunk));
   std::fprintf(f, "CPU:       %.1f MiB weights + %.1f MiB KV\n", mib(b.weights[0]), mib(b.kv[0]));
   if (e.kv_tiers.ram_budget > 0 || e.kv_tiers.device_budget > 0) {
     // GPU layers' blocks beyond the device budget join the host's in RAM,
