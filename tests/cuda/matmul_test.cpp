@@ -1,7 +1,8 @@
 // The CUDA matmul kernels (loom_cuda_matmul) against cpu/ref: every weight
 // dtype x odd shapes (n_in tails, odd n_out) x T in {1, 3, 8} (the matvec
-// kernels, on Q8 activations for quantized types) and {9, 64, 130} (F16
-// GEMMs through cuBLAS), with bias and accumulate; the fused gate/up product;
+// kernels, on Q8 activations for quantized types), {9, 17, 33, 64} (gemm_q
+// for quantized types) and 130 (F16 GEMMs through cuBLAS), with bias and
+// accumulate; gemm_q's token tiles and k splits; the fused gate/up product;
 // dequantize_rows; both ways of reading quantized rows in the matvecs
 // (direct, staged through shared memory); the RMS norm that writes the Q8
 // activations with its output. The reference dequantizes with cpu/ref and
@@ -17,6 +18,7 @@
 #include "cpu/ref/quants.h"
 #include "engine/backends/cuda/matmul/cublas_loader.h"
 #include "engine/backends/cuda/matmul/cuda_matmul.h"
+#include "engine/backends/cuda/matmul/matmul_kernels.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace loom {
@@ -64,6 +66,12 @@ std::vector<float> as_q8(const std::vector<float>& x) {
 }
 
 bool quantized(DType d);
+
+// A non-null address for matrices whose data no kernel reads.
+const void* wd_dummy() {
+  static const uint8_t byte = 0;
+  return &byte;
+}
 
 // The matvec kernels to run a case with (both for the matvec's token
 // counts); restores the default on destruction.
@@ -143,7 +151,7 @@ TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
       const std::vector<float> bias = test::random_floats(static_cast<size_t>(n_out), seed++);
       DevBuf<float> bd(bias);
       MatvecKernels restore;
-      for (const int64_t T : {1, 3, 8, 9, 64, 130})
+      for (const int64_t T : {1, 3, 8, 9, 17, 33, 64, 130})
         for (const int kernel : MatvecKernels::for_tokens(T)) {
           cuda::set_matvec_kernel(kernel);
           SCOPED_TRACE(std::string(dtype_name(dt)) + " n_out " + std::to_string(n_out) + " n_in " +
@@ -376,6 +384,44 @@ TEST(CudaMatmulNormQ8, ProductsOnTheNormsQ8EqualQuantizingItsOutput) {
       }
     }
   }
+}
+
+// gemm_q itself past what Matmul gives it: several 64-token tiles (T 130,
+// whose last tile holds 2 tokens) and every count of k splits up to 5 (the
+// last split shorter), with bias and accumulate; its splits rule.
+TEST(CudaGemmQ, TokenTilesAndSplitsMatchReference) {
+  LOOM_CUDA_OR_SKIP();
+  uint64_t seed = 71;
+  for (const DType dt : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t n_in = dt == DType::kQ4_0 ? 1056 : 2816, n_out = 83;  // 33 and 88 groups
+    const HostMatrix hm = make_matrix(dt, n_out, n_in, seed++);
+    DevBuf<uint8_t> wd(hm.bytes);
+    const cuda::DevMatrix w{wd.p, dt, n_out, n_in, hm.row_bytes};
+    const std::vector<float> bias = test::random_floats(static_cast<size_t>(n_out), seed++);
+    DevBuf<float> bd(bias);
+    for (const int64_t T : {12, 130})
+      for (int splits = 1; splits <= 5; ++splits) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T) + " splits " +
+                     std::to_string(splits));
+        const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n_in), seed++);
+        const std::vector<float> y0 =
+            test::random_floats(static_cast<size_t>(T * n_out), seed++, 0.5f);
+        DevBuf<float> xd(x), yd(y0), part(static_cast<size_t>(splits * T * n_out));
+        DevBuf<uint16_t> xh(static_cast<size_t>(T * n_in));
+        ASSERT_TRUE(cuda::to_f16(xd.p, T * n_in, xh.p, nullptr).ok());
+        ASSERT_TRUE(cuda::gemm_q(w, xh.p, T, yd.p, bd.p, true, splits, part.p, nullptr).ok());
+        EXPECT_LT(test::rel_error(yd.download(), reference(hm, x, T, &bias, &y0)),
+                  tolerance(dt, T));
+      }
+  }
+  // Splits until the blocks fill every SM four times over, at most 8, each
+  // split at least 4 steps of 64 values.
+  const cuda::DevMatrix small{wd_dummy(), DType::kQ4_K, 1024, 4096, 2304};
+  EXPECT_EQ(cuda::gemm_q_splits(small, 16, 132), 8);
+  const cuda::DevMatrix tall{wd_dummy(), DType::kQ4_K, 14336, 4096, 2304};
+  EXPECT_EQ(cuda::gemm_q_splits(tall, 64, 132), 4);
+  const cuda::DevMatrix shortrows{wd_dummy(), DType::kQ4_0, 64, 256, 144};
+  EXPECT_EQ(cuda::gemm_q_splits(shortrows, 16, 132), 1);
 }
 
 // No device needed: what is supported, and cuBLAS found or the paths named.

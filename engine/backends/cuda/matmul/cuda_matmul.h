@@ -36,6 +36,12 @@ Status dequantize_rows(const DevMatrix& w, const int32_t* ids, int64_t T, float*
 /// Most tokens the matvec kernels take; beyond, the GEMM path.
 inline constexpr int64_t kMaxMatvecTokens = 8;
 
+/// Most tokens the quantized weights' tensor-core kernel (gemm_q) takes
+/// past the matvecs; beyond, cuBLAS on F16 copies of the weights.
+/// LOOM_CUDA_GEMMQ_TOKENS overrides it (0: cuBLAS from 9 tokens on).
+inline constexpr int64_t kMaxGemmQTokens = 64;
+int64_t gemm_q_max_tokens();
+
 /// Q8 activations of a product's x [T, n] (layout: q8_act.cuh), made by
 /// rms_norm_q8 together with x: q [T, q8_token_bytes(n)], d [T, n / 32].
 struct Q8Act {
@@ -77,8 +83,9 @@ class Matmul {
   virtual ~Matmul() = default;
 
   /// y [T, w.n_out] = x [T, w.n_in] W^T (+ bias [n_out] when not null); with
-  /// `accumulate`, y += instead. Small T (decode): matvec kernels; large T:
-  /// a GEMM on the tensor cores. All pointers are device memory. With `xq8`
+  /// `accumulate`, y += instead. Small T (decode): matvec kernels; up to
+  /// gemm_q_max_tokens() and quantized weights: gemm_q; else a cuBLAS GEMM
+  /// on the tensor cores. All pointers are device memory. With `xq8`
   /// (T <= 8): x's Q8 activations are already made (rms_norm_q8), so the
   /// matvec of a quantized weight reads them instead of quantizing x.
   virtual Status run(const DevMatrix& w, const float* x, int64_t T, float* y, const float* bias,

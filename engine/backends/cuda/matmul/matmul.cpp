@@ -1,5 +1,6 @@
-// The Matmul class: picks the matvec kernels (decode) or cuBLAS GEMMs on
-// F16 tensor cores (prefill), and owns their scratch.
+// The Matmul class: picks the matvec kernels (decode), the quantized
+// tensor-core GEMM (gemm_q.cu: a few dozen tokens) or cuBLAS GEMMs on F16
+// tensor cores (prefill), and owns their scratch.
 //
 // Prefill: y [T, n_out] = x [T, n_in] W^T. In cuBLAS's column-major terms,
 // W's rows (row-major [n_out, n_in]) are an n_in x n_out matrix, so
@@ -36,6 +37,11 @@ uint64_t f16_slice_bytes() {
   return bytes;
 }
 
+// Whether gemm_q takes w by T tokens (past the matvecs).
+bool takes_gemm_q(const DevMatrix& w, int64_t T) {
+  return T <= gemm_q_max_tokens() && matvec_uses_q8(w.dtype) && w.n_in % 32 == 0;
+}
+
 // A device buffer that only grows (old contents are not kept).
 struct Scratch {
   void* p = nullptr;
@@ -59,7 +65,7 @@ struct Scratch {
 
 class MatmulImpl final : public Matmul {
  public:
-  MatmulImpl(const CublasApi* api, cublasHandle_t h) : api_(api), handle_(h) {}
+  MatmulImpl(const CublasApi* api, cublasHandle_t h, int sms) : api_(api), handle_(h), sms_(sms) {}
   ~MatmulImpl() override {
     if (handle_) api_->destroy(handle_);
   }
@@ -73,7 +79,9 @@ class MatmulImpl final : public Matmul {
       LOOM_TRY(prepare_q8(w, x, T, s, xq8, &xq, &xd));
       return matvec(w, nullptr, x, xq, xd, T, y, bias, accumulate, s);
     }
-    LOOM_TRY(gemm(w, x, T, y, accumulate, s));
+    LOOM_TRY(prepare_f16(w.n_in, x, T, s));
+    if (takes_gemm_q(w, T)) return run_gemm_q(w, T, y, bias, accumulate, s);
+    LOOM_TRY(gemm_f16(w, T, y, accumulate, s));
     if (bias) LOOM_TRY(add_bias(y, bias, T, w.n_out, s));
     return {};
   }
@@ -98,8 +106,13 @@ class MatmulImpl final : public Matmul {
     LOOM_TRY(up_.ensure(n * sizeof(float), s, "the FFN up product (scratch)"));
     auto* u = static_cast<float*>(up_.p);
     LOOM_TRY(prepare_f16(gate.n_in, x, T, s));
-    LOOM_TRY(gemm_f16(gate, T, y, false, s));
-    LOOM_TRY(gemm_f16(up, T, u, false, s));
+    if (takes_gemm_q(gate, T)) {
+      LOOM_TRY(run_gemm_q(gate, T, y, nullptr, false, s));
+      LOOM_TRY(run_gemm_q(up, T, u, nullptr, false, s));
+    } else {
+      LOOM_TRY(gemm_f16(gate, T, y, false, s));
+      LOOM_TRY(gemm_f16(up, T, u, false, s));
+    }
     return silu_mul_f32(y, u, y, static_cast<int64_t>(n), s);
   }
 
@@ -126,6 +139,10 @@ class MatmulImpl final : public Matmul {
     }
     LOOM_TRY(prepare_f16(ws[0].n_in, x, T, s));
     for (int i = 0; i < n; ++i) {
+      if (takes_gemm_q(ws[i], T)) {
+        LOOM_TRY(run_gemm_q(ws[i], T, ys[i], biases[i], false, s));
+        continue;
+      }
       LOOM_TRY(gemm_f16(ws[i], T, ys[i], false, s));
       if (biases[i]) LOOM_TRY(add_bias(ys[i], biases[i], T, ws[i].n_out, s));
     }
@@ -133,7 +150,7 @@ class MatmulImpl final : public Matmul {
   }
 
   uint64_t scratch_bytes() const override {
-    return xq_.bytes + xd_.bytes + wf16_.bytes + xf16_.bytes + up_.bytes;
+    return xq_.bytes + xd_.bytes + wf16_.bytes + xf16_.bytes + up_.bytes + part_.bytes;
   }
 
  private:
@@ -170,10 +187,15 @@ class MatmulImpl final : public Matmul {
     return {};
   }
 
-  Status gemm(const DevMatrix& w, const float* x, int64_t T, float* y, bool accumulate,
-              cudaStream_t s) {
-    LOOM_TRY(prepare_f16(w.n_in, x, T, s));
-    return gemm_f16(w, T, y, accumulate, s);
+  // y = xf16_ (prepare_f16 of T tokens) W^T (+ bias) (+ y) through gemm_q.
+  Status run_gemm_q(const DevMatrix& w, int64_t T, float* y, const float* bias, bool accumulate,
+                    cudaStream_t s) {
+    const int splits = gemm_q_splits(w, T, sms_);
+    if (splits > 1)
+      LOOM_TRY(part_.ensure(static_cast<uint64_t>(splits * T * w.n_out) * sizeof(float), s,
+                            "the quantized GEMM's partial sums"));
+    return gemm_q(w, static_cast<const uint16_t*>(xf16_.p), T, y, bias, accumulate, splits,
+                  static_cast<float*>(part_.p), s);
   }
 
   // xf16_ = F16 of x [T, n_in].
@@ -217,10 +239,19 @@ class MatmulImpl final : public Matmul {
 
   const CublasApi* api_;
   cublasHandle_t handle_;
-  Scratch xq_, xd_, wf16_, xf16_, up_;
+  int sms_;  // the device's multiprocessors
+  Scratch xq_, xd_, wf16_, xf16_, up_, part_;
 };
 
 }  // namespace
+
+int64_t gemm_q_max_tokens() {
+  static const int64_t t = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMMQ_TOKENS");
+    return e ? static_cast<int64_t>(std::strtol(e, nullptr, 10)) : kMaxGemmQTokens;
+  }();
+  return t;
+}
 
 Result<std::unique_ptr<Matmul>> Matmul::create(int device) {
   LOOM_ASSIGN_OR_RETURN(const CublasApi* api, load_cublas());
@@ -233,7 +264,11 @@ Result<std::unique_ptr<Matmul>> Matmul::create(int device) {
         "cuBLAS (%s) could not start: %s", api->path.c_str(), api->describe(st).c_str());
   // Tensor cores for the F16 inputs (the default math mode allows them).
   (void)api->set_math_mode(h, CUBLAS_DEFAULT_MATH);
-  return std::unique_ptr<Matmul>(std::make_unique<MatmulImpl>(api, h));
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms < 1)
+    sms = 1;
+  return std::unique_ptr<Matmul>(std::make_unique<MatmulImpl>(api, h, sms));
 }
 
 }  // namespace loom::cuda

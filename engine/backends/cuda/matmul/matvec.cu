@@ -28,6 +28,7 @@
 #include "engine/backends/cuda/cuda_util.h"
 #include "engine/backends/cuda/matmul/matmul_kernels.h"
 #include "engine/backends/cuda/matmul/q8_act.cuh"
+#include "engine/backends/cuda/mma.cuh"
 #include "engine/backends/cuda/pdl.cuh"
 #include "engine/backends/cuda/quant_device.cuh"
 
@@ -139,9 +140,6 @@ constexpr int staged_warp_bytes() {
   return stages_for<D, kGlu>() * kStageChunks * (kGlu ? 2 : 1) * Chunk<D>::kBytes;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 template <int kBytes>
 __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
   if constexpr (kBytes == 16)
@@ -150,14 +148,6 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(smem)), "l"(gmem)
                  : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Whether D has words_group (the staged reads' word-aligned decode).
