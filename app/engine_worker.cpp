@@ -464,9 +464,8 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
   sc.kv_dtype = *dt;
   // Prompts in long chunks where the GPU runs part of the model (its GEMMs
   // and flash attention gain most on them), as `loom run` does.
-  sc.max_chunk = m_gpu && placement.uses(loom::Unit::kGpu)
-                     ? loom::default_prefill_chunk(model, m_gpu->memory_capacity())
-                     : loom::kCpuPrefillChunk;
+  sc.max_chunk = loom::default_prefill_chunk(
+      model, m_gpu && placement.uses(loom::Unit::kGpu) ? m_gpu->memory_capacity() : 0);
   // KV tiers: host RAM up to a budget, the rest in a spill file on the SSD.
   // The automatic budget is set only where the context's KV would not fit in
   // half the free memory (the same default as `loom run`).

@@ -186,8 +186,7 @@ bool PlacementPlanner::check(const PlacementPlan& plan, QString* error) const {
 }
 
 int64_t PlacementPlanner::prefillChunk() const {
-  return hasGpu() ? loom::default_prefill_chunk(*m_model, static_cast<uint64_t>(m_gpuMemory))
-                  : loom::kCpuPrefillChunk;
+  return loom::default_prefill_chunk(*m_model, hasGpu() ? static_cast<uint64_t>(m_gpuMemory) : 0);
 }
 
 loom::StrategyOptions PlacementPlanner::options(const QString& strategy, int gpuLayers,
