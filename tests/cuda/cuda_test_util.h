@@ -93,6 +93,14 @@ inline double rel_error(const std::vector<float>& a, const std::vector<double>& 
   return std::sqrt(num / den);
 }
 
+/// The Euclidean norm of v.
+template <typename T>
+double norm(const std::vector<T>& v) {
+  double s = 0.0;
+  for (const T x : v) s += static_cast<double>(x) * static_cast<double>(x);
+  return std::sqrt(s);
+}
+
 /// True when every value is finite.
 inline bool all_finite(const std::vector<float>& v) {
   for (float f : v)
