@@ -328,6 +328,23 @@ class Backend {
     rope_qk(q, k, n_heads, n_kv_heads, head_dim, pos, p);
     kv_store(kv, layer, k, v, pos);
   }
+  /// rope_qk_kv() of single rows of different sequences (continuous
+  /// batching's decode rows): row t at pos[t] into kvs[t]'s cache, in one
+  /// go. false (nothing done): the caller takes them one sequence at a time.
+  virtual bool rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const> kvs, int64_t layer,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                               const int32_t* pos, const cpu::RopeParams& p) {
+    (void)q, (void)k, (void)v, (void)kvs, (void)layer, (void)n_heads, (void)n_kv_heads,
+        (void)head_dim, (void)pos, (void)p;
+    return false;
+  }
+  /// attention() of single rows of different sequences: row t over kvs[t]'s
+  /// cache, in one go. false (nothing done): one sequence at a time.
+  virtual bool attention_rows(std::span<KvCache* const> kvs, int64_t layer, Act q,
+                              const int32_t* pos, int64_t n_heads, float scale, Act out) {
+    (void)kvs, (void)layer, (void)q, (void)pos, (void)n_heads, (void)scale, (void)out;
+    return false;
+  }
   /// matmul_qkv(), then rope_qk_kv() of its outputs (a decode step's whole
   /// attention input, where one backend runs the projections and the attention).
   virtual void matmul_qkv_rope_kv(const Weight& wq, const Weight& wk, const Weight& wv,

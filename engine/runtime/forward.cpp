@@ -628,6 +628,8 @@ Status ForwardPass::eval_batch(std::span<const SeqStep> seqs) {
     segs_.push_back(Seg{q.kv, r0, n});
     if (q.logits) first_out = std::min(first_out, r0 + n - 1);
   }
+  row_kvs_.clear();
+  for (const Seg& g : segs_) row_kvs_.push_back(g.kv);
   const int64_t V = m_.hp.n_vocab;
   float* out = nullptr;
   if (first_out < R) {
@@ -812,7 +814,17 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     group_begin(scope(OpGroup::kAttn), ua);
     Act q = in(kQ, ua, T), k = in(kK, ua, T), v = in(kV, ua, T);
     valid_[kQ] = valid_[kK] = bit(ua);
-    for (const Seg& g : segs_) {
+    // The single rows at the step's end (decoding sequences) in one go where the backend can.
+    size_t end = segs_.size();
+    if (const size_t first = row_tail(); first + 1 < segs_.size()) {
+      const int64_t r0 = segs_[first].r0, n = static_cast<int64_t>(segs_.size() - first);
+      if (be(ua).rope_qk_kv_rows(q.rows_view(r0, n), k.rows_view(r0, n), v.rows_view(r0, n),
+                                 std::span<KvCache* const>(row_kvs_).subspan(first), l, hp.n_head,
+                                 hp.n_head_kv, hp.head_dim, pos_.data() + r0, rope_))
+        end = first;
+    }
+    for (size_t i = 0; i < end; ++i) {
+      const Seg& g = segs_[i];
       be(ua).rope_qk_kv(q.rows_view(g.r0, g.n), k.rows_view(g.r0, g.n), v.rows_view(g.r0, g.n),
                         *g.kv, l, hp.n_head, hp.n_head_kv, hp.head_dim, pos_.data() + g.r0, rope_);
     }
@@ -839,7 +851,19 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     // gemma2: soft-capped scores, a window on every swa_every-th layer (the CPU's, see apply).
     const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
     const bool host_attn = hp.attn_softcap > 0 || swa;
-    for (const Seg& g : segs_) {
+    size_t end = segs_.size();
+    if (const size_t first = row_tail(); first + 1 < segs_.size() && !host_attn) {
+      bool fetched = true;
+      for (size_t i = first; i < segs_.size() && fetched; ++i)
+        fetched = segs_[i].kv->fetch_layer(l).ok();
+      const int64_t r0 = segs_[first].r0, n = static_cast<int64_t>(segs_.size() - first);
+      if (fetched && be(ua).attention_rows(std::span<KvCache* const>(row_kvs_).subspan(first), l,
+                                           q.rows_view(r0, n), pos_.data() + r0, hp.n_head, scale,
+                                           att.rows_view(r0, n)))
+        end = first;
+    }
+    for (size_t i = 0; i < end; ++i) {
+      const Seg& g = segs_[i];
       KvCache& kv = *g.kv;
       // Spilled KV blocks of a host layer come back from the SSD to be read.
       if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;

@@ -171,8 +171,16 @@ class ForwardPass {
   };
 
   const Model& m_;
-  std::vector<KvCache*> caches_;  ///< attached caches, the constructor's first
-  std::vector<Seg> segs_;         ///< the step's sequences
+  std::vector<KvCache*> caches_;   ///< attached caches, the constructor's first
+  std::vector<Seg> segs_;          ///< the step's sequences
+  std::vector<KvCache*> row_kvs_;  ///< eval_batch's segs_' caches (the backends' *_rows ops)
+  // The first of the single-row sequences that end the step (decoding
+  // sequences come last in a batch); segs_.size() when none.
+  size_t row_tail() const {
+    size_t i = segs_.size();
+    while (i > 0 && segs_[i - 1].n == 1) --i;
+    return i;
+  }
   std::vector<int32_t> batch_tokens_;
   std::vector<float> batch_logits_;
   int64_t max_chunk_;

@@ -740,16 +740,7 @@ cuda::Q8Out CudaBackend::attention_q8(const cuda::DevKvLayer& l, int64_t n_heads
                      cuda::q8_token_bytes(width)};
 }
 
-void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
-                            float scale, Act out) {
-  if (!ready() || !check_act(q, "attention") || !check_act(out, "attention")) return;
-  cuda::DevKvLayer l;
-  if (!kv_layer(kv, layer, "attention", &l)) return;
-  if (kv.device_tiered(layer)) return attention_slotted(kv, layer, l, q, pos, n_heads, scale, out);
-  int64_t max_pos = -1;
-  for (int64_t t = 0; t < q.rows; ++t) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
-  const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
-  if (!d_pos) return;
+int64_t CudaBackend::attention_plan(int64_t max_pos) {
   // The split plan is for a bucket of keys, so that a step's graph serves
   // every position up to it; op by op the same plan, so both give the same
   // sums. Buckets: powers of two from 256, in eighths of an octave past 2048
@@ -761,6 +752,20 @@ void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* po
     const int64_t step = plan / 16;
     plan = (max_pos + step) / step * step;
   }
+  return plan;
+}
+
+void CudaBackend::attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
+                            float scale, Act out) {
+  if (!ready() || !check_act(q, "attention") || !check_act(out, "attention")) return;
+  cuda::DevKvLayer l;
+  if (!kv_layer(kv, layer, "attention", &l)) return;
+  if (kv.device_tiered(layer)) return attention_slotted(kv, layer, l, q, pos, n_heads, scale, out);
+  int64_t max_pos = -1;
+  for (int64_t t = 0; t < q.rows; ++t) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  const auto* d_pos = static_cast<const int32_t*>(put(pos, q.rows * sizeof(int32_t)));
+  if (!d_pos) return;
+  const int64_t plan = attention_plan(max_pos);
   const float* qp = dev(q);
   float* o = dev(out);
   const int64_t T = q.rows;

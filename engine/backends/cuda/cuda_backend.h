@@ -103,6 +103,13 @@ class CudaBackend final : public Backend {
                   const cpu::RopeParams& p) override;
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
+  /// Rows of different sequences in one launch each (cuda_rows.cpp), where
+  /// every cache holds the layer on this device, untiered, in one format.
+  bool rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const> kvs, int64_t layer,
+                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
+                       const cpu::RopeParams& p) override;
+  bool attention_rows(std::span<KvCache* const> kvs, int64_t layer, Act q, const int32_t* pos,
+                      int64_t n_heads, float scale, Act out) override;
   /// The device KV tier (cuda_kv_tier.cpp): the GPU's split-K partials over
   /// the layer's slots merged with the host's over its host blocks; prompts
   /// (16 query rows or more) gather the blocks by position instead.
@@ -167,6 +174,13 @@ class CudaBackend final : public Backend {
   bool check_rope(const cpu::RopeParams& p, int64_t head_dim);
   // The device KV layer of `layer` in kv's storage, or a failure.
   bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
+  // Keys the decode attention's launch is planned for, past max_pos: powers
+  // of two from 256, in eighths of an octave past 2048.
+  static int64_t attention_plan(int64_t max_pos);
+  // Each cache's device K/V of `layer` (rows) and the first one's format;
+  // false where one is not on this device, is tiered or differs in format.
+  bool row_layers(std::span<KvCache* const> kvs, int64_t layer, cuda::DevKvLayer* first,
+                  std::vector<cuda::RowKv>* rows);
 
   // The device KV tier (cuda_kv_tier.cpp). Layers in block slots
   // (KvStorage::set_block_slots): their stores go to the slot rows the cache

@@ -244,4 +244,17 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
                                   q8 && attention_writes_q8(layer, T, scratch) ? q8 : nullptr);
 }
 
+Status attention_rows(const DevKvLayer& layer, const RowKv* rows, const float* q, int64_t T,
+                      const int32_t* pos, int64_t plan_keys, int64_t n_heads, float scale,
+                      float* out, AttentionScratch& scratch, cudaStream_t s) {
+  if (T <= 0) return {};
+  if (!rows || layer.n_kv_heads <= 0 || n_heads % layer.n_kv_heads != 0 || n_heads > INT32_MAX)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "CUDA attention_rows: %" PRId64 " heads over %" PRId64 " KV heads", n_heads,
+                      layer.n_kv_heads);
+  return detail::decode_attention(layer, q, T, pos, plan_keys, static_cast<int>(n_heads), scale,
+                                  scratch.split_keys(), scratch, out, s, nullptr, nullptr, nullptr,
+                                  rows);
+}
+
 }  // namespace loom::cuda

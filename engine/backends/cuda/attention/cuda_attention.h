@@ -36,16 +36,26 @@ struct DevKvLayer {
 Status kv_store(const DevKvLayer& layer, const float* k, const float* v, int64_t T,
                 const int32_t* pos, cudaStream_t s);
 
+/// One query row's K/V of a layer, in a step whose rows belong to different
+/// sequences, each with its own cache of one format (continuous batching's
+/// decode rows): rope_kv_store's and attention_rows' `rows` (device [T]).
+struct RowKv {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t capacity = 0;
+};
+
 /// Whether rope_kv_store takes this layer with heads of head_dim: an F16 or
 /// Q8_0 cache, head_dim a multiple of 32 (at most 1024).
 bool rope_kv_store_fits(const DevKvLayer& layer, int64_t head_dim);
 /// RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] in place
 /// (cos/sin table cs [T, n_pairs, 2], pairs as cuda::rope), then kv_store of
 /// the rotated k and of v, in one launch; the same values as cuda::rope_qk
-/// followed by kv_store.
+/// followed by kv_store. With `rows`, row t goes to rows[t]'s K/V instead of
+/// layer's (which then gives only the format).
 Status rope_kv_store(const DevKvLayer& layer, float* q, int64_t n_heads, float* k, const float* v,
                      int64_t T, int64_t n_pairs, bool neox, const float* cs, const int32_t* pos,
-                     cudaStream_t s);
+                     cudaStream_t s, const RowKv* rows = nullptr);
 
 /// Scratch of the attention kernels (split-K partial results), owned by the
 /// backend, grown as needed; also the kernel choice and its test hooks.
@@ -110,6 +120,13 @@ Status attention(const DevKvLayer& layer, const float* q, int64_t T, const int32
                  int64_t max_pos, int64_t n_heads, float scale, float* out,
                  AttentionScratch& scratch, cudaStream_t s, int64_t plan_keys = 0,
                  const Q8Out* q8 = nullptr);
+
+/// attention() of T single query rows of different sequences: row t over
+/// keys 0 .. pos[t] of rows[t]'s K/V (device [T]), all in `layer`'s format,
+/// in one split-K decode launch (and its merge) planned for plan_keys keys.
+Status attention_rows(const DevKvLayer& layer, const RowKv* rows, const float* q, int64_t T,
+                      const int32_t* pos, int64_t plan_keys, int64_t n_heads, float scale,
+                      float* out, AttentionScratch& scratch, cudaStream_t s);
 
 /// @name The device KV tier (KvTierConfig::device_budget; cuda_kv_tier.cpp).
 /// A layer in block slots holds n_slots slots of block_size rows per KV head

@@ -127,7 +127,19 @@ struct Fmt {
   int64_t dev_rows;
   uint64_t host_head, host_v;
   int host_chunk, dev_splits, host_splits;
+  const RowKv* rows;  // per query row its own K/V (attention_rows), else null
 };
+
+// f with query row t's own K/V where the rows have their own (attention_rows).
+__device__ __forceinline__ Fmt fmt_of_row(const Fmt& f, int t) {
+  Fmt r = f;
+  if (f.rows) {
+    r.k = static_cast<const uint8_t*>(f.rows[t].k);
+    r.v = static_cast<const uint8_t*>(f.rows[t].v);
+    r.capacity = f.rows[t].capacity;
+  }
+  return r;
+}
 
 // Rows of V a thread loads before their products in step 3 (F16 rows).
 // Measured on the H100 (8B Q4_K_M, decode after 32768 tokens, 2026-12-05):
@@ -206,13 +218,14 @@ __device__ __forceinline__ void block_reduce(float (&v)[kG], float (*red)[kG]) {
 
 template <int kG, bool kCoop>
 __global__ void __launch_bounds__(kThreads)
-    decode_kernel(Fmt f, const float* q, const int32_t* pos, int n_heads, int group, float scale,
+    decode_kernel(Fmt fa, const float* q, const int32_t* pos, int n_heads, int group, float scale,
                   int chunk, int64_t n_rows, int n_splits, float* part, float2* part_ml, float* out,
                   Q8Out q8) {
   extern __shared__ float smem[];
   __shared__ float red[kWarps][kG];
   pdl_launch_dependents();
   pdl_wait();
+  const Fmt f = fmt_of_row(fa, blockIdx.y);
   const int hd = f.hd;
   const int h0 = blockIdx.x * kG, t = blockIdx.y, s = blockIdx.z;
   const int kvh = h0 / group;
@@ -435,12 +448,13 @@ __global__ void __launch_bounds__(kThreads)
 // in flight; the lane groups, then the warps, are merged at the end.
 template <int kG, int kU>
 __global__ void __launch_bounds__(kThreads)
-    decode_online_kernel(Fmt f, const float* q, const int32_t* pos, int n_heads, int group,
+    decode_online_kernel(Fmt fa, const float* q, const int32_t* pos, int n_heads, int group,
                          float scale, int chunk, int64_t n_rows, int n_splits, float* part,
                          float2* part_ml, float* out, Q8Out q8) {
   extern __shared__ float smem[];
   pdl_launch_dependents();
   pdl_wait();
+  const Fmt f = fmt_of_row(fa, blockIdx.y);
   const int hd = f.hd;
   const int h0 = blockIdx.x * kG, t = blockIdx.y;
   const int kvh = h0 / group;
@@ -689,7 +703,7 @@ void launch(dim3 grid, size_t smem, cudaStream_t s, const Fmt& f, const float* q
 Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                         int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
                         AttentionScratch& scratch, float* out, cudaStream_t s, const Q8Out* out_q8,
-                        const SlotMap* slots, SplitPartials* keep) {
+                        const SlotMap* slots, SplitPartials* keep, const RowKv* row_kv) {
   const int hd = static_cast<int>(layer.head_dim);
   if (hd % 2 != 0 || hd > 2 * kThreads)
     return make_error(ErrorCode::kUnsupported, "CUDA decode attention: head_dim %d", hd);
@@ -778,7 +792,8 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
               slots ? slots->host_v_offset : 0,
               static_cast<int>(host_chunk),
               static_cast<int>(n_dev),
-              static_cast<int>(n_hs)};
+              static_cast<int>(n_hs),
+              row_kv};
   const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(T),
                   static_cast<unsigned>(n_dev + n_hs));
   const Q8Out qo = out_q8 && hd % 32 == 0 && !keep ? *out_q8 : Q8Out{};

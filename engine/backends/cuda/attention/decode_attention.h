@@ -19,10 +19,12 @@ namespace loom::cuda::detail {
 /// plan then covers every slot, a split taking whole slots. `keep`
 /// (optional): the splits are left unmerged with one more split for the
 /// host's partials, described in *keep (merge_splits combines them; no q8).
+/// `rows` (optional, device [T]): query row t reads rows[t]'s K/V, in
+/// layer's format (attention_rows).
 Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, const int32_t* pos,
                         int64_t plan_keys, int n_heads, float scale, int64_t forced_chunk,
                         AttentionScratch& scratch, float* out, cudaStream_t s,
                         const Q8Out* q8 = nullptr, const SlotMap* slots = nullptr,
-                        SplitPartials* keep = nullptr);
+                        SplitPartials* keep = nullptr, const RowKv* rows = nullptr);
 
 }  // namespace loom::cuda::detail

@@ -72,10 +72,15 @@ template <bool kQ8>
 __global__ void rope_kv_store_kernel(float* q, float* k, const float* v, uint8_t* kc, uint8_t* vc,
                                      const int32_t* pos, int64_t n_heads, int64_t n_kv_heads,
                                      int64_t head_dim, int64_t n_pairs, int neox, const float* cs,
-                                     int64_t capacity, uint64_t row_bytes) {
+                                     int64_t capacity, uint64_t row_bytes, const RowKv* rows) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t t = blockIdx.y;
+  if (rows) {  // this row's sequence's cache
+    kc = static_cast<uint8_t*>(const_cast<void*>(rows[t].k));
+    vc = static_cast<uint8_t*>(const_cast<void*>(rows[t].v));
+    capacity = rows[t].capacity;
+  }
   const int64_t slot = blockIdx.x;
   const int d = threadIdx.x;
   const int kind = slot < n_heads ? 0 : (slot < n_heads + n_kv_heads ? 1 : 2);  // q, k, v
@@ -129,9 +134,9 @@ bool rope_kv_store_fits(const DevKvLayer& layer, int64_t head_dim) {
 
 Status rope_kv_store(const DevKvLayer& layer, float* q, int64_t n_heads, float* k, const float* v,
                      int64_t T, int64_t n_pairs, bool neox, const float* cs, const int32_t* pos,
-                     cudaStream_t s) {
+                     cudaStream_t s, const RowKv* rows) {
   if (T <= 0) return {};
-  if (!layer.k || !layer.v)
+  if (!rows && (!layer.k || !layer.v))
     return make_error(ErrorCode::kInternal, "CUDA rope_kv_store: the layer is not on the device");
   if (!rope_kv_store_fits(layer, layer.head_dim) || T > 65535)
     return make_error(ErrorCode::kUnsupported,
@@ -144,11 +149,11 @@ Status rope_kv_store(const DevKvLayer& layer, float* q, int64_t n_heads, float* 
   if (layer.dtype == DType::kQ8_0)
     (void)launch_chained(rope_kv_store_kernel<true>, grid, threads, 0, s, q, k, v, kc, vc, pos,
                          n_heads, layer.n_kv_heads, layer.head_dim, n_pairs, neox ? 1 : 0, cs,
-                         layer.capacity, layer.row_bytes);
+                         layer.capacity, layer.row_bytes, rows);
   else
     (void)launch_chained(rope_kv_store_kernel<false>, grid, threads, 0, s, q, k, v, kc, vc, pos,
                          n_heads, layer.n_kv_heads, layer.head_dim, n_pairs, neox ? 1 : 0, cs,
-                         layer.capacity, layer.row_bytes);
+                         layer.capacity, layer.row_bytes, rows);
   return launch_status("rope_kv_store");
 }
 
