@@ -36,7 +36,7 @@ bool CudaBackend::rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const>
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                   const int32_t* pos, const cpu::RopeParams& p) {
   const int64_t n_pairs = p.n_rot / 2, T = q.rows;
-  if (!fuse_rope_ || n_pairs == 0 || p.n_rot % 2 != 0 || p.n_rot > head_dim ||
+  if (!row_ops_ || !fuse_rope_ || n_pairs == 0 || p.n_rot % 2 != 0 || p.n_rot > head_dim ||
       T != static_cast<int64_t>(kvs.size()))
     return false;
   cuda::DevKvLayer l;
@@ -73,7 +73,7 @@ bool CudaBackend::rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const>
 bool CudaBackend::attention_rows(std::span<KvCache* const> kvs, int64_t layer, Act q,
                                  const int32_t* pos, int64_t n_heads, float scale, Act out) {
   const int64_t T = q.rows;
-  if (T != static_cast<int64_t>(kvs.size())) return false;
+  if (!row_ops_ || T != static_cast<int64_t>(kvs.size())) return false;
   cuda::DevKvLayer l;
   std::vector<cuda::RowKv> rows;
   if (!row_layers(kvs, layer, &l, &rows)) return false;
