@@ -32,12 +32,7 @@ inline std::unique_ptr<Model> synth_batch_model(const std::string& arch, const s
   s.n_ctx = 128;
   s.weight_type = dtype;
   s.seed = 11;
-  const std::string path = test::temp_dir("batch_" + arch + "_" + dtype) + "/m.gguf";
-  auto r = write_synthetic_model(s, path);
-  EXPECT_TRUE(r.ok()) << r.message();
-  auto m = load_model(path);
-  EXPECT_TRUE(m.ok()) << m.message();
-  return m.ok() ? std::move(m).value() : nullptr;
+  return synth_model(s, "batch_" + arch + "_" + dtype);
 }
 
 // Three sequences over a few steps: which tokens of each go in a step, and

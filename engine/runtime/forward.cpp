@@ -851,11 +851,12 @@ void ForwardPass::layer(int64_t l, int64_t T) {
     // gemma2: soft-capped scores, a window on every swa_every-th layer (the CPU's, see apply).
     const bool swa = hp.sliding_window > 0 && hp.swa_every > 0 && l % hp.swa_every == 0;
     const bool host_attn = hp.attn_softcap > 0 || swa;
-    size_t end = segs_.size();
+    size_t end = segs_.size(), fetched_from = segs_.size();
     if (const size_t first = row_tail(); first + 1 < segs_.size() && !host_attn) {
       bool fetched = true;
       for (size_t i = first; i < segs_.size() && fetched; ++i)
         fetched = segs_[i].kv->fetch_layer(l).ok();
+      if (fetched) fetched_from = first;  // else the loop fetches again and reports
       const int64_t r0 = segs_[first].r0, n = static_cast<int64_t>(segs_.size() - first);
       if (fetched && be(ua).attention_rows(std::span<KvCache* const>(row_kvs_).subspan(first), l,
                                            q.rows_view(r0, n), pos_.data() + r0, hp.n_head, scale,
@@ -866,7 +867,9 @@ void ForwardPass::layer(int64_t l, int64_t T) {
       const Seg& g = segs_[i];
       KvCache& kv = *g.kv;
       // Spilled KV blocks of a host layer come back from the SSD to be read.
-      if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
+      if (i < fetched_from) {
+        if (Status s = kv.fetch_layer(l); !s.ok() && op_status_.ok()) op_status_ = s;
+      }
       const Act qg = q.rows_view(g.r0, g.n), ag = att.rows_view(g.r0, g.n);
       const int32_t* pos = pos_.data() + g.r0;
       if (ua == Unit::kGpu && kv.device_tiered(l)) {
