@@ -58,6 +58,7 @@ struct Harness {
     o.n_slots = slots;
     o.queue_max = queue_max;
     o.prefill_chunk = 64;
+    o.sample_threads = 3;  // a step's draws on three threads (ConcurrentStreamsAllComplete)
     sched = std::make_unique<serve::Scheduler>(std::move(ss), o, &metrics);
     so.host = "127.0.0.1";
     so.port = 0;
@@ -588,6 +589,11 @@ TEST_F(ServeTest, LoadtestRunsItsPhases) {
     EXPECT_EQ(p.failed, 0) << p.name;
     EXPECT_GT(p.tokens, 0) << p.name;
   }
+  // The levels carry the server's own account, from its /metrics.
+  EXPECT_GT((*r)[3].steps, 0);
+  EXPECT_GE((*r)[3].rows_per_step, 1.0);
+  EXPECT_GT((*r)[3].forward_ms, 0.0);
+  EXPECT_GE((*r)[3].host_ms, 0.0);
   // A server that is not there: an error, not a crash.
   o.url = "http://127.0.0.1:1";
   EXPECT_FALSE(serve::run_loadtest(o).ok());

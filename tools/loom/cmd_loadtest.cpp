@@ -19,6 +19,11 @@ void print_row(const serve::PhaseResult& r) {
   std::printf("%-14s %7d %8lld %6lld %9.1f %9.1f %9.1f %8.2f %8.2f\n", r.name.c_str(), r.clients,
               static_cast<long long>(r.requests), static_cast<long long>(r.failed), r.tokens_per_s,
               r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99);
+  if (r.steps > 0)
+    std::printf(
+        "  (server: %lld steps, %.1f rows each; per step %.2f ms forward, %.2f ms "
+        "scheduler)\n",
+        static_cast<long long>(r.steps), r.rows_per_step, r.forward_ms, r.host_ms);
   std::fflush(stdout);
 }
 void print_nothing(const serve::PhaseResult&) {}
@@ -68,7 +73,11 @@ int cmd_loadtest(const LoadtestOptions& o) {
                    {"ttft_ms_p50", p.ttft_p50},
                    {"ttft_ms_p99", p.ttft_p99},
                    {"itl_ms_p50", p.itl_p50},
-                   {"itl_ms_p99", p.itl_p99}});
+                   {"itl_ms_p99", p.itl_p99},
+                   {"server_steps", p.steps},
+                   {"server_rows_per_step", p.rows_per_step},
+                   {"server_forward_ms_per_step", p.forward_ms},
+                   {"server_host_ms_per_step", p.host_ms}});
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("(times in ms; tok/s: content chunks per second over all clients)\n");

@@ -62,6 +62,7 @@ int cmd_serve(const ServeOptions& o) {
   so.queue_max = o.queue;
   so.prefill_chunk = o.engine.batch;
   so.itl_factor = o.itl_factor;
+  so.sample_threads = e->cpu->n_threads();
   const int64_t n_ctx = slots[0]->n_ctx();
   serve::Scheduler sched(std::move(slots), so, &metrics);
 

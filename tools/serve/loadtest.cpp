@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "tools/serve/client.h"
@@ -58,6 +60,43 @@ Sample one_request(const LoadtestOptions& o, const std::string& body) {
   });
   s.ok = r.ok();
   return s;
+}
+
+/// The unlabelled samples of a Prometheus text page ("name value" lines).
+std::map<std::string, double> scrape(const LoadtestOptions& o) {
+  std::map<std::string, double> m;
+  httplib::Client c(o.url);
+  c.set_connection_timeout(2, 0);
+  httplib::Headers h;
+  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+  auto r = c.Get("/metrics", h);
+  if (!r || r->status != 200) return m;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || line.find('{') < sp) continue;
+    try {
+      m[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+    } catch (...) {
+    }
+  }
+  return m;
+}
+
+/// What Loom's step counters say of the phase between two scrapes.
+void add_server_side(const std::map<std::string, double>& before,
+                     const std::map<std::string, double>& after, PhaseResult* r) {
+  auto delta = [&](const char* name) {
+    const auto a = after.find(name), b = before.find(name);
+    return a == after.end() ? 0.0 : a->second - (b == before.end() ? 0.0 : b->second);
+  };
+  const double steps = delta("loom_step_forward_seconds_count");
+  if (steps <= 0) return;
+  r->steps = static_cast<int64_t>(steps);
+  r->rows_per_step = delta("loom_batch_rows_total") / steps;
+  r->forward_ms = delta("loom_step_forward_seconds_sum") * 1e3 / steps;
+  r->host_ms = delta("loom_step_host_seconds_sum") * 1e3 / steps;
 }
 
 PhaseResult summarize(const std::string& name, int clients, const std::vector<Sample>& ss,
@@ -173,6 +212,7 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
     const auto start = Clock::now();
     const auto end = start + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(o.level_seconds));
+    const auto before = scrape(o);
     std::vector<std::thread> ts;
     for (int k = 0; k < c; ++k) {
       ts.emplace_back([&, k] {
@@ -184,7 +224,9 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
       });
     }
     for (auto& t : ts) t.join();
-    add(summarize("concurrency", c, all, ms_between(start, Clock::now()) * 1e-3));
+    PhaseResult r = summarize("concurrency", c, all, ms_between(start, Clock::now()) * 1e-3);
+    add_server_side(before, scrape(o), &r);
+    add(std::move(r));
   }
   stop_child();
   return out;

@@ -40,6 +40,12 @@ struct PhaseResult {
   double seconds = 0, tokens_per_s = 0;
   double start_ms = 0;  ///< cold start: process start to the server answering /health
   double ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0;
+  /// The server's own account of the phase, from its /metrics before and
+  /// after (Loom's step counters; 0 when the server has none): batched steps,
+  /// token rows per step, and per step the forward pass's and the
+  /// scheduler's own milliseconds.
+  int64_t steps = 0;
+  double rows_per_step = 0, forward_ms = 0, host_ms = 0;
 };
 
 /// Runs the three phases; `log` gets a line per phase as it ends.

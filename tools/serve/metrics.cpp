@@ -104,6 +104,12 @@ std::string Metrics::render() const {
   ttft_.render("loom_ttft_seconds", &out);
   header(&out, "loom_itl_seconds", "histogram", "Time between two tokens of one request.");
   itl_.render("loom_itl_seconds", &out);
+  header(&out, "loom_step_forward_seconds", "histogram",
+         "A batched step's forward pass (every matmul over all its rows).");
+  step_forward_.render("loom_step_forward_seconds", &out);
+  header(&out, "loom_step_host_seconds", "histogram",
+         "The scheduler's time around a step's forward pass: admission, sampling, text.");
+  step_host_.render("loom_step_host_seconds", &out);
   header(&out, "loom_kv_bytes", "gauge", "KV cache bytes per tier, all slots.");
   append_f(&out, "loom_kv_bytes{tier=\"device\"} %" PRIu64 "\n", kv.device_bytes);
   append_f(&out, "loom_kv_bytes{tier=\"ram\"} %" PRIu64 "\n", kv.ram_bytes);

@@ -55,6 +55,10 @@ class Metrics {
   void set_kv(const KvTierStats& s);
   Histogram& ttft() { return ttft_; }
   Histogram& itl() { return itl_; }
+  /// A step's forward pass (Session::append_batch), and the scheduler's own
+  /// time around it (admission, sampling, text): the GPU idles through the latter.
+  Histogram& step_forward() { return step_forward_; }
+  Histogram& step_host() { return step_host_; }
   uint64_t cancelled() const { return cancelled_.load(); }
   int64_t queue_depth() const { return queue_depth_.load(); }
   int64_t active() const { return active_.load(); }
@@ -68,7 +72,7 @@ class Metrics {
   std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, cancelled_{0};
   std::atomic<uint64_t> steps_{0}, step_seqs_{0}, step_rows_{0}, shared_prefix_{0};
   std::atomic<int64_t> queue_depth_{0}, active_{0}, slots_{0};
-  Histogram ttft_, itl_;
+  Histogram ttft_, itl_, step_forward_, step_host_;
 };
 
 }  // namespace loom::serve

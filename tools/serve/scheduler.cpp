@@ -68,6 +68,8 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Session>> slots, const Schedule
   budget_ = slots_.front()->session->forward().max_chunk();
   chunk_ = std::min(o.prefill_chunk > 0 ? o.prefill_chunk : budget_, budget_);
   for (auto& s : slots_) s->logits.resize(static_cast<size_t>(model().hp.n_vocab));
+  const int sample_threads = std::min(o.sample_threads, n_slots());
+  if (sample_threads > 1) sample_pool_ = std::make_unique<cpu::ThreadPool>(sample_threads);
   if (metrics_) metrics_->set_slots(n_slots());
   thread_ = std::thread([this] { run(); });
 }
@@ -124,9 +126,14 @@ void Scheduler::run() {
       cv_.wait(lock, [&] { return stop_ || (!paused_ && (!queue_.empty() || n_active_ > 0)); });
       if (stop_) break;
     }
+    const auto t0 = Clock::now();
     admit();
-    step_all();
+    const double forward_ms = step_all();
     publish_kv();
+    if (metrics_ && forward_ms > 0) {
+      metrics_->step_forward().record(forward_ms * 1e-3);
+      metrics_->step_host().record((ms_between(t0, Clock::now()) - forward_ms) * 1e-3);
+    }
   }
   // Shutting down: whoever waits hears that it ended.
   for (auto& s : slots_)
@@ -219,7 +226,7 @@ int64_t Scheduler::take_shared_prefix(Slot& s, int64_t kept) {
   return best;
 }
 
-void Scheduler::step_all() {
+double Scheduler::step_all() {
   // Who runs in this step, and with which tokens: prompt chunks (chunked
   // prefill) and one token of every decoding sequence, at most budget_ rows.
   std::vector<Slot*> prefill, decode;
@@ -234,7 +241,7 @@ void Scheduler::step_all() {
     (s.prefill_pos < static_cast<int64_t>(s.req->prompt.size()) ? prefill : decode).push_back(&s);
   }
   rr_ = (rr_ + 1) % n;
-  if (prefill.empty() && decode.empty()) return;
+  if (prefill.empty() && decode.empty()) return 0;
   // Decode steps first in the budget, but prompts get at least half of it.
   const int64_t max_decode = prefill.empty() ? budget_ : std::max<int64_t>(1, budget_ / 2);
   if (static_cast<int64_t>(decode.size()) > max_decode)
@@ -266,6 +273,7 @@ void Scheduler::step_all() {
   // Sessions sharing a forward pass go in one batched step; others alone.
   std::vector<size_t> group;
   std::vector<Session::BatchItem> items;
+  double forward_ms = 0;
   for (size_t first = 0; first < plan.size(); ++first) {
     if (!plan[first].slot) continue;
     const ForwardPass* fwd = &plan[first].slot->session->forward();
@@ -287,8 +295,14 @@ void Scheduler::step_all() {
     Session::append_batch(items);
     int64_t rows = 0;
     for (const auto& it : items) rows += static_cast<int64_t>(it.tokens.size());
-    cost_.add(rows, ms_between(t0, Clock::now()));
+    const double ms = ms_between(t0, Clock::now());
+    forward_ms += ms;
+    cost_.add(rows, ms);
     if (metrics_) metrics_->count_step(static_cast<int64_t>(items.size()), rows);
+    std::vector<Slot*> drawing;
+    for (size_t k = 0; k < group.size(); ++k)
+      if (items[k].status.ok() && plan[group[k]].logits) drawing.push_back(plan[group[k]].slot);
+    sample_all(drawing);
     for (size_t k = 0; k < group.size(); ++k) {
       Planned& p = plan[group[k]];
       Slot& s = *std::exchange(p.slot, nullptr);
@@ -300,12 +314,32 @@ void Scheduler::step_all() {
       if (p.logits) on_logits(s);
     }
   }
+  return forward_ms;
+}
+
+void Scheduler::sample_all(std::span<Slot* const> slots) {
+  const int64_t n_vocab = model().hp.n_vocab;
+  auto draw = [&](int64_t begin, int64_t end, int /*ith*/) {
+    for (int64_t i = begin; i < end; ++i) {
+      Slot& s = *slots[static_cast<size_t>(i)];
+      s.drawn = s.sampler->sample(s.logits.data(), s.session->tokens());
+      s.drawn_lp.reset();
+      if (s.req->top_logprobs >= 0)
+        s.drawn_lp =
+            logprobs_of(*model().tokenizer, s.logits.data(), n_vocab, s.drawn, s.req->top_logprobs);
+    }
+  };
+  const auto n = static_cast<int64_t>(slots.size());
+  if (sample_pool_ && n > 1)
+    sample_pool_->parallel_for(n, 1, draw);
+  else
+    draw(0, n, 0);
 }
 
 void Scheduler::on_logits(Slot& s) {
   Request& q = *s.req;
   Session& ses = *s.session;
-  const int32_t id = s.sampler->sample(s.logits.data(), ses.tokens());
+  const int32_t id = s.drawn;
   const auto now = Clock::now();
   if (q.n_generated == 0 && s.next < 0) {
     const double ttft = ms_between(q.t_arrival, now);
@@ -334,10 +368,7 @@ void Scheduler::on_logits(Slot& s) {
     ++q.n_generated;
   }
   if (metrics_) metrics_->add_generated_tokens(1);
-  std::optional<TokenLogprob> lp;
-  if (q.top_logprobs >= 0)
-    lp = logprobs_of(tok, s.logits.data(), model().hp.n_vocab, id, q.top_logprobs);
-  if (emit_text(s, s.detok->push(id), std::move(lp))) {
+  if (emit_text(s, s.detok->push(id), std::exchange(s.drawn_lp, std::nullopt))) {
     finish(s, Finish::kStop, {}, /*flush=*/false);
     return;
   }

@@ -24,10 +24,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "engine/core/status.h"
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/session.h"
@@ -95,6 +97,10 @@ struct SchedulerOptions {
   /// learned from the steps run; at least kMinPromptRows). At most 1: prompts
   /// take the whole step budget, however long the decoding sequences wait.
   double itl_factor = 1.5;
+  /// Threads that sample a step's sequences (and their logprobs) at once;
+  /// each draw walks the whole vocabulary, so 64 sequences of a 128k vocab
+  /// are tens of milliseconds on one thread, with the GPU idle.
+  int sample_threads = 1;
 };
 
 class Scheduler {
@@ -129,6 +135,8 @@ class Scheduler {
     std::vector<TokenLogprob> held_lp;
     std::chrono::steady_clock::time_point t_last;
     std::vector<float> logits;  ///< [n_vocab] after the slot's latest step
+    int32_t drawn = -1;         ///< sample_all's token from `logits`
+    std::optional<TokenLogprob> drawn_lp;
   };
 
   void run();
@@ -140,9 +148,13 @@ class Scheduler {
   static constexpr int64_t kMinSharedPrefix = 16;
   /// Prompt tokens a step carries beside decoding rows, however costly.
   static constexpr int64_t kMinPromptRows = 4;
-  /// One batched forward step over the active slots; ends requests that are done.
-  void step_all();
-  /// Samples from the slot's logits after its latest step and handles the token.
+  /// One batched forward step over the active slots; ends requests that are
+  /// done. Returns the forward pass's milliseconds (0: nothing ran).
+  double step_all();
+  /// Draws every slot's next token (and its logprobs, when asked) from its
+  /// logits, on the sampling threads: slots are independent.
+  void sample_all(std::span<Slot* const> slots);
+  /// Handles the token sample_all drew for the slot.
   void on_logits(Slot& s);
   /// Ends the slot's request; `flush`: what the detokenizer and the stop check
   /// hold back is part of the answer (not after a stop string, an error or a cancel).
@@ -160,6 +172,7 @@ class Scheduler {
   int64_t budget_ = 0;  ///< most rows in a step (the forward pass's chunk)
   size_t rr_ = 0;       ///< the slot the next step starts from
   StepCost cost_;       ///< what the steps run so far cost (the prompt budget)
+  std::unique_ptr<cpu::ThreadPool> sample_pool_;          ///< with sample_threads > 1
   std::chrono::steady_clock::time_point kv_published_{};  ///< publish_kv's last sums
 
   std::mutex mu_;
