@@ -69,7 +69,12 @@ Scheduler::Scheduler(std::vector<std::unique_ptr<Session>> slots, const Schedule
   chunk_ = std::min(o.prefill_chunk > 0 ? o.prefill_chunk : budget_, budget_);
   for (auto& s : slots_) s->logits.resize(static_cast<size_t>(model().hp.n_vocab));
   const int sample_threads = std::min(o.sample_threads, n_slots());
-  if (sample_threads > 1) sample_pool_ = std::make_unique<cpu::ThreadPool>(sample_threads);
+  if (sample_threads > 1) {
+    sample_pool_ = std::make_unique<cpu::ThreadPool>(sample_threads);
+    // Draws come once a step: workers that spun on would take the cores from
+    // a hybrid placement's CPU threads while the step runs.
+    sample_pool_->set_spin_us(0);
+  }
   if (metrics_) metrics_->set_slots(n_slots());
   thread_ = std::thread([this] { run(); });
 }
