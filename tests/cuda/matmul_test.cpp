@@ -1,8 +1,8 @@
 // The CUDA matmul kernels (loom_cuda_matmul) against cpu/ref: every weight
 // dtype x odd shapes (n_in tails, odd n_out) x T in {1, 3, 8} (the matvec
-// kernels, on Q8 activations for quantized types), {9, 17, 33, 64} (gemm_q
-// for quantized types) and 130 (F16 GEMMs through cuBLAS), with bias and
-// accumulate; gemm_q's token tiles and k splits; the fused gate/up product;
+// kernels, on Q8 activations for quantized types), {9, 17, 33, 64, 100}
+// (gemm_q for quantized types; 100 in two token tiles) and 130 (F16 GEMMs through cuBLAS), with
+// bias and accumulate; gemm_q's token tiles and k splits; the fused gate/up product;
 // dequantize_rows; both ways of reading quantized rows in the matvecs
 // (direct, staged through shared memory); the RMS norm that writes the Q8
 // activations with its output. The reference dequantizes with cpu/ref and
@@ -151,7 +151,7 @@ TEST_P(CudaMatmul, MatchesReferenceOnOddShapes) {
       const std::vector<float> bias = test::random_floats(static_cast<size_t>(n_out), seed++);
       DevBuf<float> bd(bias);
       MatvecKernels restore;
-      for (const int64_t T : {1, 3, 8, 9, 17, 33, 64, 130})
+      for (const int64_t T : {1, 3, 8, 9, 17, 33, 64, 100, 130})
         for (const int kernel : MatvecKernels::for_tokens(T)) {
           cuda::set_matvec_kernel(kernel);
           SCOPED_TRACE(std::string(dtype_name(dt)) + " n_out " + std::to_string(n_out) + " n_in " +

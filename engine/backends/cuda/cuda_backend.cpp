@@ -91,10 +91,9 @@ Status CudaBackend::init(const CudaOptions& opts) {
   fuse_norm_ = !(fuse && std::strcmp(fuse, "0") == 0);
   const char* fuse_rope = std::getenv("LOOM_CUDA_FUSE_ROPE");
   fuse_rope_ = !(fuse_rope && std::strcmp(fuse_rope, "0") == 0);
-  // Off by default until CudaBatch.RowsInOneLaunchEqualOneSequenceAtATime
-  // has run on a GPU (docs/PERFORMANCE.md, twenty-ninth session).
+  // LOOM_CUDA_ROWS=0: a batched step's decoding rows one sequence at a time.
   const char* rows = std::getenv("LOOM_CUDA_ROWS");
-  row_ops_ = rows && std::strcmp(rows, "1") == 0;
+  row_ops_ = !(rows && std::strcmp(rows, "0") == 0);
   const char* fuse_attn = std::getenv("LOOM_CUDA_FUSE_ATTN");
   fuse_attn_ = !(fuse_attn && std::strcmp(fuse_attn, "0") == 0);
   const char* stage = std::getenv("LOOM_CUDA_KV_STAGE");

@@ -104,8 +104,8 @@ class CudaBackend final : public Backend {
   void attention(KvCache& kv, int64_t layer, Act q, const int32_t* pos, int64_t n_heads,
                  float scale, Act out) override;
   /// Rows of different sequences in one launch each (cuda_rows.cpp), where
-  /// every cache holds the layer on this device, untiered, in one format;
-  /// only with LOOM_CUDA_ROWS=1 (or set_row_ops) for now.
+  /// every cache holds the layer on this device, untiered, in one format
+  /// (LOOM_CUDA_ROWS=0 or set_row_ops(false): one sequence at a time).
   bool rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const> kvs, int64_t layer,
                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const int32_t* pos,
                        const cpu::RopeParams& p) override;
@@ -306,7 +306,7 @@ class CudaBackend final : public Backend {
   // turns it off.
   bool fuse_norm_ = true;
   bool fuse_rope_ = true;  ///< rope_qk_kv in one launch
-  bool row_ops_ = false;   ///< the *_rows ops (LOOM_CUDA_ROWS=1; else one sequence at a time)
+  bool row_ops_ = true;    ///< the *_rows ops (LOOM_CUDA_ROWS=0: one sequence at a time)
   /// The decode attention writes the o product's Q8 activations into the
   /// same buffers (LOOM_CUDA_FUSE_ATTN=0: off).
   bool fuse_attn_ = true;

@@ -37,9 +37,12 @@ Status dequantize_rows(const DevMatrix& w, const int32_t* ids, int64_t T, float*
 inline constexpr int64_t kMaxMatvecTokens = 8;
 
 /// Most tokens the quantized weights' tensor-core kernel (gemm_q) takes
-/// past the matvecs; beyond, cuBLAS on F16 copies of the weights.
-/// LOOM_CUDA_GEMMQ_TOKENS overrides it (0: cuBLAS from 9 tokens on).
-inline constexpr int64_t kMaxGemmQTokens = 64;
+/// past the matvecs; beyond, cuBLAS on F16 copies of the weights. gemm_q
+/// reads and decodes the weights once per 64 tokens, cuBLAS's path makes an
+/// F16 copy of them once per call: a serve step of 64 decoding sequences and
+/// a few prompt rows is past 64 tokens, and two gemm_q tiles cost less than
+/// the copy. LOOM_CUDA_GEMMQ_TOKENS overrides it (0: cuBLAS from 9 tokens on).
+inline constexpr int64_t kMaxGemmQTokens = 128;
 int64_t gemm_q_max_tokens();
 
 /// Q8 activations of a product's x [T, n] (layout: q8_act.cuh), made by

@@ -3,12 +3,12 @@
 // of each of 9..64 sequences) and short prompt chunks. cuBLAS needs the
 // weights as F16 first, a copy of the whole matrix at every call whatever T;
 // here each block decodes its weight rows into shared memory and multiplies
-// them there, so the weights are read once per tile of up to 64 tokens.
+// them there, so the weights are read once per tile of up to 128 tokens.
 //
 // Grid (row tiles, K splits, token tiles), 128 threads = 4 warps. A block
 // takes kBm = 64 weight rows (16 per warp: the m16 of mma.sync.m16n8k16,
-// F16 inputs, F32 accumulators) and kBn = 16, 32 or 64 tokens, the least
-// that holds T. It walks k in stages of 256 values (a K-quant super-block,
+// F16 inputs, F32 accumulators) and kBn = 16, 32, 64 or 128 tokens, the
+// least that holds T. It walks k in stages of 256 values (a K-quant super-block,
 // eight 32-value blocks):
 //  - the stage's raw rows (64 x 144 bytes for Q4_K) are loaded by all
 //    threads into registers one stage ahead, so those loads are in flight
@@ -23,7 +23,7 @@
 //    weight rows (A, row-major) and of the token rows (B, col-major), rows
 //    padded by 16 bytes so that an ldmatrix's 8 row addresses fall in
 //    different banks.
-// Shared memory: at most 17 KiB of raw rows (Q8_0) and 18 KiB of tiles, so
+// Shared memory: at most 17 KiB of raw rows (Q8_0) and 27 KiB of tiles, so
 // several blocks share an SM.
 // Matrices with few row tiles (fewer blocks than four per SM) split k over
 // gridDim.y blocks, whose partial sums a second kernel adds in a fixed
@@ -44,12 +44,15 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;          // 4 warps
-constexpr int kBm = 64;                // weight rows per block, 16 per warp
-constexpr int kKs = 64;                // k values per step: two groups of 32
-constexpr int kStride = kKs + 8;       // halfs per shared row (16 bytes of padding)
-constexpr int kStage = 256;            // k values per stage of raw rows: 4 steps
-constexpr int kMaxSplits = 8;          // k splits at most
+constexpr int kThreads = 128;     // 4 warps
+constexpr int kBm = 64;           // weight rows per block, 16 per warp
+constexpr int kKs = 64;           // k values per step: two groups of 32
+constexpr int kStride = kKs + 8;  // halfs per shared row (16 bytes of padding)
+constexpr int kStage = 256;       // k values per stage of raw rows: 4 steps
+constexpr int kMaxSplits = 8;     // k splits at most
+// Splits until the grid has this many blocks per SM (8 and 16 measured the
+// same on an H100: 16- and 64-token chunks of the 8B within 2.5%).
+constexpr int kBlocksPerSm = 4;
 constexpr int kMinStagesPerSplit = 2;  // a split takes at least this many stages
 
 // Bytes of kStage values of a row of D (whole blocks: 256 values are one
@@ -73,7 +76,8 @@ struct GemmQArgs {
   float* y;           // [T][n_out]
   const float* bias;  // [n_out] or null
   bool accumulate;
-  float* part;  // k splits' partial sums [splits][T][n_out], or null (one split)
+  float* part;       // k splits' partial sums [splits][T][n_out], or null (one split)
+  bool half_decode;  // halfs_fast (F16 arithmetic) rather than halfs_of
 };
 
 // 8 quants (bytes of two words) times d, plus m, as 4 words of two halfs.
@@ -88,6 +92,28 @@ __device__ __forceinline__ uint4 halfs_of(int q0, int q1, float d, float m) {
     const float e3 = d * static_cast<float>(static_cast<int8_t>(v >> 24)) + m;
     h[2 * k] = pack_half2(e0, e1);
     h[2 * k + 1] = pack_half2(e2, e3);
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// The same in F16 arithmetic, without conversion instructions (an eighth of
+// the FP32 rate): a byte b + 128 placed under the exponent bits 0x64 is the
+// F16 1024 + b + 128, exactly; less 1152, times d, plus m (d and m rounded
+// to F16: about 2e-4 more error per value than rounding d q + m once).
+__device__ __forceinline__ uint4 halfs_fast(int q0, int q1, __half2 d, __half2 m) {
+  const __half2 bias = __float2half2_rn(1152.0f);
+  uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t u = static_cast<uint32_t>(k == 0 ? q0 : q1) ^ 0x80808080u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t bits = __byte_perm(u, 0x64646464u, j == 0 ? 0x4140u : 0x4342u);
+      __half2 v;
+      memcpy(&v, &bits, sizeof(v));
+      v = __hfma2(__hsub2(v, bias), d, m);
+      memcpy(&h[2 * k + j], &v, sizeof(v));
+    }
   }
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
@@ -185,9 +211,17 @@ __global__ void __launch_bounds__(kThreads) gemm_q_kernel(GemmQArgs a) {
       uint4* dst = reinterpret_cast<uint4*>(&sw[wr * kStride + 32 * wg]);
       if (8 * stage + gl < a.n_groups) {
         const QGroup q = decode_group<D>(sraw + wr * Raw::kRb, gl);
+        if (a.half_decode) {
+          const __half2 dlo = __float2half2_rn(q.d_lo), dhi = __float2half2_rn(q.d_hi),
+                        m = __float2half2_rn(q.m);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          dst[i] = halfs_of(q.q[2 * i], q.q[2 * i + 1], i < 2 ? q.d_lo : q.d_hi, q.m);
+          for (int i = 0; i < 4; ++i)
+            dst[i] = halfs_fast(q.q[2 * i], q.q[2 * i + 1], i < 2 ? dlo : dhi, m);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            dst[i] = halfs_of(q.q[2 * i], q.q[2 * i + 1], i < 2 ? q.d_lo : q.d_hi, q.m);
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) dst[i] = make_uint4(0, 0, 0, 0);
@@ -249,6 +283,12 @@ __global__ void gemm_q_reduce(const float* part, int splits, int64_t n, int n_ou
   }
 }
 
+// Tokens per block: the least tile of 16, 32, 64 or 128 that holds T
+// (past 128, tiles of 128: each tile decodes the weights again).
+int token_tile(int64_t T) {
+  return T <= 16 ? 16 : (T <= 32 ? 32 : (T <= 64 ? 64 : 128));
+}
+
 int stages_of(const DevMatrix& w) {
   return static_cast<int>((w.n_in / 32 + 7) / 8);
 }
@@ -262,13 +302,23 @@ bool words_of(const DevMatrix& w) {
   return rb % 4 == 0 && w.row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(w.data) % 4 == 0;
 }
 
+// LOOM_CUDA_GEMMQ_HALF=0: decode through FP32 (halfs_of), to compare.
+bool half_decode() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMMQ_HALF");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 }  // namespace
 
 int gemm_q_splits(const DevMatrix& w, int64_t T, int sms) {
-  const int64_t blocks = (w.n_out + kBm - 1) / kBm * (T > 32 ? (T + 63) / 64 : 1);
+  const int bn = token_tile(T);
+  const int64_t blocks = (w.n_out + kBm - 1) / kBm * ((T + bn - 1) / bn);
   const int stages = stages_of(w);
   int s = 1;
-  while (s < kMaxSplits && blocks * s < 4 * static_cast<int64_t>(sms) &&
+  while (s < kMaxSplits && blocks * s < kBlocksPerSm * static_cast<int64_t>(sms) &&
          stages / (2 * s) >= kMinStagesPerSplit)
     s *= 2;
   const int per = (stages + s - 1) / s;
@@ -295,8 +345,9 @@ Status gemm_q(const DevMatrix& w, const uint16_t* xf16, int64_t T, float* y, con
               y,
               bias,
               accumulate,
-              splits > 1 ? part : nullptr};
-  const int bn = T <= 16 ? 16 : (T <= 32 ? 32 : 64);
+              splits > 1 ? part : nullptr,
+              half_decode()};
+  const int bn = token_tile(T);
   const dim3 grid(static_cast<unsigned>((w.n_out + kBm - 1) / kBm), static_cast<unsigned>(splits),
                   static_cast<unsigned>((T + bn - 1) / bn));
   const bool words = words_of(w);
@@ -307,8 +358,10 @@ Status gemm_q(const DevMatrix& w, const uint16_t* xf16, int64_t T, float* y, con
           gemm_q_kernel<D, 16, kWords><<<grid, kThreads, 0, s>>>(a);
         else if (bn == 32)
           gemm_q_kernel<D, 32, kWords><<<grid, kThreads, 0, s>>>(a);
-        else
+        else if (bn == 64)
           gemm_q_kernel<D, 64, kWords><<<grid, kThreads, 0, s>>>(a);
+        else
+          gemm_q_kernel<D, 128, kWords><<<grid, kThreads, 0, s>>>(a);
       };
       if constexpr (stage_bytes<D>() % 4 == 0) {
         if (words) {
