@@ -1,6 +1,6 @@
 // Products of quantized weights and a few dozen tokens on the tensor cores
 // (gemm_q, matmul_kernels.h): continuous batching's decode steps (one token
-// of each of 9..64 sequences) and short prompt chunks. cuBLAS needs the
+// of each of 9..128 sequences) and short prompt chunks. cuBLAS needs the
 // weights as F16 first, a copy of the whole matrix at every call whatever T;
 // here each block decodes its weight rows into shared memory and multiplies
 // them there, so the weights are read once per tile of up to 128 tokens.

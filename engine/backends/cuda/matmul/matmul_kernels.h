@@ -35,14 +35,14 @@ Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* x
                     float* const* ys, const float* const* biases, cudaStream_t s);
 /// y [T, w.n_out] = x W^T (+ bias) (+ y when accumulate) on the tensor
 /// cores for a quantized w (matvec_uses_q8, n_in a multiple of 32), reading
-/// the weights once per tile of up to 64 tokens (gemm_q.cu); xf16 is x as
+/// the weights once per tile of up to 128 tokens (gemm_q.cu); xf16 is x as
 /// to_f16 gives it. With splits > 1 (gemm_q_splits) k is split over blocks
 /// whose partial sums go to part [splits, T, w.n_out] first.
 Status gemm_q(const DevMatrix& w, const uint16_t* xf16, int64_t T, float* y, const float* bias,
               bool accumulate, int splits, float* part, cudaStream_t s);
 /// k splits for gemm_q of T tokens on a device of `sms` multiprocessors:
 /// enough blocks for four on every SM where the matrix has few rows (at most
-/// 8 splits, each at least 4 steps of 64 values).
+/// 8 splits, each at least 2 stages of 256 values).
 int gemm_q_splits(const DevMatrix& w, int64_t T, int sms);
 /// y[t][r] += bias[r] for y [T, n].
 Status add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s);
