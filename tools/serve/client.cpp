@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace loom::serve {
 
@@ -40,6 +41,26 @@ std::string error_message(int status, const std::string& body) {
   return "HTTP " + std::to_string(status) + (msg.empty() ? "" : ": " + msg);
 }
 }  // namespace
+
+std::map<std::string, double> fetch_metrics(const ClientOptions& o) {
+  std::map<std::string, double> m;
+  httplib::Client c(split_url(o.url).first);
+  c.set_connection_timeout(o.connect_timeout_s, 0);
+  c.set_read_timeout(o.read_timeout_s, 0);
+  auto r = c.Get("/metrics", auth(o));
+  if (!r || r->status != 200) return m;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || line.find('{') < sp) continue;
+    try {
+      m[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+    } catch (...) {
+    }
+  }
+  return m;
+}
 
 Result<ChatUsage> stream_chat(const ClientOptions& o, const std::string& body,
                               const std::function<bool(const std::string& text)>& on_text) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ struct ChatUsage {
 /// a stream that ends without [DONE] (kIo).
 Result<ChatUsage> stream_chat(const ClientOptions& o, const std::string& body,
                               const std::function<bool(const std::string& text)>& on_text);
+
+/// GET /metrics (at the server's root, whatever the URL's API prefix): the
+/// unlabelled samples of its Prometheus text ("name value" lines); empty
+/// when the server has none or does not answer.
+std::map<std::string, double> fetch_metrics(const ClientOptions& o);
 
 /// GET /v1/models: the ids the server offers.
 Result<std::vector<std::string>> list_models(const ClientOptions& o);

@@ -11,7 +11,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "tools/serve/client.h"
@@ -60,28 +59,6 @@ Sample one_request(const LoadtestOptions& o, const std::string& body) {
   });
   s.ok = r.ok();
   return s;
-}
-
-/// The unlabelled samples of a Prometheus text page ("name value" lines).
-std::map<std::string, double> scrape(const LoadtestOptions& o) {
-  std::map<std::string, double> m;
-  httplib::Client c(o.url);
-  c.set_connection_timeout(2, 0);
-  httplib::Headers h;
-  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
-  auto r = c.Get("/metrics", h);
-  if (!r || r->status != 200) return m;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t sp = line.find(' ');
-    if (sp == std::string::npos || line.find('{') < sp) continue;
-    try {
-      m[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
-    } catch (...) {
-    }
-  }
-  return m;
 }
 
 /// What Loom's step counters say of the phase between two scrapes.
@@ -212,7 +189,12 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
     const auto start = Clock::now();
     const auto end = start + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(o.level_seconds));
-    const auto before = scrape(o);
+    ClientOptions co;
+    co.url = o.url;
+    co.api_key = o.api_key;
+    co.connect_timeout_s = 2;
+    co.read_timeout_s = 5;
+    const auto before = fetch_metrics(co);
     std::vector<std::thread> ts;
     for (int k = 0; k < c; ++k) {
       ts.emplace_back([&, k] {
@@ -225,7 +207,7 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
     }
     for (auto& t : ts) t.join();
     PhaseResult r = summarize("concurrency", c, all, ms_between(start, Clock::now()) * 1e-3);
-    add_server_side(before, scrape(o), &r);
+    add_server_side(before, fetch_metrics(co), &r);
     add(std::move(r));
   }
   stop_child();

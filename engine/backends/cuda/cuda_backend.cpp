@@ -632,8 +632,12 @@ const float* CudaBackend::rope_table(int64_t T, const int32_t* pos, const cpu::R
   return static_cast<const float*>(put(rope_cs_.data(), rope_cs_.size() * sizeof(float)));
 }
 
+bool CudaBackend::rope_params_ok(const cpu::RopeParams& p, int64_t head_dim) {
+  return p.n_rot % 2 == 0 && p.n_rot <= head_dim && p.n_rot >= 0;
+}
+
 bool CudaBackend::check_rope(const cpu::RopeParams& p, int64_t head_dim) {
-  if (p.n_rot % 2 == 0 && p.n_rot <= head_dim && p.n_rot >= 0) return true;
+  if (rope_params_ok(p, head_dim)) return true;
   fail(make_error(ErrorCode::kInvalidArgument, "CUDA rope: %" PRId64 " rotated of %" PRId64,
                   static_cast<int64_t>(p.n_rot), head_dim));
   return false;

@@ -176,6 +176,8 @@ class CudaBackend final : public Backend {
   // the ring: its device address, or null after recording the failure.
   const float* rope_table(int64_t T, const int32_t* pos, const cpu::RopeParams& p);
   bool check_rope(const cpu::RopeParams& p, int64_t head_dim);
+  // The rotation fits the head (what check_rope checks, without failing).
+  static bool rope_params_ok(const cpu::RopeParams& p, int64_t head_dim);
   // The device KV layer of `layer` in kv's storage, or a failure.
   bool kv_layer(KvCache& kv, int64_t layer, const char* op, cuda::DevKvLayer* out);
   // Keys the decode attention's launch is planned for, past max_pos: powers

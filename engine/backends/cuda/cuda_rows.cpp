@@ -36,7 +36,7 @@ bool CudaBackend::rope_qk_kv_rows(Act q, Act k, Act v, std::span<KvCache* const>
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                   const int32_t* pos, const cpu::RopeParams& p) {
   const int64_t n_pairs = p.n_rot / 2, T = q.rows;
-  if (!row_ops_ || !fuse_rope_ || n_pairs == 0 || p.n_rot % 2 != 0 || p.n_rot > head_dim ||
+  if (!row_ops_ || !fuse_rope_ || n_pairs == 0 || !rope_params_ok(p, head_dim) ||
       T != static_cast<int64_t>(kvs.size()))
     return false;
   cuda::DevKvLayer l;
