@@ -594,8 +594,14 @@ TEST_F(ServeTest, LoadtestRunsItsPhases) {
   EXPECT_GE((*r)[3].rows_per_step, 1.0);
   EXPECT_GT((*r)[3].forward_ms, 0.0);
   EXPECT_GE((*r)[3].host_ms, 0.0);
+  // /health is asked at the server's root, also when the URL names the API's
+  // prefix (a URL ending in /v1 once waited out its whole start timeout).
+  serve::ClientOptions co;
+  co.url = o.url + "/v1";
+  EXPECT_TRUE(serve::server_healthy(co));
   // A server that is not there: an error, not a crash.
-  o.url = "http://127.0.0.1:1";
+  o.url = co.url = "http://127.0.0.1:1";
+  EXPECT_FALSE(serve::server_healthy(co));
   EXPECT_FALSE(serve::run_loadtest(o).ok());
 }
 

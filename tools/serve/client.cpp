@@ -62,6 +62,14 @@ std::map<std::string, double> fetch_metrics(const ClientOptions& o) {
   return m;
 }
 
+bool server_healthy(const ClientOptions& o) {
+  httplib::Client c(split_url(o.url).first);
+  c.set_connection_timeout(1, 0);
+  c.set_read_timeout(1, 0);
+  auto r = c.Get("/health");
+  return r && r->status == 200;
+}
+
 Result<ChatUsage> stream_chat(const ClientOptions& o, const std::string& body,
                               const std::function<bool(const std::string& text)>& on_text) {
   json b = json::parse(body, nullptr, false);

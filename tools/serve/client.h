@@ -42,6 +42,10 @@ Result<ChatUsage> stream_chat(const ClientOptions& o, const std::string& body,
 /// when the server has none or does not answer.
 std::map<std::string, double> fetch_metrics(const ClientOptions& o);
 
+/// GET /health (at the server's root, as /metrics): whether it answered 200
+/// within a second.
+bool server_healthy(const ClientOptions& o);
+
 /// GET /v1/models: the ids the server offers.
 Result<std::vector<std::string>> list_models(const ClientOptions& o);
 

@@ -40,10 +40,15 @@ struct Sample {
   int64_t tokens = 0;  ///< content chunks received (one per token on Loom and llama-server)
 };
 
-Sample one_request(const LoadtestOptions& o, const std::string& body) {
+ClientOptions client_options(const LoadtestOptions& o) {
   ClientOptions co;
   co.url = o.url;
   co.api_key = o.api_key;
+  return co;
+}
+
+Sample one_request(const LoadtestOptions& o, const std::string& body) {
+  const ClientOptions co = client_options(o);
   Sample s;
   const auto t0 = Clock::now();
   auto last = t0;
@@ -137,14 +142,11 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
       _exit(127);
     }
     if (child < 0) return make_error(ErrorCode::kIo, "cannot start '%s'", o.server_cmd.c_str());
-    httplib::Client c(o.url);
-    c.set_connection_timeout(1, 0);
     bool up = false;
     while (!up && ms_between(t0, Clock::now()) < 300e3) {
       int status = 0;
       if (waitpid(child, &status, WNOHANG) == child) break;  // it exited
-      auto r = c.Get("/health");
-      up = r && r->status == 200;
+      up = server_healthy(client_options(o));
       if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (!up) {
@@ -189,9 +191,7 @@ Result<std::vector<PhaseResult>> run_loadtest(const LoadtestOptions& o,
     const auto start = Clock::now();
     const auto end = start + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(o.level_seconds));
-    ClientOptions co;
-    co.url = o.url;
-    co.api_key = o.api_key;
+    ClientOptions co = client_options(o);
     co.connect_timeout_s = 2;
     co.read_timeout_s = 5;
     const auto before = fetch_metrics(co);
