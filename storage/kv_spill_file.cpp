@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 namespace loom::storage {
 
@@ -142,8 +143,10 @@ Result<std::unique_ptr<KvSpillFile>> KvSpillFile::open(const SpillOptions& o) {
                       "KV spill file: io_uring is not available here (%s); the SSD tier needs it",
                       errno_text(-rc).c_str());
   }
-  std::vector<iovec> iov(2 * f->depth_);
-  for (unsigned i = 0; i < iov.size(); ++i) iov[i] = {f->buffer(i), f->record_bytes_};
+  // Two registered buffers, the write and the read halves of the arena: a
+  // request of several records takes consecutive records of one half.
+  const size_t half = static_cast<size_t>(f->depth_) * f->record_bytes_;
+  std::vector<iovec> iov = {{f->buffer(0), half}, {f->buffer(f->depth_), half}};
   // Registered buffers save the kernel a page walk per transfer; where the
   // memlock limit refuses them, plain reads and writes on the same buffers.
   f->fixed_ =
@@ -151,6 +154,7 @@ Result<std::unique_ptr<KvSpillFile>> KvSpillFile::open(const SpillOptions& o) {
   f->ring_ = std::move(ring);
   f->batch_.resize(f->depth_);
   f->read_res_.resize(f->depth_);
+  f->run_.resize(f->depth_);
   return f;
 }
 
@@ -172,9 +176,58 @@ uint64_t KvSpillFile::file_bytes() const {
   return ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
+void KvSpillFile::split_result(int res, unsigned k, int* out) const {
+  const auto rec = static_cast<int64_t>(record_bytes_);
+  for (unsigned r = 0; r < k; ++r)
+    out[r] = res < 0 ? res : static_cast<int>(std::clamp<int64_t>(res - r * rec, 0, rec));
+}
+
 void KvSpillFile::note_read(uint64_t tag, int res) {
-  read_res_[tag & 0xffffffffu] = res;
+  const auto i = static_cast<unsigned>(tag & 0xffffffffu);
+  split_result(res, run_[i], &read_res_[i]);
   --pending_reads_;
+}
+
+uint32_t KvSpillFile::take_slot(uint32_t layer) {
+  if (free_.size() <= layer) free_.resize(layer + 1);
+  std::vector<uint32_t>& heap = free_[layer];
+  if (heap.empty()) {  // a new extent for this layer, at the end of the file
+    const uint32_t first = n_slots_;
+    n_slots_ += kExtentSlots;
+    used_.resize(n_slots_, false);
+    extent_layer_.push_back(layer);
+    for (uint32_t s = first; s < n_slots_; ++s) {
+      heap.push_back(s);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  }
+  std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+  const uint32_t slot = heap.back();
+  heap.pop_back();
+  return slot;
+}
+
+void KvSpillFile::prep_run(bool write, unsigned first, unsigned i, size_t len, uint32_t slot) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+  uint8_t* rec = buffer(first + i);
+  const uint64_t off = static_cast<uint64_t>(slot) * record_bytes_;
+  const auto bytes = static_cast<unsigned>(len);
+  const int half = write ? 0 : 1;  // the registered buffer (open())
+  if (write) {
+    if (fixed_)
+      io_uring_prep_write_fixed(sqe, fd_, rec, bytes, off, half);
+    else
+      io_uring_prep_write(sqe, fd_, rec, bytes, off);
+    io_uring_sqe_set_data64(sqe, i);
+    ++stats_.write_requests;
+  } else {
+    if (fixed_)
+      io_uring_prep_read_fixed(sqe, fd_, rec, bytes, off, half);
+    else
+      io_uring_prep_read(sqe, fd_, rec, bytes, off);
+    io_uring_sqe_set_data64(sqe, kReadTag | i);
+    ++stats_.read_requests;
+  }
 }
 
 // Submits what is queued and waits until `n` write completions have come;
@@ -216,14 +269,7 @@ Status KvSpillFile::write(std::span<const SpillWrite> writes, std::vector<uint32
     std::fill(res.begin(), res.end(), 0);
     for (unsigned i = 0; i < n; ++i) {
       const SpillWrite& w = writes[done + i];
-      uint32_t slot;
-      if (!free_.empty()) {
-        slot = free_.back();
-        free_.pop_back();
-      } else {
-        slot = n_slots_++;
-        used_.push_back(false);
-      }
+      const uint32_t slot = take_slot(w.key.layer);
       used_[slot] = true;
       ++n_used_;
       slots->push_back(slot);
@@ -244,26 +290,31 @@ Status KvSpillFile::write(std::span<const SpillWrite> writes, std::vector<uint32
       std::memcpy(rec, &h, sizeof h);
 
       ++n_writes_;
-      if (n_writes_ == faults_.fail_write || n_writes_ == faults_.no_space_write) {
+      if (n_writes_ == faults_.fail_write || n_writes_ == faults_.no_space_write)
         res[i] = n_writes_ == faults_.fail_write ? -EIO : -ENOSPC;
+    }
+    // One request per run of consecutive slots; an injected failure is a nop
+    // of its own, whose result replaces the nop's 0 below.
+    const std::vector<int> injected(res.begin(), res.begin() + n);
+    std::vector<unsigned> run(n, 1);
+    unsigned requests = 0;
+    for (unsigned i = 0; i < n; i += run[i], ++requests) {
+      if (injected[i] < 0) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
         io_uring_prep_nop(sqe);
         io_uring_sqe_set_data64(sqe, i);
-        continue;  // the injected result replaces the nop's 0 below
+        continue;
       }
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-      const uint64_t off = static_cast<uint64_t>(slot) * record_bytes_;
-      if (fixed_) {
-        io_uring_prep_write_fixed(sqe, fd_, rec, static_cast<unsigned>(record_bytes_), off,
-                                  static_cast<int>(i));
-      } else {
-        io_uring_prep_write(sqe, fd_, rec, static_cast<unsigned>(record_bytes_), off);
-      }
-      io_uring_sqe_set_data64(sqe, i);
+      unsigned k = 1;
+      while (i + k < n && injected[i + k] == 0 &&
+             (*slots)[done + i + k] == (*slots)[done + i + k - 1] + 1)
+        ++k;
+      prep_run(true, 0, i, k * record_bytes_, (*slots)[done + i]);
+      run[i] = k;
     }
-    std::vector<int> injected(res.begin(), res.begin() + n);
     std::fill(res.begin(), res.begin() + n, 0);
-    failed = submit_and_wait(n, &res);
+    failed = submit_and_wait(requests, &res);
+    for (unsigned i = 0; i < n; i += run[i]) split_result(res[i], run[i], &res[i]);
     for (unsigned i = 0; i < n && failed.ok(); ++i) {
       const int r = injected[i] < 0 ? injected[i] : res[i];
       if (r == static_cast<int>(record_bytes_)) continue;
@@ -303,33 +354,44 @@ Status KvSpillFile::begin_reads(std::span<const SpillRead> reads) {
                       "KV spill file: %zu reads in one batch (at most %u)", reads.size(), depth_);
   }
   const auto n = static_cast<unsigned>(reads.size());
+  unsigned requests = 0;
   for (unsigned i = 0; i < n; ++i) {
     const SpillRead& r = reads[i];
     batch_[i] = r;
     read_res_[i] = 0;
-    const unsigned buf = depth_ + i;
-    uint8_t* rec = buffer(buf);
+    run_[i] = 1;
     ++n_reads_;
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-    io_uring_sqe_set_data64(sqe, kReadTag | i);
     if (r.slot >= n_slots_ || !used_[r.slot] || n_reads_ == faults_.fail_read) {
       // Nothing to read (or an injected failure): the nop completes with the
       // error set below.
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+      io_uring_sqe_set_data64(sqe, kReadTag | i);
       io_uring_prep_nop(sqe);
       read_res_[i] = r.slot >= n_slots_ || !used_[r.slot] ? -ENOENT : -EIO;
+      ++requests;
       continue;
     }
-    const auto len =
-        static_cast<unsigned>(n_reads_ == faults_.short_read ? record_bytes_ / 2 : record_bytes_);
-    const uint64_t off = static_cast<uint64_t>(r.slot) * record_bytes_;
-    if (fixed_) {
-      io_uring_prep_read_fixed(sqe, fd_, rec, len, off, static_cast<int>(buf));
-    } else {
-      io_uring_prep_read(sqe, fd_, rec, len, off);
+    // A run of consecutive slots is one request; a record with an injected
+    // fault is a request of its own.
+    const bool short_read = n_reads_ == faults_.short_read;
+    unsigned k = 1;
+    while (!short_read && i + k < n && reads[i + k].slot == reads[i + k - 1].slot + 1 &&
+           reads[i + k].slot < n_slots_ && used_[reads[i + k].slot] &&
+           n_reads_ + static_cast<int>(k) != faults_.fail_read &&
+           n_reads_ + static_cast<int>(k) != faults_.short_read)
+      ++k;
+    prep_run(false, depth_, i, short_read ? record_bytes_ / 2 : k * record_bytes_, r.slot);
+    run_[i] = k;
+    ++requests;
+    for (unsigned j = 1; j < k; ++j) {
+      batch_[i + j] = reads[i + j];
+      read_res_[i + j] = 0;
+      ++n_reads_;
     }
+    i += k - 1;
   }
   batch_n_ = n;
-  pending_reads_ = n;
+  pending_reads_ = requests;
   // Injected results survive the nops' completions (note_read keeps the first error).
   injected_.assign(read_res_.begin(), read_res_.begin() + n);
   const int rc = io_uring_submit(&ring_->ring);
@@ -420,7 +482,9 @@ void KvSpillFile::release(uint32_t slot) {
   if (slot >= n_slots_ || !used_[slot]) return;
   used_[slot] = false;
   --n_used_;
-  free_.push_back(slot);
+  std::vector<uint32_t>& heap = free_[extent_layer_[slot / kExtentSlots]];
+  heap.push_back(slot);
+  std::push_heap(heap.begin(), heap.end(), std::greater<>());
 }
 
 int remove_stale_spill_files(const std::string& dir) {

@@ -74,6 +74,7 @@ struct KvTierStats {
   uint64_t staging_bytes = 0;      ///< RAM that holds spilled blocks while attention reads them
   uint64_t blocks_spilled = 0, blocks_promoted = 0;  ///< moves down and up, since creation
   uint64_t ssd_read_bytes = 0, ssd_written_bytes = 0;
+  uint64_t ssd_read_requests = 0;  ///< reads the disk was asked for (a run of records each)
   uint64_t blocks_to_host = 0, blocks_to_device = 0;  ///< device tier moves, since creation
   uint64_t blocks_lost = 0;        ///< blocks that could not be read back (recomputed)
   uint64_t blocks_read_ahead = 0;  ///< spilled blocks read while the layer before computed

@@ -157,6 +157,7 @@ KvTierStats KvCache::tier_stats() const {
   if (spill_) {
     s.ssd_read_bytes = spill_->stats().bytes_read;
     s.ssd_written_bytes = spill_->stats().bytes_written;
+    s.ssd_read_requests = spill_->stats().read_requests;
   }
   s.spill_full = spill_full_;
   s.note = spill_note_;

@@ -150,6 +150,75 @@ TEST_F(KvSpillFileTest, ReadAheadCompletesAcrossInterleavedWrites) {
   EXPECT_FALSE(f->reads_in_flight());
 }
 
+// Slots come per layer from extents, lowest first, so each layer's blocks lie
+// side by side however the layers' spills interleave; a read of them is one
+// request, and a fault in the middle splits it without touching the rest.
+TEST_F(KvSpillFileTest, ALayersBlocksLieSideBySideAndTravelInOneRequest) {
+  const size_t payload = 3000;
+  auto f = open_file(payload, 16);
+  ASSERT_TRUE(f);
+  constexpr uint32_t kLayers = 3, kBlocks = 10;
+  std::vector<std::vector<uint8_t>> data = blocks(kLayers * kBlocks, payload);
+  std::vector<SpillWrite> w;  // block by block, the layers interleaved
+  for (uint32_t b = 0; b < kBlocks; ++b)
+    for (uint32_t l = 0; l < kLayers; ++l) w.push_back({key(l, b), data[b * kLayers + l].data()});
+  std::vector<uint32_t> slots;
+  ASSERT_TRUE(f->write(w, &slots).ok());
+  auto slot_of = [&](uint32_t l, uint32_t b) { return slots[b * kLayers + l]; };
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t b = 1; b < kBlocks; ++b) EXPECT_EQ(slot_of(l, b), slot_of(l, b - 1) + 1);
+
+  // Layer 1's blocks, read back: one request.
+  auto read_layer = [&](uint32_t l, std::vector<std::vector<uint8_t>>* back) {
+    back->assign(kBlocks, std::vector<uint8_t>(payload, 0));
+    std::vector<SpillRead> reads;
+    for (uint32_t b = 0; b < kBlocks; ++b)
+      reads.push_back({slot_of(l, b), key(l, b), (*back)[b].data()});
+    std::vector<Status> res;
+    f->read(reads, &res);
+    return res;
+  };
+  std::vector<std::vector<uint8_t>> back;
+  uint64_t before = f->stats().read_requests;
+  std::vector<Status> res = read_layer(1, &back);
+  EXPECT_EQ(f->stats().read_requests - before, 1u);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    EXPECT_TRUE(res[b].ok()) << res[b].message();
+    EXPECT_EQ(back[b], data[b * kLayers + 1]) << "block " << b;
+  }
+
+  // The 5th record of the next read fails: the run splits around it.
+  f->set_faults({.fail_read = static_cast<int>(f->stats().records_read) + 5});
+  before = f->stats().read_requests;
+  res = read_layer(2, &back);
+  EXPECT_EQ(f->stats().read_requests - before, 2u);  // blocks 0-3 and 5-9 (block 4: a nop)
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    if (b == 4) {
+      EXPECT_FALSE(res[b].ok());
+      EXPECT_EQ(back[b], std::vector<uint8_t>(payload, 0));
+    } else {
+      EXPECT_TRUE(res[b].ok()) << "block " << b << ": " << res[b].message();
+      EXPECT_EQ(back[b], data[b * kLayers + 2]) << "block " << b;
+    }
+  }
+  f->set_faults({});
+
+  // A freed slot goes back to its layer: the layer's next block takes it.
+  f->release(slot_of(0, 3));
+  std::vector<uint32_t> again;
+  const auto extra = blocks(1, payload, 7);
+  const SpillWrite one{key(0, kBlocks), extra[0].data()};
+  ASSERT_TRUE(f->write(std::span<const SpillWrite>(&one, 1), &again).ok());
+  EXPECT_EQ(again[0], slot_of(0, 3));
+
+  // A layer's blocks written together are one request.
+  before = f->stats().write_requests;
+  std::vector<SpillWrite> run;
+  for (uint32_t b = 0; b < 6; ++b) run.push_back({key(kLayers, b), data[b].data()});
+  ASSERT_TRUE(f->write(run, &again).ok());
+  EXPECT_EQ(f->stats().write_requests - before, 1u);
+}
+
 TEST_F(KvSpillFileTest, InjectedWriteFailuresTakeNoSlot) {
   auto f = open_file(200, 4);
   ASSERT_TRUE(f);

@@ -157,6 +157,8 @@ int cmd_bench(const BenchOptions& o) {
          o.n_gen > 0 ? (ssd1.ssd_read_bytes - ssd0.ssd_read_bytes) / o.n_gen : 0},
         {"ssd_written_bytes_per_token",
          o.n_gen > 0 ? (ssd1.ssd_written_bytes - ssd0.ssd_written_bytes) / o.n_gen : 0},
+        {"ssd_read_requests_per_token",
+         o.n_gen > 0 ? (ssd1.ssd_read_requests - ssd0.ssd_read_requests) / o.n_gen : 0},
         {"blocks_spilled", ssd1.blocks_spilled},
         {"blocks_promoted", ssd1.blocks_promoted}};
     nlohmann::json ops = nlohmann::json::object();
@@ -221,11 +223,12 @@ int cmd_bench(const BenchOptions& o) {
     const double n = static_cast<double>(std::max<int64_t>(o.n_gen, 1));
     std::printf(
         " (RAM budget %.1f MiB, policy %s, %s)\n"
-        "          SSD per decode token: read %.1f KiB, written %.1f KiB; blocks spilled "
-        "%llu, promoted %llu",
+        "          SSD per decode token: read %.1f KiB in %.1f requests, written %.1f KiB; "
+        "blocks spilled %llu, promoted %llu",
         kv.tier_config().ram_budget / 1048576.0, kv.tier_config().policy.c_str(),
         ssd1.note.empty() ? "no spill yet" : ssd1.note.c_str(),
         static_cast<double>(ssd1.ssd_read_bytes - ssd0.ssd_read_bytes) / n / 1024.0,
+        static_cast<double>(ssd1.ssd_read_requests - ssd0.ssd_read_requests) / n,
         static_cast<double>(ssd1.ssd_written_bytes - ssd0.ssd_written_bytes) / n / 1024.0,
         static_cast<unsigned long long>(ssd1.blocks_spilled),
         static_cast<unsigned long long>(ssd1.blocks_promoted));
