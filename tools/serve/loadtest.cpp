@@ -1,6 +1,5 @@
 #include "tools/serve/loadtest.h"
 
-#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
