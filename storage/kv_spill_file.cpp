@@ -354,6 +354,11 @@ Status KvSpillFile::begin_reads(std::span<const SpillRead> reads) {
                       "KV spill file: %zu reads in one batch (at most %u)", reads.size(), depth_);
   }
   const auto n = static_cast<unsigned>(reads.size());
+  // Whether a record is read whole, with no injected fault (its read being
+  // the nth): only such records join a run.
+  auto plain = [&](uint32_t slot, int nth) {
+    return slot < n_slots_ && used_[slot] && nth != faults_.fail_read && nth != faults_.short_read;
+  };
   unsigned requests = 0;
   for (unsigned i = 0; i < n; ++i) {
     const SpillRead& r = reads[i];
@@ -376,9 +381,7 @@ Status KvSpillFile::begin_reads(std::span<const SpillRead> reads) {
     const bool short_read = n_reads_ == faults_.short_read;
     unsigned k = 1;
     while (!short_read && i + k < n && reads[i + k].slot == reads[i + k - 1].slot + 1 &&
-           reads[i + k].slot < n_slots_ && used_[reads[i + k].slot] &&
-           n_reads_ + static_cast<int>(k) != faults_.fail_read &&
-           n_reads_ + static_cast<int>(k) != faults_.short_read)
+           plain(reads[i + k].slot, n_reads_ + static_cast<int>(k)))
       ++k;
     prep_run(false, depth_, i, short_read ? record_bytes_ / 2 : k * record_bytes_, r.slot);
     run_[i] = k;

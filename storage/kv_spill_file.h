@@ -111,9 +111,8 @@ class KvSpillFile {
 
   /// Writes blocks into free slots of their layers (the lowest first), in
   /// batches of queue_depth records per submission. On success `slots` gets
-  /// one slot per write, in order. On
-  /// failure no slot stays taken and the error names the cause (kNoSpace when
-  /// the disk is full, kIo otherwise).
+  /// one slot per write, in order. On failure no slot stays taken and the
+  /// error names the cause (kNoSpace when the disk is full, kIo otherwise).
   Status write(std::span<const SpillWrite> writes, std::vector<uint32_t>* slots);
 
   /// Starts reading up to queue_depth records (read-ahead): returns at once.

@@ -40,13 +40,19 @@ std::string error_message(int status, const std::string& body) {
   if (msg.empty()) msg = body.substr(0, 200);
   return "HTTP " + std::to_string(status) + (msg.empty() ? "" : ": " + msg);
 }
+
+// A client of the server's root (whatever API prefix the URL names).
+httplib::Client root_client(const ClientOptions& o, int connect_s, int read_s) {
+  httplib::Client c(split_url(o.url).first);
+  c.set_connection_timeout(connect_s, 0);
+  c.set_read_timeout(read_s, 0);
+  return c;
+}
 }  // namespace
 
 std::map<std::string, double> fetch_metrics(const ClientOptions& o) {
   std::map<std::string, double> m;
-  httplib::Client c(split_url(o.url).first);
-  c.set_connection_timeout(o.connect_timeout_s, 0);
-  c.set_read_timeout(o.read_timeout_s, 0);
+  httplib::Client c = root_client(o, o.connect_timeout_s, o.read_timeout_s);
   auto r = c.Get("/metrics", auth(o));
   if (!r || r->status != 200) return m;
   std::istringstream in(r->body);
@@ -63,9 +69,7 @@ std::map<std::string, double> fetch_metrics(const ClientOptions& o) {
 }
 
 bool server_healthy(const ClientOptions& o) {
-  httplib::Client c(split_url(o.url).first);
-  c.set_connection_timeout(1, 0);
-  c.set_read_timeout(1, 0);
+  httplib::Client c = root_client(o, 1, 1);
   auto r = c.Get("/health");
   return r && r->status == 200;
 }
