@@ -26,6 +26,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   dev_slot_.resize(L);
   slot_block_.resize(L);
   n_dev_layers_ = cfg.n_layer;
+  arena_ = std::make_unique<KvHostArena>(pair_bytes());
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& cfg) {
@@ -66,6 +67,10 @@ HostPair KvCache::new_pair(size_t l, bool zero) {
       if (zero) std::memset(p, 0, pair_bytes());
       return HostPair(p, HostPairFree{storage_.get()});
     }
+  }
+  if (uint8_t* p = arena_->alloc()) {
+    if (zero) std::memset(p, 0, pair_bytes());
+    return HostPair(p, HostPairFree{nullptr, arena_.get()});
   }
   return HostPair(zero ? new (std::nothrow) uint8_t[pair_bytes()]()
                        : new (std::nothrow) uint8_t[pair_bytes()]);

@@ -31,6 +31,7 @@
 #include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/runtime/kv_host_arena.h"
 #include "engine/runtime/kv_policy.h"
 #include "storage/kv_spill_file.h"
 
@@ -96,12 +97,15 @@ std::string default_kv_spill_dir();
 uint64_t default_kv_ram_budget(uint64_t kv_bytes_full_context);
 
 /// Frees a host (layer, block) pair where it came from: the device storage
-/// (KvStorage::alloc_host_pair), or new[].
+/// (KvStorage::alloc_host_pair), the cache's huge-page arena, or new[].
 struct HostPairFree {
   KvStorage* from = nullptr;
+  KvHostArena* arena = nullptr;
   void operator()(uint8_t* p) const {
     if (from)
       from->free_host_pair(p);
+    else if (arena)
+      arena->free(p);
     else
       delete[] p;
   }
@@ -239,7 +243,8 @@ class KvCache {
   void point_at(size_t l, size_t b, uint8_t* kv_pair);
   /// Memory of one host (layer, block) pair: the storage's where layer l is
   /// device-tiered and it gives memory its device reads in place
-  /// (KvStorage::alloc_host_pair), else new[]; null when out of memory.
+  /// (KvStorage::alloc_host_pair), else the arena's (huge pages), else
+  /// new[]; null when out of memory.
   HostPair new_pair(size_t l, bool zero = false);
   /// Bytes of one (layer, block) pair on the SSD, and its conversion from and
   /// to the cache's dtype (when the spill precision differs).
@@ -268,6 +273,7 @@ class KvCache {
   size_t head_bytes_ = 0;
   int64_t n_tokens_ = 0;
   std::vector<int32_t> block_table_;  ///< logical block -> physical block (the same in every layer)
+  std::unique_ptr<KvHostArena> arena_;  ///< host pairs (outlives blocks_)
   // Per layer: physical block -> K then V in RAM (null while on the SSD);
   // k_ptrs_/v_ptrs_ follow the block table (into staging for spilled blocks).
   std::vector<std::vector<HostPair>> blocks_;

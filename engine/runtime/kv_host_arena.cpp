@@ -1,0 +1,79 @@
+#include "engine/runtime/kv_host_arena.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+namespace loom {
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kMaxSlab = size_t{64} << 20;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kArenaOn = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kArenaOn = false;
+#else
+constexpr bool kArenaOn = true;
+#endif
+#else
+constexpr bool kArenaOn = true;
+#endif
+
+}  // namespace
+
+KvHostArena::KvHostArena(size_t pair_bytes) : stride_((pair_bytes + 63) / 64 * 64) {}
+
+KvHostArena::~KvHostArena() {
+  for (const Slab& s : slabs_) munmap(s.base, s.bytes);
+}
+
+bool KvHostArena::grow() {
+  if (!kArenaOn || stride_ == 0) return false;
+  // Double the last slab, from one huge page up to kMaxSlab, and at least one pair.
+  size_t bytes = slabs_.empty() ? kHugePage : std::min(2 * slabs_.back().bytes, kMaxSlab);
+  bytes = std::max(bytes, (stride_ + kHugePage - 1) / kHugePage * kHugePage);
+  // Map a huge page more than needed and keep the aligned part, so that the
+  // kernel can back the whole slab with huge pages.
+  void* raw = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return false;
+  auto* start = static_cast<uint8_t*>(raw);
+  const auto addr = reinterpret_cast<uintptr_t>(start);
+  const size_t head = (kHugePage - addr % kHugePage) % kHugePage;
+  if (head > 0) munmap(start, head);
+  munmap(start + head + bytes, kHugePage - head);
+  uint8_t* base = start + head;
+  (void)madvise(base, bytes, MADV_HUGEPAGE);  // a hint: 4 KiB pages still work
+  slabs_.push_back({base, bytes});
+  // Hand out the slab's pairs lowest address first (pop_back takes the last).
+  const size_t n = bytes / stride_;
+  for (size_t i = n; i-- > 0;) free_.push_back(base + i * stride_);
+  return true;
+}
+
+uint8_t* KvHostArena::alloc() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty() && !grow()) return nullptr;
+  uint8_t* p = free_.back();
+  free_.pop_back();
+  return p;
+}
+
+void KvHostArena::free(uint8_t* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(p);
+}
+
+uint64_t KvHostArena::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const Slab& s : slabs_) total += s.bytes;
+  return total;
+}
+
+}  // namespace loom
