@@ -38,8 +38,8 @@ bool KvHostArena::grow() {
   bytes = std::max(bytes, (stride_ + kHugePage - 1) / kHugePage * kHugePage);
   // Map a huge page more than needed and keep the aligned part, so that the
   // kernel can back the whole slab with huge pages.
-  void* raw = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw =
+      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return false;
   auto* start = static_cast<uint8_t*>(raw);
   const auto addr = reinterpret_cast<uintptr_t>(start);
