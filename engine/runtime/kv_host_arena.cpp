@@ -11,14 +11,9 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMaxSlab = size_t{64} << 20;
 
+// GCC and Clang both define __SANITIZE_ADDRESS__ under -fsanitize=address.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kArenaOn = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kArenaOn = false;
-#else
-constexpr bool kArenaOn = true;
-#endif
 #else
 constexpr bool kArenaOn = true;
 #endif

@@ -6,7 +6,7 @@
 // lie on 4 KiB pages, one TLB miss or more a block per head (a 4 KiB run of
 // one head's rows). On huge pages a layer's 16 MiB of KV needs 8 TLB entries.
 // Measured on a 2-core Xeon VM (TinyLlama, 2 threads, decode after 4096
-// tokens): attention 10.3-10.9 -> 9.2-9.6 ms a token.
+// tokens): attention 11.0-11.3 -> 9.7-10.0 ms a token.
 //
 // Slabs grow 2, 4, 8 ... 64 MiB (address space; pages are touched only as
 // pairs are used, so a small cache costs one huge page at most). They go
