@@ -1,5 +1,6 @@
 // `loom devices`: the CPU and every Vulkan and CUDA device, with what Loom can use.
 #include <cstdio>
+#include <string>
 #include <thread>
 
 #include "cpu/matmul.h"
@@ -52,11 +53,12 @@ int cmd_devices(const DevicesOptions&) {
   }
   if (devs->empty()) std::printf("vulkan:  no devices\n");
   for (const auto& d : *devs) {
+    const std::string cm =
+        d.coopmat ? ", cooperative matrices (" + d.coopmat_ext + "; tensor-core prefill)" : "";
     std::printf("vulkan %d: %s (%s), %.1f GiB device memory, Vulkan %s, %s%s%s%s\n", d.index,
                 d.name.c_str(), d.type.c_str(),
                 static_cast<double>(d.device_local_bytes) / (1024.0 * 1024.0 * 1024.0),
-                d.api_version.c_str(), d.driver.c_str(),
-                d.coopmat ? ", cooperative matrices (tensor-core prefill)" : "",
+                d.api_version.c_str(), d.driver.c_str(), cm.c_str(),
                 d.usable ? "" : " — not usable: ", d.usable ? "" : d.why_not.c_str());
   }
   print_cuda();

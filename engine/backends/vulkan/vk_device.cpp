@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -56,8 +57,38 @@ struct PhysInfo {
   /// vulkanMemoryModel, which glslang's GL_NV_cooperative_matrix output declares,
   /// and vulkanMemoryModelDeviceScope for the other shaders' Device scope).
   bool coopmat = false;
+  /// VK_KHR_cooperative_matrix with the same shape and features, where the
+  /// subgroups are 32 threads wide or can be asked to be
+  /// (VK_EXT_subgroup_size_control: coopmat_sub32 then): the same shaders
+  /// through spirv_coopmat.h's rewrite.
+  bool coopmat_khr = false;
+  bool coopmat_sub32 = false;
   uint64_t max_allocation = 0;
 };
+
+// The one shape the tensor-core shaders use: 16x16x16 at subgroup scope, F16
+// A and B, F32 C and result. NV and KHR properties share these fields.
+template <typename P>
+bool is_coopmat_shape(const P& p, VkComponentTypeNV result) {
+  return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
+         p.AType == VK_COMPONENT_TYPE_FLOAT16_NV && p.BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+         p.CType == VK_COMPONENT_TYPE_FLOAT32_NV && result == VK_COMPONENT_TYPE_FLOAT32_NV &&
+         p.scope == VK_SCOPE_SUBGROUP_NV;
+}
+
+bool has_coopmat_shape_khr(const Fns& fn, VkPhysicalDevice phys) {
+  if (!fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR) return false;
+  uint32_t n = 0;
+  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(phys, &n, nullptr) != VK_SUCCESS)
+    return false;
+  std::vector<VkCooperativeMatrixPropertiesKHR> props(
+      n, VkCooperativeMatrixPropertiesKHR{VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
+  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(phys, &n, props.data()) != VK_SUCCESS)
+    return false;
+  return std::any_of(
+      props.begin(), props.begin() + n,
+      [](const VkCooperativeMatrixPropertiesKHR& p) { return is_coopmat_shape(p, p.ResultType); });
+}
 
 // Whether the device lists the one cooperative-matrix shape mul_mat_cm.comp
 // uses: 16x16x16 at subgroup scope, F16 A and B, F32 C and D.
@@ -71,12 +102,8 @@ bool has_coopmat_shape(const Fns& fn, VkPhysicalDevice phys) {
   if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(phys, &n, props.data()) != VK_SUCCESS)
     return false;
   return std::any_of(
-      props.begin(), props.begin() + n, [](const VkCooperativeMatrixPropertiesNV& p) {
-        return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
-               p.AType == VK_COMPONENT_TYPE_FLOAT16_NV && p.BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
-               p.CType == VK_COMPONENT_TYPE_FLOAT32_NV && p.DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
-               p.scope == VK_SCOPE_SUBGROUP_NV;
-      });
+      props.begin(), props.begin() + n,
+      [](const VkCooperativeMatrixPropertiesNV& p) { return is_coopmat_shape(p, p.DType); });
 }
 
 PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
@@ -100,25 +127,30 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
     i.why_not = "Vulkan " + i.api_version + " (Loom needs 1.2)";
     return p;
   }
+  uint32_t n_ext = 0;
+  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> exts(n_ext);
+  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
+  bool has_int_dot_ext = false, has_coopmat_ext = false, has_khr_ext = false, has_ssc_ext = false;
+  for (const VkExtensionProperties& e : exts) {
+    has_int_dot_ext |=
+        std::strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+    has_coopmat_ext |= std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
+    has_khr_ext |= std::strcmp(e.extensionName, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
+    has_ssc_ext |= std::strcmp(e.extensionName, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME) == 0;
+  }
   VkPhysicalDeviceVulkan11Properties p11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES};
   VkPhysicalDeviceVulkan12Properties p12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES};
   VkPhysicalDeviceMaintenance3Properties m3{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
   p11.pNext = &p12;
   p12.pNext = &m3;
+  VkPhysicalDeviceSubgroupSizeControlPropertiesEXT pssc{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+  if (has_ssc_ext) m3.pNext = &pssc;
   VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props2.pNext = &p11;
   fn.vkGetPhysicalDeviceProperties2(phys, &props2);
-  uint32_t n_ext = 0;
-  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
-  std::vector<VkExtensionProperties> exts(n_ext);
-  fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
-  bool has_int_dot_ext = false, has_coopmat_ext = false;
-  for (const VkExtensionProperties& e : exts) {
-    has_int_dot_ext |=
-        std::strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
-    has_coopmat_ext |= std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
-  }
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceShaderIntegerDotProductFeatures fdot{
@@ -133,16 +165,39 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
     *tail = &fdot;
     tail = &fdot.pNext;
   }
-  if (has_coopmat_ext) *tail = &fcm;
+  if (has_coopmat_ext) {
+    *tail = &fcm;
+    tail = &fcm.pNext;
+  }
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  if (has_khr_ext) {
+    *tail = &fkhr;
+    tail = &fkhr.pNext;
+  }
+  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fssc{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+  if (has_ssc_ext) *tail = &fssc;
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
   p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
-  p.coopmat = has_coopmat_ext && fcm.cooperativeMatrix == VK_TRUE && f12.shaderFloat16 == VK_TRUE &&
-              f12.vulkanMemoryModel == VK_TRUE && f12.vulkanMemoryModelDeviceScope == VK_TRUE &&
-              p11.subgroupSize == 32 &&
-              (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-              has_coopmat_shape(fn, phys);
+  // What both extensions' shaders need besides the matrices.
+  const bool cm_base = f12.shaderFloat16 == VK_TRUE && f12.vulkanMemoryModel == VK_TRUE &&
+                       f12.vulkanMemoryModelDeviceScope == VK_TRUE &&
+                       (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT);
+  // 32-thread subgroups on request, in workgroups of up to 8 of them (256 threads).
+  const bool sub32 = has_ssc_ext && fssc.subgroupSizeControl == VK_TRUE &&
+                     fssc.computeFullSubgroups == VK_TRUE && pssc.minSubgroupSize <= 32 &&
+                     pssc.maxSubgroupSize >= 32 &&
+                     (pssc.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                     pssc.maxComputeWorkgroupSubgroups >= 8;
+  p.coopmat = has_coopmat_ext && fcm.cooperativeMatrix == VK_TRUE && cm_base &&
+              p11.subgroupSize == 32 && has_coopmat_shape(fn, phys);
+  p.coopmat_khr = has_khr_ext && fkhr.cooperativeMatrix == VK_TRUE && cm_base &&
+                  (p11.subgroupSize == 32 || sub32) && has_coopmat_shape_khr(fn, phys);
+  p.coopmat_sub32 = p.coopmat_khr && p11.subgroupSize != 32;
 
-  i.coopmat = p.coopmat;
+  i.coopmat = p.coopmat || p.coopmat_khr;
+  i.coopmat_ext = p.coopmat ? "NV" : p.coopmat_khr ? "KHR" : "";
   i.driver = std::string(p12.driverName) + " " + p12.driverInfo;
   i.subgroup_size = p11.subgroupSize;
   p.subgroup_ops = p11.subgroupSupportedOperations;
@@ -359,7 +414,13 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
   c.int_dot = opts.use_int_dot && pick->int_dot && c.subgroup_arithmetic;
-  c.coopmat = opts.use_coopmat && pick->coopmat;
+  // NV where there is NV (measured on NVIDIA), else KHR; KHR first when asked.
+  bool prefer_khr = opts.prefer_coopmat_khr;
+  if (const char* e = std::getenv("LOOM_VK_COOPMAT_KHR")) prefer_khr = std::atoi(e) != 0;
+  c.coopmat_khr = opts.use_coopmat && pick->coopmat_khr && (prefer_khr || !pick->coopmat);
+  c.coopmat = (opts.use_coopmat && pick->coopmat) || c.coopmat_khr;
+  c.coopmat_sub32 = c.coopmat_khr && pick->coopmat_sub32;
+  d->info_.coopmat_ext = c.coopmat_khr ? "KHR" : c.coopmat ? "NV" : "";
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   f11.storageBuffer16BitAccess = c.f16_storage ? VK_TRUE : VK_FALSE;
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
@@ -384,7 +445,22 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
     *tail = &fdot;
     tail = &fdot.pNext;
   }
-  if (c.coopmat) {
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  fkhr.cooperativeMatrix = VK_TRUE;
+  VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fssc{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+  fssc.subgroupSizeControl = VK_TRUE;
+  fssc.computeFullSubgroups = VK_TRUE;
+  if (c.coopmat_khr) {
+    dev_exts.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    *tail = &fkhr;
+    tail = &fkhr.pNext;
+    if (c.coopmat_sub32) {
+      dev_exts.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+      *tail = &fssc;
+    }
+  } else if (c.coopmat) {
     dev_exts.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
     *tail = &fcm;
   }

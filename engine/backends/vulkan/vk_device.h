@@ -30,8 +30,16 @@ struct DeviceCaps {
   bool int_dot = false;  ///< shaderIntegerDotProduct enabled (and allowed): the matvec1x variants
   /// VK_NV_cooperative_matrix enabled (and allowed), with 16x16x16 F16 x F16 -> F32
   /// subgroup matrices, 32-thread subgroups and shaderFloat16 / vulkanMemoryModel:
-  /// the matmul_cm prefill variants (mul_mat_cm.comp).
+  /// the matmul_cm prefill variants (mul_mat_cm.comp). Or the same through
+  /// VK_KHR_cooperative_matrix (coopmat_khr).
   bool coopmat = false;
+  /// The cooperative matrices are VK_KHR_cooperative_matrix's: pipelines of
+  /// shaders written against the NV extension get their SPIR-V rewritten
+  /// (spirv_coopmat.h).
+  bool coopmat_khr = false;
+  /// The device's subgroups are not 32 threads wide, so the tensor-core
+  /// pipelines ask for 32 (VK_EXT_subgroup_size_control, full subgroups).
+  bool coopmat_sub32 = false;
   float timestamp_period_ns = 0;   ///< 0: no timestamps on the compute queue
   uint32_t timestamp_bits = 0;     ///< valid low bits of a timestamp (timestampValidBits)
   uint32_t device_local_type = 0;  ///< memory type index for weights, activations, KV

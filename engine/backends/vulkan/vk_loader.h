@@ -9,6 +9,41 @@
 
 #include "engine/core/status.h"
 
+// VK_KHR_cooperative_matrix (Vulkan 1.3.255): Debian 12's headers (1.3.239)
+// predate it, so the few names Loom uses are declared here, as the registry
+// defines them, where the headers lack them.
+#ifndef VK_KHR_cooperative_matrix
+#define VK_KHR_cooperative_matrix 1
+#define VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME "VK_KHR_cooperative_matrix"
+constexpr VkStructureType VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR =
+    static_cast<VkStructureType>(1000506000);
+constexpr VkStructureType VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR =
+    static_cast<VkStructureType>(1000506001);
+typedef struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+} VkPhysicalDeviceCooperativeMatrixFeaturesKHR;
+// VkComponentTypeKHR and VkScopeKHR share their values with the NV enums.
+typedef struct VkCooperativeMatrixPropertiesKHR {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize;
+  uint32_t NSize;
+  uint32_t KSize;
+  VkComponentTypeNV AType;
+  VkComponentTypeNV BType;
+  VkComponentTypeNV CType;
+  VkComponentTypeNV ResultType;
+  VkBool32 saturatingAccumulation;
+  VkScopeNV scope;
+} VkCooperativeMatrixPropertiesKHR;
+typedef VkResult(VKAPI_PTR* PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)(
+    VkPhysicalDevice physicalDevice, uint32_t* pPropertyCount,
+    VkCooperativeMatrixPropertiesKHR* pProperties);
+#endif
+
 namespace loom::vk {
 
 // X-macro lists of the entry points Loom uses, by the stage that loads them.
@@ -35,7 +70,9 @@ namespace loom::vk {
   X(vkDestroyDebugUtilsMessengerEXT)
 
 // Instance-level entry points of device extensions; null where the loader has none.
-#define LOOM_VK_OPTIONAL_INSTANCE_FNS(X) X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
+#define LOOM_VK_OPTIONAL_INSTANCE_FNS(X)              \
+  X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV) \
+  X(vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)
 
 #define LOOM_VK_DEVICE_FNS(X)      \
   X(vkDestroyDevice)               \

@@ -26,11 +26,13 @@ struct VulkanDeviceInfo {
   uint32_t subgroup_size = 0;
   bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
   bool storage_16bit = false;        ///< storageBuffer16BitAccess
-  /// VK_NV_cooperative_matrix with the 16x16x16 F16 -> F32 subgroup shape and
-  /// what its shaders need: prefill matmuls on the tensor cores (mul_mat_cm.comp).
+  /// VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix with the 16x16x16
+  /// F16 -> F32 subgroup shape and what its shaders need: prefill matmuls on
+  /// the tensor cores (mul_mat_cm.comp).
   bool coopmat = false;
-  bool usable = false;  ///< Loom can run on it (Vulkan 1.2+, a compute queue)
-  std::string why_not;  ///< when !usable: the reason
+  std::string coopmat_ext;  ///< "NV", "KHR" (the one Loom takes where both are there) or
+  bool usable = false;      ///< Loom can run on it (Vulkan 1.2+, a compute queue)
+  std::string why_not;      ///< when !usable: the reason
 };
 
 /// How to set the Vulkan backend up.
@@ -43,8 +45,13 @@ struct VulkanOptions {
   /// (VK_KHR_shader_integer_dot_product).
   bool use_int_dot = true;
   /// false: the tiled prefill matmul even where the device has cooperative
-  /// matrices (VK_NV_cooperative_matrix; the tensor cores on NVIDIA).
+  /// matrices (VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix; the
+  /// tensor cores on NVIDIA, WMMA on AMD).
   bool use_coopmat = true;
+  /// Take VK_KHR_cooperative_matrix where the device has the NV extension too
+  /// (NVIDIA): the KHR path (SPIR-V rewritten from the NV shaders) on hardware
+  /// that has both. Also LOOM_VK_COOPMAT_KHR=1.
+  bool prefer_coopmat_khr = false;
   bool use_f16_storage =
       true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: the device's heap

@@ -108,10 +108,12 @@ void VulkanBackend::attention_tile(Act q, const int32_t* pos, int64_t n_heads, f
        *po,
        u32(T),
        scale};
-  // Tensor cores where the device has cooperative matrices (subgroups of 32)
-  // and the head and the cache's offsets suit attn_cm.comp's 16-byte loads.
+  // Tensor cores where the device has cooperative matrices (subgroups of 32,
+  // as they are or on request) and the head and the cache's offsets suit attn_cm.comp's 16-byte
+  // loads.
   const vk::DeviceCaps& dc = dev_->caps();
-  const bool cm = attn_coopmat_ && T >= kAttnCmMinRows && dc.coopmat && dc.subgroup_size == 32 &&
+  const bool cm = attn_coopmat_ && T >= kAttnCmMinRows && dc.coopmat &&
+                  (dc.subgroup_size == 32 || dc.coopmat_sub32) &&
                   dc.max_shared_bytes >= kAttnCmShared && c.head_dim % 16 == 0 &&
                   ka.offset % 16 == 0 && va.offset % 16 == 0 && quant_bytes % 4 == 0;
   const uint32_t rows_per_group = cm ? kAttnCmRows : kAttnTileRows;

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
+#include <vector>
 
+#include "engine/backends/vulkan/spirv_coopmat.h"
 #include "engine/backends/vulkan/vk_shaders.h"
 #include "engine/backends/vulkan/vulkan_backend_impl.h"
 
@@ -346,9 +349,25 @@ Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader
                       key.c_str());
   const vk::Fns& fn = dev_->fn();
   const VkDevice d = dev_->device();
+  const vk::DeviceCaps& caps = dev_->caps();
   VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   mi.codeSize = blob->n_words * 4;
   mi.pCode = blob->words;
+  // Tensor-core shaders are written against VK_NV_cooperative_matrix; a
+  // device with the KHR extension only gets them rewritten.
+  const std::span<const uint32_t> words(blob->words, blob->n_words);
+  const bool tensor_cores = vk::spirv_uses_nv_coopmat(words);
+  std::vector<uint32_t> khr;
+  if (tensor_cores && caps.coopmat_khr) {
+    Result<std::vector<uint32_t>> k = vk::spirv_nv_coopmat_to_khr(words);
+    if (!k.ok())
+      return make_error(ErrorCode::kInternal,
+                        "Vulkan: shader '%s' for VK_KHR_cooperative_matrix: %s", key.c_str(),
+                        k.error().message().c_str());
+    khr = std::move(*k);
+    mi.codeSize = khr.size() * 4;
+    mi.pCode = khr.data();
+  }
   VkShaderModule mod = VK_NULL_HANDLE;
   VkResult r = fn.vkCreateShaderModule(d, &mi, nullptr, &mod);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateShaderModule");
@@ -361,6 +380,14 @@ Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader
   ci.stage.module = mod;
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &si;
+  // Their subgroups must be 32 threads (gl_SubgroupID tiles the workgroup).
+  VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT sub32{
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT};
+  sub32.requiredSubgroupSize = 32;
+  if (tensor_cores && caps.coopmat_sub32) {
+    ci.stage.pNext = &sub32;
+    ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
+  }
   ci.layout = pipe_layouts_[n_bindings];
   Pipeline p;
   p.n_bindings = n_bindings;
