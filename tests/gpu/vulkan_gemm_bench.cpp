@@ -2,7 +2,8 @@
 // T tokens) per weight dtype, matrix shape and cooperative-matrix tile, from
 // the backend's timestamp queries. A program that prints figures, not a test
 // (the kernels' results are checked by VulkanMatmul.CoopmatMatchesReference
-// and GpuOps.LargeMatmuls).
+// and GpuOps.LargeMatmuls). At the end, each matmul pipeline's compiler
+// statistics where the driver reports them.
 //
 //   loom_vulkan_gemm_bench [--dtypes q4_0,q4_k,f16] [--shapes 4096x4096,...]
 //       [--tokens 512,2048] [--tiles default,matmul_cm_64,...|all] [--reps 10]
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
 
   VulkanOptions o;
   o.profile = true;
+  o.pipeline_statistics = true;
   auto created = VulkanBackend::create(o);
   if (!created.ok()) {
     std::fprintf(stderr, "no Vulkan device: %s\n", created.message().c_str());
@@ -171,6 +173,13 @@ int main(int argc, char** argv) {
       }
       be->release_weights();
     }
+  }
+  // What the driver's compiler made of each matmul (registers, shared
+  // memory, ...: occupancy), where it tells (VK_KHR_pipeline_executable_properties).
+  for (const auto& [key, stats] : be->pipeline_statistics()) {
+    if (key.find("matmul") != std::string::npos)
+      std::printf("pipeline %s: %s\n", key.c_str(),
+                  stats.empty() ? "(no statistics)" : stats.c_str());
   }
   return 0;
 }

@@ -63,6 +63,7 @@ struct PhysInfo {
   /// through spirv_coopmat.h's rewrite.
   bool coopmat_khr = false;
   bool coopmat_sub32 = false;
+  bool pipeline_statistics = false;  ///< VK_KHR_pipeline_executable_properties
   uint64_t max_allocation = 0;
 };
 
@@ -131,13 +132,16 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
   std::vector<VkExtensionProperties> exts(n_ext);
   fn.vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
-  bool has_int_dot_ext = false, has_coopmat_ext = false, has_khr_ext = false, has_ssc_ext = false;
+  bool has_int_dot_ext = false, has_coopmat_ext = false, has_khr_ext = false, has_ssc_ext = false,
+       has_stats_ext = false;
   for (const VkExtensionProperties& e : exts) {
     has_int_dot_ext |=
         std::strcmp(e.extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
     has_coopmat_ext |= std::strcmp(e.extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
     has_khr_ext |= std::strcmp(e.extensionName, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0;
     has_ssc_ext |= std::strcmp(e.extensionName, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME) == 0;
+    has_stats_ext |=
+        std::strcmp(e.extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
   }
   VkPhysicalDeviceVulkan11Properties p11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES};
   VkPhysicalDeviceVulkan12Properties p12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES};
@@ -177,8 +181,15 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   }
   VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fssc{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
-  if (has_ssc_ext) *tail = &fssc;
+  if (has_ssc_ext) {
+    *tail = &fssc;
+    tail = &fssc.pNext;
+  }
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fstats{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (has_stats_ext) *tail = &fstats;
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
+  p.pipeline_statistics = has_stats_ext && fstats.pipelineExecutableInfo == VK_TRUE;
   p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
   // What both extensions' shaders need besides the matrices.
   const bool cm_base = f12.shaderFloat16 == VK_TRUE && f12.vulkanMemoryModel == VK_TRUE &&
@@ -459,10 +470,20 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
     if (c.coopmat_sub32) {
       dev_exts.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
       *tail = &fssc;
+      tail = &fssc.pNext;
     }
   } else if (c.coopmat) {
     dev_exts.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
     *tail = &fcm;
+    tail = &fcm.pNext;
+  }
+  c.pipeline_statistics = opts.pipeline_statistics && pick->pipeline_statistics;
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fstats{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  fstats.pipelineExecutableInfo = VK_TRUE;
+  if (c.pipeline_statistics) {
+    dev_exts.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    *tail = &fstats;
   }
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.pNext = &feats;

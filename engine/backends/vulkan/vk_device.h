@@ -40,6 +40,8 @@ struct DeviceCaps {
   /// The device's subgroups are not 32 threads wide, so the tensor-core
   /// pipelines ask for 32 (VK_EXT_subgroup_size_control, full subgroups).
   bool coopmat_sub32 = false;
+  /// VK_KHR_pipeline_executable_properties enabled (VulkanOptions::pipeline_statistics).
+  bool pipeline_statistics = false;
   float timestamp_period_ns = 0;   ///< 0: no timestamps on the compute queue
   uint32_t timestamp_bits = 0;     ///< valid low bits of a timestamp (timestampValidBits)
   uint32_t device_local_type = 0;  ///< memory type index for weights, activations, KV

@@ -55,6 +55,10 @@ Status Loader::load_device(VkDevice device) {
   if (!fn.name) return make_error(ErrorCode::kUnsupported, "Vulkan device lacks %s", #name);
   LOOM_VK_DEVICE_FNS(LOOM_VK_LOAD_DEVICE)
 #undef LOOM_VK_LOAD_DEVICE
+#define LOOM_VK_LOAD_OPTIONAL_DEVICE(name) \
+  fn.name = reinterpret_cast<PFN_##name>(fn.vkGetDeviceProcAddr(device, #name));
+  LOOM_VK_OPTIONAL_DEVICE_FNS(LOOM_VK_LOAD_OPTIONAL_DEVICE)
+#undef LOOM_VK_LOAD_OPTIONAL_DEVICE
   return {};
 }
 

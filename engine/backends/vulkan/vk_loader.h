@@ -125,6 +125,11 @@ namespace loom::vk {
   X(vkDestroyQueryPool)            \
   X(vkGetQueryPoolResults)
 
+// Device-level entry points of optional extensions; null where not enabled.
+#define LOOM_VK_OPTIONAL_DEVICE_FNS(X)    \
+  X(vkGetPipelineExecutablePropertiesKHR) \
+  X(vkGetPipelineExecutableStatisticsKHR)
+
 /// The function table. Loader::open fills the global part; load_instance
 /// and load_device the rest. Pointers of a stage not loaded are null.
 struct Fns {
@@ -135,6 +140,7 @@ struct Fns {
   LOOM_VK_DEBUG_FNS(LOOM_VK_DECLARE_FN)
   LOOM_VK_OPTIONAL_INSTANCE_FNS(LOOM_VK_DECLARE_FN)
   LOOM_VK_DEVICE_FNS(LOOM_VK_DECLARE_FN)
+  LOOM_VK_OPTIONAL_DEVICE_FNS(LOOM_VK_DECLARE_FN)
 #undef LOOM_VK_DECLARE_FN
 };
 

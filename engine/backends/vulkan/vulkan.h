@@ -52,6 +52,10 @@ struct VulkanOptions {
   /// (NVIDIA): the KHR path (SPIR-V rewritten from the NV shaders) on hardware
   /// that has both. Also LOOM_VK_COOPMAT_KHR=1.
   bool prefer_coopmat_khr = false;
+  /// Benchmarks: keep each pipeline's compiler statistics (registers, shared
+  /// memory...; VK_KHR_pipeline_executable_properties, where the driver has
+  /// it) for VulkanBackend::pipeline_statistics.
+  bool pipeline_statistics = false;
   bool use_f16_storage =
       true;  ///< false: F16 read through 32-bit words even where 16-bit storage exists
   uint64_t memory_limit = 0;  ///< bytes of device memory Loom may take; 0: the device's heap

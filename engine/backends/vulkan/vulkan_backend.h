@@ -117,6 +117,10 @@ class VulkanBackend final : public Backend {
 
   const VulkanDeviceInfo& device_info() const { return dev_->info(); }
   const vk::DeviceCaps& caps() const { return dev_->caps(); }
+  /// Each pipeline made so far ("shader/spec" key) with its compiler
+  /// statistics as "name=value" pairs (VulkanOptions::pipeline_statistics;
+  /// empty where the driver has no VK_KHR_pipeline_executable_properties).
+  std::vector<std::pair<std::string, std::string>> pipeline_statistics() const;
   /// Validation-layer warnings and errors so far (VulkanOptions::validation).
   uint64_t validation_messages() const { return dev_->validation_messages(); }
   /// Device memory held in blocks (weights, activations, KV, scratch), bytes.
@@ -238,10 +242,13 @@ class VulkanBackend final : public Backend {
     uint64_t size = 0;
     bool write = false;
   };
+  // The compiler statistics of a pipeline made with CAPTURE_STATISTICS, as text.
+  std::string statistics_text(VkPipeline pipe) const;
   struct Pipeline {
     VkPipeline pipe = VK_NULL_HANDLE;
     uint32_t n_bindings = 0;
-    std::string name;  ///< the variant, for timestamps
+    std::string name;   ///< the variant, for timestamps
+    std::string stats;  ///< compiler statistics (VulkanOptions::pipeline_statistics)
   };
   // A shader variant before it is named: op, dtype and the optional features
   // it may use (subgroups, 16-bit storage); the device decides which apply.

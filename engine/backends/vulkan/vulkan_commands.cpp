@@ -4,8 +4,10 @@
 // keep-busy kernel between batches.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/backends/vulkan/spirv_coopmat.h"
@@ -389,13 +391,64 @@ Result<VulkanBackend::Pipeline*> VulkanBackend::pipeline(std::string_view shader
     ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
   }
   ci.layout = pipe_layouts_[n_bindings];
+  if (caps.pipeline_statistics) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   Pipeline p;
   p.n_bindings = n_bindings;
   p.name = std::string(shader);
   r = fn.vkCreateComputePipelines(d, pipeline_cache_, 1, &ci, nullptr, &p.pipe);
   fn.vkDestroyShaderModule(d, mod, nullptr);
   if (r != VK_SUCCESS) return vk::vk_error(r, "vkCreateComputePipelines");
+  if (caps.pipeline_statistics) p.stats = statistics_text(p.pipe);
   return &pipelines_.emplace(key, p).first->second;
+}
+
+std::string VulkanBackend::statistics_text(VkPipeline pipe) const {
+  const vk::Fns& fn = dev_->fn();
+  if (!fn.vkGetPipelineExecutablePropertiesKHR || !fn.vkGetPipelineExecutableStatisticsKHR)
+    return {};
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipe;
+  uint32_t n_exe = 0;
+  if (fn.vkGetPipelineExecutablePropertiesKHR(dev_->device(), &pi, &n_exe, nullptr) != VK_SUCCESS)
+    return {};
+  std::string out;
+  for (uint32_t e = 0; e < n_exe; ++e) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipe;
+    ei.executableIndex = e;
+    uint32_t n = 0;
+    if (fn.vkGetPipelineExecutableStatisticsKHR(dev_->device(), &ei, &n, nullptr) != VK_SUCCESS)
+      continue;
+    std::vector<VkPipelineExecutableStatisticKHR> st(
+        n, VkPipelineExecutableStatisticKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    if (fn.vkGetPipelineExecutableStatisticsKHR(dev_->device(), &ei, &n, st.data()) != VK_SUCCESS)
+      continue;
+    for (uint32_t k = 0; k < n; ++k) {
+      char v[64];
+      switch (st[k].format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+          std::snprintf(v, sizeof v, "%s", st[k].value.b32 ? "true" : "false");
+          break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+          std::snprintf(v, sizeof v, "%lld", static_cast<long long>(st[k].value.i64));
+          break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+          std::snprintf(v, sizeof v, "%llu", static_cast<unsigned long long>(st[k].value.u64));
+          break;
+        default: std::snprintf(v, sizeof v, "%g", st[k].value.f64); break;
+      }
+      if (!out.empty()) out += ", ";
+      out += std::string(st[k].name) + "=" + v;
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> VulkanBackend::pipeline_statistics() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, p] : pipelines_) out.emplace_back(key, p.stats);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 Result<VkDescriptorSet> VulkanBackend::descriptor_set(const Bind* binds, uint32_t n) {
