@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/ref/fp16.h"
@@ -350,14 +351,16 @@ TEST(CudaMatmulMulti, OneLaunchForMatricesOfOneType) {
 
 // rms_norm_q8: the norm's output against a double reference, and products
 // on its Q8 activations equal, bit for bit, to those that quantize the
-// output themselves (the quants are the same bytes), for both kernels.
+// output themselves (the quants and scale pairs are the same bytes), for
+// both kernels; Q4_K reads the pairs' quant sums (its min).
 TEST(CudaMatmulNormQ8, ProductsOnTheNormsQ8EqualQuantizingItsOutput) {
   LOOM_CUDA_OR_SKIP();
   auto mm = cuda::Matmul::create(0);
   ASSERT_TRUE(mm.ok()) << mm.message();
   MatvecKernels restore;
-  for (const int64_t n : {32, 4096, 4160}) {
-    const HostMatrix m = make_matrix(DType::kQ4_0, 70, n, 51);
+  for (const auto& [dt, n] : std::vector<std::pair<DType, int64_t>>{
+           {DType::kQ4_0, 32}, {DType::kQ4_0, 4096}, {DType::kQ4_0, 4160}, {DType::kQ4_K, 4352}}) {
+    const HostMatrix m = make_matrix(dt, 70, n, 51);
     DevBuf<uint8_t> wd(m.bytes);
     const cuda::DevMatrix w{wd.p, m.dtype, m.n_out, n, m.row_bytes};
     const std::vector<float> nw = test::random_floats(static_cast<size_t>(n), 53);
@@ -366,7 +369,7 @@ TEST(CudaMatmulNormQ8, ProductsOnTheNormsQ8EqualQuantizingItsOutput) {
       const std::vector<float> x = test::random_floats(static_cast<size_t>(T * n), 54 + T, 3.0f);
       DevBuf<float> xd(x), out(static_cast<size_t>(T * n));
       DevBuf<int8_t> xq(static_cast<size_t>(T * static_cast<int64_t>(cuda::q8_token_bytes(n))));
-      DevBuf<float> xs(static_cast<size_t>(T * n / 32));
+      DevBuf<float2> xs(static_cast<size_t>(T * n / 32));
       ASSERT_TRUE(cuda::rms_norm_q8(xd.p, nwd.p, 1e-5f, out.p, T, n, xq.p, xs.p, nullptr).ok());
       const std::vector<float> got = out.download();
       std::vector<double> want(got.size());
@@ -379,7 +382,8 @@ TEST(CudaMatmulNormQ8, ProductsOnTheNormsQ8EqualQuantizingItsOutput) {
       EXPECT_LT(test::rel_error(got, want), 1e-6) << "n " << n << " T " << T;
       for (const int kernel : MatvecKernels::for_tokens(T)) {
         cuda::set_matvec_kernel(kernel);
-        SCOPED_TRACE("n " + std::to_string(n) + " T " + std::to_string(T) + kernel_name(kernel));
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n) + " T " +
+                     std::to_string(T) + kernel_name(kernel));
         DevBuf<float> y1(static_cast<size_t>(T * 70)), y2(static_cast<size_t>(T * 70));
         const cuda::Q8Act q8{xq.p, xs.p};
         ASSERT_TRUE((*mm)->run(w, out.p, T, y1.p, nullptr, false, nullptr, &q8).ok());

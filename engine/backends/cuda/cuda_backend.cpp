@@ -155,7 +155,7 @@ bool CudaBackend::supports(OpKind op, DType dtype) const {
 
 uint64_t CudaBackend::device_bytes() const {
   const uint64_t norm =
-      norm_cols_ > 0 ? cuda::kMaxMatvecTokens * (cuda::q8_token_bytes(norm_cols_) + norm_cols_ / 8)
+      norm_cols_ > 0 ? cuda::kMaxMatvecTokens * (cuda::q8_token_bytes(norm_cols_) + norm_cols_ / 4)
                      : 0;
   return budget_.used + matmul_->scratch_bytes() + attn_scratch_->bytes() + ring_bytes_ + norm;
 }
@@ -516,7 +516,7 @@ void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
     const uint64_t n = static_cast<uint64_t>(cuda::kMaxMatvecTokens);
     fail(cuda::device_alloc(&norm_xq_, n * cuda::q8_token_bytes(cols), "the norm's Q8 copy"));
     if (!status_.ok()) return;
-    fail(cuda::device_alloc(&norm_xd_, n * static_cast<uint64_t>(cols / 32) * sizeof(float),
+    fail(cuda::device_alloc(&norm_xd_, n * static_cast<uint64_t>(cols / 32) * sizeof(float2),
                             "the norm's Q8 scales"));
     if (!status_.ok()) return;
     norm_cols_ = cols;
@@ -527,7 +527,7 @@ void CudaBackend::rms_norm(Act x, const Weight& w, float eps, Act out) {
     return;
   }
   auto* xq = static_cast<int8_t*>(norm_xq_);
-  auto* xd = static_cast<float*>(norm_xd_);
+  auto* xd = static_cast<float2*>(norm_xd_);
   launch({kOpNormQ8, u(xp), u(wp), u(eps), u(o), u(rows), u(cols), u(xq), u(xd)},
          [=, this] { return cuda::rms_norm_q8(xp, wp, eps, o, rows, cols, xq, xd, stream_); });
   norm_q8_ = NormQ8{o, rows, cols, op_seq_};
@@ -537,7 +537,7 @@ bool CudaBackend::norm_q8_for(const float* x, const Act& a, cuda::Q8Act* q) cons
   if (norm_q8_.seq != op_seq_ || norm_q8_.out != x || norm_q8_.rows != a.rows ||
       norm_q8_.cols != a.cols)
     return false;
-  *q = cuda::Q8Act{static_cast<const int8_t*>(norm_xq_), static_cast<const float*>(norm_xd_)};
+  *q = cuda::Q8Act{static_cast<const int8_t*>(norm_xq_), static_cast<const float2*>(norm_xd_)};
   return true;
 }
 
@@ -743,7 +743,7 @@ cuda::Q8Out CudaBackend::attention_q8(const cuda::DevKvLayer& l, int64_t n_heads
   if (!fuse_attn_ || width > norm_cols_ || out.cols != width || T > cuda::kMaxMatvecTokens ||
       !cuda::attention_writes_q8(l, T, *attn_scratch_))
     return {};
-  return cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float*>(norm_xd_),
+  return cuda::Q8Out{static_cast<int8_t*>(norm_xq_), static_cast<float2*>(norm_xd_),
                      cuda::q8_token_bytes(width)};
 }
 

@@ -313,7 +313,7 @@ class CudaBackend final : public Backend {
   /// same buffers (LOOM_CUDA_FUSE_ATTN=0: off).
   bool fuse_attn_ = true;
   void* norm_xq_ = nullptr;  ///< [8, q8_token_bytes(norm_cols_)]
-  void* norm_xd_ = nullptr;  ///< [8, norm_cols_ / 32] floats
+  void* norm_xd_ = nullptr;  ///< [8, norm_cols_ / 32] scale pairs (float2)
   int64_t norm_cols_ = 0;    ///< the widest row the buffers hold
   struct NormQ8 {
     const float* out = nullptr;

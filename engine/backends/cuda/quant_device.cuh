@@ -51,6 +51,19 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int* sc, i
   }
 }
 
+/// scale_min_k4 of sub-block j from the scales as three little-endian words
+/// (bytes 0-3, 4-7, 8-11): shifts and a select, where scale_min_k4 takes a
+/// branch that the lanes of a warp (j = lane % 8) split on.
+__device__ __forceinline__ void scale_min_k4_words(int j, uint32_t w1, uint32_t w2, uint32_t w3,
+                                                   int* sc, int* mn) {
+  const int sh = 8 * (j & 3);
+  const uint32_t a = w1 >> sh, b = w2 >> sh, c = w3 >> sh;
+  const uint32_t sc_hi = (c & 0x0Fu) | ((a >> 2) & 0x30u);  // j >= 4: 4 bits + 2 top bits of j - 4
+  const uint32_t mn_hi = ((c >> 4) & 0x0Fu) | ((b >> 2) & 0x30u);
+  *sc = static_cast<int>(j < 4 ? a & 63u : sc_hi);
+  *mn = static_cast<int>(j < 4 ? b & 63u : mn_hi);
+}
+
 /// Element i of a row of dtype D, as the cpu/ref dequantizers compute it.
 template <DType D>
 __device__ __forceinline__ float dequant_one(const uint8_t* row, int64_t i) {
@@ -184,14 +197,22 @@ __device__ __forceinline__ QGroup decode_group(const uint8_t* row, int64_t g) {
     const B* b = reinterpret_cast<const B*>(row) + g / 8;
     const int s = static_cast<int>(g % 8);
     int sc = 0, mn = 0;
-    scale_min_k4(s, b->scales, &sc, &mn);
+    float d = 0.0f, dmin = 0.0f;
     const uint8_t* qs = b->qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
     uint32_t qw[8], hw[8] = {};
     if constexpr (kVec16) {
+      // The block's first 16 bytes in one load: d, dmin and the 12 scale bytes.
+      const uint4 head = *reinterpret_cast<const uint4*>(b);
+      d = __half2float(__ushort_as_half(static_cast<uint16_t>(head.x & 0xFFFFu)));
+      dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(head.x >> 16)));
+      scale_min_k4_words(s, head.y, head.z, head.w, &sc, &mn);
       ld_32bytes_a16(qs, qw);
       if constexpr (D == DType::kQ5_K) ld_32bytes_a16(b->qh, hw);
     } else {
+      d = h2f(b->d);
+      dmin = h2f(b->dmin);
+      scale_min_k4(s, b->scales, &sc, &mn);
 #pragma unroll
       for (int w = 0; w < 8; ++w) {
         qw[w] = ld_u32_a4(qs + 4 * w);
@@ -205,8 +226,8 @@ __device__ __forceinline__ QGroup decode_group(const uint8_t* row, int64_t g) {
       if constexpr (D == DType::kQ5_K) v |= ((hw[w] >> s) & 0x01010101u) << 4;
       r.q[w] = static_cast<int>(v);
     }
-    r.d_lo = r.d_hi = h2f(b->d) * static_cast<float>(sc);
-    r.m = -h2f(b->dmin) * static_cast<float>(mn);
+    r.d_lo = r.d_hi = d * static_cast<float>(sc);
+    r.m = -dmin * static_cast<float>(mn);
   } else {
     static_assert(D == DType::kQ6_K, "dtype without a group decoder");
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + g / 8;
@@ -232,26 +253,22 @@ __host__ __device__ constexpr bool group_has_min(DType d) {
   return d == DType::kQ4_1 || d == DType::kQ5_1 || d == DType::kQ4_K || d == DType::kQ5_K;
 }
 
-/// sum_e y[e] x[e] of a decoded group and 32 Q8 activations (xq: 8 words,
-/// scale xd). kMin false (group_has_min): m is 0, and the sum of the quants
-/// it multiplies is not computed (8 dp4a fewer).
+/// sum_e y[e] x[e] of a decoded group and 32 Q8 activations (xq: 8 words;
+/// xd: their scale and scale * the sum of the quants, q8_act.cuh). kMin
+/// false (group_has_min): m is 0 and xd.y is not read.
 template <bool kMin = true>
-__device__ __forceinline__ float group_dot(const QGroup& g, const int* xq, float xd) {
+__device__ __forceinline__ float group_dot(const QGroup& g, const int* xq, float2 xd) {
   int lo = 0, hi = 0;
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     lo = __dp4a(g.q[w], xq[w], lo);
     hi = __dp4a(g.q[w + 4], xq[w + 4], hi);
   }
-  if constexpr (!kMin) {
-    return xd * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi));
-  } else {
-    int sum = 0;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) sum = __dp4a(0x01010101, xq[w], sum);
-    return xd * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi) +
-                 g.m * static_cast<float>(sum));
-  }
+  const float p = xd.x * (g.d_lo * static_cast<float>(lo) + g.d_hi * static_cast<float>(hi));
+  if constexpr (!kMin)
+    return p;
+  else
+    return fmaf(g.m, xd.y, p);
 }
 
 /// Calls f.template operator()<D>() for the runtime dtype `d` among those

@@ -98,7 +98,7 @@ class AttentionScratch {
 /// bytes, d [T, width / 32] scales, width = n_heads * head_dim.
 struct Q8Out {
   int8_t* q = nullptr;
-  float* d = nullptr;
+  float2* d = nullptr;  ///< scale pairs (q8_act.cuh)
   uint64_t token_bytes = 0;
 };
 /// Whether attention() of T queries over `layer` writes a Q8Out it is given:

@@ -46,10 +46,11 @@ inline constexpr int64_t kMaxGemmQTokens = 128;
 int64_t gemm_q_max_tokens();
 
 /// Q8 activations of a product's x [T, n] (layout: q8_act.cuh), made by
-/// rms_norm_q8 together with x: q [T, q8_token_bytes(n)], d [T, n / 32].
+/// rms_norm_q8 together with x: q [T, q8_token_bytes(n)], d [T, n / 32]
+/// (scale pairs: q8_act.cuh).
 struct Q8Act {
   const int8_t* q = nullptr;
-  const float* d = nullptr;
+  const float2* d = nullptr;
 };
 
 /// Bytes of one token's Q8 quants of n values (whole chunks of 32 groups).
@@ -60,11 +61,11 @@ uint64_t q8_token_bytes(int64_t n);
 /// [T, q8_token_bytes(n)] and xd [T, n / 32]. T <= kMaxMatvecTokens (8),
 /// n a multiple of 32.
 Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_t T, int64_t n,
-                   int8_t* xq, float* xd, cudaStream_t s);
+                   int8_t* xq, float2* xd, cudaStream_t s);
 
 /// The decode matvecs' way of reading quantized rows (matvec.cu), picked at
 /// start by LOOM_CUDA_MATVEC: direct loads per lane (`direct`), chunks
-/// staged through shared memory (`staged`), or staged with Q4_0 and Q8_0
+/// staged through shared memory (`staged`), or staged with Q4_0, Q8_0 and Q6_K
 /// groups read from shared memory as aligned 32-bit words (the default; the
 /// other types as `staged`). One warp a row in all: two or four warps a row
 /// (the K dimension split between them, their sums added in shared memory)

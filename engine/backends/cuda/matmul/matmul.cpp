@@ -75,7 +75,7 @@ class MatmulImpl final : public Matmul {
     LOOM_TRY(check(w, T));
     if (T <= kMaxMatvecTokens) {
       const int8_t* xq = nullptr;
-      const float* xd = nullptr;
+      const float2* xd = nullptr;
       LOOM_TRY(prepare_q8(w, x, T, s, xq8, &xq, &xd));
       return matvec(w, nullptr, x, xq, xd, T, y, bias, accumulate, s);
     }
@@ -98,7 +98,7 @@ class MatmulImpl final : public Matmul {
                         std::string(dtype_name(up.dtype)).c_str(), up.n_out, up.n_in);
     if (T <= kMaxMatvecTokens) {
       const int8_t* xq = nullptr;
-      const float* xd = nullptr;
+      const float2* xd = nullptr;
       LOOM_TRY(prepare_q8(gate, x, T, s, xq8, &xq, &xd));
       return matvec(gate, &up, x, xq, xd, T, y, nullptr, false, s);
     }
@@ -130,7 +130,7 @@ class MatmulImpl final : public Matmul {
     if (T <= kMaxMatvecTokens) {
       // One Q8 copy of x serves every quantized matrix (the same 32-value groups).
       const int8_t* xq = nullptr;
-      const float* xd = nullptr;
+      const float2* xd = nullptr;
       for (int i = 0; i < n && !xq; ++i) LOOM_TRY(prepare_q8(ws[i], x, T, s, xq8, &xq, &xd));
       if (matvec_multi_fits(ws, n)) return matvec_multi(ws, n, xq, xd, T, ys, biases, s);
       for (int i = 0; i < n; ++i)
@@ -171,7 +171,7 @@ class MatmulImpl final : public Matmul {
 
   // Q8 copy of x for quantized weights (xq8's where given); nothing for float ones.
   Status prepare_q8(const DevMatrix& w, const float* x, int64_t T, cudaStream_t s, const Q8Act* xq8,
-                    const int8_t** xq, const float** xd) {
+                    const int8_t** xq, const float2** xd) {
     if (!matvec_uses_q8(w.dtype)) return {};
     if (xq8 && xq8->q) {
       *xq = xq8->q;
@@ -180,10 +180,11 @@ class MatmulImpl final : public Matmul {
     }
     const uint64_t n = static_cast<uint64_t>(T * w.n_in);
     LOOM_TRY(xq_.ensure(static_cast<uint64_t>(T) * q8_token_bytes(w.n_in), s, "Q8 activations"));
-    LOOM_TRY(xd_.ensure(n / 32 * sizeof(float), s, "Q8 activation scales"));
-    LOOM_TRY(quantize_q8(x, T, w.n_in, static_cast<int8_t*>(xq_.p), static_cast<float*>(xd_.p), s));
+    LOOM_TRY(xd_.ensure(n / 32 * sizeof(float2), s, "Q8 activation scales"));
+    LOOM_TRY(
+        quantize_q8(x, T, w.n_in, static_cast<int8_t*>(xq_.p), static_cast<float2*>(xd_.p), s));
     *xq = static_cast<const int8_t*>(xq_.p);
-    *xd = static_cast<const float*>(xd_.p);
+    *xd = static_cast<const float2*>(xd_.p);
     return {};
   }
 

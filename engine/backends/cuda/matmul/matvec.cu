@@ -86,7 +86,7 @@ __device__ __forceinline__ void epilogue(float (&acc)[kT], float (&acc2)[kT], in
 template <DType D, bool kGlu, bool kVec16, int kT>
 __device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* row2, int64_t g0,
                                              int64_t n_groups, const int8_t* xq, uint64_t xq_stride,
-                                             const float* xd, int T, float (&acc)[kT],
+                                             const float2* xd, int T, float (&acc)[kT],
                                              float (&acc2)[kT]) {
   const int lane = threadIdx.x & 31;
   // Unrolled so that the loads of several groups are in flight at once.
@@ -100,7 +100,7 @@ __device__ __forceinline__ void row_products(const uint8_t* row, const uint8_t* 
       if (t < T) {
         int xw[8];
         q8_load(xq + t * xq_stride, g, xw);
-        const float s = xd[t * n_groups + g];
+        const float2 s = xd[t * n_groups + g];
         acc[t] += group_dot<group_has_min(D)>(a, xw, s);
         if constexpr (kGlu) acc2[t] += group_dot<group_has_min(D)>(b, xw, s);
       }
@@ -152,7 +152,7 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 
 // Whether D has words_group (the staged reads' word-aligned decode).
 constexpr bool has_words_group(DType d) {
-  return d == DType::kQ4_0 || d == DType::kQ8_0;
+  return d == DType::kQ4_0 || d == DType::kQ8_0 || d == DType::kQ6_K;
 }
 
 // Group `lane` of a staged chunk of Q4_0 or Q8_0 blocks (18 or 34 bytes; the
@@ -161,7 +161,7 @@ constexpr bool has_words_group(DType d) {
 // 0 or 2 bytes into a word (even or odd lane); its scale is the low or high
 // half of the first word, and each word of quants is two words shifted.
 template <DType D>
-__device__ __forceinline__ QGroup words_group(const uint8_t* chunk, int lane) {
+__device__ __forceinline__ QGroup q40_q80_words_group(const uint8_t* chunk, int lane) {
   constexpr int kBlock = D == DType::kQ4_0 ? 18 : 34;
   constexpr int kQWords = D == DType::kQ4_0 ? 4 : 8;
   const int o = kBlock * lane;
@@ -186,6 +186,44 @@ __device__ __forceinline__ QGroup words_group(const uint8_t* chunk, int lane) {
   return r;
 }
 
+// Group `lane` of a staged chunk of four Q6_K blocks (210 bytes each; the
+// chunk 8-byte aligned), from aligned 32-bit words as above: a block starts
+// 0 or 2 bytes into a word, and so do its 32-byte runs of low and high bits.
+// 18 shared loads of 32 bits where decode_group makes 32 of 16 bits.
+__device__ __forceinline__ QGroup q6k_words_group(const uint8_t* chunk, int lane) {
+  const int gi = lane & 7, h = gi >> 2, k = gi & 3;  // group gi of block lane / 8
+  const int o = 210 * (lane >> 3);
+  const int sh = 8 * (o & 3);  // 0 or 16
+  const uint32_t* wl =
+      reinterpret_cast<const uint32_t*>(chunk + ((o + 64 * h + 32 * (k & 1)) & ~3));
+  const uint32_t* wh = reinterpret_cast<const uint32_t*>(chunk + ((o + 128 + 32 * h) & ~3));
+  uint32_t l[9], hb[9];
+#pragma unroll
+  for (int j = 0; j < 9; ++j) l[j] = wl[j], hb[j] = wh[j];
+  QGroup r;
+  r.m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t low = (__funnelshift_r(l[j], l[j + 1], sh) >> (4 * (k >> 1))) & 0x0F0F0F0Fu;
+    const uint32_t high = (__funnelshift_r(hb[j], hb[j + 1], sh) >> (2 * k)) & 0x03030303u;
+    r.q[j] = static_cast<int>(__vsub4(low | (high << 4), 0x20202020u));
+  }
+  const uint32_t sc = *reinterpret_cast<const uint16_t*>(chunk + o + 192 + 2 * gi);
+  const float d = h2f(*reinterpret_cast<const uint16_t*>(chunk + o + 208));
+  r.d_lo = d * static_cast<float>(static_cast<int8_t>(sc & 0xFFu));
+  r.d_hi = d * static_cast<float>(static_cast<int8_t>(sc >> 8));
+  return r;
+}
+
+// The word-aligned decode of a staged chunk's group `lane` (has_words_group).
+template <DType D>
+__device__ __forceinline__ QGroup words_group(const uint8_t* chunk, int lane) {
+  if constexpr (D == DType::kQ6_K)
+    return q6k_words_group(chunk, lane);
+  else
+    return q40_q80_words_group<D>(chunk, lane);
+}
+
 // row_products over the row's whole chunks through the warp's shared bytes
 // `sm` (staged_warp_bytes, 16-byte aligned), then its tail groups directly.
 // The rows start kLoad-aligned and row_bytes is a multiple of kLoad
@@ -193,7 +231,7 @@ __device__ __forceinline__ QGroup words_group(const uint8_t* chunk, int lane) {
 template <DType D, bool kGlu, int kT, bool kWords>
 __device__ __forceinline__ void row_products_staged(const uint8_t* row, const uint8_t* row2,
                                                     int64_t n_groups, const int8_t* xq,
-                                                    uint64_t xq_stride, const float* xd, int T,
+                                                    uint64_t xq_stride, const float2* xd, int T,
                                                     float (&acc)[kT], float (&acc2)[kT],
                                                     uint8_t* sm) {
   constexpr int kBytes = Chunk<D>::kBytes, kLoad = Chunk<D>::kLoad;
@@ -253,7 +291,7 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
           if (t < T) {
             int xw[8];
             q8_load(xq + t * xq_stride, g, xw);
-            const float s = xd[t * n_groups + g];
+            const float2 s = xd[t * n_groups + g];
             acc[t] += group_dot<group_has_min(D)>(a, xw, s);
             if constexpr (kGlu) acc2[t] += group_dot<group_has_min(D)>(bq, xw, s);
           }
@@ -271,13 +309,13 @@ __device__ __forceinline__ void row_products_staged(const uint8_t* row, const ui
 }
 
 // kStaged: row_products_staged, kVec16 meaning its word-aligned decode
-// (words_group, Q4_0 and Q8_0); else row_products, kVec16 its 128-bit
+// (words_group, Q4_0, Q8_0 and Q6_K); else row_products, kVec16 its 128-bit
 // loads (Q4_K, Q5_K).
 template <DType D, bool kGlu, bool kVec16, int kT, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_kernel(const uint8_t* w, const uint8_t* w2, uint64_t row_bytes, int64_t n_out,
-                     int64_t n_groups, const int8_t* xq, uint64_t xq_stride, const float* xd, int T,
-                     float* y, const float* bias, int accumulate) {
+                     int64_t n_groups, const int8_t* xq, uint64_t xq_stride, const float2* xd,
+                     int T, float* y, const float* bias, int accumulate) {
   constexpr int kSm = kStaged ? staged_warp_bytes<D, kGlu>() : 16;
   __shared__ __align__(16) uint8_t sm[kWarps][kSm];
   pdl_launch_dependents();
@@ -307,7 +345,7 @@ struct MultiRows {
 template <DType D, bool kVec16, int kT, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q8_multi_kernel(MultiRows m, uint64_t row_bytes, int64_t n_groups, const int8_t* xq,
-                           uint64_t xq_stride, const float* xd, int T) {
+                           uint64_t xq_stride, const float2* xd, int T) {
   constexpr int kSm = kStaged ? staged_warp_bytes<D, false>() : 16;
   __shared__ __align__(16) uint8_t sm[kWarps][kSm];
   pdl_launch_dependents();
@@ -499,7 +537,7 @@ bool matvec_uses_q8(DType d) {
 }
 
 Status matvec(const DevMatrix& w, const DevMatrix* up, const float* x, const int8_t* xq,
-              const float* xd, int64_t T, float* y, const float* bias, bool accumulate,
+              const float2* xd, int64_t T, float* y, const float* bias, bool accumulate,
               cudaStream_t s) {
   if (T <= 0) return {};
   if (T > kMaxMatvecTokens)
@@ -571,7 +609,7 @@ bool matvec_multi_fits(const DevMatrix* ws, int n) {
   return true;
 }
 
-Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float* xd, int64_t T,
+Status matvec_multi(const DevMatrix* ws, int n, const int8_t* xq, const float2* xd, int64_t T,
                     float* const* ys, const float* const* biases, cudaStream_t s) {
   if (!matvec_multi_fits(ws, n))
     return make_error(ErrorCode::kInternal, "CUDA matvec_multi: matrices of different kinds");

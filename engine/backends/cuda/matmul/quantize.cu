@@ -17,7 +17,7 @@ namespace {
 
 // One warp per 32-value group; lane j quantizes value j.
 __global__ void quantize_q8_kernel(const float* x, int64_t n_groups, int64_t groups_total,
-                                   uint64_t token_bytes, int8_t* xq, float* xd) {
+                                   uint64_t token_bytes, int8_t* xq, float2* xd) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t gi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
@@ -39,12 +39,12 @@ constexpr int kNormThreads = 1024;
 template <int kPer>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_q8_kernel(const float* x, const float* w, float eps, float* out, int64_t n,
-                       uint64_t token_bytes, int8_t* xq, float* xd) {
+                       uint64_t token_bytes, int8_t* xq, float2* xd) {
   __shared__ double partial[kNormThreads / 32];
   const float* xr = x + blockIdx.x * n;
   float* yr = out + blockIdx.x * n;
   int8_t* xq_t = xq + blockIdx.x * token_bytes;
-  float* xd_t = xd + blockIdx.x * (n / 32);
+  float2* xd_t = xd + blockIdx.x * (n / 32);
   constexpr int kRegs = kPer > 0 ? kPer : 1;
   float xv[kRegs], wv[kRegs];
   double sum = 0.0;
@@ -111,7 +111,7 @@ uint64_t q8_token_bytes(int64_t n) {
   return static_cast<uint64_t>((n / 32 + 31) / 32) * 1024;
 }
 
-Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, cudaStream_t s) {
+Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float2* xd, cudaStream_t s) {
   if (n % 32 != 0)
     return make_error(ErrorCode::kInternal, "CUDA quantize_q8: %" PRId64 " is not a multiple of 32",
                       n);
@@ -125,7 +125,7 @@ Status quantize_q8(const float* x, int64_t T, int64_t n, int8_t* xq, float* xd, 
 }
 
 Status rms_norm_q8(const float* x, const float* w, float eps, float* out, int64_t T, int64_t n,
-                   int8_t* xq, float* xd, cudaStream_t s) {
+                   int8_t* xq, float2* xd, cudaStream_t s) {
   if (T <= 0 || n <= 0) return {};
   if (n % 32 != 0 || T > kMaxMatvecTokens)
     return make_error(ErrorCode::kInternal,
