@@ -22,7 +22,7 @@
 // step suffices. That tile's loads are issued before the products and used
 // (dequantized, stored) only after them, so the products hide their latency;
 // with PREFETCH2 they are issued a step earlier still (two tiles in
-// registers).
+// registers); with NO_PREFETCH only after the products (none held across them).
 // Outputs go through shared memory (one 16 x 16 block per subgroup at a
 // time) for the bias, the bounds and y's layout.
 // Grid: x = ceil(M / BM), y = ceil(N / BN).
@@ -194,6 +194,20 @@ void main() {
     if (u + 3 < steps) LOAD(ta, u + 3);
     PRODUCTS(BUF)
     if (u + 2 < steps) STORE(0, u + 2, tb);
+    barrier();
+  }
+#elif defined(NO_PREFETCH)
+  // The next tile's loads after the products, stored at once: fewer
+  // registers held across the products (occupancy), their latency hidden only
+  // by other workgroups.
+  barrier();
+  for (uint u = 0; u < steps; ++u) {
+    const uint cur = (u & 1u) * BUF;
+    PRODUCTS(cur)
+    if (u + 1 < steps) {
+      LOAD(ta, u + 1);
+      STORE(BUF - cur, u + 1, ta);
+    }
     barrier();
   }
 #else

@@ -386,8 +386,11 @@ TEST_P(VulkanMatmul, F16CopyOfWeights) {
     }
     be_->release_weight(h.w);
   }
-  EXPECT_FALSE(
-      be_->f16_weight_copy(make_weight(t, kq ? 256 : 64, 2, 1).w, 0, 2).ok());  // not uploaded
+  // Not uploaded. (The shared backend may hold weights of earlier tests whose
+  // freed host bytes this one's reuse: release whatever covers them first.)
+  HostWeight nw = make_weight(t, kq ? 256 : 64, 2, 1);
+  be_->release_weight(nw.w);
+  EXPECT_FALSE(be_->f16_weight_copy(nw.w, 0, 2).ok());
 }
 
 // matmul_add (y += W x): one fused matvec for a single token (both row

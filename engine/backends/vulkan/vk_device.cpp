@@ -208,7 +208,10 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   p.coopmat_sub32 = p.coopmat_khr && p11.subgroupSize != 32;
 
   i.coopmat = p.coopmat || p.coopmat_khr;
-  i.coopmat_ext = p.coopmat ? "NV" : p.coopmat_khr ? "KHR" : "";
+  i.coopmat_ext = p.coopmat && p.coopmat_khr ? "KHR and NV"
+                  : p.coopmat                ? "NV"
+                  : p.coopmat_khr            ? "KHR"
+                                             : "";
   i.driver = std::string(p12.driverName) + " " + p12.driverInfo;
   i.subgroup_size = p11.subgroupSize;
   p.subgroup_ops = p11.subgroupSupportedOperations;
@@ -425,7 +428,7 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
   c.int_dot = opts.use_int_dot && pick->int_dot && c.subgroup_arithmetic;
-  // NV where there is NV (measured on NVIDIA), else KHR; KHR first when asked.
+  // KHR, or NV where the device has no KHR (or KHR is not preferred).
   bool prefer_khr = opts.prefer_coopmat_khr;
   if (const char* e = std::getenv("LOOM_VK_COOPMAT_KHR")) prefer_khr = std::atoi(e) != 0;
   c.coopmat_khr = opts.use_coopmat && pick->coopmat_khr && (prefer_khr || !pick->coopmat);

@@ -30,9 +30,11 @@ struct VulkanDeviceInfo {
   /// F16 -> F32 subgroup shape and what its shaders need: prefill matmuls on
   /// the tensor cores (mul_mat_cm.comp).
   bool coopmat = false;
-  std::string coopmat_ext;  ///< "NV", "KHR" (the one Loom takes where both are there) or
-  bool usable = false;      ///< Loom can run on it (Vulkan 1.2+, a compute queue)
-  std::string why_not;      ///< when !usable: the reason
+  /// Which: "NV", "KHR", "KHR and NV" (a device's list entry) or ""; an open
+  /// device's info names the one it took.
+  std::string coopmat_ext;
+  bool usable = false;  ///< Loom can run on it (Vulkan 1.2+, a compute queue)
+  std::string why_not;  ///< when !usable: the reason
 };
 
 /// How to set the Vulkan backend up.
@@ -48,10 +50,11 @@ struct VulkanOptions {
   /// matrices (VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix; the
   /// tensor cores on NVIDIA, WMMA on AMD).
   bool use_coopmat = true;
-  /// Take VK_KHR_cooperative_matrix where the device has the NV extension too
-  /// (NVIDIA): the KHR path (SPIR-V rewritten from the NV shaders) on hardware
-  /// that has both. Also LOOM_VK_COOPMAT_KHR=1.
-  bool prefer_coopmat_khr = false;
+  /// Where the device has both cooperative-matrix extensions (NVIDIA), take
+  /// VK_KHR_cooperative_matrix (the NV shaders' SPIR-V rewritten; 13-16%
+  /// faster prefill on an H100, docs/PERFORMANCE.md) rather than
+  /// VK_NV_cooperative_matrix. LOOM_VK_COOPMAT_KHR=0 / 1 overrides it.
+  bool prefer_coopmat_khr = true;
   /// Benchmarks: keep each pipeline's compiler statistics (registers, shared
   /// memory...; VK_KHR_pipeline_executable_properties, where the driver has
   /// it) for VulkanBackend::pipeline_statistics.

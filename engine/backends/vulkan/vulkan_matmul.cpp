@@ -56,6 +56,7 @@ constexpr CmTile kCmTiles[] = {
     {"matmul_cm_n64", 128, 64, 2, 4},
     {"matmul_cm_pre", 128, 128, 2, 4, "matmul_cm"},
     {"matmul_cm_n64_pre", 128, 64, 2, 4, "matmul_cm_n64"},
+    {"matmul_cm_np", 128, 128, 2, 4},  // loads after the products (NO_PREFETCH)
 };
 constexpr const CmTile& kCmWide = kCmTiles[0];
 constexpr const CmTile& kCmNarrow = kCmTiles[1];  // also where shared memory is short
