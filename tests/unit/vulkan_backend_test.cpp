@@ -310,7 +310,7 @@ TEST_P(VulkanMatmul, CoopmatMatchesReference) {
       }
     }
   };
-  for (uint32_t v : {2u, 0u}) {
+  for (uint32_t v : {2u, 3u, 0u}) {
     SCOPED_TRACE("variant " + std::to_string(v));
     be_->set_matmul_coopmat(true, v);
     check_all();

@@ -110,12 +110,12 @@ Status VulkanBackend::init(const VulkanOptions& opts) {
     int_dot_outputs_ = (bits & 4) != 0;
   }
   // LOOM_VK_COOPMAT (A/B runs): 0 the tiled prefill matmul; 1 (the default)
-  // the default cooperative-matrix kernel; 2, 64 or 128 a variant of
-  // set_matmul_coopmat.
+  // the default cooperative-matrix kernel; 2, 3, 64 or 128 a variant of
+  // set_matmul_coopmat (3: by the shape, as 2, with matmul_cm_np for 128 x 128).
   if (const char* e = std::getenv("LOOM_VK_COOPMAT")) {
     const int v = std::atoi(e);
     coopmat_ = v != 0;
-    coopmat_variant_ = v == 2 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
+    coopmat_variant_ = v == 2 || v == 3 || v == 64 || v == 128 ? static_cast<uint32_t>(v) : 0;
   }
   // LOOM_VK_CM_TILE (A/B runs): one cooperative-matrix variant by name for every
   // prefill matmul (matmul_cm_n64, ...; the table in vulkan_matmul.cpp).

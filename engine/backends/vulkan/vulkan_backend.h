@@ -148,7 +148,7 @@ class VulkanBackend final : public Backend {
   /// Test hook: prefill matmuls on cooperative matrices where the device has
   /// them (the default; caps().coopmat), or the tiled kernel. `variant`: 0 the
   /// default; 64 or 128 tokens per tile (matmul_cm_n64, matmul_cm); 2 64 or
-  /// 128 by the shape.
+  /// 128 by the shape; 3 as 2 with matmul_cm_np for 128.
   void set_matmul_coopmat(bool on, uint32_t variant = 0) {
     coopmat_ = on;
     coopmat_variant_ = variant;

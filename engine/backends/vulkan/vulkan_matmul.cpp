@@ -41,7 +41,11 @@ constexpr uint32_t kMatmulWideShared = 32768;  // the 128-column tiles' shared m
 // (docs/PERFORMANCE.md): 128 x 128 in eight subgroups was the fastest of 128
 // x 128 in four or sixteen, 128 x 64, 64 x 128 and 64 x 64 (also with 64-wide
 // k steps), by 0-40%. Loading two steps ahead (PREFETCH2) bought 7-15% for
-// 128 x 64 and nothing for 128 x 128, so only matmul_cm_n64 does.
+// 128 x 64 and nothing for 128 x 128, so only matmul_cm_n64 does. On an
+// H100 the 128 x 128 tile held 181 registers a thread (one workgroup an SM);
+// issuing a step's loads after its products instead of before
+// (matmul_cm_np, NO_PREFETCH: 160-170) made it 2-15% faster in the gemm
+// bench and the whole prefill 3-4%, so the default takes it.
 // A "pre" tile runs its shader's F16 variant on an F16 copy of a quantized
 // matrix (dequant_f16.comp, made before the matmul).
 struct CmTile {
@@ -60,6 +64,7 @@ constexpr CmTile kCmTiles[] = {
 };
 constexpr const CmTile& kCmWide = kCmTiles[0];
 constexpr const CmTile& kCmNarrow = kCmTiles[1];  // also where shared memory is short
+constexpr const CmTile& kCmWideNp = kCmTiles[4];  // variant 3's wide tile
 // Benchmarks only (wrong results; Q4_K and F16): matmul_cm without its
 // loads, or without its products (PROBE_* in mul_mat_cm.comp).
 constexpr CmTile kCmProbes[] = {
@@ -79,10 +84,13 @@ const CmTile* cm_tile(std::string_view name) {
 // has fewer workgroups than this take 128 x 64 tiles (k and v at 512 tokens:
 // 32 workgroups for the H200's 132 SMs).
 constexpr uint32_t kMatmulCmNarrowBelow = 66;
-// The default variant (set_matmul_coopmat): 2. H200, pp512 in one run
+// The default variant (set_matmul_coopmat): 3. H200, pp512 in one run
 // (Q4_0 / Q4_K_M t/s): four subgroups 3545.6 / 3462.8, eight with 128
-// tokens always 4484.9 / 4108.4, eight by the shape 4509.0 / 4146.2.
-constexpr uint32_t kMatmulCmDefault = 2;
+// tokens always 4484.9 / 4108.4, eight by the shape 4509.0 / 4146.2. H100
+// (KHR cooperative matrices, 2026-12-07), two interleaved passes: 2 5907.7 /
+// 6084.3 and 6506.2 / 6091.7, 3 (matmul_cm_np for 128 x 128: 170 registers
+// a thread against 181) 6756.0 / 6292.6 and 6766.5 / 6259.5.
+constexpr uint32_t kMatmulCmDefault = 3;
 
 }  // namespace
 
@@ -349,8 +357,10 @@ void VulkanBackend::matmul_impl(const Weight& w, Act x, Act out, const Weight* b
     const CmTile* tile = cm_tile_name_.empty() ? nullptr : cm_tile(cm_tile_name_);
     if (!tile) {
       uint32_t v = coopmat_variant_ ? coopmat_variant_ : kMatmulCmDefault;
-      if (v == 2) v = ((M + 127) / 128) * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
-      tile = v == 64 ? &kCmNarrow : &kCmWide;
+      const CmTile* wide = v == 3 ? &kCmWideNp : &kCmWide;
+      if (v == 2 || v == 3)
+        v = ((M + 127) / 128) * ((T + 127) / 128) < kMatmulCmNarrowBelow ? 64 : 128;
+      tile = v == 64 ? &kCmNarrow : wide;
     }
     if (dev_->caps().max_shared_bytes < tile->shared_bytes() ||
         dev_->caps().max_wg_threads < tile->threads()) {
