@@ -135,6 +135,25 @@ struct UnionFind {
   }
 };
 
+// Value instructions whose result takes the matrix operands' use (copies,
+// conversions, arithmetic, composites).
+bool passes_value_through(uint32_t op) {
+  switch (op) {
+    case kOpCopyObject:
+    case kOpFConvert:
+    case kOpFNegate:
+    case kOpFAdd:
+    case kOpFSub:
+    case kOpFMul:
+    case kOpFDiv:
+    case kOpMatrixTimesScalar:
+    case kOpCompositeConstruct:
+    case kOpCompositeInsert:
+    case kOpCompositeExtract: return true;
+    default: return false;
+  }
+}
+
 // Whether an instruction has a result type (operand 0) and a result
 // (operand 1): the opcodes this rewrite follows values through. Any other
 // instruction that names a matrix type or value makes the rewrite fail.
@@ -153,17 +172,6 @@ bool has_type_and_result(uint32_t op) {
     case kOpLoad:
     case kOpAccessChain:
     case kOpInBoundsAccessChain:
-    case kOpCompositeConstruct:
-    case kOpCompositeExtract:
-    case kOpCompositeInsert:
-    case kOpCopyObject:
-    case kOpFConvert:
-    case kOpFNegate:
-    case kOpFAdd:
-    case kOpFSub:
-    case kOpFMul:
-    case kOpFDiv:
-    case kOpMatrixTimesScalar:
     case kOpSelect:
     case kOpPhi:
     case kOpCoopLoadNv:
@@ -283,6 +291,19 @@ class Rewriter {
   Status classify() {
     for (const Inst& in : insts_) {
       const std::vector<uint32_t>& w = in.w;
+      if (passes_value_through(in.op)) {
+        if (in_family(w[0])) {
+          // Matrix operands share the result's use; scalars (and the
+          // literal indices of extract / insert) are left alone.
+          const size_t last = in.op == kOpCompositeExtract  ? 3
+                              : in.op == kOpCompositeInsert ? 4
+                                                            : w.size();
+          for (size_t k = 2; k < last && k < w.size(); ++k) {
+            if (value_in_family(w[k])) uf_.unite(w[1], w[k]);
+          }
+        }
+        continue;  // otherwise a scalar out of a matrix, or no matrix at all
+      }
       switch (in.op) {
         case kOpTypeCoopNv:
         case kOpTypeArray:
@@ -327,28 +348,6 @@ class Rewriter {
         case kOpSelect:
           if (in_family(w[0])) uf_.unite(w[1], w[3]), uf_.unite(w[1], w[4]);
           break;
-        case kOpCopyObject:
-        case kOpFConvert:
-        case kOpFNegate:
-        case kOpFAdd:
-        case kOpFSub:
-        case kOpFMul:
-        case kOpFDiv:
-        case kOpMatrixTimesScalar:
-        case kOpCompositeConstruct:
-        case kOpCompositeInsert:
-        case kOpCompositeExtract:
-          if (in_family(w[0])) {
-            // Matrix operands share the result's use; scalars (and the
-            // literal indices of extract / insert) are left alone.
-            const size_t last = in.op == kOpCompositeExtract  ? 3
-                                : in.op == kOpCompositeInsert ? 4
-                                                              : w.size();
-            for (size_t k = 2; k < last && k < w.size(); ++k) {
-              if (value_in_family(w[k])) uf_.unite(w[1], w[k]);
-            }
-          }
-          break;  // otherwise a scalar out of a matrix, or no matrix at all
         case kOpFunctionParameter:
           if (in_family(w[0]))
             return make_error(ErrorCode::kUnsupported,

@@ -77,34 +77,17 @@ bool is_coopmat_shape(const P& p, VkComponentTypeNV result) {
          p.scope == VK_SCOPE_SUBGROUP_NV;
 }
 
-bool has_coopmat_shape_khr(const Fns& fn, VkPhysicalDevice phys) {
-  if (!fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR) return false;
+// Whether the device lists that shape, from either extension's properties
+// (P: VkCooperativeMatrixPropertiesNV or ...KHR; `result`: DType or ResultType).
+template <typename P, typename Get, typename R>
+bool lists_coopmat_shape(Get get, VkPhysicalDevice phys, VkStructureType stype, R P::*result) {
+  if (!get) return false;
   uint32_t n = 0;
-  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(phys, &n, nullptr) != VK_SUCCESS)
-    return false;
-  std::vector<VkCooperativeMatrixPropertiesKHR> props(
-      n, VkCooperativeMatrixPropertiesKHR{VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR});
-  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR(phys, &n, props.data()) != VK_SUCCESS)
-    return false;
-  return std::any_of(
-      props.begin(), props.begin() + n,
-      [](const VkCooperativeMatrixPropertiesKHR& p) { return is_coopmat_shape(p, p.ResultType); });
-}
-
-// Whether the device lists the one cooperative-matrix shape mul_mat_cm.comp
-// uses: 16x16x16 at subgroup scope, F16 A and B, F32 C and D.
-bool has_coopmat_shape(const Fns& fn, VkPhysicalDevice phys) {
-  if (!fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV) return false;
-  uint32_t n = 0;
-  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(phys, &n, nullptr) != VK_SUCCESS)
-    return false;
-  std::vector<VkCooperativeMatrixPropertiesNV> props(
-      n, VkCooperativeMatrixPropertiesNV{VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
-  if (fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(phys, &n, props.data()) != VK_SUCCESS)
-    return false;
-  return std::any_of(
-      props.begin(), props.begin() + n,
-      [](const VkCooperativeMatrixPropertiesNV& p) { return is_coopmat_shape(p, p.DType); });
+  if (get(phys, &n, nullptr) != VK_SUCCESS) return false;
+  std::vector<P> props(n, P{stype});
+  if (get(phys, &n, props.data()) != VK_SUCCESS) return false;
+  return std::any_of(props.begin(), props.begin() + n,
+                     [&](const P& p) { return is_coopmat_shape(p, p.*result); });
 }
 
 PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
@@ -202,9 +185,15 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
                      (pssc.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                      pssc.maxComputeWorkgroupSubgroups >= 8;
   p.coopmat = has_coopmat_ext && fcm.cooperativeMatrix == VK_TRUE && cm_base &&
-              p11.subgroupSize == 32 && has_coopmat_shape(fn, phys);
+              p11.subgroupSize == 32 &&
+              lists_coopmat_shape(fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV, phys,
+                                  VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV,
+                                  &VkCooperativeMatrixPropertiesNV::DType);
   p.coopmat_khr = has_khr_ext && fkhr.cooperativeMatrix == VK_TRUE && cm_base &&
-                  (p11.subgroupSize == 32 || sub32) && has_coopmat_shape_khr(fn, phys);
+                  (p11.subgroupSize == 32 || sub32) &&
+                  lists_coopmat_shape(fn.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR, phys,
+                                      VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR,
+                                      &VkCooperativeMatrixPropertiesKHR::ResultType);
   p.coopmat_sub32 = p.coopmat_khr && p11.subgroupSize != 32;
 
   i.coopmat = p.coopmat || p.coopmat_khr;
@@ -454,11 +443,13 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   feats.pNext = &f11;
   f11.pNext = &f12;
   void** tail = &f12.pNext;
-  if (c.int_dot) {
-    dev_exts.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
-    *tail = &fdot;
-    tail = &fdot.pNext;
-  }
+  // An extension to enable, with its features struct on the chain.
+  auto enable = [&](const char* ext, auto* features) {
+    dev_exts.push_back(ext);
+    *tail = features;
+    tail = &features->pNext;
+  };
+  if (c.int_dot) enable(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME, &fdot);
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
   fkhr.cooperativeMatrix = VK_TRUE;
@@ -467,27 +458,16 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   fssc.subgroupSizeControl = VK_TRUE;
   fssc.computeFullSubgroups = VK_TRUE;
   if (c.coopmat_khr) {
-    dev_exts.push_back(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
-    *tail = &fkhr;
-    tail = &fkhr.pNext;
-    if (c.coopmat_sub32) {
-      dev_exts.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
-      *tail = &fssc;
-      tail = &fssc.pNext;
-    }
+    enable(VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME, &fkhr);
+    if (c.coopmat_sub32) enable(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME, &fssc);
   } else if (c.coopmat) {
-    dev_exts.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
-    *tail = &fcm;
-    tail = &fcm.pNext;
+    enable(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME, &fcm);
   }
   c.pipeline_statistics = opts.pipeline_statistics && pick->pipeline_statistics;
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fstats{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   fstats.pipelineExecutableInfo = VK_TRUE;
-  if (c.pipeline_statistics) {
-    dev_exts.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
-    *tail = &fstats;
-  }
+  if (c.pipeline_statistics) enable(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME, &fstats);
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.pNext = &feats;
   dci.enabledExtensionCount = static_cast<uint32_t>(dev_exts.size());
