@@ -1,8 +1,8 @@
 #include "engine/backends/vulkan/spirv_coopmat.h"
 
+#include <bit>
 #include <cstring>
 #include <map>
-#include <numeric>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -236,10 +236,13 @@ class Rewriter {
   Status scan_types() {
     for (const Inst& in : insts_) {
       switch (in.op) {
-        case kOpTypeCoopNv:
+        case kOpTypeCoopNv: {
           nv_types_.insert(in.w[0]);
           family_.insert(in.w[0]);
+          auto f = float_width_.find(in.w[1]);
+          nv_default_[in.w[0]] = f != float_width_.end() && f->second == 32 ? kUseAcc : kUseA;
           break;
+        }
         case kOpTypeArray:
         case kOpTypeRuntimeArray:
           if (family_.count(in.w[1])) family_.insert(in.w[0]), elem_[in.w[0]] = in.w[1];
@@ -275,16 +278,11 @@ class Rewriter {
     return it != type_of_.end() && in_family(it->second);
   }
 
-  // The use a matrix of NV type t has where nothing decides: F32 accumulates,
-  // anything narrower is an A operand.
+  // The use a matrix of NV type t has where nothing decides (scan_types):
+  // F32 accumulates, anything narrower is an A operand.
   Use default_use(uint32_t nv_type) const {
-    for (const Inst& in : insts_) {
-      if (in.op == kOpTypeCoopNv && in.w[0] == nv_type) {
-        auto it = float_width_.find(in.w[1]);
-        return it != float_width_.end() && it->second == 32 ? kUseAcc : kUseA;
-      }
-    }
-    return kUseA;
+    auto it = nv_default_.find(nv_type);
+    return it != nv_default_.end() ? it->second : kUseA;
   }
 
   // ---- classes ----------------------------------------------------------------
@@ -454,15 +452,14 @@ class Rewriter {
 
   Result<std::vector<uint32_t>> emit() {
     // First pass: which clones the retyped ids need (so emit_clones_of finds
-    // them when their base type is declared). Array and pointer clones ask for
-    // their element's clone as they are made, which is declared earlier.
+    // them when their base type is declared), then the clones of the element
+    // types that array and pointer clones are built on.
     for (const Inst& in : insts_) {
       if (!has_type_and_result(in.op) || in.w.size() < 2 || !in_family(in.w[0])) continue;
       if (in.op == kOpTypeArray || in.op == kOpTypeRuntimeArray || in.op == kOpTypePointer)
         continue;
       type_for(in.w[0], use_of(in.w[1], in.w[0]));
     }
-    // Clones of arrays and pointers need their elements' clones first.
     bool grew = true;
     while (grew) {
       grew = false;
@@ -567,6 +564,7 @@ class Rewriter {
   std::unordered_map<uint32_t, uint32_t> elem_;         // array / pointer -> element
   std::unordered_map<uint32_t, uint32_t> type_of_;      // result id -> result type
   std::unordered_map<uint32_t, uint32_t> float_width_;  // float type -> width
+  std::unordered_map<uint32_t, Use> nv_default_;        // NV matrix type -> its own use
   std::unordered_map<uint32_t, bool> bools_;            // constant true / false
   std::unordered_map<uint32_t, uint32_t> marks_;        // MulAdd operand -> use bits
   std::unordered_map<uint32_t, uint32_t> class_mask_;   // class root -> use bits
