@@ -67,6 +67,13 @@ struct PhysInfo {
   uint64_t max_allocation = 0;
 };
 
+// Hangs `s` on a pNext chain whose open end is *tail, which moves to s's own.
+template <typename S>
+void chain(void*** tail, S* s) {
+  **tail = s;
+  *tail = &s->pNext;
+}
+
 // The one shape the tensor-core shaders use: 16x16x16 at subgroup scope, F16
 // A and B, F32 C and result. NV and KHR properties share these fields.
 template <typename P>
@@ -148,29 +155,17 @@ PhysInfo describe(const Fns& fn, VkPhysicalDevice phys, int index) {
   feats2.pNext = &f11;
   f11.pNext = &f12;
   void** tail = &f12.pNext;
-  if (has_int_dot_ext) {
-    *tail = &fdot;
-    tail = &fdot.pNext;
-  }
-  if (has_coopmat_ext) {
-    *tail = &fcm;
-    tail = &fcm.pNext;
-  }
+  if (has_int_dot_ext) chain(&tail, &fdot);
+  if (has_coopmat_ext) chain(&tail, &fcm);
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
-  if (has_khr_ext) {
-    *tail = &fkhr;
-    tail = &fkhr.pNext;
-  }
+  if (has_khr_ext) chain(&tail, &fkhr);
   VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fssc{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
-  if (has_ssc_ext) {
-    *tail = &fssc;
-    tail = &fssc.pNext;
-  }
+  if (has_ssc_ext) chain(&tail, &fssc);
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fstats{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  if (has_stats_ext) *tail = &fstats;
+  if (has_stats_ext) chain(&tail, &fstats);
   fn.vkGetPhysicalDeviceFeatures2(phys, &feats2);
   p.pipeline_statistics = has_stats_ext && fstats.pipelineExecutableInfo == VK_TRUE;
   p.int_dot = has_int_dot_ext && fdot.shaderIntegerDotProduct == VK_TRUE;
@@ -446,8 +441,7 @@ Result<std::unique_ptr<Device>> Device::create(const VulkanOptions& opts) {
   // An extension to enable, with its features struct on the chain.
   auto enable = [&](const char* ext, auto* features) {
     dev_exts.push_back(ext);
-    *tail = features;
-    tail = &features->pNext;
+    chain(&tail, features);
   };
   if (c.int_dot) enable(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME, &fdot);
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr{
