@@ -79,6 +79,18 @@ if(NOT LAST_OUT MATCHES "KL median +0\\.[0-9]*[1-9]")
   message(FATAL_ERROR "F32 against Q4_0 gave no KL:\n${LAST_OUT}")
 endif()
 
+# loom plan under a VRAM budget names the most whole layers it holds (where a
+# GPU, lavapipe included, is there; without one, auto says it needs one).
+execute_process(COMMAND ${LOOM} plan -m ${WORK}/f32.gguf --strategy auto --vram-budget 1G -t 1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  if(NOT out MATCHES "\nfits: +layers:2 at most within the VRAM budget\n")
+    message(FATAL_ERROR "unexpected plan output under a budget:\n${out}")
+  endif()
+elseif(NOT err MATCHES "needs a GPU")
+  message(FATAL_ERROR "plan under a budget failed (${rc}):\n${out}\n${err}")
+endif()
+
 # loom verify: a placement with layer 1's FFN in Q4_0, as a table and as JSON.
 run_ok(${LOOM} plan -m ${WORK}/f32.gguf --save ${WORK}/plan.json)
 file(READ ${WORK}/plan.json plan)

@@ -10,8 +10,8 @@
 // 1 GiB, so that K and V come from device memory and not from the L2 cache,
 // as in a real model's step. Reported per case: µs per call (CUDA events over
 // back-to-back launches, median of 5 rounds) and the K + V bytes read per
-// second. For scale, the first line gives a device-to-device copy's rate
-// (bytes read + written per second).
+// second. For scale, the first lines give a device-to-device copy's rate
+// (bytes read + written per second) and PCIe's, to and from pinned host memory.
 //
 // With --host-keys H[,H...] (F16), each case runs again as a layer of the
 // device KV tier: ctx keys in slots of 16 rows on the device (alone, then)
@@ -113,6 +113,20 @@ void copy_rate(cudaStream_t s) {
       time_calls([&](int) { cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s); }, 4, s);
   std::printf("device-to-device copy of 512 MiB: %.1f µs, %.0f GB/s (read + written)\n", us,
               2.0 * static_cast<double>(bytes) / us / 1e3);
+  // PCIe, both ways, from and to pinned host memory (the bus the device KV
+  // tier's host blocks cross; issue 16 asks for its bound).
+  void* h = nullptr;
+  if (ok(cudaHostAlloc(&h, bytes, cudaHostAllocDefault), "cudaHostAlloc")) {
+    std::memset(h, 1, bytes);
+    const double up =
+        time_calls([&](int) { cudaMemcpyAsync(x, h, bytes, cudaMemcpyHostToDevice, s); }, 4, s);
+    const double down =
+        time_calls([&](int) { cudaMemcpyAsync(h, y, bytes, cudaMemcpyDeviceToHost, s); }, 4, s);
+    std::printf(
+        "pinned host to device, 512 MiB: %.1f µs, %.1f GB/s; device to host: %.1f µs, %.1f GB/s\n",
+        up, static_cast<double>(bytes) / up / 1e3, down, static_cast<double>(bytes) / down / 1e3);
+    cudaFreeHost(h);
+  }
   cudaFree(x);
   cudaFree(y);
 }

@@ -28,9 +28,12 @@
 #   tiers    KV tiers (issue 16) on CUDA: prefill of $TIER_DEPTHS tokens of the
 #            ${TIER_DTYPE:-q4_k_m} model and the decode after it, (a) all KV on
 #            the GPU, (b) half of it in GPU slots and the rest in RAM, (c) half
-#            on the GPU, a quarter in RAM, the rest on the SSD ($TIER_CONFIGS,
-#            default "a b"; $TIER_POLICY, default lru); llama.cpp CUDA with
-#            -nkvo 0 and 1 (LLAMA=0: not); the spill disk's bandwidth (dd)
+#            on the GPU, a quarter in RAM, the rest on the SSD, (bs) all but
+#            $TIER_SPILL MiB (default 48) on the GPU, the rest in RAM, (cs) the
+#            same GPU budget, half the rest in RAM and half on the SSD
+#            ($TIER_CONFIGS, default "a b"; $TIER_POLICY, default lru);
+#            llama.cpp CUDA with -nkvo 0 and 1 (LLAMA=0: not; $LLAMA_DEPTHS,
+#            default every depth); the spill disk's bandwidth (dd)
 # Models are written by `loom synth` into /tmp/models.
 set -uo pipefail
 D="$1"; OUT="$2"; shift 2
@@ -160,11 +163,15 @@ for s in $stages; do
       rm -f "$kvdir/dd.bin"
       for n in ${TIER_DEPTHS:-4096 32768}; do
         kv=$(( n * 128 ))  # KiB of F16 K/V at n tokens (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+        kvc=$(( (n + 256) * 128 ))  # the same for the whole context of the run
+        sp=$(( ${TIER_SPILL:-48} * 1024 ))
         for c in ${TIER_CONFIGS:-a b}; do
           case $c in
             a) flags=() ;;
             b) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram 64G) ;;
             c) flags=(--kv-gpu "$(( kv / 2 ))K" --kv-ram "$(( kv / 4 ))K" --kv-dir "$kvdir") ;;
+            bs) flags=(--kv-gpu "$(( kvc - sp ))K" --kv-ram 64G) ;;
+            cs) flags=(--kv-gpu "$(( kvc - sp ))K" --kv-ram "$(( sp / 2 ))K" --kv-dir "$kvdir") ;;
           esac
           echo "--- depth $n ($c) ${flags[*]}: Loom CUDA"
           timeout "${TIER_TIMEOUT:-200}" "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" \
@@ -172,6 +179,7 @@ for s in $stages; do
             grep --line-buffered -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
         done
         [ "${LLAMA:-1}" = 0 ] && continue
+        case " ${LLAMA_DEPTHS:-$n} " in *" $n "*) ;; *) continue ;; esac
         for nk in 0 1; do
           echo "--- depth $n: llama.cpp CUDA -nkvo $nk"
           timeout "${TIER_TIMEOUT:-200}" "${LB[@]}" -m "$m" -ngl 99 -t "$T" -fa 1 -nkvo "$nk" -p 0 \

@@ -30,7 +30,19 @@ void print_plan(const Engine& e, const Profiler::Snapshot* measured, FILE* f) {
   std::fprintf(f, "model:     %s\n", m.describe().c_str());
   std::fprintf(f, "strategy:  %s", p.strategy.c_str());
   if (so.vram_budget) std::fprintf(f, ", VRAM budget %.0f MiB", mib(so.vram_budget));
-  std::fprintf(f, "\ncost:      %s\n", e.cost.describe().c_str());
+  std::fprintf(f, "\n");
+  if (so.vram_budget && so.has_gpu) {
+    // The most whole layers the budget holds, which layers:N does not check.
+    int64_t most = -1;
+    for (const PlacementCandidate& c : candidate_placements(m, so, e.cost))
+      most = std::max(most, c.layers_n);
+    if (most >= 0)
+      std::fprintf(f, "fits:      layers:%lld at most within the VRAM budget\n",
+                   static_cast<long long>(most));
+    else
+      std::fprintf(f, "fits:      no layer within the VRAM budget\n");
+  }
+  std::fprintf(f, "cost:      %s\n", e.cost.describe().c_str());
   std::fprintf(f, "%-6s %-12s %-10s %-12s %-6s %10s %10s %9s", "layer", "attn_w", "attn(KV)", "ffn",
                "norm", "GPU MiB", "CPU MiB", "pred ms");
   if (measured) std::fprintf(f, " %9s %9s", "P50 ms", "P99 ms");
