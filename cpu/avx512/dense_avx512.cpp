@@ -221,11 +221,46 @@ void gemv8(const typename S::Elem* w, int64_t ws, const typename S::Elem* x, int
   _mm_storeu_ps(y + 4, reduce4(acc[4], acc[5], acc[6], acc[7]));
 }
 
+// T = 1, one row at a time in four accumulators along k: one sequential
+// stream (a thread's rows are contiguous). On AMD (Zen 4/5) its single
+// stream beats gemv8's eight: one Zen core (the 2-core development machine,
+// tools/bench/dense_bench, TinyLlama shapes, three interleaved passes)
+// moved 26-30 GB/s of F16 weights against 20-28, BF16 29-32 against 24-31,
+// where a plain read loop moves 32.8; F32 was no faster (29-32 against
+// 30-35). Intel keeps gemv8: gemv1 has not run on an Intel core.
+template <class S>
+void gemv1(const typename S::Elem* w, const typename S::Elem* x, int64_t k, float* y) {
+  constexpr int kU = 4;
+  __m512 acc[kU];
+#pragma GCC unroll 4
+  for (int u = 0; u < kU; ++u) acc[u] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kU * S::kStep <= k; i += kU * S::kStep) {
+#pragma GCC unroll 4
+    for (int u = 0; u < kU; ++u)
+      acc[u] = S::madd(acc[u], S::load(w + i + u * S::kStep), S::load(x + i + u * S::kStep));
+  }
+  for (; i + S::kStep <= k; i += S::kStep) acc[0] = S::madd(acc[0], S::load(w + i), S::load(x + i));
+  if (i < k) acc[1] = S::madd(acc[1], S::load_tail(w + i, k - i), S::load_tail(x + i, k - i));
+  *y = _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+// Whether T = 1 takes gemv1 for 16-bit weights: on AMD.
+inline bool gemv_one_stream() {
+  static const bool amd = __builtin_cpu_is("amd") != 0;
+  return amd;
+}
+
 // T <= kTileTokensMax: every weight row is read once, for all tokens.
 template <class S>
 void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs,
                 int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   if (T == 1) {
+    if (sizeof(typename S::Elem) == 2 && gemv_one_stream()) {
+      for (; r0 < r1; ++r0) gemv1<S>(W + r0 * ws, X, n, Y + r0);
+      return;
+    }
     for (; r0 + 8 <= r1; r0 += 8) gemv8<S>(W + r0 * ws, ws, X, n, Y + r0);
   }
   for (int64_t r = r0; r < r1; r += kTileRows) {
