@@ -311,7 +311,8 @@ struct FmtQ5_1 {
 
 struct FmtQ8_0 {
   static constexpr int kBytes = 34;
-  static constexpr bool kVbmi = false;  // GEMV: plain loads measured faster than group_vbmi here
+  static constexpr bool kVbmi = false;   // GEMV: plain loads measured faster than group_vbmi here
+  static constexpr bool kOneRow = true;  // GEMV of one token: see gemv32_rows
   static constexpr float kBias = -128.0f;
   static constexpr bool kHasMin = false;
   static LOOM_INLINE void scales(const uint8_t* p, __mmask16 m, __m512* d, __m512* /*min*/) {
@@ -467,6 +468,26 @@ LOOM_INLINE void gemv32_tile(const uint8_t* w, size_t wrb, const XRow* x, int64_
     for (int c = 0; c < C; ++c) y[c][r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+// One activation row: formats that set kOneRow take their rows one at a
+// time on AMD (one sequential stream, the rows being contiguous) rather than
+// in tiles of 4. Q8_0 on one Zen core (the 2-core development machine,
+// tools/bench/matmul_bench --model, TinyLlama's decode step, three
+// interleaved passes): 22.2-22.8 against 16.0-16.7 tokens/s of matmuls on 1
+// thread, 38.0-43.1 against 30.1-31.8 on 2; Q4_0 and the K-quants were
+// slower that way (Q4_0 29-30 against 38-41 on 1 thread). Intel keeps the
+// tiles: this has not run on an Intel core.
+template <class F>
+constexpr bool one_row_of() {
+  if constexpr (requires { F::kOneRow; })
+    return F::kOneRow;
+  else
+    return false;
+}
+inline bool gemv_one_stream() {
+  static const bool amd = __builtin_cpu_is("amd") != 0;
+  return amd;
+}
+
 // Rows [r0, r1) in tiles of R, for C activation rows.
 template <class F, int C, bool kVbmi>
 void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float* const* y,
@@ -474,7 +495,11 @@ void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float*
   constexpr int R = C <= 2 ? 4 : 2;
   float* yr[C];
   int64_t r = r0;
-  for (; r + R <= r1; r += R) {
+  int64_t tiles_end = r1;  // rows in tiles of R before it, one at a time after
+  if constexpr (C == 1 && one_row_of<F>()) {
+    if (gemv_one_stream()) tiles_end = r0;
+  }
+  for (; r + R <= tiles_end; r += R) {
     for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
     gemv32_tile<F, R, C, kVbmi>(W + r * static_cast<int64_t>(wrb), wrb, x, nb, yr);
   }
