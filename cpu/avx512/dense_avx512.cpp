@@ -224,10 +224,11 @@ void gemv8(const typename S::Elem* w, int64_t ws, const typename S::Elem* x, int
 // T = 1, one row at a time in four accumulators along k: one sequential
 // stream (a thread's rows are contiguous). On AMD (Zen 4/5) its single
 // stream beats gemv8's eight: one Zen core (the 2-core development machine,
-// tools/bench/dense_bench, TinyLlama shapes, three interleaved passes)
-// moved 26-30 GB/s of F16 weights against 20-28, BF16 29-32 against 24-31,
-// where a plain read loop moves 32.8; F32 was no faster (29-32 against
-// 30-35). Intel keeps gemv8: gemv1 has not run on an Intel core.
+// tools/bench/dense_bench, TinyLlama shapes, interleaved passes) moved
+// 26.3-30.1 GB/s of F16 weights against 20.0-28.5 (three passes), BF16
+// 29.0-32.4 against 23.9-30.6 (two), where a plain read loop moves 32.8;
+// F32 was no faster (27.0-32.2 against 29.7-35.3). Intel keeps gemv8: gemv1
+// has not run on an Intel core.
 template <class S>
 void gemv1(const typename S::Elem* w, const typename S::Elem* x, int64_t k, float* y) {
   constexpr int kU = 4;
