@@ -30,7 +30,10 @@
 #            the GPU, (b) half of it in GPU slots and the rest in RAM, (c) half
 #            on the GPU, a quarter in RAM, the rest on the SSD, (bs) all but
 #            $TIER_SPILL MiB (default 48) on the GPU, the rest in RAM, (cs) the
-#            same GPU budget, half the rest in RAM and half on the SSD
+#            same GPU budget, half the rest in RAM and half on the SSD (the
+#            RAM must hold the newest 128 tokens of every layer, 20 MiB for
+#            the 8B: cs needs TIER_SPILL 40 or more; 24 MiB of the spill are
+#            the 192 tokens of the context that the run never reaches)
 #            ($TIER_CONFIGS, default "a b"; $TIER_POLICY, default lru);
 #            llama.cpp CUDA with -nkvo 0 and 1 (LLAMA=0: not; $LLAMA_DEPTHS,
 #            default every depth); the spill disk's bandwidth (dd)
@@ -176,7 +179,7 @@ for s in $stages; do
           echo "--- depth $n ($c) ${flags[*]}: Loom CUDA"
           timeout "${TIER_TIMEOUT:-200}" "$L" bench -m "$m" --backend cuda --strategy gpu -t "$T" \
             -c $(( n + 256 )) -p "$n" -n 64 -r 1 --kv-policy "${TIER_POLICY:-lru}" "${flags[@]}" 2>&1 |
-            grep --line-buffered -E "^(prefill|decode|itl|kv tiers|error)|SSD per|rror|note"
+            grep --line-buffered -E "^(prefill|decode|itl|kv tiers|error|loom)|SSD per|rror|note"
         done
         [ "${LLAMA:-1}" = 0 ] && continue
         case " ${LLAMA_DEPTHS:-$n} " in *" $n "*) ;; *) continue ;; esac

@@ -118,6 +118,7 @@ struct Fmt {
   bool vec16;               // F16 rows of a multiple of 8 values: 16-byte loads
   const int32_t* slot_pos;  // device tier: first position per slot (-1: free), else null
   int bs;                   // rows per slot
+  int bs_shift;             // log2(bs) where bs is a power of two (the cache's 32), else -1
   // Host blocks read in place (SlotMap::host; one-pass kernel only): rows
   // from dev_rows on are host block (j - dev_rows) / bs's. Splits:
   // dev_splits of `chunk` rows over the slots, then host_splits of
@@ -148,10 +149,22 @@ __device__ __forceinline__ Fmt fmt_of_row(const Fmt& f, int t) {
 // step 1 instead of 4, were 0.5-1.4% slower than 4.
 constexpr int kVB = 4;
 
+// Row j's slot (or host block) and its row there. In 32 bits (rows stay
+// below 2^31: decode_attention checks), by shifts where bs is a power of
+// two: a 64-bit division and remainder per key were most of what the slot
+// map cost the one-pass kernel (loom_cuda_attn_bench --host-keys 0).
+__device__ __forceinline__ uint32_t slot_of(const Fmt& f, int64_t j, uint32_t* r) {
+  const auto u = static_cast<uint32_t>(j);
+  const uint32_t s = f.bs_shift >= 0 ? u >> f.bs_shift : u / static_cast<uint32_t>(f.bs);
+  *r = u - s * static_cast<uint32_t>(f.bs);
+  return s;
+}
+
 // Whether device row j counts for a query at position qp (slot maps only).
 __device__ __forceinline__ bool row_counts(const Fmt& f, int64_t j, int64_t qp) {
-  const int32_t p0 = f.slot_pos[j / f.bs];
-  return p0 >= 0 && p0 + j % f.bs <= qp;
+  uint32_t r;
+  const int32_t p0 = f.slot_pos[slot_of(f, j, &r)];
+  return p0 >= 0 && p0 + static_cast<int64_t>(r) <= qp;
 }
 
 __device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, const Fmt& f, int kvh,
@@ -164,9 +177,10 @@ __device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, const Fmt&
 __device__ __forceinline__ void kv_rows(const Fmt& f, int kvh, int64_t j, const uint8_t** kr,
                                         const uint8_t** vr) {
   if (f.host && j >= f.dev_rows) {
-    const int64_t i = j - f.dev_rows;
-    const uint8_t* b = f.host[i / f.bs] + static_cast<uint64_t>(kvh) * f.host_head +
-                       static_cast<uint64_t>(i % f.bs) * f.row_bytes;
+    uint32_t r;
+    const uint32_t hb = slot_of(f, j - f.dev_rows, &r);
+    const uint8_t* b = f.host[hb] + static_cast<uint64_t>(kvh) * f.host_head +
+                       static_cast<uint64_t>(r) * f.row_bytes;
     *kr = b;
     *vr = b + f.host_v;
   } else {
@@ -768,6 +782,13 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
   const int64_t n_splits = n_dev + n_hs + (keep ? 1 : 0);
   if (n_splits > 65535)
     return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " splits", n_splits);
+  if (plan_keys + n_host * bs >= (int64_t{1} << 31))
+    return make_error(ErrorCode::kUnsupported, "CUDA attention: %" PRId64 " rows",
+                      plan_keys + n_host * bs);
+  int bs_shift = -1;  // log2 of the slots' rows, where a power of two
+  for (int b = 0; b < 31 && slots; ++b) {
+    if (int64_t{1} << b == bs) bs_shift = b;
+  }
   float* part = nullptr;
   float2* part_ml = nullptr;
   if (n_splits > 1) {
@@ -786,6 +807,7 @@ Status decode_attention(const DevKvLayer& layer, const float* q, int64_t T, cons
               vec16,
               slots ? slots->first_pos : nullptr,
               slots ? static_cast<int>(slots->block_size) : 0,
+              bs_shift,
               slots ? slots->host : nullptr,
               slots ? slots->n_slots * slots->block_size : 0,
               slots ? slots->host_head_bytes : 0,
