@@ -473,6 +473,7 @@ std::unique_ptr<loom::Session> EngineWorker::makeSession(const loom::Model& mode
                                                        : m_kvTiers.spillDir.toStdString();
   sc.kv_tiers.policy = m_kvTiers.policy.toStdString();
   sc.kv_tiers.spill_type = m_kvTiers.spillType.toStdString();
+  sc.kv_tiers.write_behind = true;
   if (m_kvTiers.ramBudgetMiB < 0) {
     const int64_t ctx = nCtx > 0 ? nCtx : std::min<int64_t>(model.hp.n_ctx_train, 4096);
     sc.kv_tiers.ram_budget = loom::default_kv_ram_budget(loom::kv_bytes_per_layer(model, ctx, *dt) *

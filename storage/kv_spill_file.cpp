@@ -154,6 +154,7 @@ Result<std::unique_ptr<KvSpillFile>> KvSpillFile::open(const SpillOptions& o) {
   f->ring_ = std::move(ring);
   f->batch_.resize(f->depth_);
   f->read_res_.resize(f->depth_);
+  f->wres_.resize(f->depth_);
   f->run_.resize(f->depth_);
   return f;
 }
@@ -163,6 +164,7 @@ KvSpillFile::~KvSpillFile() {
     std::vector<Status> ignored;
     finish_reads(&ignored);
   }
+  (void)finish_writes();  // the kernel must be done with the staging before it goes
   ring_.reset();
   if (fd_ >= 0) {
     ::unlink(path_.c_str());
@@ -230,112 +232,153 @@ void KvSpillFile::prep_run(bool write, unsigned first, unsigned i, size_t len, u
   }
 }
 
-// Submits what is queued and waits until `n` write completions have come;
-// read completions that arrive meanwhile are kept for finish_reads().
-Status KvSpillFile::submit_and_wait(unsigned n, std::vector<int>* res) {
+// One completion, read or write, noted where finish_reads() and
+// finish_writes() look for it (either may reap the other's).
+void KvSpillFile::note_cqe(uint64_t tag, int res) {
+  if (tag & kReadTag) {
+    note_read(tag, res);
+  } else {
+    wres_[static_cast<size_t>(tag)] = res;
+    --pending_writes_;
+  }
+}
+
+// Waits for one completion; false (with the error in *err) when waiting failed.
+bool KvSpillFile::reap_one(int* err) {
+  io_uring_cqe* cqe = nullptr;
+  int w;
+  do {
+    w = io_uring_wait_cqe(&ring_->ring, &cqe);
+  } while (w == -EINTR);
+  if (w < 0) {
+    *err = w;
+    return false;
+  }
+  note_cqe(io_uring_cqe_get_data64(cqe), cqe->res);
+  io_uring_cqe_seen(&ring_->ring, cqe);
+  return true;
+}
+
+Status KvSpillFile::begin_writes(std::span<const SpillWrite> writes, std::vector<uint32_t>* slots) {
+  slots->clear();
+  if (wbatch_n_ > 0) {
+    return make_error(ErrorCode::kInternal, "KV spill file: a write batch is already in flight");
+  }
+  if (writes.size() > depth_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV spill file: %zu writes in one batch (at most %u)", writes.size(), depth_);
+  }
+  const auto n = static_cast<unsigned>(writes.size());
+  if (n == 0) return {};
+  wslots_.clear();
+  std::fill(wres_.begin(), wres_.end(), 0);
+  for (unsigned i = 0; i < n; ++i) {
+    const SpillWrite& w = writes[i];
+    const uint32_t slot = take_slot(w.key.layer);
+    used_[slot] = true;
+    ++n_used_;
+    wslots_.push_back(slot);
+
+    uint8_t* rec = buffer(i);
+    RecordHeader h{};
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    h.session = session_;
+    h.layer = w.key.layer;
+    h.block = w.key.block;
+    h.token_begin = w.key.token_begin;
+    h.n_tokens = w.key.n_tokens;
+    h.dtype = w.key.dtype;
+    h.payload_bytes = static_cast<uint32_t>(payload_bytes_);
+    std::memcpy(rec, &h, sizeof h);
+    std::memcpy(rec + kHeaderBytes, w.payload, payload_bytes_);
+    h.checksum = record_checksum(rec, payload_bytes_);
+    std::memcpy(rec, &h, sizeof h);
+
+    ++n_writes_;
+    if (n_writes_ == faults_.fail_write || n_writes_ == faults_.no_space_write)
+      wres_[i] = n_writes_ == faults_.fail_write ? -EIO : -ENOSPC;
+  }
+  // One request per run of consecutive slots; an injected failure is a nop
+  // of its own, whose result replaces the nop's 0 in finish_writes().
+  winjected_.assign(wres_.begin(), wres_.begin() + n);
+  wrun_.assign(n, 1);
+  unsigned requests = 0;
+  for (unsigned i = 0; i < n; i += wrun_[i], ++requests) {
+    if (winjected_[i] < 0) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data64(sqe, i);
+      continue;
+    }
+    unsigned k = 1;
+    while (i + k < n && winjected_[i + k] == 0 && wslots_[i + k] == wslots_[i + k - 1] + 1) ++k;
+    prep_run(true, 0, i, k * record_bytes_, wslots_[i]);
+    wrun_[i] = k;
+  }
+  std::fill(wres_.begin(), wres_.begin() + n, 0);
+  wbatch_n_ = n;
+  pending_writes_ = requests;
   const int rc = io_uring_submit(&ring_->ring);
   ++stats_.submissions;
   if (rc < 0) {
-    return make_error(ErrorCode::kIo, "KV spill file '%s': io_uring submit failed: %s",
-                      path_.c_str(), errno_text(-rc).c_str());
+    // Nothing went to the kernel: the batch fails as a whole in finish_writes.
+    std::fill(winjected_.begin(), winjected_.end(), rc);
+    pending_writes_ = 0;
   }
-  unsigned got = 0;
-  while (got < n) {
-    io_uring_cqe* cqe = nullptr;
-    const int w = io_uring_wait_cqe(&ring_->ring, &cqe);
-    if (w == -EINTR) continue;
-    if (w < 0) {
-      return make_error(ErrorCode::kIo, "KV spill file '%s': io_uring wait failed: %s",
-                        path_.c_str(), errno_text(-w).c_str());
-    }
-    const uint64_t tag = io_uring_cqe_get_data64(cqe);
-    if (tag & kReadTag) {
-      note_read(tag, cqe->res);
+  *slots = wslots_;
+  return {};
+}
+
+Status KvSpillFile::finish_writes() {
+  const unsigned n = wbatch_n_;
+  if (n == 0) return {};
+  int err = 0;
+  while (pending_writes_ > 0 && err == 0) {
+    if (!reap_one(&err)) pending_writes_ = 0;
+  }
+  wbatch_n_ = 0;
+  Status failed;
+  if (err < 0) {
+    failed = make_error(ErrorCode::kIo, "KV spill file '%s': io_uring wait failed: %s",
+                        path_.c_str(), errno_text(-err).c_str());
+  }
+  for (unsigned i = 0; i < n; i += wrun_[i]) split_result(wres_[i], wrun_[i], &wres_[i]);
+  for (unsigned i = 0; i < n && failed.ok(); ++i) {
+    const int r = winjected_[i] < 0 ? winjected_[i] : wres_[i];
+    if (r == static_cast<int>(record_bytes_)) continue;
+    const uint32_t slot = wslots_[i];
+    if (r == -ENOSPC) {
+      failed = make_error(ErrorCode::kNoSpace,
+                          "KV spill file '%s': the disk is full (writing slot %u, %zu bytes)",
+                          path_.c_str(), slot, record_bytes_);
+    } else if (r < 0) {
+      failed = make_error(ErrorCode::kIo, "KV spill file '%s': writing slot %u failed: %s",
+                          path_.c_str(), slot, errno_text(-r).c_str());
     } else {
-      (*res)[tag] = cqe->res;
-      ++got;
+      failed =
+          make_error(ErrorCode::kIo, "KV spill file '%s': short write to slot %u (%d of %zu bytes)",
+                     path_.c_str(), slot, r, record_bytes_);
     }
-    io_uring_cqe_seen(&ring_->ring, cqe);
   }
+  if (!failed.ok()) {  // no slot of the batch stays taken
+    for (uint32_t s : wslots_) release(s);
+    return failed;
+  }
+  stats_.records_written += n;
+  stats_.bytes_written += static_cast<uint64_t>(n) * record_bytes_;
   return {};
 }
 
 Status KvSpillFile::write(std::span<const SpillWrite> writes, std::vector<uint32_t>* slots) {
   slots->clear();
-  std::vector<int> res(depth_);
+  LOOM_TRY(finish_writes());  // a write-behind batch first: its staging is reused
   Status failed;
+  std::vector<uint32_t> part;
   for (size_t done = 0; done < writes.size() && failed.ok();) {
-    const auto n = static_cast<unsigned>(std::min<size_t>(depth_, writes.size() - done));
-    std::fill(res.begin(), res.end(), 0);
-    for (unsigned i = 0; i < n; ++i) {
-      const SpillWrite& w = writes[done + i];
-      const uint32_t slot = take_slot(w.key.layer);
-      used_[slot] = true;
-      ++n_used_;
-      slots->push_back(slot);
-
-      uint8_t* rec = buffer(i);
-      RecordHeader h{};
-      std::memcpy(h.magic, kMagic, sizeof kMagic);
-      h.session = session_;
-      h.layer = w.key.layer;
-      h.block = w.key.block;
-      h.token_begin = w.key.token_begin;
-      h.n_tokens = w.key.n_tokens;
-      h.dtype = w.key.dtype;
-      h.payload_bytes = static_cast<uint32_t>(payload_bytes_);
-      std::memcpy(rec, &h, sizeof h);
-      std::memcpy(rec + kHeaderBytes, w.payload, payload_bytes_);
-      h.checksum = record_checksum(rec, payload_bytes_);
-      std::memcpy(rec, &h, sizeof h);
-
-      ++n_writes_;
-      if (n_writes_ == faults_.fail_write || n_writes_ == faults_.no_space_write)
-        res[i] = n_writes_ == faults_.fail_write ? -EIO : -ENOSPC;
-    }
-    // One request per run of consecutive slots; an injected failure is a nop
-    // of its own, whose result replaces the nop's 0 below.
-    const std::vector<int> injected(res.begin(), res.begin() + n);
-    std::vector<unsigned> run(n, 1);
-    unsigned requests = 0;
-    for (unsigned i = 0; i < n; i += run[i], ++requests) {
-      if (injected[i] < 0) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-        io_uring_prep_nop(sqe);
-        io_uring_sqe_set_data64(sqe, i);
-        continue;
-      }
-      unsigned k = 1;
-      while (i + k < n && injected[i + k] == 0 &&
-             (*slots)[done + i + k] == (*slots)[done + i + k - 1] + 1)
-        ++k;
-      prep_run(true, 0, i, k * record_bytes_, (*slots)[done + i]);
-      run[i] = k;
-    }
-    std::fill(res.begin(), res.begin() + n, 0);
-    failed = submit_and_wait(requests, &res);
-    for (unsigned i = 0; i < n; i += run[i]) split_result(res[i], run[i], &res[i]);
-    for (unsigned i = 0; i < n && failed.ok(); ++i) {
-      const int r = injected[i] < 0 ? injected[i] : res[i];
-      if (r == static_cast<int>(record_bytes_)) continue;
-      const uint32_t slot = (*slots)[done + i];
-      if (r == -ENOSPC) {
-        failed = make_error(ErrorCode::kNoSpace,
-                            "KV spill file '%s': the disk is full (writing slot %u, %zu bytes)",
-                            path_.c_str(), slot, record_bytes_);
-      } else if (r < 0) {
-        failed = make_error(ErrorCode::kIo, "KV spill file '%s': writing slot %u failed: %s",
-                            path_.c_str(), slot, errno_text(-r).c_str());
-      } else {
-        failed = make_error(ErrorCode::kIo,
-                            "KV spill file '%s': short write to slot %u (%d of %zu bytes)",
-                            path_.c_str(), slot, r, record_bytes_);
-      }
-    }
-    if (failed.ok()) {
-      stats_.records_written += n;
-      stats_.bytes_written += static_cast<uint64_t>(n) * record_bytes_;
-    }
+    const size_t n = std::min<size_t>(depth_, writes.size() - done);
+    failed = begin_writes(writes.subspan(done, n), &part);
+    if (failed.ok()) failed = finish_writes();
+    if (failed.ok()) slots->insert(slots->end(), part.begin(), part.end());
     done += n;
   }
   if (!failed.ok()) {
@@ -410,17 +453,14 @@ Status KvSpillFile::begin_reads(std::span<const SpillRead> reads) {
 void KvSpillFile::finish_reads(std::vector<Status>* results) {
   results->clear();
   while (pending_reads_ > 0) {
-    io_uring_cqe* cqe = nullptr;
-    const int w = io_uring_wait_cqe(&ring_->ring, &cqe);
-    if (w == -EINTR) continue;
-    if (w < 0) {
-      for (unsigned i = 0; i < batch_n_; ++i) injected_[i] = w;
+    int err = 0;
+    if (!reap_one(&err)) {
+      for (unsigned i = 0; i < batch_n_; ++i) injected_[i] = err;
       pending_reads_ = 0;
+      if (pending_writes_ > 0) std::fill(winjected_.begin(), winjected_.end(), err);
+      pending_writes_ = 0;  // (finish_writes then fails the write batch with it)
       break;
     }
-    const uint64_t tag = io_uring_cqe_get_data64(cqe);
-    if (tag & kReadTag) note_read(tag, cqe->res);  // (writes wait for their own completions)
-    io_uring_cqe_seen(&ring_->ring, cqe);
   }
   for (unsigned i = 0; i < batch_n_; ++i) {
     const SpillRead& r = batch_[i];

@@ -115,6 +115,16 @@ class KvSpillFile {
   /// error names the cause (kNoSpace when the disk is full, kIo otherwise).
   Status write(std::span<const SpillWrite> writes, std::vector<uint32_t>* slots);
 
+  /// Write-behind: stages up to queue_depth blocks (their payloads may change
+  /// or go once this returns), takes their slots (`slots`, in order), submits
+  /// them and returns at once. One batch may be in flight, beside a read
+  /// batch; finish_writes() completes it.
+  Status begin_writes(std::span<const SpillWrite> writes, std::vector<uint32_t>* slots);
+  /// Waits for the batch begun by begin_writes. On failure none of its slots
+  /// stays taken and the error names the cause, as write()'s does.
+  Status finish_writes();
+  bool writes_in_flight() const { return wbatch_n_ > 0; }
+
   /// Starts reading up to queue_depth records (read-ahead): returns at once.
   /// Only one batch may be in flight; finish_reads() completes it.
   Status begin_reads(std::span<const SpillRead> reads);
@@ -136,8 +146,9 @@ class KvSpillFile {
  private:
   KvSpillFile() = default;
   struct Ring;
-  Status submit_and_wait(unsigned n, std::vector<int>* res);
   void note_read(uint64_t tag, int res);
+  void note_cqe(uint64_t tag, int res);
+  bool reap_one(int* err);
   uint32_t take_slot(uint32_t layer);
   /// Records [i, i + k) of a batch (buffers `first` + i ...) in one request
   /// from slot `slot` on: a write, or a read tagged as one.
@@ -166,6 +177,13 @@ class KvSpillFile {
   unsigned pending_reads_ = 0;    ///< of which not yet completed
   std::vector<int> read_res_;     ///< each read's completion result
   std::vector<int> injected_;     ///< results fixed before submission (faults, empty slots)
+  // The write batch begun by begin_writes (records in buffers [0, depth)).
+  std::vector<uint32_t> wslots_;  ///< its slots
+  std::vector<unsigned> wrun_;    ///< per batch index: the records its write request covers
+  std::vector<int> wres_;         ///< each write's completion result
+  std::vector<int> winjected_;    ///< results fixed before submission (faults)
+  unsigned wbatch_n_ = 0;         ///< writes in that batch
+  unsigned pending_writes_ = 0;   ///< of which requests not yet completed
   SpillStats stats_;
   SpillFaults faults_;
   int n_writes_ = 0, n_reads_ = 0;

@@ -99,6 +99,7 @@ Status KvCache::grow_layer(size_t l, size_t n_blocks) {
 
 void KvCache::free_layer(size_t l) {
   drain_prefetch();
+  (void)settle_spill();  // (a failed write leaves its blocks in RAM, freed below)
   for (size_t b = 0; b < blocks_[l].size(); ++b) {
     if (blocks_[l][b]) --n_ram_blocks_;
     if (slot_[l][b] >= 0 && spill_) spill_->release(static_cast<uint32_t>(slot_[l][b]));
@@ -127,6 +128,14 @@ Status KvCache::reserve(int64_t n) {
   }
   if (storage_) LOOM_TRY(storage_->reserve(n));  // layers that live on the device backend
   const int64_t need = (n + cfg_.block_size - 1) / cfg_.block_size;
+  // New tokens must not go into a block whose write-behind is on the way
+  // (after clear() or a rewind): that write is finished first.
+  for (const auto& lb : behind_) {
+    if (static_cast<int64_t>(lb.second) >= n_tokens_ / cfg_.block_size) {
+      LOOM_TRY(settle_spill());
+      break;
+    }
+  }
   if (tiered() && spill_full_ && need > static_cast<int64_t>(block_table_.size()) &&
       n_ram_blocks_ * pair_bytes() >= tiers_.ram_budget) {
     return make_error(ErrorCode::kNoSpace,
@@ -195,6 +204,7 @@ void KvCache::host_rows(size_t l, int64_t n, uint8_t* k, uint8_t* v, bool out) {
 
 Status KvCache::move_layer(int64_t layer, bool to_device) {
   touch_host();
+  LOOM_TRY(settle_spill());
   if (!storage_)
     return make_error(ErrorCode::kInternal,
                       "KV cache: no device storage to move layer %" PRId64 " to or from", layer);

@@ -62,6 +62,10 @@ struct KvTierConfig {
   std::string spill_type;
   int64_t sink_tokens = 32;     ///< the first tokens never leave their tier (attention sinks)
   int64_t window_tokens = 128;  ///< nor do the newest ones (at least one block's worth)
+  /// Write-behind: a step's spill writes go on while the next step computes
+  /// (rebalance() finishes them first), the blocks staying in RAM till then,
+  /// over the budget by that batch; else rebalance() waits for them.
+  bool write_behind = false;
   uint64_t session = 0;         ///< names the spill file; 0: from the process id and time
   storage::SpillFaults faults;  ///< injected storage faults (tests)
 };
@@ -256,6 +260,13 @@ class KvCache {
   void from_spill(const uint8_t* src, uint8_t* dst) const;
   bool pinned(int64_t block) const;
   Status spill(std::vector<std::pair<size_t, size_t>>& victims);
+  /// The blocks of a spill whose writes are done leave RAM (or, where one
+  /// moved meanwhile, its slot goes back).
+  void commit_spill(const std::vector<std::pair<size_t, size_t>>& victims,
+                    const std::vector<uint32_t>& slots);
+  /// Waits for a write-behind batch and commits it; on failure its blocks
+  /// stay in RAM, and a full disk stops spilling (spill_full_).
+  Status settle_spill();
   Status promote(std::vector<std::pair<size_t, size_t>>& blocks);
   Status unspill_layer(size_t l);
   Status open_spill_file();
@@ -286,6 +297,8 @@ class KvCache {
   /// FP8 E4M3 on the SSD: per head and block a float scale, then one byte a value.
   bool spill_fp8_ = false;
   std::vector<uint8_t> spill_buf_;  ///< converted payloads on their way to or from the SSD
+  std::vector<std::pair<size_t, size_t>> behind_;  ///< blocks of the write-behind batch
+  std::vector<uint32_t> behind_slots_;             ///< and their slots in the spill file
   std::unique_ptr<storage::KvSpillFile> spill_;
   std::vector<std::vector<int64_t>> slot_;
   std::vector<std::vector<float>> mass_;

@@ -316,15 +316,50 @@ Status KvCache::spill(std::vector<std::pair<size_t, size_t>>& victims) {
     w.push_back({spill_key(l, b), payload});
   }
   std::vector<uint32_t> slots;
+  LOOM_TRY(settle_spill());
+  if (tiers_.write_behind && victims.size() <= spill_->queue_depth()) {
+    // Written while the next step computes: a batch of a layer's blocks at
+    // a block boundary took a token's latency up by the disk's time for it.
+    LOOM_TRY(spill_->begin_writes(w, &slots));
+    behind_ = victims;
+    behind_slots_ = std::move(slots);
+    return {};
+  }
   LOOM_TRY(spill_->write(w, &slots));
+  commit_spill(victims, slots);
+  return {};
+}
+
+void KvCache::commit_spill(const std::vector<std::pair<size_t, size_t>>& victims,
+                           const std::vector<uint32_t>& slots) {
   for (size_t i = 0; i < victims.size(); ++i) {
     auto [l, b] = victims[i];
-    slot_[l][b] = slots[i];
+    if (b >= blocks_[l].size() || !blocks_[l][b] || slot_[l][b] >= 0) {
+      spill_->release(slots[i]);  // (freed or moved while its write was on the way)
+      continue;
+    }
+    slot_[l][b] = static_cast<int32_t>(slots[i]);
     blocks_[l][b].reset();
     point_at(l, b, nullptr);
     --n_ram_blocks_;
+    ++n_spilled_;
   }
-  n_spilled_ += victims.size();
+}
+
+Status KvCache::settle_spill() {
+  if (behind_.empty()) return {};
+  const Status s = spill_->finish_writes();
+  std::vector<std::pair<size_t, size_t>> victims = std::move(behind_);
+  std::vector<uint32_t> slots = std::move(behind_slots_);
+  behind_.clear();
+  behind_slots_.clear();
+  if (s.ok()) {
+    commit_spill(victims, slots);
+    return {};
+  }
+  if (s.error().code() != ErrorCode::kNoSpace) return s;  // the blocks are still in RAM
+  spill_full_ = true;
+  spill_note_ = s.message();
   return {};
 }
 
@@ -405,7 +440,8 @@ Status KvCache::fresh_ram(size_t l, size_t b, bool zero) {
 
 KvCache::~KvCache() {
   drain_prefetch();  // reads must not land in freed staging
-  blocks_.clear();   // blocks from the storage go back before it dies
+  (void)settle_spill();
+  blocks_.clear();  // blocks from the storage go back before it dies
 }
 
 std::vector<size_t> KvCache::spilled_blocks(size_t l) const {
@@ -552,6 +588,7 @@ std::vector<std::pair<int64_t, int64_t>> KvCache::take_lost() {
 Status KvCache::rebalance() {
   touch_host();
   if (!tiered() || !policy_) return {};
+  LOOM_TRY(settle_spill());  // the last step's write-behind, done by now
   ++n_rebalances_;
   // (Not while recomputing lost blocks: they are rewritten where they lie.)
   if (dev_slots_ > 0 && !recomputing_) LOOM_TRY(rebalance_device());  // its moves count below

@@ -150,6 +150,77 @@ TEST_F(KvSpillFileTest, ReadAheadCompletesAcrossInterleavedWrites) {
   EXPECT_FALSE(f->reads_in_flight());
 }
 
+// Write-behind: a batch of writes in flight beside a read batch; either
+// completion may be reaped while waiting for the other.
+TEST_F(KvSpillFileTest, WriteBehindCompletesBesideAReadBatch) {
+  auto f = open_file(3000, 4);
+  ASSERT_TRUE(f);
+  const auto data = blocks(4, 3000);
+  const auto slots = write_all(*f, data);
+  const auto more = blocks(4, 3000, 9);
+  std::vector<SpillWrite> w;
+  for (size_t i = 0; i < more.size(); ++i)
+    w.push_back({key(5, static_cast<uint32_t>(i)), more[i].data()});
+  std::vector<uint32_t> wslots;
+  ASSERT_TRUE(f->begin_writes(w, &wslots).ok());
+  ASSERT_EQ(wslots.size(), 4u);
+  EXPECT_TRUE(f->writes_in_flight());
+  EXPECT_FALSE(f->begin_writes(w, &wslots).ok());  // one batch at a time
+  std::vector<SpillWrite> too_many(5, w[0]);
+  std::vector<uint32_t> none;
+  EXPECT_FALSE(f->begin_writes(too_many, &none).ok());
+  std::vector<std::vector<uint8_t>> back(4, std::vector<uint8_t>(3000));
+  std::vector<SpillRead> reads;
+  for (size_t i = 0; i < 4; ++i)
+    reads.push_back({slots[i], key(3, static_cast<uint32_t>(i)), back[i].data()});
+  ASSERT_TRUE(f->begin_reads(reads).ok());
+  std::vector<Status> res;
+  f->finish_reads(&res);  // may reap the writes' completions too
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(res[i].ok()) << res[i].message();
+    EXPECT_EQ(back[i], data[i]);
+  }
+  const Status s = f->finish_writes();
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_FALSE(f->writes_in_flight());
+  EXPECT_EQ(f->slots_used(), 8u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::vector<uint8_t> out;
+    const auto r = read_one(*f, wslots[i], key(5, static_cast<uint32_t>(i)), &out);
+    EXPECT_TRUE(r[0].ok()) << r[0].message();
+    EXPECT_EQ(out, more[i]);
+  }
+  // The payloads were staged: changing them after begin_writes changes nothing.
+  auto copy = blocks(1, 3000, 11);
+  const auto want = copy[0];
+  std::vector<SpillWrite> one{{key(6, 0), copy[0].data()}};
+  ASSERT_TRUE(f->begin_writes(one, &wslots).ok());
+  std::fill(copy[0].begin(), copy[0].end(), uint8_t{0});
+  ASSERT_TRUE(f->finish_writes().ok());
+  std::vector<uint8_t> out;
+  EXPECT_TRUE(read_one(*f, wslots[0], key(6, 0), &out)[0].ok());
+  EXPECT_EQ(out, want);
+}
+
+TEST_F(KvSpillFileTest, AFailedWriteBehindBatchTakesNoSlot) {
+  auto f = open_file(200, 4);
+  ASSERT_TRUE(f);
+  const auto data = blocks(3, 200);
+  std::vector<SpillWrite> w;
+  for (size_t i = 0; i < data.size(); ++i)
+    w.push_back({key(0, static_cast<uint32_t>(i)), data[i].data()});
+  std::vector<uint32_t> slots;
+  f->set_faults({.no_space_write = 2});
+  ASSERT_TRUE(f->begin_writes(w, &slots).ok());  // the failure shows when it completes
+  EXPECT_EQ(f->slots_used(), 3u);
+  const Status s = f->finish_writes();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kNoSpace);
+  EXPECT_NE(s.message().find("disk is full"), std::string::npos) << s.message();
+  EXPECT_EQ(f->slots_used(), 0u);
+  EXPECT_TRUE(f->finish_writes().ok());  // nothing in flight any more
+}
+
 // Slots come per layer from extents, lowest first, so each layer's blocks lie
 // side by side however the layers' spills interleave; a read of them is one
 // request, and a fault in the middle splits it without touching the rest.

@@ -164,37 +164,43 @@ TEST_F(KvTiersTest, SpillingKeepsGreedyOutputIdenticalUnderBothPolicies) {
   ASSERT_EQ(want.size(), 59u);  // the last sampled token is not evaluated yet
   EXPECT_EQ(base->kv().tier_stats().ssd_bytes, 0u);
 
-  for (const char* policy : {"lru", "importance"}) {
-    SCOPED_TRACE(policy);
-    auto s = session(tiers(8, policy));  // 8 of the 18 (layer, block) pairs fit in RAM
-    ASSERT_TRUE(s);
-    GenerateStats st;
-    EXPECT_EQ(greedy(*s, p, 60, &st), want);
-    const KvTierStats ts = s->kv().tier_stats();
-    EXPECT_GT(ts.blocks_spilled, 0u);
-    EXPECT_GT(ts.ssd_bytes, 0u);
-    EXPECT_LE(ts.ram_bytes, 8 * kPairBytes);
-    EXPECT_GT(ts.ssd_read_bytes, 0u);
-    EXPECT_EQ(ts.blocks_lost, 0u);
-    EXPECT_EQ(st.n_kv_recomputed, 0);
-    EXPECT_GT(ts.blocks_read_ahead, 0u);
-    // The per-layer view adds up to the totals: every layer has blocks in RAM and on the SSD.
-    uint64_t ram = 0, ssd = 0;
-    for (const KvLayerTiers& lt : s->kv().layer_tiers()) {
-      EXPECT_EQ(lt.device, 0u);
-      EXPECT_GT(lt.ram + lt.ssd, 0u);
-      ram += lt.ram;
-      ssd += lt.ssd;
+  for (const bool behind : {false, true}) {
+    for (const char* policy : {"lru", "importance"}) {
+      SCOPED_TRACE(std::string(policy) + (behind ? ", write-behind" : ""));
+      KvTierConfig t = tiers(8, policy);  // 8 of the 18 (layer, block) pairs fit in RAM
+      t.write_behind = behind;
+      auto s = session(t);
+      ASSERT_TRUE(s);
+      GenerateStats st;
+      EXPECT_EQ(greedy(*s, p, 60, &st), want);
+      const KvTierStats ts = s->kv().tier_stats();
+      EXPECT_GT(ts.blocks_spilled, 0u);
+      EXPECT_GT(ts.ssd_bytes, 0u);
+      // Write-behind: the last step's batch (a block of each of the 2 layers)
+      // may still be in RAM, on its way.
+      EXPECT_LE(ts.ram_bytes, (behind ? 10 : 8) * kPairBytes);
+      EXPECT_GT(ts.ssd_read_bytes, 0u);
+      EXPECT_EQ(ts.blocks_lost, 0u);
+      EXPECT_EQ(st.n_kv_recomputed, 0);
+      EXPECT_GT(ts.blocks_read_ahead, 0u);
+      // The per-layer view adds up to the totals: every layer has blocks in RAM and on the SSD.
+      uint64_t ram = 0, ssd = 0;
+      for (const KvLayerTiers& lt : s->kv().layer_tiers()) {
+        EXPECT_EQ(lt.device, 0u);
+        EXPECT_GT(lt.ram + lt.ssd, 0u);
+        ram += lt.ram;
+        ssd += lt.ssd;
+      }
+      EXPECT_LE(ram, ts.ram_bytes);
+      EXPECT_GT(ram, 0u);
+      EXPECT_EQ(ssd, ts.ssd_bytes);
+      // A second turn reuses the cached prefix, spilled blocks and all.
+      auto p2 = p;
+      p2.insert(p2.end(), want.begin(), want.begin() + 30);
+      auto s_base = session(KvTierConfig{});
+      greedy(*s_base, p, 60);
+      EXPECT_EQ(greedy(*s, p2, 20), greedy(*s_base, p2, 20));
     }
-    EXPECT_LE(ram, ts.ram_bytes);
-    EXPECT_GT(ram, 0u);
-    EXPECT_EQ(ssd, ts.ssd_bytes);
-    // A second turn reuses the cached prefix, spilled blocks and all.
-    auto p2 = p;
-    p2.insert(p2.end(), want.begin(), want.begin() + 30);
-    auto s_base = session(KvTierConfig{});
-    greedy(*s_base, p, 60);
-    EXPECT_EQ(greedy(*s, p2, 20), greedy(*s_base, p2, 20));
   }
 }
 
@@ -311,6 +317,7 @@ struct FaultCase {
   const char* name;
   storage::SpillFaults faults;
   bool flip_on_disk, truncate_on_disk;
+  bool write_behind = false;
 };
 
 class KvTierFaults : public KvTiersTest, public ::testing::WithParamInterface<FaultCase> {};
@@ -323,6 +330,7 @@ TEST_P(KvTierFaults, LostBlocksAreRecomputedAndOutputStaysIdentical) {
 
   KvTierConfig t = tiers(8);
   t.faults = c.faults;
+  t.write_behind = c.write_behind;
   auto s = session(t);
   GenerateStats st;
   const auto got = greedy(*s, p, 40, &st, [&](int i) {
@@ -353,12 +361,19 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FaultCase{"io_error", {.fail_read = 7}, false, false},
                       FaultCase{"short_read", {.short_read = 12}, false, false},
                       FaultCase{"flipped_bytes", {}, true, false},
-                      FaultCase{"truncated_file", {}, false, true}),
+                      FaultCase{"truncated_file", {}, false, true},
+                      FaultCase{"io_error_write_behind", {.fail_read = 7}, false, false, true},
+                      FaultCase{"flipped_bytes_write_behind", {}, true, false, true}),
     [](const ::testing::TestParamInfo<FaultCase>& p) { return std::string(p.param.name); });
 
-TEST_F(KvTiersTest, AFullDiskEndsTheContextWithAReason) {
+class KvTierDiskFull : public KvTiersTest, public ::testing::WithParamInterface<bool> {};
+
+// Under write-behind the failure shows a token later, when the batch is
+// finished; the blocks stayed in RAM, so the context ends at the same token.
+TEST_P(KvTierDiskFull, AFullDiskEndsTheContextWithAReason) {
   KvTierConfig t = tiers(8);
   t.faults.no_space_write = 1;  // the first spill finds the disk full
+  t.write_behind = GetParam();
   auto s = session(t);
   GenerateStats st;
   greedy(*s, prompt(40), 300, &st);
@@ -372,6 +387,11 @@ TEST_F(KvTiersTest, AFullDiskEndsTheContextWithAReason) {
   EXPECT_EQ(s->kv().tier_stats().ram_bytes, 10 * kPairBytes);
   EXPECT_EQ(s->kv().tier_stats().ssd_bytes, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Storage, KvTierDiskFull, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return std::string(p.param ? "write_behind" : "waiting");
+                         });
 
 TEST_F(KvTiersTest, BadTierSettingsAreClearErrors) {
   SessionConfig c;

@@ -31,6 +31,10 @@ bool kv_tiers_from_options(const EngineOptions& o, const Model& m, const char* w
   t->spill_dir = o.kv_dir.empty() ? default_kv_spill_dir() : o.kv_dir;
   t->policy = o.kv_policy;
   t->spill_type = o.kv_spill_type;
+  // Spill writes finish while the next token computes; LOOM_KV_WRITE_BEHIND=0
+  // waits for them inside the step (for comparisons).
+  const char* wb = std::getenv("LOOM_KV_WRITE_BEHIND");
+  t->write_behind = !(wb && std::strcmp(wb, "0") == 0);
   if (!o.kv_gpu.empty()) {
     auto b = parse_size(o.kv_gpu);
     if (!b || *b == 0) {
