@@ -147,7 +147,8 @@ KvTierStats KvCache::tier_stats() const {
   s.blocks_to_host = n_to_host_;
   s.blocks_to_device = n_to_device_;
   s.ram_bytes = n_ram_blocks_ * pair_bytes();
-  s.ssd_bytes = spill_ ? spill_->slots_used() * spill_pair_bytes() : 0;
+  // (A write-behind batch's blocks count in RAM until their writes are done.)
+  s.ssd_bytes = spill_ ? (spill_->slots_used() - behind_.size()) * spill_pair_bytes() : 0;
   s.staging_bytes = staging_[0].capacity() + staging_[1].capacity() + spill_staging_[0].capacity() +
                     spill_staging_[1].capacity();
   s.blocks_read_ahead = n_prefetched_;
