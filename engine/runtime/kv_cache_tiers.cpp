@@ -339,7 +339,7 @@ void KvCache::commit_spill(const std::vector<std::pair<size_t, size_t>>& victims
       spill_->release(slots[i]);  // (freed or moved while its write was on the way)
       continue;
     }
-    slot_[l][b] = static_cast<int32_t>(slots[i]);
+    slot_[l][b] = static_cast<int64_t>(slots[i]);
     blocks_[l][b].reset();
     point_at(l, b, nullptr);
     --n_ram_blocks_;
