@@ -245,6 +245,15 @@ bool cpu_has_avx512_vbmi() {
   return cpu_features().vbmi;
 }
 
+bool gemv_one_stream() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool amd = __builtin_cpu_is("amd") != 0;
+  return amd;
+#else
+  return false;
+#endif
+}
+
 void* thread_scratch(size_t bytes) {
   struct Scratch {
     std::unique_ptr<uint8_t[]> data;

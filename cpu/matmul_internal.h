@@ -55,6 +55,12 @@ void matmul_rows_dense(Isa isa, DType w, const void* W, size_t w_row_bytes, cons
 /// True when the CPU has AVX512_VBMI (on top of the AVX-512 level).
 bool cpu_has_avx512_vbmi();
 
+/// True where one-token GEMVs read their weight rows one at a time (one
+/// sequential stream) rather than several at once: on AMD cores, where the
+/// 16-bit dense weights and Q8_0 measured faster that way (the kernels say
+/// by how much). Intel cores keep the multi-row kernels.
+bool gemv_one_stream();
+
 /// Scratch memory for the calling thread: at least `bytes`, 64-byte aligned,
 /// valid until the thread's next call. For the GEMM kernels (packed
 /// activation and weight tiles); grows as needed and is kept for the life of

@@ -42,6 +42,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/matmul_internal.h"  // detail::gemv_one_stream (declarations only)
+
 namespace loom::cpu::avx512 {
 namespace {
 
@@ -227,8 +229,9 @@ void gemv8(const typename S::Elem* w, int64_t ws, const typename S::Elem* x, int
 // tools/bench/dense_bench, TinyLlama shapes, interleaved passes) moved
 // 26.3-30.1 GB/s of F16 weights against 20.0-28.5 (three passes), BF16
 // 29.0-32.4 against 23.9-30.6 (two), where a plain read loop moves 32.8;
-// F32 was no faster (27.0-32.2 against 29.7-35.3). Intel keeps gemv8: gemv1
-// has not run on an Intel core.
+// F32 was no faster (27.0-32.2 against 29.7-35.3). Taken where
+// detail::gemv_one_stream() (AMD); Intel keeps gemv8: gemv1 has not run on
+// an Intel core.
 template <class S>
 void gemv1(const typename S::Elem* w, const typename S::Elem* x, int64_t k, float* y) {
   constexpr int kU = 4;
@@ -247,18 +250,12 @@ void gemv1(const typename S::Elem* w, const typename S::Elem* x, int64_t k, floa
       _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-// Whether T = 1 takes gemv1 for 16-bit weights: on AMD.
-inline bool gemv_one_stream() {
-  static const bool amd = __builtin_cpu_is("amd") != 0;
-  return amd;
-}
-
 // T <= kTileTokensMax: every weight row is read once, for all tokens.
 template <class S>
 void run_direct(const typename S::Elem* W, int64_t ws, const typename S::Elem* X, int64_t xs,
                 int64_t T, float* Y, int64_t ldy, int64_t n, int64_t r0, int64_t r1) {
   if (T == 1) {
-    if (sizeof(typename S::Elem) == 2 && gemv_one_stream()) {
+    if (sizeof(typename S::Elem) == 2 && detail::gemv_one_stream()) {
       for (; r0 < r1; ++r0) gemv1<S>(W + r0 * ws, X, n, Y + r0);
       return;
     }

@@ -483,10 +483,6 @@ constexpr bool one_row_of() {
   else
     return false;
 }
-inline bool gemv_one_stream() {
-  static const bool amd = __builtin_cpu_is("amd") != 0;
-  return amd;
-}
 
 // Rows [r0, r1) in tiles of R, for C activation rows.
 template <class F, int C, bool kVbmi>
@@ -497,7 +493,7 @@ void gemv32_rows(const uint8_t* W, size_t wrb, const XRow* x, int64_t nb, float*
   int64_t r = r0;
   int64_t tiles_end = r1;  // rows in tiles of R before it, one at a time after
   if constexpr (C == 1 && one_row_of<F>()) {
-    if (gemv_one_stream()) tiles_end = r0;
+    if (detail::gemv_one_stream()) tiles_end = r0;
   }
   for (; r + R <= tiles_end; r += R) {
     for (int c = 0; c < C; ++c) yr[c] = y[c] + r;
