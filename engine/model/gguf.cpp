@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
@@ -273,6 +274,39 @@ std::string GgufTensor::shape_string() const {
 
 GgufFile::~GgufFile() {
   if (mapping_) munmap(mapping_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void GgufFile::release_pages(const void* p, size_t n) const {
+  if (!mapping_ || n == 0) return;
+  const auto lo = reinterpret_cast<uintptr_t>(mapping_);
+  const uintptr_t hi = lo + static_cast<uintptr_t>(size_);
+  auto a = reinterpret_cast<uintptr_t>(p);
+  uintptr_t b = a + n;
+  if (a < lo || b > hi) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  a = (a + page - 1) / page * page;  // whole pages inside the range only
+  b = b / page * page;
+  if (b > a) (void)madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
+bool GgufFile::copy_out(const void* p, size_t n, uint8_t* dst) const {
+  const auto* src = static_cast<const uint8_t*>(p);
+  const auto* lo = static_cast<const uint8_t*>(mapping_);
+  if (!mapping_ || fd_ < 0 || src < lo || src + n > lo + size_) {
+    std::memcpy(dst, src, n);
+    return true;
+  }
+  auto off = static_cast<off_t>(src - lo);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, dst, std::min<size_t>(n, size_t{1} << 30), off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    dst += r;
+    off += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
@@ -291,14 +325,15 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   }
   void* m = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
   int err = errno;
-  ::close(fd);
   if (m == MAP_FAILED) {
+    ::close(fd);
     return make_error(ErrorCode::kIo, "%s: cannot memory-map %lld bytes: %s", path.c_str(),
                       static_cast<long long>(st.st_size), std::strerror(err));
   }
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   f->mapping_ = m;
+  f->fd_ = fd;
   f->base_ = static_cast<const uint8_t*>(m);
   f->size_ = static_cast<uint64_t>(st.st_size);
   LOOM_TRY(f->parse());

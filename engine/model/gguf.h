@@ -125,6 +125,21 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;
 
+  /// Unmaps this process's view of the whole pages in [p, p + n) of the
+  /// file's mapping (MADV_DONTNEED): they stay in the page cache, and a
+  /// later read maps them again. For tensors read from a copy instead (the
+  /// CPU's resident weights), so they are not counted twice in the
+  /// process's memory. Does nothing outside an owned mapping (from_memory,
+  /// from_parts).
+  void release_pages(const void* p, size_t n) const;
+  /// Copies [p, p + n) of the file's data into `dst`: read() from the file
+  /// (the same one as mapped, through the descriptor kept from open()) where
+  /// p lies in an owned mapping, else memcpy. The read costs no page faults
+  /// on the mapping: 617 MB onto huge pages in 0.1 s on the development VM,
+  /// against 0.3-1.1 s for memcpy from the mapping. False on a read error
+  /// (dst is then incomplete).
+  bool copy_out(const void* p, size_t n, uint8_t* dst) const;
+
  private:
   GgufFile() = default;
   Status parse();
@@ -133,6 +148,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* mapping_ = nullptr;              ///< owned mmap, or null for from_memory
+  int fd_ = -1;                          ///< the mapped file, kept open for copy_out
   std::shared_ptr<const void> storage_;  ///< what from_parts' tensors point into
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;

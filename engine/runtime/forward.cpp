@@ -145,6 +145,56 @@ Status ForwardPass::build_weights(const Placement& p, Weights* out) {
   return {};
 }
 
+std::array<std::pair<const Weight*, Weight*>, 7> ForwardPass::matmul_pairs(const LayerWeights& a,
+                                                                           LayerWeights& b) {
+  return {{{&a.wq, &b.wq},
+           {&a.wk, &b.wk},
+           {&a.wv, &b.wv},
+           {&a.wo, &b.wo},
+           {&a.w_gate, &b.w_gate},
+           {&a.w_up, &b.w_up},
+           {&a.w_down, &b.w_down}}};
+}
+
+void ForwardPass::make_resident(const Placement& p, Weights* nw) {
+  std::vector<std::pair<const Weight*, Weight*>> todo;  // (the file's, the placement's)
+  for (size_t l = 0; l < nw->layers.size(); ++l) {
+    const LayerPlace& lp = p.layers[l];
+    const auto pairs = matmul_pairs(m_.layers[l], nw->layers[l]);
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const OpGroup g = i < 4 ? OpGroup::kAttnW : OpGroup::kFfn;  // wq wk wv wo, then the FFN's
+      if (lp[g].unit == Unit::kCpu) todo.push_back(pairs[i]);
+    }
+  }
+  if (p.output.unit == Unit::kCpu) todo.emplace_back(&m_.output, &nw->output);
+  // Requantized copies are on huge pages already.
+  std::erase_if(todo, [](const auto& xy) {
+    return !xy.first->present() || xy.second->data != xy.first->data;
+  });
+  // Only while the copies fit in half the memory the kernel calls available
+  // (the file's page cache counts there, and can go once copied).
+  uint64_t need = 0;
+  std::unordered_set<const void*> seen;
+  for (const auto& [x, y] : todo) {
+    if (seen.insert(x->tensor_begin()).second) need += requant_.resident_cost(*y);
+  }
+  const uint64_t avail = available_memory_bytes();
+  if (need > 0 && (avail == 0 || need > avail / 2)) return;
+  seen.clear();
+  RequantStore::CopyFn copy;
+  if (m_.file) {
+    copy = [f = m_.file.get()](uint8_t* dst, const uint8_t* src, size_t n) {
+      return f->copy_out(src, n, dst);
+    };
+  }
+  for (const auto& [x, y] : todo) {
+    *y = requant_.resident(*y, copy);
+    // The file's pages of a copied tensor leave this process's memory (they stay cached).
+    if (y->data != x->data && m_.file && x->tensor && seen.insert(x->tensor_begin()).second)
+      m_.file->release_pages(x->tensor->data, static_cast<size_t>(x->tensor->n_bytes));
+  }
+}
+
 Status ForwardPass::upload_group(std::vector<const Weight*> ws, OpKind op,
                                  const std::string& where) {
   Backend& gpu = be(Unit::kGpu);
@@ -307,26 +357,20 @@ Status ForwardPass::apply(const Placement& requested) {
       fall_back(g, "layer " + std::to_string(l) + " attention (KV cache)", s);
     }
   }
-  // Requantized copies no placement group uses any more.
+  // 6. What the CPU streams every decode step, from resident copies on huge pages.
+  if (resident_weights_) make_resident(p, &nw);
+  // Copies (requantized or resident) no placement group uses any more.
   std::vector<std::pair<const void*, DType>> keep;
   auto src_key = [](const Weight& orig, const Weight& now) {
     return std::make_pair(orig.tensor_begin(), now.dtype);
   };
   for (size_t l = 0; l < m_.layers.size(); ++l) {
-    const LayerWeights& a = m_.layers[l];
-    const LayerWeights& b = nw.layers[l];
-    for (auto [x, y] : {std::pair{&a.wq, &b.wq},
-                        {&a.wk, &b.wk},
-                        {&a.wv, &b.wv},
-                        {&a.wo, &b.wo},
-                        {&a.w_gate, &b.w_gate},
-                        {&a.w_up, &b.w_up},
-                        {&a.w_down, &b.w_down}}) {
-      if (x->present() && x->dtype != y->dtype) keep.push_back(src_key(*x, *y));
+    for (auto [x, y] : matmul_pairs(m_.layers[l], nw.layers[l])) {
+      if (x->present() && x->data != y->data) keep.push_back(src_key(*x, *y));
     }
   }
   if (m_.tok_embd.dtype != nw.tok_embd.dtype) keep.push_back(src_key(m_.tok_embd, nw.tok_embd));
-  if (m_.output.present() && m_.output.dtype != nw.output.dtype)
+  if (m_.output.present() && m_.output.data != nw.output.data)
     keep.push_back(src_key(m_.output, nw.output));
   requant_.retain(keep);
 

@@ -111,8 +111,13 @@ class ForwardPass {
   /// done (0..1); returning false cancels (kCancelled; the previous placement
   /// stays). Any callable; null to remove.
   void set_progress(std::function<bool(double)> cb) { progress_ = std::move(cb); }
-  /// Bytes of requantized weight copies held on the host.
+  /// Bytes of weight copies held on the host (requantized, and resident
+  /// copies of what the CPU runs).
   uint64_t requant_bytes() const { return requant_.bytes(); }
+  /// Whether the CPU runs its matmul weights from resident copies on huge
+  /// pages (default) or from the file's mapping. Takes effect at the next
+  /// prepare() / set_placement().
+  void set_resident_weights(bool on) { resident_weights_ = on; }
 
   /// Attach per-op timing (nullptr to detach).
   void set_stats(OpStats* stats) { stats_ = stats; }
@@ -137,6 +142,14 @@ class ForwardPass {
   Status apply(const Placement& want);
   Status build_weights(const Placement& p, Weights* out);
   Status upload_group(std::vector<const Weight*> ws, OpKind op, const std::string& where);
+  /// A layer's matmul weights, the model's and the placement's side by side
+  /// (wq, wk, wv, wo, then w_gate, w_up, w_down).
+  static std::array<std::pair<const Weight*, Weight*>, 7> matmul_pairs(const LayerWeights& a,
+                                                                       LayerWeights& b);
+  /// Points the CPU-placed matmul weights of `nw` (and the output matrix
+  /// when the CPU runs it) at resident copies on huge pages
+  /// (RequantStore::resident), while they fit in half the available memory.
+  void make_resident(const Placement& p, Weights* nw);
   Status ensure_unit(Unit u);
   Status alloc_acts(Unit u);
   Status check_tokens(std::span<const int32_t> tokens) const;
@@ -199,6 +212,7 @@ class ForwardPass {
   Placement placement_;
   bool prepared_ = false;
   RequantStore requant_;
+  bool resident_weights_ = true;
   Weights w_;
   std::unordered_map<const void*, Weight>
       gpu_tensors_;   ///< tensors uploaded to the GPU, by first byte

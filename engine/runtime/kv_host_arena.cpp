@@ -1,14 +1,14 @@
 #include "engine/runtime/kv_host_arena.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
+
+#include "engine/core/huge_pages.h"
 
 namespace loom {
 
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugePage = kHugePageBytes;
 constexpr size_t kMaxSlab = size_t{64} << 20;
 
 // GCC and Clang both define __SANITIZE_ADDRESS__ under -fsanitize=address.
@@ -23,7 +23,7 @@ constexpr bool kArenaOn = true;
 KvHostArena::KvHostArena(size_t pair_bytes) : stride_((pair_bytes + 63) / 64 * 64) {}
 
 KvHostArena::~KvHostArena() {
-  for (const Slab& s : slabs_) munmap(s.base, s.bytes);
+  for (const Slab& s : slabs_) unmap_huge(s.base, s.bytes);
 }
 
 bool KvHostArena::grow() {
@@ -31,18 +31,8 @@ bool KvHostArena::grow() {
   // Double the last slab, from one huge page up to kMaxSlab, and at least one pair.
   size_t bytes = slabs_.empty() ? kHugePage : std::min(2 * slabs_.back().bytes, kMaxSlab);
   bytes = std::max(bytes, (stride_ + kHugePage - 1) / kHugePage * kHugePage);
-  // Map a huge page more than needed and keep the aligned part, so that the
-  // kernel can back the whole slab with huge pages.
-  void* raw =
-      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return false;
-  auto* start = static_cast<uint8_t*>(raw);
-  const auto addr = reinterpret_cast<uintptr_t>(start);
-  const size_t head = (kHugePage - addr % kHugePage) % kHugePage;
-  if (head > 0) munmap(start, head);
-  munmap(start + head + bytes, kHugePage - head);
-  uint8_t* base = start + head;
-  (void)madvise(base, bytes, MADV_HUGEPAGE);  // a hint: 4 KiB pages still work
+  uint8_t* base = map_huge(bytes);
+  if (!base) return false;
   slabs_.push_back({base, bytes});
   // Hand out the slab's pairs lowest address first (pop_back takes the last).
   const size_t n = bytes / stride_;

@@ -178,6 +178,32 @@ TEST(Gguf, CustomAlignmentAndOpenFromDisk) {
   EXPECT_EQ((*r)->file_size(), bytes.size());
 }
 
+// copy_out reads the file itself (not the mapping), and release_pages only
+// unmaps: the tensor's bytes read the same afterwards.
+TEST(Gguf, CopyOutAndReleasedPagesReadTheFilesBytes) {
+  std::string dir = test::temp_dir("gguf_copy_out");
+  auto bytes = make_reference_file(dir, 4096);
+  auto r = GgufFile::open(dir + "/ref.gguf");
+  ASSERT_TRUE(r.ok()) << r.message();
+  const GgufFile& f = **r;
+  for (const GgufTensor& t : f.tensors()) {
+    std::vector<uint8_t> out(t.n_bytes + 3, 0xAA);
+    ASSERT_TRUE(f.copy_out(t.data + 1, t.n_bytes - 1, out.data())) << t.name;
+    EXPECT_EQ(0, std::memcmp(out.data(), t.data + 1, t.n_bytes - 1)) << t.name;
+    EXPECT_EQ(out[t.n_bytes - 1], 0xAA) << t.name << ": wrote past the end";
+    f.release_pages(t.data, t.n_bytes);
+    for (size_t k = 0; k < t.n_bytes; ++k) {
+      ASSERT_EQ(t.data[k], bytes[f.data_offset() + t.offset + k]) << t.name << " byte " << k;
+    }
+  }
+  // Outside the mapping: memcpy, and release_pages leaves the memory alone.
+  std::vector<uint8_t> heap(5000, 7), out(5000, 0);
+  ASSERT_TRUE(f.copy_out(heap.data(), heap.size(), out.data()));
+  EXPECT_EQ(out, heap);
+  f.release_pages(heap.data(), heap.size());
+  EXPECT_EQ(heap, std::vector<uint8_t>(5000, 7));
+}
+
 TEST(Gguf, OpenErrorsNameThePath) {
   auto r = GgufFile::open("/nonexistent/dir/model.gguf");
   ASSERT_FALSE(r.ok());

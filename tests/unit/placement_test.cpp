@@ -348,6 +348,74 @@ TEST(Requant, StoreKeepsOneCopyPerTensorAndType) {
   EXPECT_EQ(store.bytes(), 0u);
 }
 
+// Resident copies (what the CPU streams, on huge pages): the file's bytes,
+// one copy per tensor that its row ranges share, none where the copy fails,
+// and gone when no placement keeps them. (Tensors under 1 MiB are not
+// copied: most of a huge page would go unused.)
+TEST(Requant, ResidentCopiesHoldTheFilesBytes) {
+  auto m = synth_model("q8_0", 2, 1024);  // 1.1 MB a projection: smaller ones stay in the file
+  ASSERT_TRUE(m);
+  RequantStore store;
+  const Weight& wq = m->layers[0].wq;
+  const uint64_t tensor_bytes = wq.tensor->n_bytes;
+  EXPECT_EQ(store.resident_cost(wq), tensor_bytes);
+  const Weight r = store.resident(wq);
+  if (r.data == wq.data) {
+    GTEST_SKIP() << "no huge pages here (transparent huge pages off, or AddressSanitizer): "
+                    "weights stay in the file's mapping";
+  }
+  EXPECT_EQ(r.dtype, wq.dtype);
+  EXPECT_EQ(r.name(), wq.name());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(r.data) % kHugePageBytes, 0u);
+  EXPECT_EQ(0, std::memcmp(r.data, wq.data, tensor_bytes));
+  EXPECT_EQ(store.resident(wq).data, r.data);
+  EXPECT_EQ(store.resident_cost(wq), 0u);
+  const Weight part = store.resident(wq.rows(16, 32));
+  EXPECT_EQ(part.data, static_cast<const uint8_t*>(r.data) + 16 * wq.row_bytes);
+  EXPECT_EQ(part.n_out, 32);
+  EXPECT_EQ(store.bytes(), tensor_bytes);
+  // A copy that fails leaves the weight in the file.
+  const Weight& wk = m->layers[0].wk;
+  const Weight failed = store.resident(wk, [](uint8_t*, const uint8_t*, size_t) { return false; });
+  EXPECT_EQ(failed.data, wk.data);
+  EXPECT_EQ(store.bytes(), tensor_bytes);
+  store.retain({{wq.tensor_begin(), wq.dtype}});
+  EXPECT_EQ(store.bytes(), tensor_bytes);
+  store.retain({});
+  EXPECT_EQ(store.bytes(), 0u);
+}
+
+// The CPU gives the same logits from resident copies as from the file's
+// mapping, and moving a layer to another placement drops or makes copies.
+TEST(Requant, ResidentWeightsGiveTheFilesLogits) {
+  auto m = synth_model("q4_0", 3, 2048, 21);  // q and o projections of 2.4 MB
+  ASSERT_TRUE(m);
+  CpuBackend cpu(2);
+  const std::vector<int32_t> tokens = {3, 17, 250, 9};
+  auto run = [&](bool resident, uint64_t* copies) {
+    auto kv =
+        KvCache::create({m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, 64, 16, DType::kF16});
+    EXPECT_TRUE(kv.ok());
+    ForwardPass fwd(*m, cpu, **kv);
+    fwd.set_resident_weights(resident);
+    std::vector<float> out(static_cast<size_t>(m->hp.n_vocab));
+    const Status s = fwd.eval(tokens, 0, out.data());
+    EXPECT_TRUE(s.ok()) << s.message();
+    *copies = fwd.requant_bytes();
+    return out;
+  };
+  uint64_t with = 0, without = 0;
+  const auto a = run(true, &with);
+  const auto b = run(false, &without);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(without, 0u);
+  HugeBuffer probe;  // huge pages here (THP on, not under AddressSanitizer)?
+  if (probe.allocate(kHugePageBytes) && probe.huge())
+    EXPECT_GT(with, 0u);
+  else
+    EXPECT_EQ(with, 0u);
+}
+
 // A KvStorage in host memory, holding rows in the transfer format, to test
 // the cache's side of moving a layer.
 class HostKvStorage final : public KvStorage {

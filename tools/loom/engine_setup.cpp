@@ -213,6 +213,10 @@ std::unique_ptr<Engine> open_engine(const EngineOptions& o, const char* who, boo
   e->session = std::move(s).value();
   ForwardPass& fwd = e->session->forward();
   fwd.set_fallback(e->cpu.get());
+  // The CPU's weights from resident copies on huge pages; LOOM_RESIDENT_WEIGHTS=0
+  // runs them from the file's mapping (for comparisons).
+  const char* rw = std::getenv("LOOM_RESIDENT_WEIGHTS");
+  fwd.set_resident_weights(!(rw && std::strcmp(rw, "0") == 0));
   Status st = fwd.set_placement(*p);
   if (st.ok()) st = fwd.prepare();
   if (!st.ok()) {
