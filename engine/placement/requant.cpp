@@ -56,7 +56,10 @@ Result<Weight> RequantStore::get(const Weight& w, std::optional<DType> dtype) {
                       w.name().c_str(), std::string(dtype_name(w.dtype)).c_str(), w.n_in,
                       std::string(dtype_name(to)).c_str());
   }
-  const auto [begin, n_rows, row0] = extent_of(w);
+  // (Plain variables, not a structured binding: the lambdas below use them.)
+  const Extent x = extent_of(w);
+  const uint8_t* begin = x.begin;
+  const int64_t n_rows = x.n_rows, row0 = x.row0;
 
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(static_cast<const void*>(begin), to);
@@ -115,7 +118,9 @@ uint64_t RequantStore::resident_cost(const Weight& w) const {
 
 Weight RequantStore::resident(const Weight& w, const CopyFn& copy) {
   if (!w.present() || w.n_out <= 1 || w.row_bytes == 0 || !huge_pages_enabled()) return w;
-  const auto [begin, n_rows, row0] = extent_of(w);
+  const Extent x = extent_of(w);
+  const uint8_t* begin = x.begin;
+  const int64_t n_rows = x.n_rows, row0 = x.row0;
   std::lock_guard<std::mutex> lock(mu_);
   const auto key = std::make_pair(static_cast<const void*>(begin), w.dtype);
   auto it = copies_.find(key);
