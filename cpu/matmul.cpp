@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "cpu/matmul_internal.h"
+#include "cpu/ops.h"
 #include "cpu/ref/blocks.h"
 #include "cpu/ref/quants.h"
 
@@ -212,9 +213,7 @@ void convert_activation(DType w, const float* x, void* out, int64_t n) {
   } else if (w == DType::kF32) {
     std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float));
   } else if (w == DType::kF16) {
-    const Status st = ref::quantize_row(DType::kF16, x, out, n);
-    assert(st.ok());
-    (void)st;
+    f32_to_f16_row(x, out, n);
   } else {
     assert(w == DType::kBF16);
     const Status st = ref::quantize_row(DType::kBF16, x, out, n);

@@ -470,8 +470,6 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim) {
   return static_cast<size_t>(block_size) * kv_row_bytes(dtype, head_dim);
 }
 
-namespace {
-
 // F16C rounds to nearest even like ref::fp32_to_fp16 (NaN payloads aside).
 void f32_to_f16_row(const float* x, void* y, int64_t n) {
   switch (active_isa()) {
@@ -480,6 +478,8 @@ void f32_to_f16_row(const float* x, void* y, int64_t n) {
     default: return scalar_f32_to_f16_row(x, y, n);
   }
 }
+
+namespace {
 
 // Floats in pieces of this many, through a buffer on the stack.
 constexpr int64_t kConvertPiece = 256;

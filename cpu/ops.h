@@ -81,6 +81,11 @@ size_t kv_head_bytes(DType dtype, int64_t block_size, int64_t head_dim);
 void kv_store(DType dtype, void* block, size_t head_stride_bytes, int64_t n_kv_heads,
               int64_t head_dim, int64_t row, const float* src);
 
+/// `n` floats rounded to F16 (nearest even, as ref::fp32_to_fp16; NaN
+/// payloads aside) at SIMD speed: F16 KV rows, and the activations of F16
+/// matmuls (cpu/matmul.h convert_activation).
+void f32_to_f16_row(const float* x, void* y, int64_t n);
+
 /// KV values from a spill precision back to F16 (what the SSD tier does on
 /// every decode step): `n` values (a multiple of 32) of Q8_0 blocks, or `n`
 /// FP8 E4M3 codes times `scale`. Bit for bit what the cpu/ref dequantizers
