@@ -24,6 +24,12 @@ packages=(
 # What `deb` needs besides: dpkg-shlibdeps (dpkg-dev, file), man pages, lintian, AppStream.
 deb_packages=(dpkg-dev file help2man lintian appstream)
 
+# Warnings are errors where CI proves the build free of them (Debian 12's compilers): there
+# `run`, `test` and `deb` build with the same flags in one folder (build/), so `test` after
+# `run` compiles only the tests. Elsewhere `run` and `deb` leave warnings as warnings and
+# `test` builds apart, in build-ci/, with warnings as errors.
+werror=OFF
+
 # Supported systems: Debian 12, and Ubuntu 24.04 (where clang's sanitizer runtime has
 # another name). Anywhere else, say what is needed and stop before building anything.
 check_system() {
@@ -33,7 +39,7 @@ check_system() {
     version="$(. /etc/os-release && echo "${VERSION_ID:-}")"
   fi
   case "$id $version" in
-    "debian 12") ;;
+    "debian 12") werror=ON ;;
     "ubuntu 24.04") packages=("${packages[@]/libclang-rt-14-dev/libclang-rt-dev}") ;;
     *)
       [ "${LOOM_SKIP_APT:-0}" = 1 ] && return 0
@@ -79,7 +85,7 @@ configure_build() {  # dir, extra cmake args...
 cmd_run() {
   install_deps "${packages[@]}"
   # Only what is started: loom and loom-chat, no test suites.
-  configure build -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=OFF
+  configure build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR="$werror" -DLOOM_TESTS=OFF
   local targets=(loom)
   grep -q '^LOOM_GUI:BOOL=ON' build/CMakeCache.txt && targets+=(loom-chat)
   cmake --build build -j "$jobs" --target "${targets[@]}"
@@ -110,15 +116,21 @@ cmd_run() {
 cmd_test() {
   install_deps "${packages[@]}"
   # 1. Release build, warnings as errors, every test (fixture tests skip when ../shared is absent).
-  configure_build build-ci -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON
-  ctest --test-dir build-ci --output-on-failure -j "$jobs"
+  local rel=build-ci
+  [ "$werror" = ON ] && rel=build  # the same flags as `run`: its objects are reused
+  echo "==> [$(date +%T)] release build with the tests ($rel/)"
+  configure_build "$rel" -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_TESTS=ON
+  echo "==> [$(date +%T)] release tests"
+  ctest --test-dir "$rel" --output-on-failure -j "$jobs"
 
   # 2. AddressSanitizer + UndefinedBehaviorSanitizer (clang) on the engine and storage
   #    tests, with libFuzzer coverage so the same objects serve the GGUF fuzzer. The GUI
   #    and CUDA (nvcc, no device here) are left out: their tests ran above.
+  echo "==> [$(date +%T)] sanitizer build"
   CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DLOOM_WERROR=ON -DLOOM_SANITIZE=ON -DLOOM_FUZZ=ON -DLOOM_GUI=OFF -DLOOM_CUDA=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
+  echo "==> [$(date +%T)] sanitizer tests"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
@@ -126,8 +138,8 @@ cmd_test() {
   local corpus=build-asan/fuzz-corpus
   mkdir -p "$corpus"
   local tiny=(--layers 1 --dim 32 --ffn 32 --heads 2 --kv-heads 1)
-  ./build-ci/tools/loom synth "${tiny[@]}" --dtype q8_0 --out "$corpus/seed-llama.gguf" 2>/dev/null
-  ./build-ci/tools/loom synth "${tiny[@]}" --arch qwen2 --dtype f16 --out "$corpus/seed-qwen2.gguf" 2>/dev/null
+  "./$rel/tools/loom" synth "${tiny[@]}" --dtype q8_0 --out "$corpus/seed-llama.gguf" 2>/dev/null
+  "./$rel/tools/loom" synth "${tiny[@]}" --arch qwen2 --dtype f16 --out "$corpus/seed-qwen2.gguf" 2>/dev/null
   [ -d ../shared/fixtures/llama.cpp-vocab ] && cp ../shared/fixtures/gguf/stories260K.gguf "$corpus/" 2>/dev/null || true
   ASAN_OPTIONS=detect_leaks=1 ./build-asan/tests/loom_fuzz_gguf "$corpus" \
     -max_total_time="${LOOM_FUZZ_SECONDS:-60}" -max_len=65536 -malloc_limit_mb=256 \
@@ -137,7 +149,7 @@ cmd_test() {
   # 4. The safetensors reader the same way, seeded with a synthetic model's shards.
   local st_corpus=build-asan/fuzz-corpus-safetensors
   mkdir -p "$st_corpus"
-  ./build-ci/tools/loom synth "${tiny[@]}" --dtype bf16 --format safetensors --shard-mib 1 \
+  "./$rel/tools/loom" synth "${tiny[@]}" --dtype bf16 --format safetensors --shard-mib 1 \
     --out build-asan/fuzz-seed-hf 2>/dev/null
   cp build-asan/fuzz-seed-hf/*.safetensors "$st_corpus/"
   ASAN_OPTIONS=detect_leaks=1 ./build-asan/tests/loom_fuzz_safetensors "$st_corpus" \
@@ -148,7 +160,7 @@ cmd_test() {
 
 cmd_deb() {
   install_deps "${packages[@]}" "${deb_packages[@]}"
-  configure_build build -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=OFF
+  configure_build build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR="$werror" -DLOOM_TESTS=OFF
   rm -f build/loom_*.deb
   (cd build && cpack --config CPackConfig.cmake >/dev/null)
   local deb
