@@ -66,10 +66,14 @@ HugeBuffer& HugeBuffer::operator=(HugeBuffer&& o) noexcept {
   return *this;
 }
 
+bool HugeBuffer::would_map(size_t bytes) {
+  return kMapForBuffers && bytes >= kHugePageBytes / 2 && huge_pages_enabled();
+}
+
 bool HugeBuffer::allocate(size_t bytes) {
   reset();
   if (bytes == 0) return true;
-  if (kMapForBuffers && bytes >= kHugePageBytes / 2 && huge_pages_enabled()) {
+  if (would_map(bytes)) {
     data_ = map_huge(bytes);
     mapped_ = data_ != nullptr;
   }

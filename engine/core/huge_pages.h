@@ -42,6 +42,9 @@ class HugeBuffer {
   /// Replaces the contents with `bytes` uninitialised bytes; false when out
   /// of memory (the buffer is then empty).
   bool allocate(size_t bytes);
+  /// Whether allocate(bytes) would ask for huge pages (large enough, THP on,
+  /// not under AddressSanitizer).
+  static bool would_map(size_t bytes);
   void reset();
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }

@@ -113,21 +113,24 @@ uint64_t RequantStore::resident_cost(const Weight& w) const {
   const Extent x = extent_of(w);
   std::lock_guard<std::mutex> lock(mu_);
   if (copies_.count({static_cast<const void*>(x.begin), w.dtype})) return 0;
-  return static_cast<uint64_t>(x.n_rows) * w.row_bytes;
+  const uint64_t bytes = static_cast<uint64_t>(x.n_rows) * w.row_bytes;
+  return HugeBuffer::would_map(static_cast<size_t>(bytes)) ? bytes : 0;  // else none is made
 }
 
 Weight RequantStore::resident(const Weight& w, const CopyFn& copy) {
-  if (!w.present() || w.n_out <= 1 || w.row_bytes == 0 || !huge_pages_enabled()) return w;
+  if (!w.present() || w.n_out <= 1 || w.row_bytes == 0) return w;
   const Extent x = extent_of(w);
   const uint8_t* begin = x.begin;
   const int64_t n_rows = x.n_rows, row0 = x.row0;
+  // 4 KiB pages buy nothing: only where the copy gets huge pages.
+  if (!HugeBuffer::would_map(static_cast<size_t>(n_rows) * w.row_bytes)) return w;
   std::lock_guard<std::mutex> lock(mu_);
   const auto key = std::make_pair(static_cast<const void*>(begin), w.dtype);
   auto it = copies_.find(key);
   if (it == copies_.end()) {
     auto e = std::make_unique<Entry>();
     const uint64_t bytes = static_cast<uint64_t>(n_rows) * w.row_bytes;
-    if (!e->bytes.allocate(bytes) || !e->bytes.huge()) return w;  // 4 KiB pages buy nothing
+    if (!e->bytes.allocate(bytes) || !e->bytes.huge()) return w;  // e.g. map_huge failed
     if (w.tensor) e->tensor = *w.tensor;
     e->tensor.n_bytes = bytes;
     e->tensor.data = e->bytes.data();

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/core/huge_pages.h"
 #include "engine/runtime/arch_ops.h"
 
 namespace loom {
@@ -157,6 +158,7 @@ std::array<std::pair<const Weight*, Weight*>, 7> ForwardPass::matmul_pairs(const
 }
 
 void ForwardPass::make_resident(const Placement& p, Weights* nw) {
+  if (!huge_pages_enabled()) return;                    // copies on 4 KiB pages buy nothing
   std::vector<std::pair<const Weight*, Weight*>> todo;  // (the file's, the placement's)
   for (size_t l = 0; l < nw->layers.size(); ++l) {
     const LayerPlace& lp = p.layers[l];
