@@ -350,7 +350,10 @@ TEST(QuantMatmul, IsaLevels) {
 // ref::quantize_row gives, at every ISA level, over F16's subnormals,
 // rounding ties, values past its range, and a length with a tail.
 TEST(QuantMatmul, F16ActivationsMatchRefRounding) {
-  const Isa saved = cpu::active_isa();
+  struct RestoreIsa {
+    Isa saved = cpu::active_isa();
+    ~RestoreIsa() { (void)cpu::set_isa(saved); }
+  } restore;  // also when an assertion below returns early
   constexpr int64_t n = 1000;
   std::mt19937 rng(7);
   std::vector<float> x = random_floats(rng, n, true);
@@ -378,7 +381,6 @@ TEST(QuantMatmul, F16ActivationsMatchRefRounding) {
     for (int64_t i = n; i < n + 8; ++i)
       EXPECT_EQ(got[static_cast<size_t>(i)], 0xABCD) << "past the row";
   }
-  ASSERT_TRUE(cpu::set_isa(saved));
 }
 
 TEST(QuantMatmul, ActivationTypes) {
